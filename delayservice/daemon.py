@@ -1,0 +1,136 @@
+"""The daemon that runs beside each broker: one LevelWorker per level plus /metrics.
+
+Start-up waits for the broker with backoff (reporting not-ready meanwhile), then
+refuses to run over missing or misconfigured delay topics, because forwarding from a
+CreateTime topic would tie due times to producer clocks. A stop commits what is safe,
+flushes, and leaves the group within `shutdown_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
+
+from delayservice.errors import DelayServiceError, TopicSetupError
+from delayservice.kafka import client_config, topics
+from delayservice.metrics.http_server import MetricsServer
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.settings import Settings
+from delayservice.worker.level_worker import LevelWorker
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+class Daemon:
+    def __init__(self, settings: Settings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ServiceMetrics(self.registry)
+        self.workers: list[LevelWorker] = []
+        self._stop = threading.Event()
+        self._fatal: str | None = None
+        self._phase = "starting"
+        self._server: MetricsServer | None = None
+        self.metrics.ready.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
+
+    # -- readiness -----------------------------------------------------------------
+    def readiness(self) -> tuple[bool, str]:
+        if self._phase != "running":
+            return False, self._phase
+        states = [worker.health() for worker in self.workers]
+        bad = [why for ok, why in states if not ok]
+        return (not bad, "; ".join(bad) if bad else "ready")
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self._server.port if self._server else None
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        """Serve metrics, wait for the broker, check topics, start workers.
+
+        Raises ConfigError / TopicSetupError for problems an operator must fix.
+        """
+        self._server = MetricsServer(self.registry, self.readiness, self.settings.metrics_host,
+                                     self.settings.metrics_port)
+        self._server.start()
+        admin = AdminClient(client_config.admin(self.settings))
+        statuses = self._wait_for_broker(admin)
+        if statuses is None:
+            return  # asked to stop while waiting
+        problems = topics.problems_summary(statuses)
+        if problems:
+            raise TopicSetupError(
+                f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                + "; run `delayservice topics create` / `topics describe`"
+            )
+        for level in self.settings.level_set():
+            self.workers.append(LevelWorker(level, self.settings, self.metrics, self.fail))
+        for worker in self.workers:
+            worker.start()
+        self._phase = "running"
+        log.info("forwarding %d levels (%s) from %s", len(self.workers),
+                 self.settings.level_set().spec(), self.settings.bootstrap_servers)
+
+    def _wait_for_broker(self, admin: AdminClient) -> list[topics.TopicStatus] | None:
+        delay = 1.0
+        self._phase = "waiting for the broker"
+        while not self._stop.is_set():
+            try:
+                return topics.describe(admin, self.settings, timeout=10.0)
+            except DelayServiceError as exc:
+                log.warning("broker %s unreachable (%s); retrying in %.0fs",
+                            self.settings.bootstrap_servers, exc, delay)
+            self._stop.wait(delay)
+            delay = min(delay * 2, 30.0)
+        return None
+
+    def fail(self, why: str) -> None:
+        """A worker hit something it cannot recover from; stop everything, exit non-zero."""
+        if self._fatal is None:
+            self._fatal = why
+            log.error("stopping: %s", why)
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self) -> int:
+        """Block until a stop is requested, then stop; returns the exit code."""
+        self._stop.wait()
+        return self.stop()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._phase = "stopping"
+        deadline = time.monotonic() + self.settings.shutdown_timeout_s
+        for worker in self.workers:
+            worker.request_stop()
+        stuck = [w.level.topic for w in self.workers
+                 if not w.join(max(0.1, deadline - time.monotonic()))]
+        if stuck:
+            log.error("levels did not stop in time: %s", ", ".join(stuck))
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self._phase = "stopped"
+        return EXIT_FAILED if (self._fatal or stuck) else EXIT_OK
+
+
+def install_signal_handlers(daemon: Daemon) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        daemon.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)

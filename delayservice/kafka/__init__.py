@@ -1,0 +1,1 @@
+"""Kafka tooling: client configuration, topic management and a local broker."""

@@ -1,0 +1,198 @@
+"""A real single-node Apache Kafka broker (KRaft) built from Maven Central artifacts.
+
+The demo, the integration tests and the benchmarks need a real broker, and these
+machines have Java and Maven but no container engine. The broker's jars are resolved
+once with `mvn dependency:copy-dependencies` into a cache folder; each start formats a
+fresh log dir and runs `kafka.Kafka` in combined broker+controller mode on loopback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from delayservice.errors import DelayServiceError
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "4.1.1"
+LOG4J_VERSION = "2.24.3"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>delayservice.local</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId>
+      <version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+_LOG4J2 = """<Configuration status="WARN">
+  <Appenders>
+    <File name="file" fileName="${sys:kafka.logs.dir}/server.log">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+    </File>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="file"/></Root>
+    <Logger name="kafka.coordinator" level="WARN"/>
+    <Logger name="org.apache.kafka.storage" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "delayservice"
+
+
+def ensure_jars(version: str = KAFKA_VERSION) -> Path:
+    """Resolve the broker's classpath into the cache (first call only) and return it."""
+    libs = cache_dir() / f"kafka-{version}" / "libs"
+    marker = libs / ".complete"
+    if marker.exists():
+        return libs
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise DelayServiceError("Maven (mvn) is needed to fetch the Kafka broker jars")
+    work = libs.parent
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
+    log.info("resolving Apache Kafka %s jars from Maven Central into %s", version, libs)
+    result = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        raise DelayServiceError(f"mvn could not fetch Kafka {version}:\n{result.stdout[-2000:]}")
+    marker.write_text(version)
+    return libs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LocalBroker:
+    """Start with `with LocalBroker() as broker:`; `broker.bootstrap` is its address."""
+
+    def __init__(self, *, version: str = KAFKA_VERSION, heap: str = "768m",
+                 extra_properties: dict[str, str] | None = None) -> None:
+        self.version = version
+        self.heap = heap
+        self.extra = extra_properties or {}
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.workdir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def _properties(self, data: Path) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(data),
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "num.partitions": "1",
+            **self.extra,
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def start(self, timeout: float = 120.0) -> LocalBroker:
+        libs = ensure_jars(self.version)
+        java = shutil.which("java")
+        if java is None:
+            raise DelayServiceError("Java is needed to run the local Kafka broker")
+        self.workdir = Path(tempfile.mkdtemp(prefix="delayservice-kafka-"))
+        data = self.workdir / "data"
+        config = self.workdir / "server.properties"
+        config.write_text(self._properties(data))
+        (self.workdir / "log4j2.xml").write_text(_LOG4J2)
+        classpath = f"{libs}/*"
+        jvm = [java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+               f"-Dkafka.logs.dir={self.workdir}",
+               f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}", "-cp", classpath]
+        cluster_id = subprocess.run(
+            [*jvm, "kafka.tools.StorageTool", "random-uuid"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()[-1]
+        subprocess.run(
+            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            capture_output=True, text=True, check=True,
+        )
+        out = (self.workdir / "stdout.log").open("wb")
+        self._process = subprocess.Popen([*jvm, "kafka.Kafka", str(config)], stdout=out,
+                                         stderr=subprocess.STDOUT)
+        log.info("local Kafka %s starting on %s (logs in %s)", self.version, self.bootstrap,
+                 self.workdir)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415  # slow import, only when starting
+
+        deadline = time.monotonic() + timeout
+        # The port first, so the client does not log a refused connection every 50 ms.
+        while not self._port_open():
+            if self._process is not None and self._process.poll() is not None:
+                raise DelayServiceError(f"the local broker exited; see {self.workdir}/server.log")
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        while time.monotonic() < deadline:
+            try:
+                if admin.list_topics(timeout=2).brokers:
+                    return
+            except Exception:  # noqa: BLE001, S112  # not up yet: try again until the deadline
+                continue
+        raise DelayServiceError(f"the local broker did not become ready in {timeout:.0f}s")
+
+    def _port_open(self) -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> LocalBroker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,142 @@
+"""Create and inspect the level topics and the dead-letter topic.
+
+Level topics must use `message.timestamp.type=LogAppendTime`: the due time is the
+broker's append time plus the level's delay, which is monotonic in offset order, so
+each partition's head is its earliest-due record and producer clock skew cannot make
+a record early. Retention must be well above the level's delay, or a paused backlog
+could be deleted before it is forwarded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from delayservice.errors import DelayServiceError
+from delayservice.levels import format_duration_ms
+from delayservice.settings import Settings
+
+HOUR_MS = 3_600_000
+LOG_APPEND_TIME = "LogAppendTime"
+
+
+def min_retention_ms(delay_ms: int) -> int:
+    """Enough for a backlog to wait out the delay many times over: 10x, at least a day."""
+    return max(24 * HOUR_MS, 10 * delay_ms)
+
+
+@dataclass
+class TopicSpec:
+    name: str
+    role: str
+    partitions: int
+    replication: int
+    config: dict[str, str]
+    min_retention_ms: int | None = None
+
+
+@dataclass
+class TopicStatus:
+    spec: TopicSpec
+    exists: bool
+    partitions: int | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def wanted(settings: Settings) -> list[TopicSpec]:
+    base_retention = int(settings.retention_hours * HOUR_MS)
+    specs = []
+    for level in settings.level_set():
+        retention = max(base_retention, min_retention_ms(level.delay_ms))
+        specs.append(TopicSpec(
+            level.topic, f"level {level.name}", settings.partitions, settings.replication_factor,
+            {"message.timestamp.type": LOG_APPEND_TIME, "retention.ms": str(retention)},
+            min_retention_ms(level.delay_ms),
+        ))
+    specs.append(TopicSpec(settings.dead_letter_topic, "dead letters", settings.partitions,
+                           settings.replication_factor, {"retention.ms": str(base_retention)}))
+    return specs
+
+
+def describe(admin: AdminClient, settings: Settings, timeout: float = 15.0) -> list[TopicStatus]:
+    specs = wanted(settings)
+    try:
+        meta = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise DelayServiceError.from_kafka(exc.args[0], "listing topics") from exc
+    statuses = []
+    present = []
+    for spec in specs:
+        info = meta.topics.get(spec.name)
+        if info is None or info.error is not None:
+            statuses.append(TopicStatus(spec, False, problems=["missing"]))
+            continue
+        status = TopicStatus(spec, True, partitions=len(info.partitions))
+        statuses.append(status)
+        present.append(status)
+    if present:
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, s.spec.name) for s in present]
+        futures = admin.describe_configs(resources, request_timeout=timeout)
+        for status, resource in zip(present, resources, strict=True):
+            entries = futures[resource].result(timeout)
+            status.config = {name: entry.value for name, entry in entries.items()}
+            status.problems = _problems(status)
+    return statuses
+
+
+def _problems(status: TopicStatus) -> list[str]:
+    spec, config, problems = status.spec, status.config, []
+    if spec.min_retention_ms is None:
+        return problems
+    ts_type = config.get("message.timestamp.type")
+    if ts_type != LOG_APPEND_TIME:
+        problems.append(f"message.timestamp.type is {ts_type}, needs {LOG_APPEND_TIME} "
+                        "(due times would follow producer clocks)")
+    retention = int(config.get("retention.ms", "-1"))
+    if 0 <= retention < spec.min_retention_ms:
+        problems.append(f"retention.ms is {format_duration_ms(retention)}, needs at least "
+                        f"{format_duration_ms(spec.min_retention_ms)}")
+    return problems
+
+
+def create(admin: AdminClient, settings: Settings, timeout: float = 30.0) -> list[tuple[TopicSpec, str]]:
+    """Create what is missing; leave existing topics alone. Returns (spec, outcome) pairs."""
+    specs = wanted(settings)
+    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication,
+                    config=s.config) for s in specs]
+    futures = admin.create_topics(new, request_timeout=timeout)
+    outcomes: list[tuple[TopicSpec, str]] = []
+    for spec in specs:
+        try:
+            futures[spec.name].result(timeout)
+            outcomes.append((spec, "created"))
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                outcomes.append((spec, "exists"))
+            else:
+                raise DelayServiceError.from_kafka(error, f"creating {spec.name}") from exc
+    return outcomes
+
+
+def problems_summary(statuses: list[TopicStatus]) -> list[str]:
+    return [f"{s.spec.name}: {p}" for s in statuses for p in s.problems]
+
+
+def as_rows(statuses: list[TopicStatus]) -> list[dict[str, Any]]:
+    return [
+        {
+            "topic": s.spec.name,
+            "role": s.spec.role,
+            "partitions": s.partitions,
+            "timestamp": s.config.get("message.timestamp.type", "-"),
+            "retention": format_duration_ms(int(s.config["retention.ms"]))
+            if s.config.get("retention.ms", "-1").isdigit() else "-",
+            "status": "ok" if not s.problems else "; ".join(s.problems),
+        }
+        for s in statuses
+    ]

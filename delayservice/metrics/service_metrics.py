@@ -1,0 +1,92 @@
+"""Every metric the daemon exports, created on a registry the caller passes in.
+
+Names are the contract with the dashboards and alert rules in `deploy/`; tests check
+that every name used there is exported here. Units are seconds and bytes, never ms.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class ServiceMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.consumed = Counter(
+            "delayservice_consumed", "Records read from a delay topic.", ["level"], registry=registry
+        )
+        self.forwarded = Counter(
+            "delayservice_forwarded",
+            "Records forwarded to their real topic and acknowledged by the broker.",
+            ["level"],
+            registry=registry,
+        )
+        self.dead_lettered = Counter(
+            "delayservice_dead_lettered",
+            "Records sent to the dead-letter topic, by reason.",
+            ["level", "reason"],
+            registry=registry,
+        )
+        self.forward_errors = Counter(
+            "delayservice_forward_errors",
+            "Failed forward attempts that will be retried, by Kafka error name.",
+            ["level", "error"],
+            registry=registry,
+        )
+        self.buffered_messages = Gauge(
+            "delayservice_buffered_messages",
+            "Records held in memory: waiting for their due time or for the broker's ack.",
+            ["level"],
+            registry=registry,
+        )
+        self.buffered_bytes = Gauge(
+            "delayservice_buffered_bytes",
+            "Bytes of key, value and headers held in memory.",
+            ["level"],
+            registry=registry,
+        )
+        self.paused_partitions = Gauge(
+            "delayservice_paused_partitions",
+            "Delay-topic partitions paused because the buffer is full.",
+            ["level"],
+            registry=registry,
+        )
+        self.longest_pause = Gauge(
+            "delayservice_longest_pause_seconds",
+            "How long the longest-paused partition of the level has been paused.",
+            ["level"],
+            registry=registry,
+        )
+        self.consumer_lag = Gauge(
+            "delayservice_consumer_lag_messages",
+            "Records on the delay topic not yet read by this instance (assigned partitions).",
+            ["level"],
+            registry=registry,
+        )
+        self.lateness = Histogram(
+            "delayservice_lateness_seconds",
+            "Seconds past the due time at which a record was forwarded.",
+            ["level"],
+            buckets=LATENESS_BUCKETS,
+            registry=registry,
+        )
+        self.commits = Counter(
+            "delayservice_commits", "Offset commits of safe positions.", ["level"], registry=registry
+        )
+        self.assigned_partitions = Gauge(
+            "delayservice_assigned_partitions",
+            "Delay-topic partitions assigned to this instance.",
+            ["level"],
+            registry=registry,
+        )
+        self.ready = Gauge(
+            "delayservice_ready", "1 when every level reaches the broker and runs.", registry=registry
+        )
+        self.level_delay = Gauge(
+            "delayservice_level_delay_seconds",
+            "The delay of each level, for dashboards to join on.",
+            ["level", "topic"],
+            registry=registry,
+        )

@@ -1,0 +1,126 @@
+"""Settings shared by the daemon, the producer wrapper and the CLI.
+
+Sources, strongest first: explicit arguments, `DELAYSERVICE_*` environment variables,
+the TOML file given with `--config`, then defaults. Unknown keys are errors in every
+source, because a misspelt setting silently falling back to a default is the kind of
+mistake that only shows up as a late message in production.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from delayservice.errors import ConfigError
+from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet
+
+ENV_PREFIX = "DELAYSERVICE_"
+# Variables with this prefix belong to the test harness and the CLI, not to the daemon.
+_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_CONFIG")
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers.")
+    levels: str = Field(DEFAULT_LEVELS, description="Delay levels, smallest first, e.g. 5s,1m,2h.")
+    topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Level N lives in PREFIX + N.")
+    dead_letter_topic: str = Field("delay_dead_letter", description="Where bad records go.")
+    group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
+    partitions: int = Field(3, ge=1, description="Partitions per level topic (topics create).")
+    replication_factor: int = Field(1, ge=1, description="Replication of created topics.")
+    retention_hours: float = Field(168.0, gt=0, description="Retention of created topics.")
+    scheduler: Literal["heap", "wheel"] = Field("heap", description="Per-level timer design.")
+    pause_high_water: int = Field(10_000, ge=1, description="Pause a partition at this many buffered messages.")
+    pause_low_water: int = Field(5_000, ge=0, description="Resume it at or below this many.")
+    max_buffered_bytes: int = Field(256 * MiB, ge=1024, description="Byte cap per level.")
+    commit_interval_s: float = Field(1.0, gt=0, description="How often safe offsets are committed.")
+    retry_backoff_s: float = Field(1.0, gt=0, description="First retry delay of a failed forward.")
+    retry_backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay.")
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="Longest graceful stop.")
+    metrics_host: str = Field("0.0.0.0", description="Address of /metrics, /healthz, /readyz.")  # noqa: S104
+    metrics_port: int = Field(9480, ge=0, le=65535, description="Port of the HTTP endpoint; 0 picks a free one.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    kafka: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for every client (security etc.).")
+    consumer: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for consumers only.")
+    producer: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for producers only.")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels_parse(cls, value: str) -> str:
+        LevelSet.parse(value)  # raises ConfigError with the reason
+        return value
+
+    @model_validator(mode="after")
+    def _water_marks(self) -> Settings:
+        if self.pause_low_water >= self.pause_high_water:
+            raise ConfigError("pause_low_water", "must be below pause_high_water")
+        return self
+
+    def level_set(self) -> LevelSet:
+        return LevelSet.parse(self.levels, self.topic_prefix)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings)
+
+
+def _unknown_env() -> list[str]:
+    known = {f"{ENV_PREFIX}{name}".upper() for name in Settings.model_fields}
+    return sorted(
+        key
+        for key in os.environ
+        if key.upper().startswith(ENV_PREFIX)
+        and key.upper() not in known
+        and not key.upper().startswith(_NOT_SETTINGS)
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError("--config", f"{path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from all sources, turning any problem into one `ConfigError`."""
+    unknown = _unknown_env()
+    if unknown:
+        raise ConfigError(unknown[0], "unknown setting (check the spelling)")
+    file_values = _read_toml(config_file) if config_file else {}
+    env_names = {k.upper() for k in os.environ}
+    # The file is weaker than the environment: pass only what the environment leaves unset.
+    init = {
+        key: value
+        for key, value in file_values.items()
+        if f"{ENV_PREFIX}{key}".upper() not in env_names
+    }
+    init.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**init)
+    except ConfigError:
+        raise
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        name = ".".join(str(part) for part in error["loc"]) or "settings"
+        cause = error.get("ctx", {}).get("error")
+        message = "unknown setting (check the spelling)" if error["type"] == "extra_forbidden" else str(cause or error["msg"])
+        raise ConfigError(name, message) from None

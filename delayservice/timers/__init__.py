@@ -1,0 +1,1 @@
+"""Timers from the source material, all sharing the `Scheduler` shape in `base`."""

@@ -1,0 +1,1 @@
+"""Per-level worker: consumer thread -> DelayQueue-style buffer -> forwarder thread."""

@@ -1,0 +1,126 @@
+"""What each partition holds in memory and which offset is safe to commit.
+
+The promise "nothing lost" rests here: an offset is committable only when every
+record at or below it has been settled (forwarded and acknowledged, or dead-lettered
+and acknowledged). Records are tracked in offset order, so settling is O(1) amortised:
+the head of the pending deque moves forward once its settled set catches up.
+
+The consumer thread tracks; delivery callbacks settle from whatever thread polls the
+producer; a single lock per level keeps the two consistent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+
+class PartitionLedger:
+    __slots__ = (
+        "buffered",
+        "bytes",
+        "last_committed",
+        "next_offset",
+        "partition",
+        "paused_since",
+        "pending",
+        "revoked",
+        "settled",
+    )
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+        self.pending: deque[int] = deque()
+        self.settled: set[int] = set()
+        self.next_offset: int | None = None
+        self.last_committed: int | None = None
+        self.buffered = 0
+        self.bytes = 0
+        self.revoked = False
+        self.paused_since: float | None = None
+
+    def committable(self) -> int | None:
+        """The offset to commit: the first unsettled record, or the next one to read."""
+        pending, settled = self.pending, self.settled
+        while pending and pending[0] in settled:
+            settled.discard(pending.popleft())
+        if pending:
+            return pending[0]
+        return self.next_offset
+
+
+class LevelLedger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.partitions: dict[int, PartitionLedger] = {}
+        self.total_buffered = 0
+        self.total_bytes = 0
+        self.peak_partition_buffered = 0
+        self.peak_total_bytes = 0
+
+    def assign(self, partition: int) -> PartitionLedger:
+        with self.lock:
+            ledger = PartitionLedger(partition)
+            self.partitions[partition] = ledger
+            return ledger
+
+    def revoke(self, partition: int) -> PartitionLedger | None:
+        """Forget a partition; its buffered records no longer count and late acks are ignored."""
+        with self.lock:
+            ledger = self.partitions.pop(partition, None)
+            if ledger is not None:
+                ledger.revoked = True
+                self.total_buffered -= ledger.buffered
+                self.total_bytes -= ledger.bytes
+            return ledger
+
+    def track(self, ledger: PartitionLedger, offset: int, size: int) -> None:
+        with self.lock:
+            ledger.pending.append(offset)
+            ledger.next_offset = offset + 1
+            ledger.buffered += 1
+            ledger.bytes += size
+            self.total_buffered += 1
+            self.total_bytes += size
+            self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
+            self.peak_total_bytes = max(self.peak_total_bytes, self.total_bytes)
+
+    def skip(self, ledger: PartitionLedger, offset: int) -> None:
+        """Move the read position past a record that needs no forwarding (e.g. a control record)."""
+        with self.lock:
+            if not ledger.pending:
+                ledger.next_offset = offset + 1
+
+    def settle(self, ledger: PartitionLedger, offset: int, size: int) -> None:
+        with self.lock:
+            if ledger.revoked:
+                return
+            ledger.settled.add(offset)
+            ledger.buffered -= 1
+            ledger.bytes -= size
+            self.total_buffered -= 1
+            self.total_bytes -= size
+
+    def to_commit(self) -> list[tuple[int, int]]:
+        """(partition, offset) pairs that moved since the last commit."""
+        out: list[tuple[int, int]] = []
+        with self.lock:
+            for partition, ledger in self.partitions.items():
+                offset = ledger.committable()
+                if offset is not None and offset != ledger.last_committed:
+                    out.append((partition, offset))
+        return out
+
+    def committed(self, pairs: list[tuple[int, int]]) -> None:
+        with self.lock:
+            for partition, offset in pairs:
+                ledger = self.partitions.get(partition)
+                if ledger is not None:
+                    ledger.last_committed = offset
+
+    def longest_pause(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self.lock:
+            starts = [p.paused_since for p in self.partitions.values() if p.paused_since is not None]
+        return max((now - s for s in starts), default=0.0)
