@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -70,3 +72,145 @@ def unique_name() -> Callable[[str], str]:
         return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
     return make
+
+
+class Testbed:
+    """Everything an integration test needs on the shared broker, under unique names.
+
+    Each testbed has its own topic prefix, dead-letter topic and consumer group, so
+    tests never see each other's records; daemons it starts are stopped at teardown.
+    """
+
+    def __init__(self, bootstrap: str, tag: str) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        self.bootstrap = bootstrap
+        self.tag = tag
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._daemons: list[Any] = []
+
+    def settings(self, **overrides: Any) -> Any:
+        from delayservice.settings import load_settings
+
+        values: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "levels": "1s,2s,3s",
+            "topic_prefix": f"dt-{self.tag}-",
+            "dead_letter_topic": f"dlq-{self.tag}",
+            "group_id": f"ds-{self.tag}",
+            "metrics_port": 0,
+            "metrics_host": "127.0.0.1",
+            "commit_interval_s": 0.2,
+            "retry_backoff_s": 0.2,
+            "shutdown_timeout_s": 15,
+        }
+        values.update(overrides)
+        return load_settings(**values)
+
+    def create_delay_topics(self, settings: Any) -> None:
+        from delayservice.kafka import topics
+
+        topics.create(self.admin, settings)
+
+    def create_topic(self, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
+        from confluent_kafka.admin import NewTopic
+
+        futures = self.admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
+        futures[name].result(30)
+        return name
+
+    def start_daemon(self, settings: Any) -> Any:
+        from delayservice.daemon import Daemon
+
+        daemon = Daemon(settings)
+        self._daemons.append(daemon)
+        daemon.start()
+        return daemon
+
+    def wait_assigned(self, *daemons: Any, partitions: int, timeout: float = 60.0) -> None:
+        """Until the daemons together own every partition of every level."""
+
+        def owned() -> bool:
+            levels = {w.level.topic for d in daemons for w in d.workers}
+            return all(
+                sum(len(w.ledger.partitions) for d in daemons for w in d.workers if w.level.topic == t)
+                == partitions
+                for t in levels
+            )
+
+        wait_for(owned, timeout, "the daemons to be assigned every partition")
+
+    def producer(self, settings: Any) -> Any:
+        from delayservice.producer import DelayProducer
+
+        return DelayProducer({"bootstrap.servers": self.bootstrap, "linger.ms": 5}, settings=settings)
+
+    def collect(self, topic: str, count: int, timeout: float = 60.0) -> list[Any]:
+        """Read `count` records from the start of `topic` (fails on timeout with what it got)."""
+        from confluent_kafka import Consumer
+
+        consumer = Consumer({
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"collect-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        })
+        consumer.subscribe([topic])
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout
+        try:
+            while len(records) < count and time.monotonic() < deadline:
+                for message in consumer.consume(1000, 0.5):
+                    if message.error() is None:
+                        records.append(message)
+        finally:
+            consumer.close()
+        assert len(records) >= count, f"{topic}: got {len(records)} of {count} records in {timeout}s"
+        return records
+
+    @staticmethod
+    def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+        wait_for(condition, timeout, what)
+
+    def close(self) -> None:
+        for daemon in self._daemons:
+            daemon.stop()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def testbed(kafka_bootstrap: str) -> Iterator[Testbed]:
+    bed = Testbed(kafka_bootstrap, uuid.uuid4().hex[:8])
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+@pytest.fixture(scope="session")
+def java_partitions() -> Callable[[list[str], int], dict[str, int]]:
+    """The partitions Apache Kafka's own Java client picks, computed by that client."""
+    from pathlib import Path
+
+    from delayservice.kafka.local_broker import ensure_jars
+
+    if shutil.which("java") is None:
+        _no_broker("java is needed to compute Java client partitions")
+    libs = ensure_jars()
+    source = Path(__file__).with_name("JavaPartitioner.java")
+
+    def compute(keys: list[str], partitions: int) -> dict[str, int]:
+        result = subprocess.run(
+            ["java", "-cp", f"{libs}/*", str(source), str(partitions), *keys],
+            capture_output=True, text=True, check=True, timeout=120,
+        )
+        return dict(zip(keys, map(int, result.stdout.split()), strict=True))
+
+    return compute

@@ -35,6 +35,10 @@ class Scheduler(Protocol[T]):
         """Hold `item` until `due` (clock seconds). Wakes a blocked taker if it is the new head."""
         ...
 
+    def schedule_many(self, items: list[tuple[T, float]]) -> None:
+        """Schedule (item, due) pairs under one lock; the daemon's per-batch fast path."""
+        ...
+
     def cancel(self, handle: TimerHandle) -> bool:
         """Stop a scheduled item from firing. False if it already fired or was cancelled."""
         ...

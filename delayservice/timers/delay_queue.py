@@ -52,6 +52,18 @@ class DelayQueue(Generic[T]):
 
     put = schedule
 
+    def schedule_many(self, items: list[tuple[T, float]]) -> None:
+        if not items:
+            return
+        push, seq, heap = heapq.heappush, self._seq, self._heap
+        with self._cond:
+            head_before = heap[0][0] if heap else None
+            earliest = min(due for _item, due in items)
+            for item, due in items:
+                push(heap, (due, next(seq), DelayEntry(item, due)))
+            if head_before is None or earliest < head_before:
+                self._cond.notify()
+
     def cancel(self, handle: DelayEntry[T]) -> bool:
         with self._cond:
             if handle.cancelled or handle.fired:

@@ -130,8 +130,13 @@ class ConsumerLoop:
                 messages = consumer.consume(BATCH, POLL_TIMEOUT_S)
                 if self._to_resume_on_assign:
                     self._resume_fresh()
+                admitted = 0
+                due: list[tuple[HeldRecord, float]] = []
                 for message in messages:
-                    self._admit(message)
+                    admitted += self._admit(message, due)
+                if admitted:
+                    self._scheduler.schedule_many(due)
+                    self._m_consumed.inc(admitted)
                 if self._rewind:
                     self._apply_rewinds()
                 self._producer.poll(0)
@@ -156,6 +161,7 @@ class ConsumerLoop:
         """Runs after the loop: stop forwarding, wait for acks, commit, leave the group."""
         self._forwarder.stop(timeout=5.0)
         remaining = self._producer.flush(self._flush_timeout)
+        self._forwarder.publish_counts()
         if remaining:
             log.warning("%s: %d forwards unacknowledged at shutdown; they will be re-read",
                         self.level.topic, remaining)
@@ -164,46 +170,51 @@ class ConsumerLoop:
         except KafkaException as exc:
             log.warning("%s: final commit failed (%s); records will be re-read", self.level.topic, exc)
         self._consumer.close()
+        self._producer.close()
 
 
     # -- admitting records ---------------------------------------------------------
-    def _admit(self, message: Message) -> None:
+    def _admit(self, message: Message, due: list[tuple[HeldRecord, float]]) -> int:
+        """1 if the record was taken (appended to `due` for the buffer), 0 if not."""
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 self.on_error(error)
-            return
+            return 0
         self.broker_down = False
         partition = message.partition()
         offset = message.offset()
         if partition in self.paused or partition in self._rewind:
             self._rewind.setdefault(partition, offset)
-            return
+            return 0
         ledger = self._ledger.partitions.get(partition)
         if ledger is None:
-            return  # not ours any more; the new owner reads it
+            return 0  # not ours any more; the new owner reads it
         key = message.key()
         value = message.value()
-        headers = message.headers() or []
-        size = record_size(key, value, headers)
+        headers = message.headers()
+        try:
+            envelope, user_headers, header_bytes = unwrap(headers)
+        except EnvelopeError as exc:
+            envelope, user_headers, problem = None, headers or [], str(exc)
+            header_bytes = record_size(None, None, headers)
+        size = header_bytes + (len(key) if key else 0) + (len(value) if value else 0)
         if not self._flow.admits(self._ledger, ledger, size):
             self._pause(partition)
             self._rewind[partition] = offset
-            return
-        self._m_consumed.inc()
+            return 0
         self._ledger.track(ledger, offset, size)
         ts_type, ts = message.timestamp()
         base_ms = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else int(time.time() * 1000)
-        try:
-            envelope, _user = unwrap(headers)
-        except EnvelopeError as exc:
-            record = HeldRecord(ledger, partition, offset, key, value, headers, size, None, base_ms,
-                                dead_letter=(dl.REASON_ENVELOPE, str(exc)))
+        if envelope is None:
+            record = HeldRecord(ledger, partition, offset, key, value, user_headers, size, None, base_ms,
+                                dead_letter=(dl.REASON_ENVELOPE, problem))
             self._forwarder.send(record)
-            return
+            return 1
         due_ms = base_ms + self.level.delay_ms
-        record = HeldRecord(ledger, partition, offset, key, value, headers, size, envelope, due_ms)
-        self._scheduler.schedule(record, due_ms / 1000)
+        record = HeldRecord(ledger, partition, offset, key, value, user_headers, size, envelope, due_ms)  # type: ignore[arg-type]
+        due.append((record, due_ms / 1000))
+        return 1
 
     def _pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.level.topic, partition)])
@@ -294,6 +305,7 @@ class ConsumerLoop:
         self._m_commits.inc()
 
     def _update_gauges(self, *, lag: bool) -> None:
+        self._forwarder.publish_counts()
         ledger = self._ledger
         self._m_buffered.set(ledger.total_buffered)
         self._m_bytes.set(ledger.total_bytes)

@@ -82,6 +82,7 @@ class Forwarder:
         self._m_lateness = metrics.lateness.labels(name)
         self._m_dead = metrics.dead_lettered
         self._m_errors = metrics.forward_errors
+        self._published = 0  # acknowledged forwards already added to the counter
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"forwarder-{level.topic}", daemon=True)
 
@@ -102,11 +103,7 @@ class Forwarder:
         try:
             while not self._stopping.is_set():
                 records = scheduler.take_expired(None)
-                if not records:
-                    continue
-                if len(records) > 1:
-                    records.sort(key=_due_order)
-                for record in records:
+                for record in records:  # the scheduler returns them in due order
                     if self._stopping.is_set():
                         return  # not forwarded, not settled: re-read after restart
                     self.send(record)
@@ -173,8 +170,7 @@ class Forwarder:
 
     def _delivered(self, record: HeldRecord, err: KafkaError | None, _msg: Message) -> None:
         if err is None:
-            self._ledger.settle(record.ledger, record.offset, record.size)
-            self._m_forwarded.inc()
+            self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
             return
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
@@ -184,6 +180,13 @@ class Forwarder:
             self._to_dead_letter(record, reason, err.str())
         else:
             self._retry(record, err.name(), err.str())
+
+    def publish_counts(self) -> None:
+        """Move acknowledged forwards into the Prometheus counter, in batches off the ack path."""
+        acked = self._ledger.forwarded
+        if acked != self._published:
+            self._m_forwarded.inc(acked - self._published)
+            self._published = acked
 
     # -- failure paths -------------------------------------------------------------
     def _retry(self, record: HeldRecord, error_name: str, detail: str) -> None:
@@ -203,7 +206,7 @@ class Forwarder:
         reason, detail = record.dead_letter
         log.warning("dead-lettering %s[%d]@%d: %s (%s)", self.level.topic, record.partition,
                     record.offset, reason, detail)
-        headers = dl.dead_letter_headers(record.headers, reason, detail, self.level.topic,
+        headers = dl.dead_letter_headers(record.original_headers(), reason, detail, self.level.topic,
                                          record.partition, record.offset)
         try:
             self._produce(self._dlq_topic, record.key, record.value, headers,
@@ -222,6 +225,3 @@ class Forwarder:
             # The dead-letter topic itself refused: keep the record unsettled and retry.
             self._retry(record, err.name(), f"dead-letter topic: {err.str()}")
 
-
-def _due_order(record: HeldRecord) -> tuple[int, int, int]:
-    return (record.due_ms, record.partition, record.offset)

@@ -58,6 +58,8 @@ class LevelLedger:
         self.total_bytes = 0
         self.peak_partition_buffered = 0
         self.peak_total_bytes = 0
+        self.forwarded = 0
+        """Forwards the broker acknowledged, including those of since-revoked partitions."""
 
     def assign(self, partition: int) -> PartitionLedger:
         with self.lock:
@@ -92,8 +94,9 @@ class LevelLedger:
             if not ledger.pending:
                 ledger.next_offset = offset + 1
 
-    def settle(self, ledger: PartitionLedger, offset: int, size: int) -> None:
+    def settle(self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False) -> None:
         with self.lock:
+            self.forwarded += forwarded
             if ledger.revoked:
                 return
             ledger.settled.add(offset)

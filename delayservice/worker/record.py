@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from delayservice.envelope import PREFIX, Envelope, Headers, forwarded_headers
+from delayservice.envelope import Envelope, Headers, forwarded_headers
 from delayservice.worker.ledger import PartitionLedger
 
 
@@ -16,7 +16,7 @@ class HeldRecord:
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]]
-    """The record's headers as read from the delay topic, envelope included."""
+    """The user's headers when the envelope is valid; all headers as read when it is not."""
     size: int
     envelope: Envelope | None
     """None when the record had no valid envelope."""
@@ -27,8 +27,13 @@ class HeldRecord:
 
     def forward_headers(self) -> Headers:
         assert self.envelope is not None
-        user = [(n, v if v is not None else b"") for n, v in self.headers if not n.startswith(PREFIX)]
-        return forwarded_headers(user, self.envelope, self.due_ms)
+        return forwarded_headers(self.headers, self.envelope, self.due_ms)  # type: ignore[arg-type]
+
+    def original_headers(self) -> list[tuple[str, bytes | None]]:
+        """The headers as they stood on the delay topic, for the dead-letter copy."""
+        if self.envelope is None:
+            return self.headers
+        return [*self.headers, *self.envelope.headers()]
 
 
 def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> int:

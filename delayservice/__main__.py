@@ -1,0 +1,3 @@
+from delayservice.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The `delayservice` command line."""

@@ -1,0 +1,65 @@
+"""Options and error handling shared by every command.
+
+Every failure a user can fix ends as one line on stderr: exit code 2 for bad settings
+or topic setup, 1 for anything else DelayService reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+
+from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
+from delayservice.settings import Settings, load_settings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", "-c", envvar="DELAYSERVICE_CONFIG", help="TOML settings file.",
+                 show_default=False),
+]
+BootstrapOption = Annotated[
+    str | None,
+    typer.Option("--bootstrap-servers", "-b", help="Kafka bootstrap servers "
+                 "(default: DELAYSERVICE_BOOTSTRAP_SERVERS or the config file).", show_default=False),
+]
+
+
+def settings_from(config: Path | None, **overrides: Any) -> Settings:
+    return load_settings(config, **overrides)
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"delayservice: {message}", err=True)
+    return typer.Exit(code)
+
+
+def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn DelayService errors into one line and an exit code instead of a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except (ConfigError, TopicSetupError) as exc:
+            raise fail(str(exc), 2) from None
+        except DelayServiceError as exc:
+            raise fail(str(exc), 1) from None
+
+    return wrapper
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
+    )

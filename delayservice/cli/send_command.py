@@ -1,0 +1,60 @@
+"""`delayservice send`: one delayed message from the shell."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+
+from delayservice.cli.common import BootstrapOption, ConfigOption, fail, friendly_errors, settings_from
+from delayservice.kafka import client_config
+from delayservice.levels import parse_duration_ms
+from delayservice.producer import DelayProducer
+
+
+@friendly_errors
+def send(
+    topic: Annotated[str, typer.Argument(help="The real topic.")],
+    value: Annotated[str, typer.Argument(help="Message value (UTF-8).")],
+    delay: Annotated[str | None, typer.Option("--delay", "-d", help="e.g. 30s, 5m, 1h.",
+                                              show_default=False)] = None,
+    deliver_at: Annotated[datetime | None, typer.Option(
+        help="Absolute time (ISO 8601; naive times are UTC).", show_default=False)] = None,
+    key: Annotated[str | None, typer.Option("--key", "-k", show_default=False)] = None,
+    partition: Annotated[int, typer.Option(help="Explicit target partition (-1: by key).")] = -1,
+    header: Annotated[list[str] | None, typer.Option("--header", "-H", help="name=value, repeatable.",
+                                                     show_default=False)] = None,
+    config: ConfigOption = None,
+    bootstrap_servers: BootstrapOption = None,
+) -> None:
+    """Send one message with a delay and print its id."""
+    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    headers = []
+    for item in header or []:
+        name, sep, hvalue = item.partition("=")
+        if not sep or not name:
+            raise fail(f"--header {item!r} is not name=value", 2)
+        headers.append((name, hvalue.encode()))
+    try:
+        delay_s = parse_duration_ms(delay) / 1000 if delay is not None else None
+    except ValueError as exc:
+        raise fail(f"--delay: {exc}", 2) from None
+    if deliver_at is not None and deliver_at.tzinfo is None:
+        deliver_at = deliver_at.replace(tzinfo=UTC)
+    errors: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer = DelayProducer(client_config.producer(settings, "delayservice-send"), settings=settings)
+    try:
+        message_id = producer.produce(topic, value.encode(), key.encode() if key else None, partition,
+                                      on_delivery=delivered, headers=headers, delay=delay_s,
+                                      deliver_at=deliver_at)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    if producer.flush(30) or errors:
+        raise fail(f"not delivered: {errors[0] if errors else 'timed out'}", 1)
+    typer.echo(message_id)

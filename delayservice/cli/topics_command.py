@@ -1,0 +1,45 @@
+"""`delayservice topics create|describe`."""
+
+from __future__ import annotations
+
+import typer
+from confluent_kafka.admin import AdminClient
+
+from delayservice.cli.common import BootstrapOption, ConfigOption, fail, friendly_errors, settings_from
+from delayservice.kafka import client_config, topics
+
+app = typer.Typer(help="Create and check the delay-level and dead-letter topics.", no_args_is_help=True)
+
+
+def _table(rows: list[dict[str, object]]) -> str:
+    if not rows:
+        return ""
+    columns = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
+    return "\n".join(lines)
+
+
+@app.command()
+@friendly_errors
+def create(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
+    """Create missing topics (LogAppendTime, long retention); safe to run again."""
+    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    admin = AdminClient(client_config.admin(settings))
+    for spec, outcome in topics.create(admin, settings):
+        typer.echo(f"{outcome:8} {spec.name} ({spec.role}, {spec.partitions} partitions)")
+    problems = topics.problems_summary(topics.describe(admin, settings))
+    if problems:
+        raise fail("existing topics need attention:\n  " + "\n  ".join(problems), 2)
+
+
+@app.command()
+@friendly_errors
+def describe(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
+    """Show the topics and say plainly what is wrong with them; exit 2 if anything is."""
+    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    statuses = topics.describe(AdminClient(client_config.admin(settings)), settings)
+    typer.echo(_table(topics.as_rows(statuses)))
+    if topics.problems_summary(statuses):
+        raise typer.Exit(2)

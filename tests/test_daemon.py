@@ -1,0 +1,148 @@
+"""The daemon on a real broker: the invariants of ../shared/DESIGN.md, one test each."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import pytest
+
+pytestmark = pytest.mark.kafka
+
+SCHEDULERS = ["heap", "wheel"]
+
+
+def _headers(message) -> dict[str, bytes]:
+    return dict(message.headers() or [])
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(testbed, scheduler):
+    settings = testbed.settings(scheduler=scheduler)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"orders-{testbed.tag}")
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+
+    producer = testbed.producer(settings)
+    requested = {}  # id -> (requested delay s, level delay s, send time ms)
+    for i, delay in enumerate([0.3, 1.0, 1.5, 2.0, 2.5, 3.0] * 5):
+        level_s = {0.3: 1, 1.0: 1, 1.5: 2, 2.0: 2, 2.5: 3, 3.0: 3}[delay]
+        sent_ms = time.time() * 1000
+        mid = producer.produce(target, f"v{i}".encode(), key=f"k{i}".encode(), delay=delay)
+        requested[mid] = (delay, level_s, sent_ms)
+    assert producer.flush(10) == 0
+
+    records = testbed.collect(target, len(requested), timeout=30)
+    seen_levels = set()
+    for record in records:
+        headers = _headers(record)
+        mid = headers["delay-id"].decode()
+        due_ms = int(headers["delay-due-ms"])
+        delay, level_s, sent_ms = requested[mid]
+        forwarded_ms = record.timestamp()[1]
+        assert forwarded_ms >= due_ms, f"{mid} forwarded {due_ms - forwarded_ms} ms early"
+        # Level policy: due = append time + the level's delay, so never before send + level.
+        assert due_ms >= sent_ms + level_s * 1000 - 5
+        assert due_ms >= sent_ms + delay * 1000 - 5
+        # Lateness stays small once the daemon owns its partitions (generous for a shared CI box).
+        assert forwarded_ms - due_ms < 1500
+        seen_levels.add(level_s)
+    assert seen_levels == {1, 2, 3}
+    assert sorted(_headers(r)["delay-id"].decode() for r in records) == sorted(requested)
+
+
+def test_a_message_without_delay_goes_straight_to_its_topic(testbed):
+    settings = testbed.settings()
+    target = testbed.create_topic(f"now-{testbed.tag}")
+    producer = testbed.producer(settings)
+    producer.produce(target, b"now", delay=0)
+    producer.flush(10)
+    (record,) = testbed.collect(target, 1, timeout=20)
+    assert record.value() == b"now"
+    assert "delay-id" not in _headers(record)
+
+
+def test_key_order_is_kept_within_a_level(testbed):
+    settings = testbed.settings(levels="1s")
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"ordered-{testbed.tag}", partitions=3)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = testbed.producer(settings)
+    for seq in range(300):
+        producer.produce(target, str(seq).encode(), key=f"key-{seq % 7}".encode(), delay=1)
+    producer.flush(10)
+    per_key = defaultdict(list)
+    for record in testbed.collect(target, 300, timeout=30):
+        per_key[record.key()].append(int(record.value()))
+    assert len(per_key) == 7
+    for key, values in per_key.items():
+        assert values == sorted(values), f"{key!r} out of order"
+
+
+def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testbed):
+    total, high = 50_000, 200
+    settings = testbed.settings(levels="1s", pause_high_water=high, pause_low_water=50)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"backlog-{testbed.tag}")
+    producer = testbed.producer(settings)
+    payload = b"x" * 100
+    for i in range(total):
+        producer.produce(target, payload, key=str(i % 1000).encode(), delay=1)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    daemon = testbed.start_daemon(settings)
+    testbed.collect(target, total, timeout=240)
+    worker = daemon.workers[0]
+    testbed.wait_for(lambda: worker.ledger.total_buffered == 0, 30, "the buffer to empty")
+    assert 0 < worker.ledger.peak_partition_buffered <= high
+    assert worker.loop.paused == set()
+
+
+def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed):
+    settings = testbed.settings(levels="1s,2s", partitions=4)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"shared-{testbed.tag}")
+    first, second = testbed.start_daemon(settings), testbed.start_daemon(settings)
+    testbed.wait_assigned(first, second, partitions=4)
+    testbed.wait_for(
+        lambda: all(len(w.ledger.partitions) > 0 for d in (first, second) for w in d.workers),
+        60, "both daemons to own a share of every level",
+    )
+    testbed.wait_assigned(first, second, partitions=4)
+
+    producer = testbed.producer(settings)
+    ids = set()
+    for i in range(400):
+        ids.add(producer.produce(target, f"m{i}".encode(), key=f"k{i}".encode(), delay=1 + i % 2))
+        if i == 200:
+            producer.flush(10)
+            assert first.stop() == 0  # mid-stream: the second takes over
+    producer.flush(10)
+    testbed.wait_assigned(second, partitions=4)
+    delivered = {_headers(r)["delay-id"].decode() for r in testbed.collect(target, len(ids), timeout=60)}
+    assert ids <= delivered
+
+
+def test_forwarded_messages_land_where_a_java_client_would_put_them(testbed, java_partitions):
+    settings = testbed.settings(levels="1s")
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"partitioned-{testbed.tag}", partitions=7)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    keys = [f"customer-{i}" for i in range(100)] + ["", "ü-ñ", "x" * 300]
+    expected = java_partitions(keys, 7)
+    producer = testbed.producer(settings)
+    for key in keys:
+        producer.produce(target, b"v", key=key.encode(), delay=1)
+    producer.produce(target, b"pinned", key=b"customer-1", partition=5, delay=1)
+    producer.flush(10)
+    records = testbed.collect(target, len(keys) + 1, timeout=30)
+    for record in records:
+        if record.value() == b"pinned":
+            assert record.partition() == 5
+        else:
+            key = record.key().decode()
+            assert record.partition() == expected[key], key

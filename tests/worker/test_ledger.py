@@ -1,0 +1,67 @@
+from delayservice.worker.ledger import LevelLedger
+
+
+def test_commit_waits_for_the_lowest_unsettled_offset():
+    level = LevelLedger()
+    p0 = level.assign(0)
+    for offset in (10, 11, 12, 13):
+        level.track(p0, offset, 100)
+    assert p0.committable() == 10
+    level.settle(p0, 11, 100)
+    level.settle(p0, 12, 100)
+    assert p0.committable() == 10  # 10 is not acknowledged yet
+    level.settle(p0, 10, 100)
+    assert p0.committable() == 13
+    level.settle(p0, 13, 100)
+    assert p0.committable() == 14  # everything settled: the next offset to read
+    assert level.total_buffered == 0
+    assert level.total_bytes == 0
+
+
+def test_nothing_consumed_commits_nothing():
+    level = LevelLedger()
+    level.assign(3)
+    assert level.to_commit() == []
+
+
+def test_to_commit_reports_only_moves():
+    level = LevelLedger()
+    p0 = level.assign(0)
+    level.track(p0, 5, 1)
+    level.settle(p0, 5, 1)
+    assert level.to_commit() == [(0, 6)]
+    level.committed([(0, 6)])
+    assert level.to_commit() == []
+
+
+def test_revoked_partitions_stop_counting_and_ignore_late_acks():
+    level = LevelLedger()
+    p0, p1 = level.assign(0), level.assign(1)
+    level.track(p0, 1, 10)
+    level.track(p1, 1, 20)
+    assert level.revoke(0) is p0
+    assert (level.total_buffered, level.total_bytes) == (1, 20)
+    level.settle(p0, 1, 10)  # the ack arrives after the revoke
+    assert (level.total_buffered, level.total_bytes) == (1, 20)
+    assert [p for p, _ in level.to_commit()] == [1]
+
+
+def test_peaks_are_recorded():
+    level = LevelLedger()
+    p0 = level.assign(0)
+    for offset in range(5):
+        level.track(p0, offset, 10)
+    for offset in range(5):
+        level.settle(p0, offset, 10)
+    assert level.peak_partition_buffered == 5
+    assert level.peak_total_bytes == 50
+
+
+def test_skip_moves_the_position_only_when_nothing_is_pending():
+    level = LevelLedger()
+    p0 = level.assign(0)
+    level.skip(p0, 7)
+    assert p0.committable() == 8
+    level.track(p0, 8, 1)
+    level.skip(p0, 9)
+    assert p0.committable() == 8
