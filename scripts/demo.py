@@ -1,0 +1,114 @@
+"""The DelayService demo: a real broker, the topics, the daemon, delayed messages arriving.
+
+Starts a local Apache Kafka (KRaft) unless --bootstrap names one, creates the level
+topics, runs the daemon in this process, sends messages with delays across several
+levels and prints each delivery with its lateness. Exits non-zero if any message
+arrives early or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from delayservice.daemon import Daemon
+from delayservice.kafka import topics
+from delayservice.kafka.local_broker import LocalBroker
+from delayservice.producer import DelayProducer
+from delayservice.settings import load_settings
+
+LEVELS = "1s,2s,5s,10s"
+DELAYS = [0.5, 1, 1.5, 2, 3, 4.5, 5, 7, 10]
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    print("starting a local Apache Kafka broker (KRaft) from Maven Central jars ...", flush=True)
+    with LocalBroker() as local:
+        print(f"broker ready on {local.bootstrap}", flush=True)
+        yield local.bootstrap
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--rounds", type=int, default=2, help="messages per delay")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    with broker(args.bootstrap) as bootstrap:
+        run_id = uuid.uuid4().hex[:6]
+        settings = load_settings(bootstrap_servers=bootstrap, levels=LEVELS, metrics_port=0,
+                                 metrics_host="127.0.0.1", topic_prefix=f"demo_{run_id}_delay_",
+                                 group_id=f"demo-{run_id}", dead_letter_topic=f"demo_{run_id}_dlq")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for spec, outcome in topics.create(admin, settings):
+            print(f"topic {spec.name:28} {spec.role:12} {outcome}")
+        target = f"demo_{run_id}_orders"
+        admin.create_topics([NewTopic(target, 3, 1)])[target].result(30)
+        del admin  # its connections would outlive the broker and log refusals
+
+        daemon = Daemon(settings)
+        daemon.start()
+        print(f"daemon running: levels {settings.levels}; metrics on "
+              f"http://127.0.0.1:{daemon.metrics_port}/metrics", flush=True)
+        deadline = time.monotonic() + 60
+        while not all(w.ledger.partitions for w in daemon.workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+        producer = DelayProducer({"bootstrap.servers": bootstrap}, settings=settings)
+        sent: dict[str, tuple[float, float, str]] = {}
+        for round_no in range(args.rounds):
+            for delay in DELAYS:
+                level = settings.level_set().select(int(delay * 1000))
+                mid = producer.produce(target, f"order {round_no}-{delay}".encode(),
+                                       key=f"customer-{round_no}".encode(), delay=delay)
+                sent[mid] = (time.time(), delay, level.name)
+        producer.flush(10)
+        producer.close()
+        print(f"sent {len(sent)} messages with delays {DELAYS} s\n")
+        print(f"{'message':30} {'asked':>6} {'level':>6} {'waited':>7} {'late':>7}  partition")
+
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-reader-{run_id}",
+                             "auto.offset.reset": "earliest"})
+        consumer.subscribe([target])
+        early = 0
+        lateness: list[float] = []
+        seen: set[str] = set()
+        deadline = time.monotonic() + max(DELAYS) + 30
+        while len(seen) < len(sent) and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None or message.error():
+                continue
+            headers = dict(message.headers() or [])
+            mid = headers["delay-id"].decode()
+            due = int(headers["delay-due-ms"]) / 1000
+            forwarded = message.timestamp()[1] / 1000
+            sent_at, asked, level_name = sent[mid]
+            late = forwarded - due
+            early += late < 0
+            lateness.append(late)
+            seen.add(mid)
+            print(f"{message.value().decode():30} {asked:>5}s {level_name:>6} {forwarded - sent_at:>6.2f}s "
+                  f"{late * 1000:>5.0f}ms  {message.partition()}", flush=True)
+        consumer.close()
+        code = daemon.stop()
+        missing = len(sent) - len(seen)
+        print(f"\ndelivered {len(seen)}/{len(sent)}, early {early}, missing {missing}, "
+              f"lateness max {max(lateness, default=0) * 1000:.0f} ms; daemon exit code {code}")
+        return 0 if (early == 0 and missing == 0 and code == 0) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

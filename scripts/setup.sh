@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything DelayService needs on a fresh machine, idempotently:
+# Debian packages (Java, Maven, and with WITH_PROMETHEUS=1 the Prometheus server),
+# a virtualenv in .venv with the package and its extras, and the cached jars of the
+# local Kafka broker and of Spark's Kafka connector.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+packages=()
+command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || packages+=(maven)
+if [ "${WITH_PROMETHEUS:-0}" = 1 ]; then
+  command -v prometheus >/dev/null || packages+=(prometheus)
+fi
+if [ ${#packages[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${packages[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+fi
+
+python=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+echo "setup: installing Python packages into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,audit]"
+
+echo "setup: caching the Kafka broker jars (Maven Central)"
+.venv/bin/python -c "from delayservice.kafka.local_broker import ensure_jars; print(ensure_jars())"
+if .venv/bin/python -c "import delayservice.audit.jars" 2>/dev/null; then
+  echo "setup: caching the Spark Kafka connector jars (Maven Central)"
+  .venv/bin/python -c "from delayservice.audit.jars import ensure_connector_jars; print(ensure_connector_jars())"
+fi

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs the linters and the whole test suite on a real
+# Kafka broker, a local Spark and a real Prometheus. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WITH_PROMETHEUS=1 scripts/setup.sh
+echo "lint: ruff, ruff format, mypy --strict"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+exec .venv/bin/python -m pytest "$@"
