@@ -43,8 +43,14 @@ def broker(bootstrap: str | None) -> Iterator[str]:
 
 
 def fill(bootstrap: str, topic: str, target: str, count: int, size: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
-                         "queue.buffering.max.messages": 200_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 200_000,
+        }
+    )
     value = b"v" * size
     for i in range(count):
         headers = wrap(Envelope(target, 1000, uuid.uuid4().hex), [("trace", b"abc")])
@@ -87,8 +93,13 @@ def pipe(settings: Settings, source: str, count: int) -> float:
             due = message.timestamp()[1] + 1000
             while True:
                 try:
-                    producer.produce(envelope.target, message.value(), message.key(),
-                                     headers=forwarded_headers(user, envelope, due), on_delivery=delivered)
+                    producer.produce(
+                        envelope.target,
+                        message.value(),
+                        message.key(),
+                        headers=forwarded_headers(user, envelope, due),
+                        on_delivery=delivered,
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -131,12 +142,23 @@ def main() -> int:
         pipe_rates, daemon_rates, peaks = [], [], []
         for round_no in range(1, args.rounds + 1):
             tag = uuid.uuid4().hex[:6]
-            settings = load_settings(bootstrap_servers=bootstrap, levels="1s", topic_prefix=f"bench-{tag}-",
-                                     group_id=f"bench-{tag}", dead_letter_topic=f"bench-{tag}-dlq",
-                                     partitions=PARTITIONS, metrics_port=0, metrics_host="127.0.0.1",
-                                     scheduler=args.scheduler)
+            settings = load_settings(
+                bootstrap_servers=bootstrap,
+                levels="1s",
+                topic_prefix=f"bench-{tag}-",
+                group_id=f"bench-{tag}",
+                dead_letter_topic=f"bench-{tag}-dlq",
+                partitions=PARTITIONS,
+                metrics_port=0,
+                metrics_host="127.0.0.1",
+                scheduler=args.scheduler,
+            )
             topics.create(admin, settings)
-            source, target_a, target_b = f"bench-{tag}-src", f"bench-{tag}-out-a", f"bench-{tag}-out-b"
+            source, target_a, target_b = (
+                f"bench-{tag}-src",
+                f"bench-{tag}-out-a",
+                f"bench-{tag}-out-b",
+            )
             for name in (source, target_a, target_b):
                 admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
             fill(bootstrap, source, target_a, args.messages, args.size)
@@ -146,11 +168,16 @@ def main() -> int:
             rate, peak = daemon_rate(settings, args.messages)
             daemon_rates.append(rate)
             peaks.append(peak)
-            print(f"round {round_no}: pipe {pipe_rates[-1]:>9,.0f} msg/s   daemon {rate:>9,.0f} msg/s   "
-                  f"ratio {rate / pipe_rates[-1]:.2f}", flush=True)
+            print(
+                f"round {round_no}: pipe {pipe_rates[-1]:>9,.0f} msg/s   "
+                f"daemon {rate:>9,.0f} msg/s   ratio {rate / pipe_rates[-1]:.2f}",
+                flush=True,
+            )
         p, d = statistics.median(pipe_rates), statistics.median(daemon_rates)
-        print(f"\n{args.messages:,} records of {args.size} B, {PARTITIONS} partitions, scheduler={args.scheduler}, "
-              f"median of {args.rounds} rounds")
+        print(
+            f"\n{args.messages:,} records of {args.size} B, {PARTITIONS} partitions, "
+            f"scheduler={args.scheduler}, median of {args.rounds} rounds"
+        )
         print(f"plain consume->produce pipe : {p:>9,.0f} msg/s")
         print(f"DelayService daemon         : {d:>9,.0f} msg/s")
         print(f"ratio daemon / pipe         : {d / p:.2f}  (target >= 0.80)")

@@ -61,8 +61,9 @@ class Daemon:
 
         Raises ConfigError / TopicSetupError for problems an operator must fix.
         """
-        self._server = MetricsServer(self.registry, self.readiness, self.settings.metrics_host,
-                                     self.settings.metrics_port)
+        self._server = MetricsServer(
+            self.registry, self.readiness, self.settings.metrics_host, self.settings.metrics_port
+        )
         self._server.start()
         admin = AdminClient(client_config.admin(self.settings))
         statuses = self._wait_for_broker(admin)
@@ -71,7 +72,8 @@ class Daemon:
         problems = topics.problems_summary(statuses)
         if problems:
             raise TopicSetupError(
-                f"{problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                f"{problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; run `delayservice topics create` / `topics describe`"
             )
         for level in self.settings.level_set():
@@ -79,8 +81,12 @@ class Daemon:
         for worker in self.workers:
             worker.start()
         self._phase = "running"
-        log.info("forwarding %d levels (%s) from %s", len(self.workers),
-                 self.settings.level_set().spec(), self.settings.bootstrap_servers)
+        log.info(
+            "forwarding %d levels (%s) from %s",
+            len(self.workers),
+            self.settings.level_set().spec(),
+            self.settings.bootstrap_servers,
+        )
 
     def _wait_for_broker(self, admin: AdminClient) -> list[topics.TopicStatus] | None:
         delay = 1.0
@@ -89,8 +95,12 @@ class Daemon:
             try:
                 return topics.describe(admin, self.settings, timeout=10.0)
             except DelayServiceError as exc:
-                log.warning("broker %s unreachable (%s); retrying in %.0fs",
-                            self.settings.bootstrap_servers, exc, delay)
+                log.warning(
+                    "broker %s unreachable (%s); retrying in %.0fs",
+                    self.settings.bootstrap_servers,
+                    exc,
+                    delay,
+                )
             self._stop.wait(delay)
             delay = min(delay * 2, 30.0)
         return None
@@ -116,8 +126,9 @@ class Daemon:
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         for worker in self.workers:
             worker.request_stop()
-        stuck = [w.level.topic for w in self.workers
-                 if not w.join(max(0.1, deadline - time.monotonic()))]
+        stuck = [
+            w.level.topic for w in self.workers if not w.join(max(0.1, deadline - time.monotonic()))
+        ]
         if stuck:
             log.error("levels did not stop in time: %s", ", ".join(stuck))
         if self._server is not None:

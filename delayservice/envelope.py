@@ -34,8 +34,8 @@ H_ID: Final = "delay-id"
 H_PARTITION: Final = "delay-partition"
 H_DUE_MS: Final = "delay-due-ms"
 
-Headers = list[tuple[str, bytes]]
-"""Headers in the list form confluent-kafka accepts and returns (values may be None there)."""
+Headers = list[tuple[str, str | bytes | None]]
+"""Headers in the list form confluent-kafka accepts and returns."""
 
 
 def new_id() -> str:
@@ -96,7 +96,7 @@ def _int(name: str, raw: bytes | str | None, minimum: int) -> int:
     return value
 
 
-def unwrap(headers: list[tuple[str, bytes | None]] | None) -> tuple[Envelope, Headers, int]:
+def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
     """Split a delay-topic record's headers into its envelope and the user's headers.
 
     Also returns the headers' size in bytes, counted in the same single pass because
@@ -113,7 +113,7 @@ def unwrap(headers: list[tuple[str, bytes | None]] | None) -> tuple[Envelope, He
                 raise EnvelopeError(f"header {name} appears twice")
             env[name] = value
         else:
-            user.append((name, value if value is not None else b""))
+            user.append((name, value))
     try:  # the common, valid case without per-field checks
         if env[H_VERSION] == b"1":
             target = env[H_TARGET].decode()  # type: ignore[union-attr]
@@ -121,8 +121,12 @@ def unwrap(headers: list[tuple[str, bytes | None]] | None) -> tuple[Envelope, He
             delay_ms = int(env[H_DELAY_MS])  # type: ignore[arg-type]
             partition = int(env[H_PARTITION]) if H_PARTITION in env else None  # type: ignore[arg-type]
             due_ms = int(env[H_DUE_MS]) if H_DUE_MS in env else None  # type: ignore[arg-type]
-            if target and message_id and delay_ms >= 0 and (partition is None or partition >= 0) and (
-                due_ms is None or due_ms >= 0
+            if (
+                target
+                and message_id
+                and delay_ms >= 0
+                and (partition is None or partition >= 0)
+                and (due_ms is None or due_ms >= 0)
             ):
                 return Envelope(target, delay_ms, message_id, partition, due_ms), user, size
     except (KeyError, AttributeError, ValueError):
@@ -136,7 +140,9 @@ def _checked(env: dict[str, bytes | str | None]) -> Envelope:
         raise EnvelopeError("no envelope: header delay-v is missing")
     version = _int(H_VERSION, env[H_VERSION], 1)
     if version != VERSION:
-        raise EnvelopeError(f"envelope version {version} is not supported (this daemon reads {VERSION})")
+        raise EnvelopeError(
+            f"envelope version {version} is not supported (this daemon reads {VERSION})"
+        )
     for required in (H_TARGET, H_DELAY_MS, H_ID):
         if required not in env:
             raise EnvelopeError(f"header {required} is missing")

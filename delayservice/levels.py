@@ -10,6 +10,7 @@ each partition is already in due order.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,14 +62,12 @@ class LevelSet:
             raise ConfigError("levels", "at least one level is needed")
         if any(d <= 0 for d in delays_ms):
             raise ConfigError("levels", "every level must be longer than 0")
-        if any(b <= a for a, b in zip(delays_ms, delays_ms[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(delays_ms)):
             raise ConfigError("levels", "levels must be strictly increasing")
         if not topic_prefix:
             raise ConfigError("topic_prefix", "must not be empty")
         self._delays = list(delays_ms)
-        self.levels = [
-            Level(i + 1, d, f"{topic_prefix}{i + 1}") for i, d in enumerate(delays_ms)
-        ]
+        self.levels = [Level(i + 1, d, f"{topic_prefix}{i + 1}") for i, d in enumerate(delays_ms)]
         self._by_topic = {level.topic: level for level in self.levels}
 
     @classmethod

@@ -49,8 +49,13 @@ def delay_to_ms(delay: float | timedelta | None, deliver_at: datetime | float | 
 class DelayProducer:
     """Wraps a `confluent_kafka.Producer`; every attribute not defined here passes through."""
 
-    def __init__(self, config: dict[str, Any], *, settings: Settings | None = None,
-                 levels: LevelSet | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        settings: Settings | None = None,
+        levels: LevelSet | None = None,
+    ) -> None:
         self._settings = settings
         self.levels = levels or (settings or load_settings()).level_set()
         self._producer = Producer(config)
@@ -63,7 +68,7 @@ class DelayProducer:
         partition: int = -1,
         on_delivery: DeliveryCallback | None = None,
         timestamp: int = 0,
-        headers: Headers | dict[str, bytes] | None = None,
+        headers: Headers | dict[str, str | bytes | None] | None = None,
         *,
         delay: float | timedelta | None = None,
         deliver_at: datetime | float | None = None,
@@ -76,7 +81,7 @@ class DelayProducer:
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
         delay_ms = delay_to_ms(delay, deliver_at)
-        user_headers = list(headers.items()) if isinstance(headers, dict) else headers
+        user_headers: Headers | None = list(headers.items()) if isinstance(headers, dict) else headers
         if delay_ms is None:
             if partition >= 0:
                 kwargs["partition"] = partition
@@ -84,7 +89,9 @@ class DelayProducer:
             return message_id
         level = self.levels.select(delay_ms)
         envelope = Envelope(topic, delay_ms, message_id, partition if partition >= 0 else None)
-        self._producer.produce(level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs)
+        self._producer.produce(
+            level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
+        )
         return message_id
 
     def poll(self, timeout: float = 0) -> int:
@@ -102,9 +109,14 @@ class DelayProducer:
     def __enter__(self) -> DelayProducer:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         remaining = self.flush(30)
         if remaining and exc_type is None:
-            raise DelayServiceError(f"{remaining} messages were not delivered before close",
-                                    retriable=True)
+            raise DelayServiceError(
+                f"{remaining} messages were not delivered before close", retriable=True
+            )

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
     replication_factor: int = Field(1, ge=1, description="Replication of created topics.")
     retention_hours: float = Field(168.0, gt=0, description="Retention of created topics.")
     scheduler: Literal["heap", "wheel"] = Field("heap", description="Per-level timer design.")
-    pause_high_water: int = Field(10_000, ge=1, description="Pause a partition at this many buffered messages.")
+    pause_high_water: int = Field(
+        10_000, ge=1, description="Pause a partition at this many buffered messages."
+    )
     pause_low_water: int = Field(5_000, ge=0, description="Resume it at or below this many.")
     max_buffered_bytes: int = Field(256 * MiB, ge=1024, description="Byte cap per level.")
     commit_interval_s: float = Field(1.0, gt=0, description="How often safe offsets are committed.")
@@ -46,11 +48,21 @@ class Settings(BaseSettings):
     retry_backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay.")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="Longest graceful stop.")
     metrics_host: str = Field("0.0.0.0", description="Address of /metrics, /healthz, /readyz.")  # noqa: S104
-    metrics_port: int = Field(9480, ge=0, le=65535, description="Port of the HTTP endpoint; 0 picks a free one.")
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    kafka: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for every client (security etc.).")
-    consumer: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for consumers only.")
-    producer: dict[str, str] = Field(default_factory=dict, description="librdkafka keys for producers only.")
+    metrics_port: int = Field(
+        9480, ge=0, le=65535, description="Port of the HTTP endpoint; 0 picks a free one."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Log verbosity."
+    )
+    kafka: dict[str, str] = Field(
+        default_factory=dict, description="librdkafka keys for every client (security etc.)."
+    )
+    consumer: dict[str, str] = Field(
+        default_factory=dict, description="librdkafka keys for consumers only."
+    )
+    producer: dict[str, str] = Field(
+        default_factory=dict, description="librdkafka keys for producers only."
+    )
 
     @field_validator("levels")
     @classmethod
@@ -122,5 +134,9 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         error = exc.errors()[0]
         name = ".".join(str(part) for part in error["loc"]) or "settings"
         cause = error.get("ctx", {}).get("error")
-        message = "unknown setting (check the spelling)" if error["type"] == "extra_forbidden" else str(cause or error["msg"])
+        message = (
+            "unknown setting (check the spelling)"
+            if error["type"] == "extra_forbidden"
+            else str(cause or error["msg"])
+        )
         raise ConfigError(name, message) from None

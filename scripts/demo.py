@@ -49,9 +49,15 @@ def main() -> int:
 
     with broker(args.bootstrap) as bootstrap:
         run_id = uuid.uuid4().hex[:6]
-        settings = load_settings(bootstrap_servers=bootstrap, levels=LEVELS, metrics_port=0,
-                                 metrics_host="127.0.0.1", topic_prefix=f"demo_{run_id}_delay_",
-                                 group_id=f"demo-{run_id}", dead_letter_topic=f"demo_{run_id}_dlq")
+        settings = load_settings(
+            bootstrap_servers=bootstrap,
+            levels=LEVELS,
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+            topic_prefix=f"demo_{run_id}_delay_",
+            group_id=f"demo-{run_id}",
+            dead_letter_topic=f"demo_{run_id}_dlq",
+        )
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for spec, outcome in topics.create(admin, settings):
             print(f"topic {spec.name:28} {spec.role:12} {outcome}")
@@ -61,8 +67,11 @@ def main() -> int:
 
         daemon = Daemon(settings)
         daemon.start()
-        print(f"daemon running: levels {settings.levels}; metrics on "
-              f"http://127.0.0.1:{daemon.metrics_port}/metrics", flush=True)
+        print(
+            f"daemon running: levels {settings.levels}; metrics on "
+            f"http://127.0.0.1:{daemon.metrics_port}/metrics",
+            flush=True,
+        )
         deadline = time.monotonic() + 60
         while not all(w.ledger.partitions for w in daemon.workers) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -72,16 +81,25 @@ def main() -> int:
         for round_no in range(args.rounds):
             for delay in DELAYS:
                 level = settings.level_set().select(int(delay * 1000))
-                mid = producer.produce(target, f"order {round_no}-{delay}".encode(),
-                                       key=f"customer-{round_no}".encode(), delay=delay)
+                mid = producer.produce(
+                    target,
+                    f"order {round_no}-{delay}".encode(),
+                    key=f"customer-{round_no}".encode(),
+                    delay=delay,
+                )
                 sent[mid] = (time.time(), delay, level.name)
         producer.flush(10)
         producer.close()
         print(f"sent {len(sent)} messages with delays {DELAYS} s\n")
         print(f"{'message':30} {'asked':>6} {'level':>6} {'waited':>7} {'late':>7}  partition")
 
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"demo-reader-{run_id}",
-                             "auto.offset.reset": "earliest"})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"demo-reader-{run_id}",
+                "auto.offset.reset": "earliest",
+            }
+        )
         consumer.subscribe([target])
         early = 0
         lateness: list[float] = []
@@ -100,13 +118,18 @@ def main() -> int:
             early += late < 0
             lateness.append(late)
             seen.add(mid)
-            print(f"{message.value().decode():30} {asked:>5}s {level_name:>6} {forwarded - sent_at:>6.2f}s "
-                  f"{late * 1000:>5.0f}ms  {message.partition()}", flush=True)
+            print(
+                f"{message.value().decode():30} {asked:>5}s {level_name:>6} "
+                f"{forwarded - sent_at:>6.2f}s {late * 1000:>5.0f}ms  {message.partition()}",
+                flush=True,
+            )
         consumer.close()
         code = daemon.stop()
         missing = len(sent) - len(seen)
-        print(f"\ndelivered {len(seen)}/{len(sent)}, early {early}, missing {missing}, "
-              f"lateness max {max(lateness, default=0) * 1000:.0f} ms; daemon exit code {code}")
+        print(
+            f"\ndelivered {len(seen)}/{len(sent)}, early {early}, missing {missing}, "
+            f"lateness max {max(lateness, default=0) * 1000:.0f} ms; daemon exit code {code}"
+        )
         return 0 if (early == 0 and missing == 0 and code == 0) else 1
 
 

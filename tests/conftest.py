@@ -25,7 +25,12 @@ def _docker_engine_answers() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=10, check=False).returncode == 0
+        return (
+            subprocess.run(
+                ["docker", "info"], capture_output=True, timeout=10, check=False
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -55,7 +60,7 @@ def kafka_bootstrap() -> Iterator[str]:
     broker = LocalBroker()
     try:
         broker.start()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         broker.stop()
         _no_broker(f"the local broker did not start: {exc}")
     try:
@@ -112,7 +117,9 @@ class Testbed:
 
         topics.create(self.admin, settings)
 
-    def create_topic(self, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> str:
+    def create_topic(
+        self, name: str, partitions: int = 3, config: dict[str, str] | None = None
+    ) -> str:
         from confluent_kafka.admin import NewTopic
 
         futures = self.admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
@@ -133,7 +140,12 @@ class Testbed:
         def owned() -> bool:
             levels = {w.level.topic for d in daemons for w in d.workers}
             return all(
-                sum(len(w.ledger.partitions) for d in daemons for w in d.workers if w.level.topic == t)
+                sum(
+                    len(w.ledger.partitions)
+                    for d in daemons
+                    for w in d.workers
+                    if w.level.topic == t
+                )
                 == partitions
                 for t in levels
             )
@@ -143,29 +155,34 @@ class Testbed:
     def producer(self, settings: Any) -> Any:
         from delayservice.producer import DelayProducer
 
-        return DelayProducer({"bootstrap.servers": self.bootstrap, "linger.ms": 5}, settings=settings)
+        return DelayProducer(
+            {"bootstrap.servers": self.bootstrap, "linger.ms": 5}, settings=settings
+        )
 
     def collect(self, topic: str, count: int, timeout: float = 60.0) -> list[Any]:
         """Read `count` records from the start of `topic` (fails on timeout with what it got)."""
         from confluent_kafka import Consumer
 
-        consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"collect-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        })
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"collect-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.subscribe([topic])
         records: list[Any] = []
         deadline = time.monotonic() + timeout
         try:
             while len(records) < count and time.monotonic() < deadline:
-                for message in consumer.consume(1000, 0.5):
-                    if message.error() is None:
-                        records.append(message)
+                batch = consumer.consume(1000, 0.5)
+                records.extend(m for m in batch if m.error() is None)
         finally:
             consumer.close()
-        assert len(records) >= count, f"{topic}: got {len(records)} of {count} records in {timeout}s"
+        assert len(records) >= count, (
+            f"{topic}: got {len(records)} of {count} records in {timeout}s"
+        )
         return records
 
     @staticmethod
@@ -177,7 +194,9 @@ class Testbed:
             daemon.stop()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -209,7 +228,10 @@ def java_partitions() -> Callable[[list[str], int], dict[str, int]]:
     def compute(keys: list[str], partitions: int) -> dict[str, int]:
         result = subprocess.run(
             ["java", "-cp", f"{libs}/*", str(source), str(partitions), *keys],
-            capture_output=True, text=True, check=True, timeout=120,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
         )
         return dict(zip(keys, map(int, result.stdout.split()), strict=True))
 

@@ -109,7 +109,8 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
     testbed.wait_assigned(first, second, partitions=4)
     testbed.wait_for(
         lambda: all(len(w.ledger.partitions) > 0 for d in (first, second) for w in d.workers),
-        60, "both daemons to own a share of every level",
+        60,
+        "both daemons to own a share of every level",
     )
     testbed.wait_assigned(first, second, partitions=4)
 
@@ -122,7 +123,9 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
             assert first.stop() == 0  # mid-stream: the second takes over
     producer.flush(10)
     testbed.wait_assigned(second, partitions=4)
-    delivered = {_headers(r)["delay-id"].decode() for r in testbed.collect(target, len(ids), timeout=60)}
+    delivered = {
+        _headers(r)["delay-id"].decode() for r in testbed.collect(target, len(ids), timeout=60)
+    }
     assert ids <= delivered
 
 

@@ -22,7 +22,9 @@ def test_user_headers_may_not_use_the_reserved_prefix():
 def test_forwarded_headers_keep_id_and_due_time_for_audit():
     env = Envelope("orders", 1000, "abc")
     assert forwarded_headers([("a", b"1")], env, 123) == [
-        ("a", b"1"), ("delay-id", b"abc"), ("delay-due-ms", b"123"),
+        ("a", b"1"),
+        ("delay-id", b"abc"),
+        ("delay-due-ms", b"123"),
     ]
 
 
@@ -66,12 +68,20 @@ def test_a_header_given_twice_is_refused():
 
 _field_values = st.one_of(
     st.none(),
-    st.sampled_from([b"1", b"2", b"0", b"-1", b"", b"x", b"007", b" 5", b"\xff", b"orders", b"9" * 20]),
+    st.sampled_from(
+        [b"1", b"2", b"0", b"-1", b"", b"x", b"007", b" 5", b"\xff", b"orders", b"9" * 20]
+    ),
 )
 
 
-@given(st.dictionaries(st.sampled_from(["delay-v", "delay-target", "delay-ms", "delay-id",
-                                         "delay-partition", "delay-due-ms"]), _field_values))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["delay-v", "delay-target", "delay-ms", "delay-id", "delay-partition", "delay-due-ms"]
+        ),
+        _field_values,
+    )
+)
 def test_the_fast_path_agrees_with_the_field_by_field_check(fields):
     headers = list(fields.items())
     env = dict(fields)

@@ -7,15 +7,33 @@ from delayservice.levels import DEFAULT_LEVELS, LevelSet, format_duration_ms, pa
 def test_default_levels_are_the_source_materials_twelve():
     levels = LevelSet.parse(DEFAULT_LEVELS)
     assert [lv.name for lv in levels] == [
-        "5s", "10s", "30s", "1m", "2m", "5m", "10m", "20m", "30m", "45m", "1h", "2h",
+        "5s",
+        "10s",
+        "30s",
+        "1m",
+        "2m",
+        "5m",
+        "10m",
+        "20m",
+        "30m",
+        "45m",
+        "1h",
+        "2h",
     ]
     assert [lv.topic for lv in levels] == [f"delay_topic_{i}" for i in range(1, 13)]
 
 
 @pytest.mark.parametrize(
     ("delay_ms", "expected"),
-    [(1, "5s"), (5000, "5s"), (5001, "10s"), (17_000, "30s"), (3_600_000, "1h"), (3_600_001, "2h"),
-     (7_200_000, "2h")],
+    [
+        (1, "5s"),
+        (5000, "5s"),
+        (5001, "10s"),
+        (17_000, "30s"),
+        (3_600_000, "1h"),
+        (3_600_001, "2h"),
+        (7_200_000, "2h"),
+    ],
 )
 def test_a_delay_goes_to_the_smallest_level_at_least_as_long(delay_ms, expected):
     assert LevelSet.parse(DEFAULT_LEVELS).select(delay_ms).name == expected

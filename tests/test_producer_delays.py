@@ -25,7 +25,7 @@ def test_deliver_at_aware_datetime_or_epoch_seconds():
 
 def test_naive_datetime_both_and_nan_are_refused():
     with pytest.raises(ValueError, match="timezone-aware"):
-        delay_to_ms(None, datetime.now())  # noqa: DTZ005
+        delay_to_ms(None, datetime.now())
     with pytest.raises(ValueError, match="not both"):
         delay_to_ms(1, 2.0)
     with pytest.raises(ValueError, match="finite"):

@@ -15,9 +15,18 @@ def test_a_delayed_message_lands_on_its_level_topic_with_the_envelope(testbed):
     testbed.create_delay_topics(settings)
     delivered = []
     with testbed.producer(settings) as producer:
-        mid = producer.produce("orders", b"v", key=b"k", headers=[("trace", b"t")], partition=1,
-                               on_delivery=lambda err, msg: delivered.append(err), delay=timedelta(seconds=1.5))
-        at_id = producer.produce("orders", b"w", deliver_at=datetime.now(UTC) + timedelta(seconds=2.5))
+        mid = producer.produce(
+            "orders",
+            b"v",
+            key=b"k",
+            headers=[("trace", b"t")],
+            partition=1,
+            on_delivery=lambda err, msg: delivered.append(err),
+            delay=timedelta(seconds=1.5),
+        )
+        at_id = producer.produce(
+            "orders", b"w", deliver_at=datetime.now(UTC) + timedelta(seconds=2.5)
+        )
         assert len(producer) >= 0
     assert delivered == [None]
     (record,) = testbed.collect(f"{settings.topic_prefix}2", 1)

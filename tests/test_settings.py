@@ -12,7 +12,10 @@ def test_defaults_are_valid():
 
 def test_environment_beats_the_file_and_arguments_beat_both(tmp_path, monkeypatch):
     config = tmp_path / "d.toml"
-    config.write_text('levels = "1s,2s"\ngroup_id = "from-file"\npartitions = 5\n[kafka]\n"security.protocol" = "PLAINTEXT"\n')
+    config.write_text(
+        'levels = "1s,2s"\ngroup_id = "from-file"\npartitions = 5\n'
+        '[kafka]\n"security.protocol" = "PLAINTEXT"\n'
+    )
     monkeypatch.setenv("DELAYSERVICE_GROUP_ID", "from-env")
     settings = load_settings(config, partitions=7)
     assert settings.levels == "1s,2s"
@@ -36,8 +39,12 @@ def test_an_unknown_key_in_the_file_is_an_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("overrides", "setting"),
-    [({"levels": "1s,x"}, "levels"), ({"pause_low_water": 10, "pause_high_water": 10}, "pause_low_water"),
-     ({"metrics_port": 70000}, "metrics_port"), ({"scheduler": "tree"}, "scheduler")],
+    [
+        ({"levels": "1s,x"}, "levels"),
+        ({"pause_low_water": 10, "pause_high_water": 10}, "pause_low_water"),
+        ({"metrics_port": 70000}, "metrics_port"),
+        ({"scheduler": "tree"}, "scheduler"),
+    ],
 )
 def test_bad_values_name_the_setting(overrides, setting):
     with pytest.raises(ConfigError, match=setting):
@@ -51,3 +58,11 @@ def test_broken_toml_and_missing_file(tmp_path):
         load_settings(broken)
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.toml")
+
+
+def test_the_shipped_example_config_loads():
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "config" / "delayservice.toml"
+    settings = load_settings(example)
+    assert settings.level_set().max_delay_ms == 7_200_000

@@ -12,7 +12,8 @@ from delayservice.cli import check_command, run_command, send_command, topics_co
 
 app = typer.Typer(
     name="delayservice",
-    help="Delayed delivery for Apache Kafka: level topics, a producer wrapper and a forwarding daemon.",
+    help="Delayed delivery for Apache Kafka: level topics, a producer wrapper "
+    "and a forwarding daemon.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
@@ -35,8 +36,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Delayed delivery for Apache Kafka."""
 

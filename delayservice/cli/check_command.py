@@ -10,8 +10,9 @@ import typer
 
 
 def check(
-    url: Annotated[str, typer.Option(envvar="DELAYSERVICE_CHECK_URL",
-                                     help="Readiness endpoint of the daemon.")] = "http://127.0.0.1:9480/readyz",
+    url: Annotated[
+        str, typer.Option(envvar="DELAYSERVICE_CHECK_URL", help="Readiness endpoint of the daemon.")
+    ] = "http://127.0.0.1:9480/readyz",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for an answer.")] = 5.0,
 ) -> None:
     """Exit 0 when the daemon says it is ready, 1 otherwise (printing why)."""

@@ -23,13 +23,23 @@ R = TypeVar("R")
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", "-c", envvar="DELAYSERVICE_CONFIG", help="TOML settings file.",
-                 show_default=False),
+    typer.Option(
+        "--config",
+        "-c",
+        envvar="DELAYSERVICE_CONFIG",
+        help="TOML settings file.",
+        show_default=False,
+    ),
 ]
 BootstrapOption = Annotated[
     str | None,
-    typer.Option("--bootstrap-servers", "-b", help="Kafka bootstrap servers "
-                 "(default: DELAYSERVICE_BOOTSTRAP_SERVERS or the config file).", show_default=False),
+    typer.Option(
+        "--bootstrap-servers",
+        "-b",
+        help="Kafka bootstrap servers "
+        "(default: DELAYSERVICE_BOOTSTRAP_SERVERS or the config file).",
+        show_default=False,
+    ),
 ]
 
 

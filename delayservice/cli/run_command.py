@@ -7,7 +7,13 @@ from typing import Annotated
 
 import typer
 
-from delayservice.cli.common import BootstrapOption, ConfigOption, friendly_errors, settings_from, setup_logging
+from delayservice.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    friendly_errors,
+    settings_from,
+    setup_logging,
+)
 from delayservice.daemon import Daemon, install_signal_handlers
 
 log = logging.getLogger(__name__)
@@ -17,13 +23,17 @@ log = logging.getLogger(__name__)
 def run(
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
-    levels: Annotated[str | None, typer.Option(help="Delay levels, e.g. 5s,1m,2h.", show_default=False)] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Port of /metrics, /healthz, /readyz.",
-                                                     show_default=False)] = None,
+    levels: Annotated[
+        str | None, typer.Option(help="Delay levels, e.g. 5s,1m,2h.", show_default=False)
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Port of /metrics, /healthz, /readyz.", show_default=False)
+    ] = None,
 ) -> None:
     """Run the forwarding daemon beside a broker until SIGTERM or SIGINT."""
-    settings = settings_from(config, bootstrap_servers=bootstrap_servers, levels=levels,
-                             metrics_port=metrics_port)
+    settings = settings_from(
+        config, bootstrap_servers=bootstrap_servers, levels=levels, metrics_port=metrics_port
+    )
     setup_logging(settings.log_level)
     daemon = Daemon(settings)
     install_signal_handlers(daemon)

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from delayservice.cli.common import BootstrapOption, ConfigOption, fail, friendly_errors, settings_from
+from delayservice.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    fail,
+    friendly_errors,
+    settings_from,
+)
+from delayservice.envelope import Headers
 from delayservice.kafka import client_config
 from delayservice.levels import parse_duration_ms
 from delayservice.producer import DelayProducer
@@ -17,20 +24,25 @@ from delayservice.producer import DelayProducer
 def send(
     topic: Annotated[str, typer.Argument(help="The real topic.")],
     value: Annotated[str, typer.Argument(help="Message value (UTF-8).")],
-    delay: Annotated[str | None, typer.Option("--delay", "-d", help="e.g. 30s, 5m, 1h.",
-                                              show_default=False)] = None,
-    deliver_at: Annotated[datetime | None, typer.Option(
-        help="Absolute time (ISO 8601; naive times are UTC).", show_default=False)] = None,
+    delay: Annotated[
+        str | None, typer.Option("--delay", "-d", help="e.g. 30s, 5m, 1h.", show_default=False)
+    ] = None,
+    deliver_at: Annotated[
+        datetime | None,
+        typer.Option(help="Absolute time (ISO 8601; naive times are UTC).", show_default=False),
+    ] = None,
     key: Annotated[str | None, typer.Option("--key", "-k", show_default=False)] = None,
     partition: Annotated[int, typer.Option(help="Explicit target partition (-1: by key).")] = -1,
-    header: Annotated[list[str] | None, typer.Option("--header", "-H", help="name=value, repeatable.",
-                                                     show_default=False)] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", "-H", help="name=value, repeatable.", show_default=False),
+    ] = None,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
     """Send one message with a delay and print its id."""
     settings = settings_from(config, bootstrap_servers=bootstrap_servers)
-    headers = []
+    headers: Headers = []
     for item in header or []:
         name, sep, hvalue = item.partition("=")
         if not sep or not name:
@@ -48,11 +60,20 @@ def send(
         if err is not None:
             errors.append(str(err))
 
-    producer = DelayProducer(client_config.producer(settings, "delayservice-send"), settings=settings)
+    producer = DelayProducer(
+        client_config.producer(settings, "delayservice-send"), settings=settings
+    )
     try:
-        message_id = producer.produce(topic, value.encode(), key.encode() if key else None, partition,
-                                      on_delivery=delivered, headers=headers, delay=delay_s,
-                                      deliver_at=deliver_at)
+        message_id = producer.produce(
+            topic,
+            value.encode(),
+            key.encode() if key else None,
+            partition,
+            on_delivery=delivered,
+            headers=headers,
+            delay=delay_s,
+            deliver_at=deliver_at,
+        )
     except ValueError as exc:
         raise fail(str(exc), 2) from None
     if producer.flush(30) or errors:

@@ -5,10 +5,18 @@ from __future__ import annotations
 import typer
 from confluent_kafka.admin import AdminClient
 
-from delayservice.cli.common import BootstrapOption, ConfigOption, fail, friendly_errors, settings_from
+from delayservice.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    fail,
+    friendly_errors,
+    settings_from,
+)
 from delayservice.kafka import client_config, topics
 
-app = typer.Typer(help="Create and check the delay-level and dead-letter topics.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create and check the delay-level and dead-letter topics.", no_args_is_help=True
+)
 
 
 def _table(rows: list[dict[str, object]]) -> str:

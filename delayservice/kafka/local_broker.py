@@ -71,9 +71,19 @@ def ensure_jars(version: str = KAFKA_VERSION) -> Path:
     (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
     log.info("resolving Apache Kafka %s jars from Maven Central into %s", version, libs)
     result = subprocess.run(
-        [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-         f"-DoutputDirectory={libs}", "-DincludeScope=runtime"],
-        capture_output=True, text=True, check=False,
+        [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(work / "pom.xml"),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise DelayServiceError(f"mvn could not fetch Kafka {version}:\n{result.stdout[-2000:]}")
@@ -90,8 +100,13 @@ def free_port() -> int:
 class LocalBroker:
     """Start with `with LocalBroker() as broker:`; `broker.bootstrap` is its address."""
 
-    def __init__(self, *, version: str = KAFKA_VERSION, heap: str = "768m",
-                 extra_properties: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        version: str = KAFKA_VERSION,
+        heap: str = "768m",
+        extra_properties: dict[str, str] | None = None,
+    ) -> None:
         self.version = version
         self.heap = heap
         self.extra = extra_properties or {}
@@ -133,27 +148,40 @@ class LocalBroker:
         config.write_text(self._properties(data))
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
         classpath = f"{libs}/*"
-        jvm = [java, f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-               f"-Dkafka.logs.dir={self.workdir}",
-               f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}", "-cp", classpath]
+        jvm = [
+            java,
+            f"-Xmx{self.heap}",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            f"-Dkafka.logs.dir={self.workdir}",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
+            "-cp",
+            classpath,
+        ]
         cluster_id = subprocess.run(
             [*jvm, "kafka.tools.StorageTool", "random-uuid"],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.split()[-1]
         subprocess.run(
             [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
-            capture_output=True, text=True, check=True,
+            capture_output=True,
+            text=True,
+            check=True,
         )
         out = (self.workdir / "stdout.log").open("wb")
-        self._process = subprocess.Popen([*jvm, "kafka.Kafka", str(config)], stdout=out,
-                                         stderr=subprocess.STDOUT)
-        log.info("local Kafka %s starting on %s (logs in %s)", self.version, self.bootstrap,
-                 self.workdir)
+        self._process = subprocess.Popen(
+            [*jvm, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT
+        )
+        log.info(
+            "local Kafka %s starting on %s (logs in %s)", self.version, self.bootstrap, self.workdir
+        )
         self._wait_ready(timeout)
         return self
 
     def _wait_ready(self, timeout: float) -> None:
-        from confluent_kafka.admin import AdminClient  # noqa: PLC0415  # slow import, only when starting
+        from confluent_kafka.admin import AdminClient  # slow import, only when starting
 
         deadline = time.monotonic() + timeout
         # The port first, so the client does not log a refused connection every 50 ms.
@@ -168,7 +196,7 @@ class LocalBroker:
             try:
                 if admin.list_topics(timeout=2).brokers:
                     return
-            except Exception:  # noqa: BLE001, S112  # not up yet: try again until the deadline
+            except Exception:  # noqa: S112  # not up yet: try again until the deadline
                 continue
         raise DelayServiceError(f"the local broker did not become ready in {timeout:.0f}s")
 
@@ -193,6 +221,10 @@ class LocalBroker:
     def __enter__(self) -> LocalBroker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.stop()

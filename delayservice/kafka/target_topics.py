@@ -16,8 +16,9 @@ from delayservice.errors import DelayServiceError
 
 
 class TargetTopics:
-    def __init__(self, client: Any, ttl_s: float = 30.0, negative_ttl_s: float = 2.0,
-                 timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, client: Any, ttl_s: float = 30.0, negative_ttl_s: float = 2.0, timeout_s: float = 5.0
+    ) -> None:
         self._client = client
         self._ttl = ttl_s
         self._negative_ttl = negative_ttl_s
@@ -53,4 +54,8 @@ class TargetTopics:
         return count
 
 
-_ABSENT = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError.TOPIC_AUTHORIZATION_FAILED}
+_ABSENT = {
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+}

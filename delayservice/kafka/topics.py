@@ -52,13 +52,25 @@ def wanted(settings: Settings) -> list[TopicSpec]:
     specs = []
     for level in settings.level_set():
         retention = max(base_retention, min_retention_ms(level.delay_ms))
-        specs.append(TopicSpec(
-            level.topic, f"level {level.name}", settings.partitions, settings.replication_factor,
-            {"message.timestamp.type": LOG_APPEND_TIME, "retention.ms": str(retention)},
-            min_retention_ms(level.delay_ms),
-        ))
-    specs.append(TopicSpec(settings.dead_letter_topic, "dead letters", settings.partitions,
-                           settings.replication_factor, {"retention.ms": str(base_retention)}))
+        specs.append(
+            TopicSpec(
+                level.topic,
+                f"level {level.name}",
+                settings.partitions,
+                settings.replication_factor,
+                {"message.timestamp.type": LOG_APPEND_TIME, "retention.ms": str(retention)},
+                min_retention_ms(level.delay_ms),
+            )
+        )
+    specs.append(
+        TopicSpec(
+            settings.dead_letter_topic,
+            "dead letters",
+            settings.partitions,
+            settings.replication_factor,
+            {"retention.ms": str(base_retention)},
+        )
+    )
     return specs
 
 
@@ -89,25 +101,36 @@ def describe(admin: AdminClient, settings: Settings, timeout: float = 15.0) -> l
 
 
 def _problems(status: TopicStatus) -> list[str]:
-    spec, config, problems = status.spec, status.config, []
+    spec, config = status.spec, status.config
+    problems: list[str] = []
     if spec.min_retention_ms is None:
         return problems
     ts_type = config.get("message.timestamp.type")
     if ts_type != LOG_APPEND_TIME:
-        problems.append(f"message.timestamp.type is {ts_type}, needs {LOG_APPEND_TIME} "
-                        "(due times would follow producer clocks)")
+        problems.append(
+            f"message.timestamp.type is {ts_type}, needs {LOG_APPEND_TIME} "
+            "(due times would follow producer clocks)"
+        )
     retention = int(config.get("retention.ms", "-1"))
     if 0 <= retention < spec.min_retention_ms:
-        problems.append(f"retention.ms is {format_duration_ms(retention)}, needs at least "
-                        f"{format_duration_ms(spec.min_retention_ms)}")
+        problems.append(
+            f"retention.ms is {format_duration_ms(retention)}, needs at least "
+            f"{format_duration_ms(spec.min_retention_ms)}"
+        )
     return problems
 
 
-def create(admin: AdminClient, settings: Settings, timeout: float = 30.0) -> list[tuple[TopicSpec, str]]:
+def create(
+    admin: AdminClient, settings: Settings, timeout: float = 30.0
+) -> list[tuple[TopicSpec, str]]:
     """Create what is missing; leave existing topics alone. Returns (spec, outcome) pairs."""
     specs = wanted(settings)
-    new = [NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication,
-                    config=s.config) for s in specs]
+    new = [
+        NewTopic(
+            s.name, num_partitions=s.partitions, replication_factor=s.replication, config=s.config
+        )
+        for s in specs
+    ]
     futures = admin.create_topics(new, request_timeout=timeout)
     outcomes: list[tuple[TopicSpec, str]] = []
     for spec in specs:
@@ -135,7 +158,8 @@ def as_rows(statuses: list[TopicStatus]) -> list[dict[str, Any]]:
             "partitions": s.partitions,
             "timestamp": s.config.get("message.timestamp.type", "-"),
             "retention": format_duration_ms(int(s.config["retention.ms"]))
-            if s.config.get("retention.ms", "-1").isdigit() else "-",
+            if s.config.get("retention.ms", "-1").isdigit()
+            else "-",
             "status": "ok" if not s.problems else "; ".join(s.problems),
         }
         for s in statuses

@@ -38,7 +38,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         """Scrapes every few seconds would drown the daemon's own log."""
 
 
@@ -50,13 +50,19 @@ class MetricsServer:
         host: str,
         port: int,
     ) -> None:
-        handler = type("Handler", (_Handler,), {"registry": registry, "readiness": staticmethod(readiness)})
+        handler = type(
+            "Handler", (_Handler,), {"registry": registry, "readiness": staticmethod(readiness)}
+        )
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
-            raise ConfigError("metrics_port", f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+            raise ConfigError(
+                "metrics_port", f"cannot listen on {host}:{port}: {exc.strerror}"
+            ) from exc
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-http", daemon=True
+        )
 
     @property
     def port(self) -> int:

@@ -8,14 +8,32 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LATENESS_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 
 class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.consumed = Counter(
-            "delayservice_consumed", "Records read from a delay topic.", ["level"], registry=registry
+            "delayservice_consumed",
+            "Records read from a delay topic.",
+            ["level"],
+            registry=registry,
         )
         self.forwarded = Counter(
             "delayservice_forwarded",
@@ -73,7 +91,10 @@ class ServiceMetrics:
             registry=registry,
         )
         self.commits = Counter(
-            "delayservice_commits", "Offset commits of safe positions.", ["level"], registry=registry
+            "delayservice_commits",
+            "Offset commits of safe positions.",
+            ["level"],
+            registry=registry,
         )
         self.assigned_partitions = Gauge(
             "delayservice_assigned_partitions",
@@ -82,7 +103,9 @@ class ServiceMetrics:
             registry=registry,
         )
         self.ready = Gauge(
-            "delayservice_ready", "1 when every level reaches the broker and runs.", registry=registry
+            "delayservice_ready",
+            "1 when every level reaches the broker and runs.",
+            registry=registry,
         )
         self.level_delay = Gauge(
             "delayservice_level_delay_seconds",

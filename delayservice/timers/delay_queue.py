@@ -191,4 +191,3 @@ class DelayQueue(Generic[T]):
         self._heap = [row for row in self._heap if not row[2].cancelled]
         heapq.heapify(self._heap)
         self._cancelled = 0
-

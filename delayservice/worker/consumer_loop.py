@@ -85,7 +85,9 @@ class ConsumerLoop:
         self._stopping = threading.Event()
         self.broker_down = False
         self.started = threading.Event()
-        self._thread = threading.Thread(target=self._main, name=f"consumer-{level.topic}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, name=f"consumer-{level.topic}", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -117,13 +119,19 @@ class ConsumerLoop:
         try:
             self._shutdown()
         except Exception:
-            log.exception("%s: shutdown failed; uncommitted records will be re-read", self.level.topic)
+            log.exception(
+                "%s: shutdown failed; uncommitted records will be re-read", self.level.topic
+            )
 
     def _run(self) -> None:
         consumer = self._consumer
         try:
-            consumer.subscribe([self.level.topic], on_assign=self._assigned,
-                               on_revoke=self._revoked, on_lost=self._lost)
+            consumer.subscribe(
+                [self.level.topic],
+                on_assign=self._assigned,
+                on_revoke=self._revoked,
+                on_lost=self._lost,
+            )
             self.started.set()
             next_commit = next_lag = next_probe = time.monotonic()
             while not self._stopping.is_set():
@@ -163,15 +171,19 @@ class ConsumerLoop:
         remaining = self._producer.flush(self._flush_timeout)
         self._forwarder.publish_counts()
         if remaining:
-            log.warning("%s: %d forwards unacknowledged at shutdown; they will be re-read",
-                        self.level.topic, remaining)
+            log.warning(
+                "%s: %d forwards unacknowledged at shutdown; they will be re-read",
+                self.level.topic,
+                remaining,
+            )
         try:
             self._commit(asynchronous=False)
         except KafkaException as exc:
-            log.warning("%s: final commit failed (%s); records will be re-read", self.level.topic, exc)
+            log.warning(
+                "%s: final commit failed (%s); records will be re-read", self.level.topic, exc
+            )
         self._consumer.close()
         self._producer.close()
-
 
     # -- admitting records ---------------------------------------------------------
     def _admit(self, message: Message, due: list[tuple[HeldRecord, float]]) -> int:
@@ -184,6 +196,8 @@ class ConsumerLoop:
         self.broker_down = False
         partition = message.partition()
         offset = message.offset()
+        if partition is None or offset is None:
+            return 0
         if partition in self.paused or partition in self._rewind:
             self._rewind.setdefault(partition, offset)
             return 0
@@ -193,6 +207,8 @@ class ConsumerLoop:
         key = message.key()
         value = message.value()
         headers = message.headers()
+        if isinstance(headers, dict):  # the client returns a list; the stubs allow a dict
+            headers = list(headers.items())
         try:
             envelope, user_headers, header_bytes = unwrap(headers)
         except EnvelopeError as exc:
@@ -207,12 +223,24 @@ class ConsumerLoop:
         ts_type, ts = message.timestamp()
         base_ms = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else int(time.time() * 1000)
         if envelope is None:
-            record = HeldRecord(ledger, partition, offset, key, value, user_headers, size, None, base_ms,
-                                dead_letter=(dl.REASON_ENVELOPE, problem))
+            record = HeldRecord(
+                ledger,
+                partition,
+                offset,
+                key,
+                value,
+                user_headers,
+                size,
+                None,
+                base_ms,
+                dead_letter=(dl.REASON_ENVELOPE, problem),
+            )
             self._forwarder.send(record)
             return 1
         due_ms = base_ms + self.level.delay_ms
-        record = HeldRecord(ledger, partition, offset, key, value, user_headers, size, envelope, due_ms)  # type: ignore[arg-type]
+        record = HeldRecord(
+            ledger, partition, offset, key, value, user_headers, size, envelope, due_ms
+        )
         due.append((record, due_ms / 1000))
         return 1
 
@@ -258,8 +286,11 @@ class ConsumerLoop:
         log.info("%s: assigned %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
     def _resume_fresh(self) -> None:
-        tps = [TopicPartition(self.level.topic, p) for p in self._to_resume_on_assign
-               if p in self._ledger.partitions and p not in self.paused]
+        tps = [
+            TopicPartition(self.level.topic, p)
+            for p in self._to_resume_on_assign
+            if p in self._ledger.partitions and p not in self.paused
+        ]
         self._to_resume_on_assign.clear()
         if tps:
             self._consumer.resume(tps)
@@ -278,8 +309,11 @@ class ConsumerLoop:
                 consumer.commit(offsets=safe, asynchronous=False)
                 self._m_commits.inc()
             except KafkaException as exc:
-                log.warning("%s: commit on revoke failed (%s); records will be re-read",
-                            self.level.topic, exc)
+                log.warning(
+                    "%s: commit on revoke failed (%s); records will be re-read",
+                    self.level.topic,
+                    exc,
+                )
         log.info("%s: revoked %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
     def _lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -300,7 +334,10 @@ class ConsumerLoop:
         if not pairs:
             return
         offsets = [TopicPartition(self.level.topic, p, o) for p, o in pairs]
-        self._consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        if asynchronous:
+            self._consumer.commit(offsets=offsets, asynchronous=True)
+        else:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
         self._ledger.committed(pairs)
         self._m_commits.inc()
 

@@ -29,16 +29,15 @@ REASON_REJECTED: Final = "rejected"
 
 
 def dead_letter_headers(
-    original: list[tuple[str, bytes | None]],
+    original: Headers,
     reason: str,
     detail: str,
     origin_topic: str,
     partition: int,
     offset: int,
 ) -> Headers:
-    kept = [(n, v if v is not None else b"") for n, v in original]
     return [
-        *kept,
+        *original,
         (H_REASON, reason.encode()),
         (H_DETAIL, detail.encode()),
         (H_ORIGIN_TOPIC, origin_topic.encode()),

@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from delayservice.envelope import Headers
 from delayservice.errors import DelayServiceError
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
@@ -84,7 +85,9 @@ class Forwarder:
         self._m_errors = metrics.forward_errors
         self._published = 0  # acknowledged forwards already added to the counter
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"forwarder-{level.topic}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"forwarder-{level.topic}", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -131,21 +134,33 @@ class Forwarder:
             self._retry(record, "metadata", str(exc))
             return
         if isinstance(partitions, KafkaError):
-            self._to_dead_letter(record, permanent_reason(partitions) or dl.REASON_UNKNOWN_TOPIC,
-                                 f"target topic {envelope.target!r}: {partitions.str()}")
+            self._to_dead_letter(
+                record,
+                permanent_reason(partitions) or dl.REASON_UNKNOWN_TOPIC,
+                f"target topic {envelope.target!r}: {partitions.str()}",
+            )
             return
         if envelope.partition is not None and envelope.partition >= partitions:
-            self._to_dead_letter(record, dl.REASON_UNKNOWN_PARTITION,
-                                 f"partition {envelope.partition} of {envelope.target!r} does not exist "
-                                 f"(it has {partitions})")
+            self._to_dead_letter(
+                record,
+                dl.REASON_UNKNOWN_PARTITION,
+                f"partition {envelope.partition} of {envelope.target!r} does not exist "
+                f"(it has {partitions})",
+            )
             return
         on_delivery = functools.partial(self._delivered, record)
         kwargs: dict[str, Any] = {}
         if envelope.partition is not None:
             kwargs["partition"] = envelope.partition
         try:
-            self._produce(envelope.target, record.key, record.value, record.forward_headers(),
-                          on_delivery, kwargs)
+            self._produce(
+                envelope.target,
+                record.key,
+                record.value,
+                record.forward_headers(),
+                on_delivery,
+                kwargs,
+            )
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             reason = permanent_reason(error)
@@ -156,13 +171,20 @@ class Forwarder:
             return
         self._m_lateness.observe(max(0.0, now - record.due_ms / 1000))
 
-    def _produce(self, topic: str, key: bytes | None, value: bytes | None,
-                 headers: list[tuple[str, bytes]], on_delivery: Callable[[Any, Any], None],
-                 kwargs: dict[str, Any]) -> None:
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        on_delivery: Callable[[Any, Any], None],
+        kwargs: dict[str, Any],
+    ) -> None:
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=headers, on_delivery=on_delivery,
-                                       **kwargs)
+                self._producer.produce(
+                    topic, value, key, headers=headers, on_delivery=on_delivery, **kwargs
+                )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports until there is room.
@@ -193,8 +215,15 @@ class Forwarder:
         record.attempts += 1
         delay = min(self._backoff_max, self._backoff_first * 2 ** (record.attempts - 1))
         self._m_errors.labels(self.level.name, error_name).inc()
-        log.warning("forward of %s[%d]@%d failed (%s), retry %d in %.1fs", self.level.topic,
-                    record.partition, record.offset, detail, record.attempts, delay)
+        log.warning(
+            "forward of %s[%d]@%d failed (%s), retry %d in %.1fs",
+            self.level.topic,
+            record.partition,
+            record.offset,
+            detail,
+            record.attempts,
+            delay,
+        )
         self._scheduler.schedule(record, time.time() + delay)
 
     def _to_dead_letter(self, record: HeldRecord, reason: str, detail: str) -> None:
@@ -204,13 +233,31 @@ class Forwarder:
     def _send_dead_letter(self, record: HeldRecord) -> None:
         assert record.dead_letter is not None
         reason, detail = record.dead_letter
-        log.warning("dead-lettering %s[%d]@%d: %s (%s)", self.level.topic, record.partition,
-                    record.offset, reason, detail)
-        headers = dl.dead_letter_headers(record.original_headers(), reason, detail, self.level.topic,
-                                         record.partition, record.offset)
+        log.warning(
+            "dead-lettering %s[%d]@%d: %s (%s)",
+            self.level.topic,
+            record.partition,
+            record.offset,
+            reason,
+            detail,
+        )
+        headers = dl.dead_letter_headers(
+            record.original_headers(),
+            reason,
+            detail,
+            self.level.topic,
+            record.partition,
+            record.offset,
+        )
         try:
-            self._produce(self._dlq_topic, record.key, record.value, headers,
-                          functools.partial(self._dead_lettered, record), {})
+            self._produce(
+                self._dlq_topic,
+                record.key,
+                record.value,
+                headers,
+                functools.partial(self._dead_lettered, record),
+                {},
+            )
         except KafkaException as exc:
             self._retry(record, exc.args[0].name(), exc.args[0].str())
 
@@ -224,4 +271,3 @@ class Forwarder:
         else:
             # The dead-letter topic itself refused: keep the record unsettled and retry.
             self._retry(record, err.name(), f"dead-letter topic: {err.str()}")
-

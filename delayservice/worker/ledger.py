@@ -94,7 +94,9 @@ class LevelLedger:
             if not ledger.pending:
                 ledger.next_offset = offset + 1
 
-    def settle(self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False) -> None:
+    def settle(
+        self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False
+    ) -> None:
         with self.lock:
             self.forwarded += forwarded
             if ledger.revoked:
@@ -125,5 +127,7 @@ class LevelLedger:
     def longest_pause(self, now: float | None = None) -> float:
         now = time.monotonic() if now is None else now
         with self.lock:
-            starts = [p.paused_since for p in self.partitions.values() if p.paused_since is not None]
+            starts = [
+                p.paused_since for p in self.partitions.values() if p.paused_since is not None
+            ]
         return max((now - s for s in starts), default=0.0)

@@ -15,6 +15,7 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
+from delayservice.timers.base import Scheduler
 from delayservice.timers.factory import make_scheduler
 from delayservice.worker.consumer_loop import ConsumerLoop
 from delayservice.worker.flow_control import FlowControl
@@ -26,11 +27,16 @@ log = logging.getLogger(__name__)
 
 
 class LevelWorker:
-    def __init__(self, level: Level, settings: Settings, metrics: ServiceMetrics,
-                 on_fatal: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        level: Level,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        on_fatal: Callable[[str], None],
+    ) -> None:
         self.level = level
         self.ledger = LevelLedger()
-        self.scheduler = make_scheduler(settings.scheduler, clock=time.time)
+        self.scheduler: Scheduler[HeldRecord] = make_scheduler(settings.scheduler, clock=time.time)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
         self.producer = Producer(client_config.producer(settings, client_id))
         self.forwarder = Forwarder(
@@ -47,7 +53,9 @@ class LevelWorker:
         group = f"{settings.group_id}-{level.topic}"
 
         def make_consumer(error_cb: Callable[[KafkaError], None]) -> Consumer:
-            return Consumer({**client_config.consumer(settings, group, client_id), "error_cb": error_cb})
+            return Consumer(
+                {**client_config.consumer(settings, group, client_id), "error_cb": error_cb}
+            )
 
         self.loop = ConsumerLoop(
             level,
@@ -55,7 +63,9 @@ class LevelWorker:
             self.producer,
             self.scheduler,
             self.ledger,
-            FlowControl(settings.pause_high_water, settings.pause_low_water, settings.max_buffered_bytes),
+            FlowControl(
+                settings.pause_high_water, settings.pause_low_water, settings.max_buffered_bytes
+            ),
             self.forwarder,
             metrics,
             settings.commit_interval_s,

@@ -15,7 +15,7 @@ class HeldRecord:
     offset: int
     key: bytes | None
     value: bytes | None
-    headers: list[tuple[str, bytes | None]]
+    headers: Headers
     """The user's headers when the envelope is valid; all headers as read when it is not."""
     size: int
     envelope: Envelope | None
@@ -27,16 +27,16 @@ class HeldRecord:
 
     def forward_headers(self) -> Headers:
         assert self.envelope is not None
-        return forwarded_headers(self.headers, self.envelope, self.due_ms)  # type: ignore[arg-type]
+        return forwarded_headers(self.headers, self.envelope, self.due_ms)
 
-    def original_headers(self) -> list[tuple[str, bytes | None]]:
+    def original_headers(self) -> Headers:
         """The headers as they stood on the delay topic, for the dead-letter copy."""
         if self.envelope is None:
             return self.headers
         return [*self.headers, *self.envelope.headers()]
 
 
-def record_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes | None]] | None) -> int:
+def record_size(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
     """Bytes of payload a record pins in memory (Python object overhead comes on top)."""
     size = (len(key) if key else 0) + (len(value) if value else 0)
     for name, header_value in headers or ():

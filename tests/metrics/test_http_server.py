@@ -22,8 +22,12 @@ def test_metrics_health_and_readiness():
     metrics = ServiceMetrics(registry)
     metrics.forwarded.labels("5s").inc(3)
     state = {"ready": False}
-    server = MetricsServer(registry, lambda: (state["ready"], "ready" if state["ready"] else "starting"),
-                           "127.0.0.1", 0)
+    server = MetricsServer(
+        registry,
+        lambda: (state["ready"], "ready" if state["ready"] else "starting"),
+        "127.0.0.1",
+        0,
+    )
     server.start()
     try:
         base = f"http://127.0.0.1:{server.port}"

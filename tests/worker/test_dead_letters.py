@@ -15,7 +15,9 @@ def test_each_bad_input_kind_is_dead_lettered_and_good_messages_keep_flowing(tes
     testbed.create_delay_topics(settings)
     level_topic = settings.level_set().levels[0].topic
     target = testbed.create_topic(f"good-{testbed.tag}", partitions=2)
-    small = testbed.create_topic(f"small-{testbed.tag}", partitions=1, config={"max.message.bytes": "2048"})
+    small = testbed.create_topic(
+        f"small-{testbed.tag}", partitions=1, config={"max.message.bytes": "2048"}
+    )
     daemon = testbed.start_daemon(settings)
     testbed.wait_assigned(daemon, partitions=settings.partitions)
 
@@ -24,11 +26,18 @@ def test_each_bad_input_kind_is_dead_lettered_and_good_messages_keep_flowing(tes
     envelope = [("delay-v", b"1"), ("delay-ms", b"1000"), ("delay-id", b"bad")]
     bad = {
         "no-envelope": ([("trace", b"1")], "invalid_envelope"),
-        "bad-version": ([("delay-v", b"9"), *envelope[1:], ("delay-target", target.encode())],
-                        "invalid_envelope"),
-        "unknown-topic": ([*envelope, ("delay-target", f"nope-{testbed.tag}".encode())], "unknown_topic"),
-        "bad-partition": ([*envelope, ("delay-target", target.encode()), ("delay-partition", b"9")],
-                          "unknown_partition"),
+        "bad-version": (
+            [("delay-v", b"9"), *envelope[1:], ("delay-target", target.encode())],
+            "invalid_envelope",
+        ),
+        "unknown-topic": (
+            [*envelope, ("delay-target", f"nope-{testbed.tag}".encode())],
+            "unknown_topic",
+        ),
+        "bad-partition": (
+            [*envelope, ("delay-target", target.encode()), ("delay-partition", b"9")],
+            "unknown_partition",
+        ),
     }
     ids = []
     for i in range(60):
@@ -63,6 +72,13 @@ def test_each_bad_input_kind_is_dead_lettered_and_good_messages_keep_flowing(tes
     worker = daemon.workers[0]
     testbed.wait_for(lambda: worker.ledger.total_buffered == 0, 15, "the level to settle")
     metric = daemon.registry.get_sample_value
-    for reason, count in {"invalid_envelope": 8, "unknown_topic": 4, "unknown_partition": 4, "too_large": 1}.items():
-        assert metric("delayservice_dead_lettered_total", {"level": "1s", "reason": reason}) == count
+    for reason, count in {
+        "invalid_envelope": 8,
+        "unknown_topic": 4,
+        "unknown_partition": 4,
+        "too_large": 1,
+    }.items():
+        assert (
+            metric("delayservice_dead_lettered_total", {"level": "1s", "reason": reason}) == count
+        )
     testbed.wait_for(lambda: worker.ledger.to_commit() == [], 10, "safe offsets to be committed")
