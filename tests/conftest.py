@@ -94,6 +94,13 @@ class Testbed:
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self._daemons: list[Any] = []
 
+    def use_broker(self, bootstrap: str) -> None:
+        """Point this testbed at another broker (tests that need one of their own)."""
+        from confluent_kafka.admin import AdminClient
+
+        self.bootstrap = bootstrap
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+
     def settings(self, **overrides: Any) -> Any:
         from delayservice.settings import load_settings
 

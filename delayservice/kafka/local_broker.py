@@ -115,6 +115,7 @@ class LocalBroker:
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._jvm: list[str] = []
 
     def _properties(self, data: Path) -> str:
         props = {
@@ -143,12 +144,10 @@ class LocalBroker:
         if java is None:
             raise DelayServiceError("Java is needed to run the local Kafka broker")
         self.workdir = Path(tempfile.mkdtemp(prefix="delayservice-kafka-"))
-        data = self.workdir / "data"
         config = self.workdir / "server.properties"
-        config.write_text(self._properties(data))
+        config.write_text(self._properties(self.workdir / "data"))
         (self.workdir / "log4j2.xml").write_text(_LOG4J2)
-        classpath = f"{libs}/*"
-        jvm = [
+        self._jvm = [
             java,
             f"-Xmx{self.heap}",
             "-XX:+UseSerialGC",
@@ -156,29 +155,47 @@ class LocalBroker:
             f"-Dkafka.logs.dir={self.workdir}",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.xml'}",
             "-cp",
-            classpath,
+            f"{libs}/*",
         ]
         cluster_id = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "random-uuid"],
+            [*self._jvm, "kafka.tools.StorageTool", "random-uuid"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.split()[-1]
         subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
+            [*self._jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
             capture_output=True,
             text=True,
             check=True,
         )
-        out = (self.workdir / "stdout.log").open("wb")
+        self._launch(timeout)
+        return self
+
+    def _launch(self, timeout: float) -> None:
+        assert self.workdir is not None
+        out = (self.workdir / "stdout.log").open("ab")
         self._process = subprocess.Popen(
-            [*jvm, "kafka.Kafka", str(config)], stdout=out, stderr=subprocess.STDOUT
+            [*self._jvm, "kafka.Kafka", str(self.workdir / "server.properties")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         log.info(
             "local Kafka %s starting on %s (logs in %s)", self.version, self.bootstrap, self.workdir
         )
         self._wait_ready(timeout)
-        return self
+
+    def kill(self) -> None:
+        """Stop the broker abruptly but keep its data, for outage tests."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def restart(self, timeout: float = 120.0) -> None:
+        """Start again on the same ports with the same data after `kill`."""
+        self.kill()
+        self._launch(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient  # slow import, only when starting
