@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 from delayservice.kafka.local_broker import LocalBroker
 from delayservice.producer import DelayProducer
 
