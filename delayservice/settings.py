@@ -21,7 +21,7 @@ from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet
 
 ENV_PREFIX = "DELAYSERVICE_"
 # Variables with this prefix belong to the test harness and the CLI, not to the daemon.
-_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_CONFIG")
+_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_CONFIG", "DELAYSERVICE_CHECK_URL")
 
 MiB = 1024 * 1024
 

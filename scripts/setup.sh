@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything DelayService needs on a fresh machine, idempotently:
-# Debian packages (Java, Maven, and with WITH_PROMETHEUS=1 the Prometheus server),
-# a virtualenv in .venv with the package and its extras, and the cached jars of the
-# local Kafka broker and of Spark's Kafka connector.
+# Debian packages (Java, Maven; with TEST_TOOLS=1 also the Prometheus server and the
+# compose linter from npm), a virtualenv in .venv with the package and its extras, and
+# the cached jars of the local Kafka broker and of Spark's Kafka connector.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,8 +11,9 @@ sudo=""
 packages=()
 command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || packages+=(maven)
-if [ "${WITH_PROMETHEUS:-0}" = 1 ]; then
+if [ "${TEST_TOOLS:-0}" = 1 ]; then
   command -v prometheus >/dev/null || packages+=(prometheus)
+  command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${packages[*]}"
@@ -24,6 +25,11 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 echo "setup: installing Python packages into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,audit]"
+
+if [ "${TEST_TOOLS:-0}" = 1 ] && ! command -v dclint >/dev/null; then
+  echo "setup: installing dclint (compose linter) from npm"
+  $sudo npm install -g --silent dclint@3.1.0 >/dev/null
+fi
 
 echo "setup: caching the Kafka broker jars (Maven Central)"
 .venv/bin/python -c "from delayservice.kafka.local_broker import ensure_jars; print(ensure_jars())"

@@ -3,7 +3,8 @@
 # Kafka broker, a local Spark and a real Prometheus. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WITH_PROMETHEUS=1 scripts/setup.sh
+TEST_TOOLS=1 scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"  # tools installed into the venv (hadolint) are found by tests
 echo "lint: ruff, ruff format, mypy --strict"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -50,6 +50,14 @@ def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(tes
         seen_levels.add(level_s)
     assert seen_levels == {1, 2, 3}
     assert sorted(_headers(r)["delay-id"].decode() for r in records) == sorted(requested)
+    sample = daemon.registry.get_sample_value
+
+    def lateness_count() -> float:
+        levels = ("1s", "2s", "3s")
+        return sum(sample("delayservice_lateness_seconds_count", {"level": lv}) for lv in levels)
+
+    testbed.wait_for(lambda: lateness_count() == len(requested), 10, "one lateness sample each")
+    assert sample("delayservice_dead_lettered_total", {"level": "3s", "reason": "too_large"}) == 0
 
 
 def test_a_message_without_delay_goes_straight_to_its_topic(testbed):

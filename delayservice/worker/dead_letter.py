@@ -26,6 +26,14 @@ REASON_UNKNOWN_PARTITION: Final = "unknown_partition"
 REASON_TOO_LARGE: Final = "too_large"
 REASON_NOT_AUTHORIZED: Final = "not_authorized"
 REASON_REJECTED: Final = "rejected"
+REASONS: Final = (
+    REASON_ENVELOPE,
+    REASON_UNKNOWN_TOPIC,
+    REASON_UNKNOWN_PARTITION,
+    REASON_TOO_LARGE,
+    REASON_NOT_AUTHORIZED,
+    REASON_REJECTED,
+)
 
 
 def dead_letter_headers(

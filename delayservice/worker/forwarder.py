@@ -82,6 +82,8 @@ class Forwarder:
         self._m_forwarded = metrics.forwarded.labels(name)
         self._m_lateness = metrics.lateness.labels(name)
         self._m_dead = metrics.dead_lettered
+        for reason in dl.REASONS:  # exported at 0 from the start, so rate() sees the first one
+            self._m_dead.labels(name, reason)
         self._m_errors = metrics.forward_errors
         self._published = 0  # acknowledged forwards already added to the counter
         self._stopping = threading.Event()
@@ -169,7 +171,6 @@ class Forwarder:
             else:
                 self._to_dead_letter(record, reason, error.str())
             return
-        self._m_lateness.observe(max(0.0, now - record.due_ms / 1000))
 
     def _produce(
         self,
@@ -190,9 +191,12 @@ class Forwarder:
                 # The local queue is full: serve delivery reports until there is room.
                 self._producer.poll(0.1)
 
-    def _delivered(self, record: HeldRecord, err: KafkaError | None, _msg: Message) -> None:
+    def _delivered(self, record: HeldRecord, err: KafkaError | None, msg: Message) -> None:
         if err is None:
             self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
+            # Lateness once per delivered record: its timestamp is when it was produced.
+            forwarded_ms = msg.timestamp()[1]
+            self._m_lateness.observe(max(0.0, (forwarded_ms - record.due_ms) / 1000))
             return
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
