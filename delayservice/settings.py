@@ -20,8 +20,13 @@ from delayservice.errors import ConfigError
 from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet
 
 ENV_PREFIX = "DELAYSERVICE_"
-# Variables with this prefix belong to the test harness and the CLI, not to the daemon.
-_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_CONFIG", "DELAYSERVICE_CHECK_URL")
+# Variables with these prefixes belong to the test harness and the CLI, not to the daemon.
+_NOT_SETTINGS = (
+    "DELAYSERVICE_TEST_",
+    "DELAYSERVICE_CONFIG",
+    "DELAYSERVICE_CHECK_URL",
+    "DELAYSERVICE_AUDIT_",
+)
 
 MiB = 1024 * 1024
 

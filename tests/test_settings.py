@@ -66,3 +66,10 @@ def test_the_shipped_example_config_loads():
     example = Path(__file__).parent.parent / "config" / "delayservice.toml"
     settings = load_settings(example)
     assert settings.level_set().max_delay_ms == 7_200_000
+
+
+def test_command_variables_are_not_mistaken_for_settings(monkeypatch):
+    for name in ("DELAYSERVICE_CHECK_URL", "DELAYSERVICE_AUDIT_GRACE", "DELAYSERVICE_CONFIG"):
+        monkeypatch.setenv(name, "x")
+    monkeypatch.delenv("DELAYSERVICE_CONFIG")
+    assert load_settings().group_id == "delayservice"

@@ -19,23 +19,12 @@ from pathlib import Path
 from types import TracebackType
 
 from delayservice.errors import DelayServiceError
+from delayservice.kafka import maven
 
 log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>delayservice.local</groupId><artifactId>kafka-broker</artifactId><version>1</version>
-  <dependencies>
-    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
-      <version>{kafka}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId>
-      <version>{log4j}</version></dependency>
-  </dependencies>
-</project>
-"""
 
 _LOG4J2 = """<Configuration status="WARN">
   <Appenders>
@@ -63,30 +52,14 @@ def ensure_jars(version: str = KAFKA_VERSION) -> Path:
     marker = libs / ".complete"
     if marker.exists():
         return libs
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise DelayServiceError("Maven (mvn) is needed to fetch the Kafka broker jars")
-    work = libs.parent
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
     log.info("resolving Apache Kafka %s jars from Maven Central into %s", version, libs)
-    result = subprocess.run(
+    maven.resolve(
         [
-            mvn,
-            "-q",
-            "-B",
-            "-f",
-            str(work / "pom.xml"),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={libs}",
-            "-DincludeScope=runtime",
+            f"org.apache.kafka:kafka_2.13:{version}",
+            f"org.apache.logging.log4j:log4j-slf4j-impl:{LOG4J_VERSION}",
         ],
-        capture_output=True,
-        text=True,
-        check=False,
+        libs,
     )
-    if result.returncode != 0:
-        raise DelayServiceError(f"mvn could not fetch Kafka {version}:\n{result.stdout[-2000:]}")
     marker.write_text(version)
     return libs
 

@@ -1,0 +1,23 @@
+"""The delivery audit: a PySpark job that proves, from Kafka alone, that nothing was lost or early.
+
+It reads both sides of every delayed message, what the delay topics accepted and what
+the target topics received, and reconciles them by `delay-id`. The daemon's own counters
+are not consulted, so a bug in the daemon cannot hide itself. PySpark is imported only
+inside functions: `delayservice --help` must stay fast on machines without the `audit`
+extra installed.
+"""
+
+from __future__ import annotations
+
+from delayservice.errors import DelayServiceError
+
+H_CANCEL = "delay-cancel"
+"""Header of a cancel marker on a delay topic; its value is the `delay-id` to cancel."""
+
+EXIT_OK = 0
+EXIT_VIOLATIONS = 3
+"""Exit status when a promise is broken: 1 and 2 already mean 'could not run' and 'bad settings'."""
+
+
+class AuditError(DelayServiceError):
+    """The audit could not run: Spark, Java, the connector jars or the input are not usable."""

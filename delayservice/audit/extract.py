@@ -1,0 +1,303 @@
+"""Extract: both sides of the audit, read through Spark's Kafka source.
+
+Every range is pinned to concrete offsets before Spark reads anything. Spark resolves
+`latest` again for each action, so a job that writes Parquet, then a summary, then a
+plot would otherwise see three different versions of a live topic and could report a
+message as missing in one output and delivered in another. Pinning also fixes the
+audit's "as of" instant: a message counts as missing only if its due time plus the
+grace period had passed before the end offsets were taken.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from delayservice.audit import AuditError, transform
+from delayservice.kafka import client_config
+from delayservice.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+EARLIEST = -2
+LATEST = -1
+CLOCK_SKEW_MS = 5 * 60_000
+"""Target topics are read from this long before `--since`: forward timestamps come from the
+daemon host's clock, acceptance times from the broker's, and the two may disagree."""
+
+KEPT = ("topic", "partition", "offset", "timestamp", "headers")
+"""Columns the audit uses; keys and values (the payload) are dropped before caching."""
+
+Progress = Callable[[str], None]
+"""Where the job reports what it is doing, one line at a time."""
+
+Ranges = dict[str, dict[int, tuple[int, int]]]
+"""topic -> partition -> (start offset, end offset), end exclusive."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """What to audit on the delay topics: a time window, an offset range, or everything."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+    starting_offsets: str | None = None
+    ending_offsets: str | None = None
+
+    def __post_init__(self) -> None:
+        by_time = self.since_ms is not None or self.until_ms is not None
+        by_offset = self.starting_offsets is not None or self.ending_offsets is not None
+        if by_time and by_offset:
+            raise AuditError(
+                "give a time window (--since/--until) or an offset range "
+                "(--starting-offsets/--ending-offsets), not both"
+            )
+        if (
+            self.since_ms is not None
+            and self.until_ms is not None
+            and self.until_ms <= self.since_ms
+        ):
+            raise AuditError("--until must be after --since")
+
+
+@dataclass
+class Extracted:
+    """Raw Kafka rows of both sides plus the pinned ranges they came from."""
+
+    delay_records: DataFrame
+    target_records: DataFrame
+    delay_ranges: Ranges
+    target_ranges: Ranges
+    as_of_ms: int
+    targets: list[str] = field(default_factory=list)
+
+
+def parse_offsets(text: str | None, default: int) -> dict[str, dict[int, int]] | int:
+    """Spark's offset notation: `earliest`, `latest`, or JSON such as {"t":{"0":23,"1":-2}}."""
+    if text is None:
+        return default
+    word = text.strip().lower()
+    if word == "earliest":
+        return EARLIEST
+    if word == "latest":
+        return LATEST
+    try:
+        raw = json.loads(text)
+        return {
+            str(topic): {int(p): int(o) for p, o in parts.items()} for topic, parts in raw.items()
+        }
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise AuditError(
+            f"offsets {text!r} are neither earliest, latest nor JSON like "
+            '{"delay_topic_1":{"0":23,"1":-2}}'
+        ) from exc
+
+
+class OffsetResolver:
+    """Turns times and symbolic offsets into concrete ones, with one plain Kafka consumer."""
+
+    def __init__(self, settings: Settings, timeout: float = 15.0) -> None:
+        config = {
+            **client_config.common(settings),
+            "group.id": "delayservice-audit",
+            "enable.auto.commit": False,
+        }
+        self._consumer = Consumer(config)
+        self._timeout = timeout
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def partitions(self, topics: list[str]) -> dict[str, list[int]]:
+        """Partitions of the topics that exist; absent topics are left out with a warning."""
+        try:
+            meta = self._consumer.list_topics(timeout=self._timeout)
+        except KafkaException as exc:
+            raise AuditError.from_kafka(exc.args[0], "listing topics") from exc
+        found = {}
+        for topic in topics:
+            info = meta.topics.get(topic)
+            if info is None or info.error is not None:
+                log.warning("topic %s does not exist; nothing to read from it", topic)
+                continue
+            found[topic] = sorted(info.partitions)
+        return found
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        try:
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self._timeout, cached=False
+            )
+        except KafkaException as exc:
+            raise AuditError.from_kafka(exc.args[0], f"reading offsets of {topic}") from exc
+        return int(low), int(high)
+
+    def offset_at(self, topic: str, partition: int, timestamp_ms: int, high: int) -> int:
+        """The first offset at or after `timestamp_ms`, or `high` when there is none yet."""
+        try:
+            found = self._consumer.offsets_for_times(
+                [TopicPartition(topic, partition, timestamp_ms)], timeout=self._timeout
+            )
+        except KafkaException as exc:
+            raise AuditError.from_kafka(exc.args[0], f"looking up times in {topic}") from exc
+        offset = int(found[0].offset)
+        return high if offset < 0 else offset
+
+    def ranges(
+        self,
+        topics: list[str],
+        *,
+        start: dict[str, dict[int, int]] | int,
+        end: dict[str, dict[int, int]] | int,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+    ) -> Ranges:
+        """Pinned ranges; a time bound wins over the symbolic default it replaces."""
+        out: Ranges = {}
+        for topic, parts in self.partitions(topics).items():
+            out[topic] = {}
+            for partition in parts:
+                low, high = self.watermarks(topic, partition)
+                first = _pick(start, topic, partition, low, high)
+                last = _pick(end, topic, partition, low, high)
+                if since_ms is not None:
+                    first = self.offset_at(topic, partition, since_ms, high)
+                if until_ms is not None:
+                    last = self.offset_at(topic, partition, until_ms, high)
+                first = max(low, first)
+                out[topic][partition] = (first, max(first, min(last, high)))
+        return out
+
+
+def _pick(
+    spec: dict[str, dict[int, int]] | int, topic: str, partition: int, low: int, high: int
+) -> int:
+    value = spec if isinstance(spec, int) else spec.get(topic, {}).get(partition, LATEST)
+    if value == EARLIEST:
+        return low
+    if value == LATEST:
+        return high
+    return value
+
+
+def record_count(ranges: Ranges) -> int:
+    return sum(end - start for parts in ranges.values() for start, end in parts.values())
+
+
+def read_kafka(
+    spark: SparkSession, bootstrap: str, ranges: Ranges, kafka_options: Mapping[str, str]
+) -> DataFrame:
+    """A batch DataFrame of exactly these ranges, headers included (Spark's Kafka schema)."""
+    if not ranges or record_count(ranges) == 0:
+        return empty_kafka_frame(spark)
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("assign", json.dumps({t: sorted(p) for t, p in ranges.items()}))
+        .option(
+            "startingOffsets",
+            json.dumps(
+                {t: {str(p): r[0] for p, r in parts.items()} for t, parts in ranges.items()}
+            ),
+        )
+        .option(
+            "endingOffsets",
+            json.dumps(
+                {t: {str(p): r[1] for p, r in parts.items()} for t, parts in ranges.items()}
+            ),
+        )
+        .option("includeHeaders", "true")
+    )
+    for key, value in kafka_options.items():
+        reader = reader.option(key if key.startswith("kafka.") else f"kafka.{key}", value)
+    return reader.load()
+
+
+def kafka_schema() -> StructType:
+    """The schema of Spark's Kafka source with headers, for empty frames and tests."""
+    from pyspark.sql import types as T  # noqa: N812  # heavy: only when auditing
+
+    header = T.StructType(
+        [T.StructField("key", T.StringType()), T.StructField("value", T.BinaryType())]
+    )
+    return T.StructType(
+        [
+            T.StructField("key", T.BinaryType()),
+            T.StructField("value", T.BinaryType()),
+            T.StructField("topic", T.StringType()),
+            T.StructField("partition", T.IntegerType()),
+            T.StructField("offset", T.LongType()),
+            T.StructField("timestamp", T.TimestampType()),
+            T.StructField("timestampType", T.IntegerType()),
+            T.StructField("headers", T.ArrayType(header)),
+        ]
+    )
+
+
+def empty_kafka_frame(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame([], kafka_schema())
+
+
+def extract(
+    spark: SparkSession,
+    settings: Settings,
+    window: Window,
+    *,
+    targets: list[str] | None,
+    kafka_options: Mapping[str, str],
+    progress: Progress,
+) -> Extracted:
+    """Pin both sides, read the delay topics, discover targets unless given, read those."""
+    levels = settings.level_set()
+    resolver = OffsetResolver(settings)
+    try:
+        as_of_ms = int(time.time() * 1000)
+        delay_ranges = resolver.ranges(
+            [level.topic for level in levels],
+            start=parse_offsets(window.starting_offsets, EARLIEST),
+            end=parse_offsets(window.ending_offsets, LATEST),
+            since_ms=window.since_ms,
+            until_ms=window.until_ms,
+        )
+        if not delay_ranges:
+            raise AuditError(
+                f"none of the delay topics {levels.levels[0].topic}..{levels.levels[-1].topic} "
+                "exists; check the levels and topic_prefix settings"
+            )
+        progress(
+            f"delay topics: {record_count(delay_ranges)} records in "
+            f"{sum(len(p) for p in delay_ranges.values())} partitions"
+        )
+        delay_records = (
+            read_kafka(spark, settings.bootstrap_servers, delay_ranges, kafka_options)
+            .select(*KEPT)
+            .persist()
+        )
+        if targets is None:
+            progress("finding the target topics named in the envelopes")
+            targets = transform.target_topics(delay_records)
+        target_since = None if window.since_ms is None else window.since_ms - CLOCK_SKEW_MS
+        # Taken after as_of, so a delivery made meanwhile counts: that can only turn
+        # "missing" into "delivered late", never hide a message that was not delivered.
+        target_ranges = resolver.ranges(targets, start=EARLIEST, end=LATEST, since_ms=target_since)
+    finally:
+        resolver.close()
+    progress(
+        f"target topics {', '.join(targets) or '(none)'}: {record_count(target_ranges)} records"
+    )
+    target_records = (
+        read_kafka(spark, settings.bootstrap_servers, target_ranges, kafka_options)
+        .select(*KEPT)
+        .persist()
+    )
+    return Extracted(delay_records, target_records, delay_ranges, target_ranges, as_of_ms, targets)

@@ -1,0 +1,168 @@
+"""The audit job: extract, transform, load, and a verdict for the exit status.
+
+Per-message rows are written to Parquet first and every later figure is computed from
+that file, so the summary, the plot and the Parquet always describe the same rows, and
+the input is read from Kafka once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, transform
+from delayservice.audit.extract import Extracted, Progress, Window, extract, record_count
+from delayservice.audit.transform import SummaryRow
+from delayservice.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRACE_MS = 60_000
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    window: Window = field(default_factory=Window)
+    grace_ms: int = DEFAULT_GRACE_MS
+    targets: list[str] | None = None
+    out_dir: Path = Path("delayservice-audit")
+    master: str | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict)
+    spark_progress_bar: bool = False
+
+
+@dataclass
+class AuditReport:
+    rows: list[SummaryRow]
+    document: dict[str, Any]
+    outputs: dict[str, Path]
+
+    @property
+    def total(self) -> SummaryRow:
+        return next(r for r in self.rows if r.scope == "total")
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.document["ok"])
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.ok else EXIT_VIOLATIONS
+
+
+def _log_progress(message: str) -> None:
+    log.info("%s", message)
+
+
+def run(
+    settings: Settings,
+    options: AuditOptions,
+    progress: Progress = _log_progress,
+    spark: SparkSession | None = None,
+) -> AuditReport:
+    """Run the audit; starts (and stops) its own SparkSession unless one is passed in."""
+    session.require_extras()
+    if spark is not None:
+        return audit(spark, settings, options, progress)
+    progress("preparing Spark's Kafka connector")
+    conf = session.spark_conf(
+        jars.connector_jars(), options.spark_conf, show_progress=options.spark_progress_bar
+    )
+    progress(f"starting Spark ({options.master or session.DEFAULT_MASTER})")
+    own = session.start(options.master, conf)
+    try:
+        return audit(own, settings, options, progress)
+    finally:
+        own.stop()
+
+
+def audit(
+    spark: SparkSession, settings: Settings, options: AuditOptions, progress: Progress
+) -> AuditReport:
+    started = time.monotonic()
+    levels = settings.level_set()
+    data = extract(
+        spark,
+        settings,
+        options.window,
+        targets=options.targets,
+        kafka_options=options.kafka_options,
+        progress=progress,
+    )
+    try:
+        accepted = transform.accepted(data.delay_records, levels, options.targets)
+        delivered = transform.deliveries(data.target_records)
+        messages = transform.reconcile(
+            accepted,
+            transform.cancels(data.delay_records),
+            delivered,
+            as_of_ms=data.as_of_ms,
+            grace_ms=options.grace_ms,
+        )
+        options.out_dir.mkdir(parents=True, exist_ok=True)
+        progress("reconciling both sides by delay-id, writing one row per message")
+        parquet = load.write_messages(messages, options.out_dir)
+        written = spark.read.parquet(str(parquet))
+        progress("counting per level and per target")
+        rows = transform.collect_summary(transform.summarize(written))
+        unmatched = transform.unmatched(delivered, accepted)
+        progress("plotting lateness per level")
+        plot = load.plot_lateness(transform.lateness_histogram(written), rows, options.out_dir)
+    finally:
+        data.delay_records.unpersist()
+        data.target_records.unpersist()
+    outputs = {"messages": parquet, "plot": plot, "summary": options.out_dir / load.SUMMARY}
+    document = _document(
+        settings,
+        options,
+        data,
+        rows=rows,
+        unmatched=unmatched,
+        outputs=outputs,
+        seconds=time.monotonic() - started,
+    )
+    load.write_summary(document, options.out_dir)
+    return AuditReport(rows, document, outputs)
+
+
+def _document(
+    settings: Settings,
+    options: AuditOptions,
+    data: Extracted,
+    *,
+    rows: list[SummaryRow],
+    unmatched: int,
+    outputs: dict[str, Path],
+    seconds: float,
+) -> dict[str, Any]:
+    total = next(r for r in rows if r.scope == "total")
+    ok = total.counts["missing"] == 0 and total.counts["early"] == 0
+    return {
+        "ok": ok,
+        "as_of": datetime.fromtimestamp(data.as_of_ms / 1000, UTC).isoformat(),
+        "as_of_ms": data.as_of_ms,
+        "grace_ms": options.grace_ms,
+        "levels": settings.level_set().spec(),
+        "topic_prefix": settings.topic_prefix,
+        "window": asdict(options.window),
+        "targets": data.targets,
+        "records_read": {
+            "delay_topics": record_count(data.delay_ranges),
+            "target_topics": record_count(data.target_ranges),
+        },
+        "unmatched_deliveries": unmatched,
+        "total": total.as_dict(),
+        "by_level": [r.as_dict() for r in rows if r.scope == "level"],
+        "by_target": [r.as_dict() for r in rows if r.scope == "target"],
+        "by_level_and_target": [r.as_dict() for r in rows if r.scope == "level+target"],
+        "outputs": {name: str(path) for name, path in outputs.items()},
+        "seconds": round(seconds, 1),
+    }

@@ -1,0 +1,319 @@
+"""Transform: parse both sides, reconcile them by `delay-id`, and count per level and target.
+
+Nothing here talks to Kafka, so every rule can be tested on a handful of rows built in
+the test. The rules:
+
+- accepted: a delay-topic record with a valid version-1 envelope. Its due time is the
+  record's timestamp (LogAppendTime, the broker's clock) plus its level's delay, the
+  same rule the daemon follows, recomputed here rather than trusted from the daemon.
+  An id accepted twice counts once, from its first acceptance.
+- delivered: a target-topic record carrying that `delay-id`; lateness is its first
+  delivery's timestamp minus the due time.
+- duplicated: delivered more than once. early: first delivered before it was due.
+- cancelled: a `delay-cancel: <id>` marker reached a delay topic before the id was due;
+  a cancel that arrives after the due time is too late and changes nothing.
+- missing: not delivered, not cancelled, and due plus the grace period had passed when
+  the audit pinned its input. Not yet that old: pending, judged by a later audit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from delayservice.audit import H_CANCEL
+from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_TARGET, H_VERSION, VERSION
+from delayservice.levels import LevelSet
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from pyspark.sql import Column, DataFrame
+
+COUNTS = ("accepted", "delivered", "missing", "duplicated", "early", "cancelled", "pending")
+PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+LATENESS = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+SCOPES = {0: "level+target", 1: "level", 2: "target", 3: "total"}
+"""Spark's grouping_id for cube(level, target), named."""
+
+
+def _functions() -> ModuleType:
+    from pyspark.sql import functions  # heavy: only when auditing
+
+    return functions
+
+
+def header(name: str) -> Column:
+    """The first header called `name` as text, or null when the record has none."""
+    F = _functions()  # noqa: N806  # the PySpark convention
+    found = F.try_element_at(F.filter("headers", lambda h: h["key"] == name), F.lit(1))
+    text: Column = found.getField("value").cast("string")
+    return text
+
+
+def _millis(column: str) -> Column:
+    millis: Column = _functions().unix_millis(column)
+    return millis
+
+
+def _parsed_delay_side(delay_records: DataFrame) -> DataFrame:
+    return delay_records.select(
+        "topic",
+        "partition",
+        "offset",
+        _millis("timestamp").alias("append_ms"),
+        header(H_VERSION).alias("version"),
+        header(H_ID).alias("id"),
+        header(H_TARGET).alias("target"),
+        header(H_DELAY_MS).try_cast("bigint").alias("delay_ms"),
+        header(H_CANCEL).alias("cancel_id"),
+    )
+
+
+def target_topics(delay_records: DataFrame) -> list[str]:
+    """The real topics the envelopes name, so the audit reads only those."""
+    rows = (
+        _valid(_parsed_delay_side(delay_records))
+        .select("target")
+        .distinct()
+        .orderBy("target")
+        .collect()
+    )
+    return [str(r["target"]) for r in rows]
+
+
+def _valid(parsed: DataFrame) -> DataFrame:
+    F = _functions()  # noqa: N806
+    return parsed.where(
+        F.col("cancel_id").isNull()
+        & (F.col("version") == str(VERSION))
+        & (F.length("id") > 0)
+        & (F.length("target") > 0)
+        & (F.col("delay_ms") >= 0)
+    )
+
+
+def accepted(
+    delay_records: DataFrame, levels: LevelSet, targets: list[str] | None = None
+) -> DataFrame:
+    """One row per accepted id: level, requested delay, append time and due time.
+
+    With `targets`, only messages bound for those topics: the others' deliveries are not
+    read, and counting them would report every one of them as missing.
+    """
+    F = _functions()  # noqa: N806
+    spark = delay_records.sparkSession
+    level_rows = spark.createDataFrame(
+        [(lv.topic, lv.index, lv.name, lv.delay_ms) for lv in levels],
+        "topic string, level_index int, level string, level_delay_ms bigint",
+    )
+    valid = _valid(_parsed_delay_side(delay_records)).join(F.broadcast(level_rows), "topic")
+    if targets is not None:
+        valid = valid.where(F.col("target").isin(targets))
+    first = F.min_by(F.struct(*[c for c in valid.columns if c != "id"]), "append_ms")
+    return (
+        valid.groupBy("id")
+        .agg(first.alias("r"), F.count("*").alias("accepted_copies"))
+        .select("id", "r.*", "accepted_copies")
+        .drop("version", "cancel_id")
+        .withColumn("due_ms", F.col("append_ms") + F.col("level_delay_ms"))
+    )
+
+
+def cancels(delay_records: DataFrame) -> DataFrame:
+    """The earliest cancel marker per id."""
+    F = _functions()  # noqa: N806
+    return (
+        _parsed_delay_side(delay_records)
+        .where(F.length("cancel_id") > 0)
+        .groupBy(F.col("cancel_id").alias("id"))
+        .agg(F.min("append_ms").alias("cancel_ms"))
+    )
+
+
+def deliveries(target_records: DataFrame) -> DataFrame:
+    """Every record on a target topic that carries a `delay-id`, one row per copy."""
+    F = _functions()  # noqa: N806
+    return target_records.select(
+        header(H_ID).alias("id"),
+        F.col("topic").alias("delivered_topic"),
+        F.col("partition").alias("delivered_partition"),
+        F.col("offset").alias("delivered_offset"),
+        _millis("timestamp").alias("forward_ms"),
+        header(H_DUE_MS).try_cast("bigint").alias("delivered_due_ms"),
+    ).where(F.length("id") > 0)
+
+
+def reconcile(
+    accepted_ids: DataFrame,
+    cancel_marks: DataFrame,
+    delivered: DataFrame,
+    *,
+    as_of_ms: int,
+    grace_ms: int,
+) -> DataFrame:
+    """One row per accepted message with its verdict; the Parquet output."""
+    F = _functions()  # noqa: N806
+    first = F.min_by(
+        F.struct("delivered_topic", "delivered_partition", "delivered_offset", "delivered_due_ms"),
+        "forward_ms",
+    )
+    per_id = (
+        delivered.groupBy("id")
+        .agg(
+            F.count("*").alias("deliveries"),
+            F.min("forward_ms").alias("first_forward_ms"),
+            F.max("forward_ms").alias("last_forward_ms"),
+            first.alias("d"),
+        )
+        .select("*", "d.*")
+        .drop("d")
+    )
+    m = (
+        accepted_ids.join(per_id, "id", "left")
+        .join(cancel_marks, "id", "left")
+        .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
+    )
+    is_delivered = F.col("deliveries") > 0
+    is_cancelled = F.coalesce(F.col("cancel_ms") < F.col("due_ms"), F.lit(False))
+    overdue = F.col("due_ms") + F.lit(grace_ms) <= F.lit(as_of_ms)
+    return (
+        m.withColumn("delivered", is_delivered)
+        .withColumn("cancelled", is_cancelled)
+        .withColumn("duplicated", F.col("deliveries") > 1)
+        .withColumn("early", is_delivered & (F.col("first_forward_ms") < F.col("due_ms")))
+        .withColumn("missing", ~is_delivered & ~is_cancelled & overdue)
+        .withColumn("pending", ~is_delivered & ~is_cancelled & ~overdue)
+        .withColumn("lateness_ms", F.col("first_forward_ms") - F.col("due_ms"))
+        .withColumn(
+            "status",
+            F.when(is_delivered, "delivered")
+            .when(is_cancelled, "cancelled")
+            .when(overdue, "missing")
+            .otherwise("pending"),
+        )
+    )
+
+
+def unmatched(delivered: DataFrame, accepted_ids: DataFrame) -> int:
+    """Delivered ids with no acceptance in the audited range (outside the window, or foreign)."""
+    return int(
+        delivered.select("id").distinct().join(accepted_ids.select("id"), "id", "left_anti").count()
+    )
+
+
+def summarize(messages: DataFrame) -> DataFrame:
+    """Counts and lateness percentiles per level, per target, per both, and in total."""
+    F = _functions()  # noqa: N806
+    quantiles = F.percentile("lateness_ms", [q for _, q in PERCENTILES])
+    grouped = messages.withColumn("lv", F.struct("level_index", "level", "level_delay_ms"))
+    return (
+        grouped.cube("lv", "target")
+        .agg(
+            F.grouping_id().alias("gid"),
+            F.count("*").alias("accepted"),
+            *[F.count_if(name).alias(name) for name in COUNTS[1:]],
+            quantiles.alias("q"),
+            F.max("lateness_ms").alias("max_ms"),
+        )
+        .select(
+            "*",
+            "lv.*",
+            *[F.col("q")[i].alias(f"{name}_ms") for i, (name, _) in enumerate(PERCENTILES)],
+        )
+        .drop("lv", "q")
+    )
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    scope: str
+    level_index: int | None
+    level: str | None
+    level_delay_ms: int | None
+    target: str | None
+    counts: dict[str, int]
+    lateness_ms: dict[str, float | None]
+
+    @property
+    def label(self) -> str:
+        parts = [p for p in (self.level, self.target) if p]
+        return " / ".join(parts) or "total"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope,
+            "level": self.level,
+            "level_index": self.level_index,
+            "level_delay_ms": self.level_delay_ms,
+            "target": self.target,
+            **self.counts,
+            "lateness_ms": self.lateness_ms,
+        }
+
+
+def collect_summary(summary: DataFrame) -> list[SummaryRow]:
+    """Plain rows, totals last, levels in level order, targets by name."""
+    rows = []
+    for r in summary.collect():
+        lateness = {k: (None if r[k] is None else float(r[k])) for k in LATENESS}
+        rows.append(
+            SummaryRow(
+                scope=SCOPES[int(r["gid"])],
+                level_index=r["level_index"],
+                level=r["level"],
+                level_delay_ms=r["level_delay_ms"],
+                target=r["target"],
+                counts={k: int(r[k]) for k in COUNTS},
+                lateness_ms={k.removesuffix("_ms"): v for k, v in lateness.items()},
+            )
+        )
+    if not any(r.scope == "total" for r in rows):  # cube() yields no rows at all for no input
+        rows.append(
+            SummaryRow(
+                "total",
+                None,
+                None,
+                None,
+                None,
+                dict.fromkeys(COUNTS, 0),
+                {k.removesuffix("_ms"): None for k in LATENESS},
+            )
+        )
+    order = {"level": 0, "target": 1, "level+target": 2, "total": 3}
+    return sorted(rows, key=lambda s: (order[s.scope], s.level_index or 0, s.target or ""))
+
+
+def bin_width(lo: float, hi: float, bins: int) -> int:
+    """A round bin width (1, 2 or 5 times a power of ten, in ms) giving at most `bins` bins."""
+    raw = max(1.0, (hi - lo) / max(1, bins))
+    exponent = 10 ** math.floor(math.log10(raw))
+    for step in (1, 2, 5, 10):
+        if step * exponent >= raw:
+            return int(step * exponent)
+    return int(10 * exponent)  # pragma: no cover  # the loop always returns
+
+
+def lateness_histogram(
+    messages: DataFrame, bins: int = 40
+) -> tuple[int, list[tuple[int, str, int, int]]]:
+    """(bin width, [(level_index, level, bin start ms, count)]) over delivered messages."""
+    F = _functions()  # noqa: N806
+    delivered = messages.where(F.col("lateness_ms").isNotNull())
+    bounds = delivered.agg(
+        F.min("lateness_ms").alias("lo"), F.max("lateness_ms").alias("hi")
+    ).first()
+    if bounds is None or bounds["lo"] is None:
+        return 1, []
+    width = bin_width(float(bounds["lo"]), float(bounds["hi"]), bins)
+    start = F.floor(F.col("lateness_ms") / width) * width
+    rows = (
+        delivered.groupBy("level_index", "level", start.cast("bigint").alias("bin_ms"))
+        .count()
+        .orderBy("level_index", "bin_ms")
+        .collect()
+    )
+    return width, [
+        (int(r["level_index"]), str(r["level"]), int(r["bin_ms"]), int(r["count"])) for r in rows
+    ]
