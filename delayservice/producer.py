@@ -81,7 +81,9 @@ class DelayProducer:
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
         delay_ms = delay_to_ms(delay, deliver_at)
-        user_headers: Headers | None = list(headers.items()) if isinstance(headers, dict) else headers
+        user_headers: Headers | None = (
+            list(headers.items()) if isinstance(headers, dict) else headers
+        )
         if delay_ms is None:
             if partition >= 0:
                 kwargs["partition"] = partition
