@@ -33,7 +33,5 @@ fi
 
 echo "setup: caching the Kafka broker jars (Maven Central)"
 .venv/bin/python -c "from delayservice.kafka.local_broker import ensure_jars; print(ensure_jars())"
-if .venv/bin/python -c "import delayservice.audit.jars" 2>/dev/null; then
-  echo "setup: caching the Spark Kafka connector jars (Maven Central)"
-  .venv/bin/python -c "from delayservice.audit.jars import ensure_connector_jars; print(ensure_connector_jars())"
-fi
+echo "setup: caching the Spark Kafka connector jars (Maven Central)"
+.venv/bin/python -c "from delayservice.audit.jars import connector_jars; print(len(connector_jars()), 'jars')"
