@@ -51,6 +51,12 @@ class Scheduler(Protocol[T]):
         """
         ...
 
+    def wait_due(self, timeout: float | None = None) -> None:
+        """Block like `take_expired` but take nothing: return once the earliest item is
+        due, `timeout` passes or `wakeup` is called. Lets the caller take under its own
+        lock, so two threads can share the taking without reordering what they send."""
+        ...
+
     def wakeup(self) -> None:
         """Make a blocked `take_expired` return now (used at shutdown)."""
         ...

@@ -94,6 +94,25 @@ class DelayQueue(Generic[T]):
                     return []
                 self._cond.wait(wait)
 
+    def wait_due(self, timeout: float | None = None) -> None:
+        with self._cond:
+            deadline = None if timeout is None else self._clock() + timeout
+            while True:
+                self._drop_cancelled_head()
+                now = self._clock()
+                if self._heap and self._heap[0][0] <= now:
+                    return
+                if self._woken or self._closed:
+                    self._woken = False
+                    return
+                wait = None if deadline is None else deadline - now
+                if self._heap:
+                    head_wait = self._heap[0][0] - now
+                    wait = head_wait if wait is None else min(wait, head_wait)
+                if wait is not None and wait <= 0:
+                    return
+                self._cond.wait(wait)
+
     def take(self) -> T:
         """Block until the head is due and return it alone (JDK `take`)."""
         while True:

@@ -96,6 +96,9 @@ class HashedWheelScheduler(Generic[T]):
         # (due, arrival) order is (due, scheduling order).
         return [slot.item for slot in self._output.take_expired(timeout)]
 
+    def wait_due(self, timeout: float | None = None) -> None:
+        self._output.wait_due(timeout)
+
     def wakeup(self) -> None:
         self._output.wakeup()
 

@@ -192,6 +192,24 @@ class WheelScheduler(Generic[T]):
                 else:
                     return []  # the caller's timeout
 
+    def wait_due(self, timeout: float | None = None) -> None:
+        clock = self._clock
+        heap = self._buckets.heap
+        with self._cond:
+            deadline = None if timeout is None else clock() + timeout
+            while True:
+                now = clock()
+                if heap and heap[0][0] <= now:
+                    return  # a bucket (or held item) is due; take_expired sorts out the rest
+                if self._woken or self._closed:
+                    self._woken = False
+                    return
+                wait = _wait_time(heap[0][0] if heap else None, deadline, now)
+                if wait is None or wait > 0:
+                    self._cond.wait(wait)
+                else:
+                    return
+
     def wakeup(self) -> None:
         with self._cond:
             self._woken = True

@@ -145,6 +145,7 @@ class ConsumerLoop:
                 if admitted:
                     self._scheduler.schedule_many(due)
                     self._m_consumed.inc(admitted)
+                    self._forwarder.try_drain()
                 if self._rewind:
                     self._apply_rewinds()
                 self._producer.poll(0)

@@ -86,6 +86,7 @@ class Forwarder:
             self._m_dead.labels(name, reason)
         self._m_errors = metrics.forward_errors
         self._published = 0  # acknowledged forwards already added to the counter
+        self._send_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"forwarder-{level.topic}", daemon=True
@@ -107,15 +108,36 @@ class Forwarder:
         scheduler = self._scheduler
         try:
             while not self._stopping.is_set():
-                records = scheduler.take_expired(None)
-                for record in records:  # the scheduler returns them in due order
-                    if self._stopping.is_set():
-                        return  # not forwarded, not settled: re-read after restart
-                    self.send(record)
-                self._producer.poll(0)
+                scheduler.wait_due(None)
+                with self._send_lock:
+                    self._drain()
         except Exception as exc:
             log.exception("forwarder of %s stopped", self.level.topic)
             self._on_fatal(f"forwarder of {self.level.topic} failed: {exc}")
+
+    def try_drain(self) -> None:
+        """Forward what is due now, from the caller's thread, unless the forwarder is busy.
+
+        Kafka's purgatory tries to complete an operation before it watches it; this is
+        the same idea. When a backlog is read, records arrive already due, and sending
+        them from the consumer thread saves a hand-over per batch. Taking and sending
+        happen under one lock on either thread, so records still leave in due order.
+        """
+        if self._send_lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._send_lock.release()
+
+    def _drain(self) -> None:
+        """Send every due record; the caller holds the send lock."""
+        records = self._scheduler.take_expired(0)
+        for record in records:  # the scheduler returns them in due order
+            if self._stopping.is_set():
+                return  # not forwarded, not settled: re-read after restart
+            self.send(record)
+        if records:
+            self._producer.poll(0)
 
     # -- sending -------------------------------------------------------------------
     def send(self, record: HeldRecord) -> None:

@@ -28,6 +28,8 @@ def _env(settings, port: int) -> dict[str, str]:
             "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
             "DELAYSERVICE_METRICS_PORT": str(port),
             "DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "15",
+            # A killed member holds its partitions until its session times out (45 s default).
+            "DELAYSERVICE_CONSUMER": '{"session.timeout.ms": "6000"}',
         }
     )
     return env

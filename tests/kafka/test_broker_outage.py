@@ -17,7 +17,7 @@ pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture
-def own_broker(testbed):
+def own_broker():
     if shutil.which("java") is None or shutil.which("mvn") is None:
         pytest.fail("java and mvn are needed for the broker outage test")
     broker = LocalBroker(heap="512m").start()
@@ -27,7 +27,8 @@ def own_broker(testbed):
         broker.stop()
 
 
-def test_a_broker_outage_makes_the_daemon_not_ready_and_loses_nothing(testbed, own_broker):
+def test_a_broker_outage_makes_the_daemon_not_ready_and_loses_nothing(own_broker, testbed):
+    # own_broker first: fixtures tear down in reverse, so the daemon stops before its broker.
     testbed.use_broker(own_broker.bootstrap)
     settings = testbed.settings(levels="2s", retry_backoff_s=0.5, retry_backoff_max_s=2)
     testbed.create_delay_topics(settings)

@@ -130,3 +130,37 @@ def test_the_wheel_refuses_work_after_close():
 def test_an_unknown_kind_is_refused():
     with pytest.raises(ValueError, match="unknown scheduler kind"):
         make_scheduler("list", time.time)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wait_due_returns_when_an_item_is_due_and_leaves_it_to_take(kind, wait_until):
+    scheduler = make_scheduler(kind, time.time)
+    start = time.time()
+    scheduler.schedule("late", start + 30)
+    returned = []
+    waiter = threading.Thread(
+        target=lambda: (scheduler.wait_due(None), returned.append(time.time())), daemon=True
+    )
+    waiter.start()
+    scheduler.schedule("soon", start + 0.05)  # earlier than the head: must wake the waiter
+    assert wait_until(lambda: returned)
+    assert returned[0] >= start + 0.05
+    assert scheduler.take_expired(0) == ["soon"]
+    assert len(scheduler) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_wait_due_honours_timeout_and_wakeup(kind, wait_until):
+    scheduler = make_scheduler(kind, time.time)
+    scheduler.schedule("late", time.time() + 30)
+    start = time.monotonic()
+    scheduler.wait_due(0.05)
+    assert time.monotonic() - start >= 0.04
+    returned = []
+    waiter = threading.Thread(
+        target=lambda: (scheduler.wait_due(None), returned.append(1)), daemon=True
+    )
+    waiter.start()
+    scheduler.wakeup()
+    assert wait_until(lambda: returned)
+    assert len(scheduler) == 1
