@@ -20,8 +20,7 @@ All values are UTF-8 text; numbers are decimal.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from delayservice.errors import EnvelopeError
 
@@ -42,8 +41,9 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(NamedTuple):
+    """Immutable; a NamedTuple because one is built per record on the hot path."""
+
     target: str
     delay_ms: int
     id: str

@@ -6,7 +6,9 @@ that every name used there is exported here. Units are seconds and bytes, never 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from delayservice.metrics.batch_histogram import BatchHistogram
 
 LATENESS_BUCKETS = (
     0.005,
@@ -83,12 +85,12 @@ class ServiceMetrics:
             ["level"],
             registry=registry,
         )
-        self.lateness = Histogram(
+        self.lateness = BatchHistogram(
             "delayservice_lateness_seconds",
             "Seconds past the due time at which a record was forwarded.",
-            ["level"],
-            buckets=LATENESS_BUCKETS,
-            registry=registry,
+            "level",
+            LATENESS_BUCKETS,
+            registry,
         )
         self.commits = Counter(
             "delayservice_commits",

@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -80,7 +81,9 @@ class Forwarder:
         self._on_fatal = on_fatal
         name = level.name
         self._m_forwarded = metrics.forwarded.labels(name)
-        self._m_lateness = metrics.lateness.labels(name)
+        self._m_lateness = metrics.lateness
+        metrics.lateness.labels(name)
+        self._lateness: deque[float] = deque()  # filled by delivery reports, folded in batches
         self._m_dead = metrics.dead_lettered
         for reason in dl.REASONS:  # exported at 0 from the start, so rate() sees the first one
             self._m_dead.labels(name, reason)
@@ -217,8 +220,7 @@ class Forwarder:
         if err is None:
             self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
             # Lateness once per delivered record: its timestamp is when it was produced.
-            forwarded_ms = msg.timestamp()[1]
-            self._m_lateness.observe(max(0.0, (forwarded_ms - record.due_ms) / 1000))
+            self._lateness.append(max(0.0, (msg.timestamp()[1] - record.due_ms) / 1000))
             return
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
@@ -230,7 +232,14 @@ class Forwarder:
             self._retry(record, err.name(), err.str())
 
     def publish_counts(self) -> None:
-        """Move acknowledged forwards into the Prometheus counter, in batches off the ack path."""
+        """Fold delivery outcomes into the metrics in batches, off the per-ack path.
+
+        Called from the consumer thread only, the single reader of the lateness queue.
+        """
+        lateness = self._lateness
+        if lateness:
+            popped = [lateness.popleft() for _ in range(len(lateness))]
+            self._m_lateness.observe_many(self.level.name, popped)
         acked = self._ledger.forwarded
         if acked != self._published:
             self._m_forwarded.inc(acked - self._published)

@@ -1,0 +1,37 @@
+import random
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from delayservice.metrics.batch_histogram import BatchHistogram
+
+BUCKETS = (0.005, 0.1, 1.0, 5.0)
+
+
+def _samples(registry):
+    return sorted(
+        (s.name, tuple(sorted(s.labels.items())), round(s.value, 9))
+        for family in registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+    )
+
+
+def test_it_exports_what_the_client_library_histogram_exports():
+    values = [random.choice([0.0, 0.005, 0.1, 1.0, 5.0, 7.5]) for _ in range(500)]
+    values += [random.uniform(0, 10) for _ in range(500)]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    batch = BatchHistogram("lat_seconds", "doc", "level", BUCKETS, ours)
+    reference = Histogram("lat_seconds", "doc", ["level"], buckets=BUCKETS, registry=theirs)
+    batch.observe_many("5s", values[:300])
+    batch.observe_many("5s", values[300:])
+    for value in values:
+        reference.labels("5s").observe(value)
+    assert _samples(ours) == _samples(theirs)
+    assert b'lat_seconds_bucket{le="+Inf",level="5s"} 1000.0' in generate_latest(ours)
+
+
+def test_labels_exports_a_zero_series():
+    registry = CollectorRegistry()
+    BatchHistogram("lat_seconds", "doc", "level", BUCKETS, registry).labels("1m")
+    assert registry.get_sample_value("lat_seconds_count", {"level": "1m"}) == 0
+    assert registry.get_sample_value("lat_seconds_bucket", {"level": "1m", "le": "+Inf"}) == 0
