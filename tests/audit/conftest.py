@@ -9,31 +9,22 @@ pyspark or Java fails the run instead of skipping it.
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def no_spark(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"the audit tests need Spark: {reason}", pytrace=False)
-    pytest.skip(f"no Spark: {reason}")
-
 
 @pytest.fixture(scope="session")
-def spark_available() -> None:
+def spark_available(unavailable: Callable[[str], NoReturn]) -> None:
     """Fails under CI, skips elsewhere, when the audit cannot run here at all."""
     if importlib.util.find_spec("pyspark") is None:
-        no_spark("pyspark is not installed (pip install -e '.[audit]')")
+        unavailable("the audit tests need pyspark (pip install -e '.[audit]')")
     if importlib.util.find_spec("matplotlib") is None:
-        no_spark("matplotlib is not installed (pip install -e '.[audit]')")
+        unavailable("the audit tests need matplotlib (pip install -e '.[audit]')")
     if shutil.which("java") is None:
-        no_spark("java is not on PATH")
+        unavailable("the audit tests need java on PATH")
 
 
 @pytest.fixture(scope="session")

@@ -9,11 +9,11 @@ are looked up on PATH: missing ones skip locally and fail under CI=true.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -24,8 +24,6 @@ PROMETHEUS_DIR = DEPLOY / "prometheus"
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "delayservice.json"
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
 # What the CI machine installs for each tool (.ci/run); said in the failure message.
 _INSTALL = {
     "promtool": "apt-get install -y prometheus",
@@ -34,17 +32,6 @@ _INSTALL = {
     "dclint": "npm install -g dclint",
     "systemd-analyze": "apt-get install -y systemd",
 }
-
-
-def need_tool(name: str) -> str:
-    """The tool's path; a missing tool fails the test in CI and skips it elsewhere."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} is not on PATH ({_INSTALL.get(name, 'install it')})"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    return path
 
 
 # -- PromQL -----------------------------------------------------------------------------
@@ -163,11 +150,20 @@ class DeployFiles:
     """The helpers above, for tests: under --import-mode=importlib a test module cannot
     import from conftest, so the `deploy` fixture hands them over."""
 
+    def __init__(self, unavailable: Callable[[str], NoReturn]) -> None:
+        self._unavailable = unavailable
+
+    def need_tool(self, name: str) -> str:
+        """The tool's path; a missing tool fails the test in CI and skips it elsewhere."""
+        path = shutil.which(name)
+        if path is None:
+            self._unavailable(f"{name} is not on PATH ({_INSTALL.get(name, 'install it')})")
+        return path
+
     root = ROOT
     prometheus_dir = PROMETHEUS_DIR
     alerts = ALERTS
     synthetic = PROMETHEUS_SYNTHETIC
-    need_tool = staticmethod(need_tool)
     promql_metric_names = staticmethod(promql_metric_names)
     template_metric_names = staticmethod(template_metric_names)
     load_yaml = staticmethod(load_yaml)
@@ -179,5 +175,5 @@ class DeployFiles:
 
 
 @pytest.fixture(scope="session")
-def deploy() -> DeployFiles:
-    return DeployFiles()
+def deploy(unavailable: Callable[[str], NoReturn]) -> DeployFiles:
+    return DeployFiles(unavailable)
