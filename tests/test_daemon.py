@@ -9,14 +9,17 @@ import pytest
 
 pytestmark = pytest.mark.kafka
 
-SCHEDULERS = ["heap", "wheel"]
+
+@pytest.fixture(params=["heap", "wheel"])
+def scheduler(request) -> str:
+    """Every daemon test runs with both per-level buffers."""
+    return request.param
 
 
 def _headers(message) -> dict[str, bytes]:
     return dict(message.headers() or [])
 
 
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(testbed, scheduler):
     settings = testbed.settings(scheduler=scheduler)
     testbed.create_delay_topics(settings)
@@ -71,8 +74,8 @@ def test_a_message_without_delay_goes_straight_to_its_topic(testbed):
     assert "delay-id" not in _headers(record)
 
 
-def test_key_order_is_kept_within_a_level(testbed):
-    settings = testbed.settings(levels="1s")
+def test_key_order_is_kept_within_a_level(testbed, scheduler):
+    settings = testbed.settings(levels="1s", scheduler=scheduler)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"ordered-{testbed.tag}", partitions=3)
     daemon = testbed.start_daemon(settings)
@@ -89,9 +92,11 @@ def test_key_order_is_kept_within_a_level(testbed):
         assert values == sorted(values), f"{key!r} out of order"
 
 
-def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testbed):
+def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testbed, scheduler):
     total, high = 50_000, 200
-    settings = testbed.settings(levels="1s", pause_high_water=high, pause_low_water=50)
+    settings = testbed.settings(
+        levels="1s", pause_high_water=high, pause_low_water=50, scheduler=scheduler
+    )
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"backlog-{testbed.tag}")
     producer = testbed.producer(settings)
@@ -109,8 +114,8 @@ def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testb
     assert worker.loop.paused == set()
 
 
-def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed):
-    settings = testbed.settings(levels="1s,2s", partitions=4)
+def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed, scheduler):
+    settings = testbed.settings(levels="1s,2s", partitions=4, scheduler=scheduler)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"shared-{testbed.tag}")
     first, second = testbed.start_daemon(settings), testbed.start_daemon(settings)
@@ -137,8 +142,10 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
     assert ids <= delivered
 
 
-def test_forwarded_messages_land_where_a_java_client_would_put_them(testbed, java_partitions):
-    settings = testbed.settings(levels="1s")
+def test_forwarded_messages_land_where_a_java_client_would_put_them(
+    testbed, java_partitions, scheduler
+):
+    settings = testbed.settings(levels="1s", scheduler=scheduler)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"partitioned-{testbed.tag}", partitions=7)
     daemon = testbed.start_daemon(settings)

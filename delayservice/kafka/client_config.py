@@ -47,6 +47,9 @@ def consumer(settings: Settings, group_id: str, client_id: str) -> dict[str, Any
         # Pre-fetch stays small: the backlog waits in Kafka, not in this process.
         "queued.max.messages.kbytes": 8192,
         "fetch.max.bytes": 8 * 1024 * 1024,
+        # A resumed partition waits out the broker's long poll before its first fetch
+        # returns; 100 ms instead of 500 keeps pause/resume cycles short under backpressure.
+        "fetch.wait.max.ms": 100,
         **settings.consumer,
         **_CONSUMER_FIXED,
     }

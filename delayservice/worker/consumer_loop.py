@@ -135,7 +135,17 @@ class ConsumerLoop:
             self.started.set()
             next_commit = next_lag = next_probe = time.monotonic()
             while not self._stopping.is_set():
-                messages = consumer.consume(BATCH, POLL_TIMEOUT_S)
+                # consume(n, t) waits for n records or t; take what is queued at once
+                # and block only for the first record, so a partly fetchable backlog
+                # (paused partitions) never waits out the timeout per batch.
+                messages = consumer.consume(BATCH, 0)
+                if not messages:
+                    if self.paused and len(self.paused) >= len(self._ledger.partitions):
+                        # Nothing can be read: wait for the acknowledgements that free
+                        # the buffer and resume partitions, rather than for records.
+                        self._producer.poll(POLL_TIMEOUT_S)
+                    else:
+                        messages = consumer.consume(1, POLL_TIMEOUT_S)
                 if self._to_resume_on_assign:
                     self._resume_fresh()
                 admitted = 0
