@@ -135,17 +135,7 @@ class ConsumerLoop:
             self.started.set()
             next_commit = next_lag = next_probe = time.monotonic()
             while not self._stopping.is_set():
-                # consume(n, t) waits for n records or t; take what is queued at once
-                # and block only for the first record, so a partly fetchable backlog
-                # (paused partitions) never waits out the timeout per batch.
-                messages = consumer.consume(BATCH, 0)
-                if not messages:
-                    if self.paused and len(self.paused) >= len(self._ledger.partitions):
-                        # Nothing can be read: wait for the acknowledgements that free
-                        # the buffer and resume partitions, rather than for records.
-                        self._producer.poll(POLL_TIMEOUT_S)
-                    else:
-                        messages = consumer.consume(1, POLL_TIMEOUT_S)
+                messages = self._next_messages()
                 if self._to_resume_on_assign:
                     self._resume_fresh()
                 admitted = 0
@@ -175,6 +165,23 @@ class ConsumerLoop:
         except Exception as exc:
             log.exception("consumer of %s stopped", self.level.topic)
             self._on_fatal(f"consumer of {self.level.topic} failed: {exc}")
+
+    def _next_messages(self) -> list[Message]:
+        """The next batch, without waiting for a full one.
+
+        consume(n, t) waits for n records or t; take what is queued at once and block
+        only for the first record, so a partly fetchable backlog (paused partitions)
+        never waits out the timeout per batch.
+        """
+        messages = self._consumer.consume(BATCH, 0)
+        if messages:
+            return messages
+        if self.paused and len(self.paused) >= len(self._ledger.partitions):
+            # Nothing can be read: wait for the acknowledgements that free the buffer
+            # and resume partitions, rather than for records.
+            self._producer.poll(POLL_TIMEOUT_S)
+            return []
+        return self._consumer.consume(1, POLL_TIMEOUT_S)
 
     def _shutdown(self) -> None:
         """Runs after the loop: stop forwarding, wait for acks, commit, leave the group."""
