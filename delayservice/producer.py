@@ -56,7 +56,6 @@ class DelayProducer:
         settings: Settings | None = None,
         levels: LevelSet | None = None,
     ) -> None:
-        self._settings = settings
         self.levels = levels or (settings or load_settings()).level_set()
         self._producer = Producer(config)
 

@@ -22,10 +22,10 @@ from delayservice.cli.common import (
     ConfigOption,
     fail,
     friendly_errors,
-    settings_from,
     setup_logging,
 )
 from delayservice.levels import format_duration_ms, parse_duration_ms
+from delayservice.settings import load_settings
 
 ENV = "DELAYSERVICE_AUDIT_"
 
@@ -162,7 +162,7 @@ def audit(
     from delayservice.audit.load import console_table
     from delayservice.audit.session import stderr_is_terminal
 
-    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     setup_logging(settings.log_level)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     now_ms = int(time.time() * 1000)

@@ -11,12 +11,11 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
-from delayservice.settings import Settings, load_settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -41,10 +40,6 @@ BootstrapOption = Annotated[
         show_default=False,
     ),
 ]
-
-
-def settings_from(config: Path | None, **overrides: Any) -> Settings:
-    return load_settings(config, **overrides)
 
 
 def fail(message: str, code: int) -> typer.Exit:

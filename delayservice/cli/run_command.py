@@ -11,10 +11,10 @@ from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
     friendly_errors,
-    settings_from,
     setup_logging,
 )
 from delayservice.daemon import Daemon, install_signal_handlers
+from delayservice.settings import load_settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def run(
     ] = None,
 ) -> None:
     """Run the forwarding daemon beside a broker until SIGTERM or SIGINT."""
-    settings = settings_from(
+    settings = load_settings(
         config, bootstrap_servers=bootstrap_servers, levels=levels, metrics_port=metrics_port
     )
     setup_logging(settings.log_level)

@@ -12,12 +12,12 @@ from delayservice.cli.common import (
     ConfigOption,
     fail,
     friendly_errors,
-    settings_from,
 )
 from delayservice.envelope import Headers
 from delayservice.kafka import client_config
 from delayservice.levels import parse_duration_ms
 from delayservice.producer import DelayProducer
+from delayservice.settings import load_settings
 
 
 @friendly_errors
@@ -41,7 +41,7 @@ def send(
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
     """Send one message with a delay and print its id."""
-    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     headers: Headers = []
     for item in header or []:
         name, sep, hvalue = item.partition("=")

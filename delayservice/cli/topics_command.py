@@ -10,9 +10,9 @@ from delayservice.cli.common import (
     ConfigOption,
     fail,
     friendly_errors,
-    settings_from,
 )
 from delayservice.kafka import client_config, topics
+from delayservice.settings import load_settings
 
 app = typer.Typer(
     help="Create and check the delay-level and dead-letter topics.", no_args_is_help=True
@@ -33,7 +33,7 @@ def _table(rows: list[dict[str, object]]) -> str:
 @friendly_errors
 def create(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
     """Create missing topics (LogAppendTime, long retention); safe to run again."""
-    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     admin = AdminClient(client_config.admin(settings))
     for spec, outcome in topics.create(admin, settings):
         typer.echo(f"{outcome:8} {spec.name} ({spec.role}, {spec.partitions} partitions)")
@@ -46,7 +46,7 @@ def create(config: ConfigOption = None, bootstrap_servers: BootstrapOption = Non
 @friendly_errors
 def describe(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
     """Show the topics and say plainly what is wrong with them; exit 2 if anything is."""
-    settings = settings_from(config, bootstrap_servers=bootstrap_servers)
+    settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     statuses = topics.describe(AdminClient(client_config.admin(settings)), settings)
     typer.echo(_table(topics.as_rows(statuses)))
     if topics.problems_summary(statuses):

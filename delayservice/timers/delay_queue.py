@@ -77,41 +77,12 @@ class DelayQueue(Generic[T]):
     # -- the consumer --------------------------------------------------------------
     def take_expired(self, timeout: float | None = None) -> list[T]:
         with self._cond:
-            deadline = None if timeout is None else self._clock() + timeout
-            while True:
-                self._drop_cancelled_head()
-                now = self._clock()
-                if self._heap and self._heap[0][0] <= now:
-                    return self._pop_due(now)
-                if self._woken or self._closed:
-                    self._woken = False
-                    return []
-                wait = None if deadline is None else deadline - now
-                if self._heap:
-                    head_wait = self._heap[0][0] - now
-                    wait = head_wait if wait is None else min(wait, head_wait)
-                if wait is not None and wait <= 0:
-                    return []
-                self._cond.wait(wait)
+            now = self._await_due(timeout)
+            return [] if now is None else self._pop_due(now)
 
     def wait_due(self, timeout: float | None = None) -> None:
         with self._cond:
-            deadline = None if timeout is None else self._clock() + timeout
-            while True:
-                self._drop_cancelled_head()
-                now = self._clock()
-                if self._heap and self._heap[0][0] <= now:
-                    return
-                if self._woken or self._closed:
-                    self._woken = False
-                    return
-                wait = None if deadline is None else deadline - now
-                if self._heap:
-                    head_wait = self._heap[0][0] - now
-                    wait = head_wait if wait is None else min(wait, head_wait)
-                if wait is not None and wait <= 0:
-                    return
-                self._cond.wait(wait)
+            self._await_due(timeout)
 
     def take(self) -> T:
         """Block until the head is due and return it alone (JDK `take`)."""
@@ -184,6 +155,26 @@ class DelayQueue(Generic[T]):
             return rest
 
     # -- internals (lock held) -----------------------------------------------------
+    def _await_due(self, timeout: float | None) -> float | None:
+        """Wait until the head is due and return the clock reading then, or None once
+        `timeout` passes or `wakeup` is called."""
+        deadline = None if timeout is None else self._clock() + timeout
+        while True:
+            self._drop_cancelled_head()
+            now = self._clock()
+            if self._heap and self._heap[0][0] <= now:
+                return now
+            if self._woken or self._closed:
+                self._woken = False
+                return None
+            wait = None if deadline is None else deadline - now
+            if self._heap:
+                head_wait = self._heap[0][0] - now
+                wait = head_wait if wait is None else min(wait, head_wait)
+            if wait is not None and wait <= 0:
+                return None
+            self._cond.wait(wait)
+
     def _drop_cancelled_head(self) -> None:
         while self._heap and self._heap[0][2].cancelled:
             heapq.heappop(self._heap)

@@ -172,43 +172,37 @@ class WheelScheduler(Generic[T]):
 
     # -- the taker -----------------------------------------------------------------
     def take_expired(self, timeout: float | None = None) -> list[T]:
-        clock = self._clock
-        heap = self._buckets.heap
         with self._cond:
-            deadline = None if timeout is None else clock() + timeout
-            while True:
-                now = clock()
-                if heap and heap[0][0] <= now:
-                    items = self._expire(now)
-                    if items:
-                        return items
-                    continue  # only demotions or emptied buckets: look at the new head
-                if self._woken or self._closed:
-                    self._woken = False
-                    return []
-                wait = _wait_time(heap[0][0] if heap else None, deadline, now)
-                if wait is None or wait > 0:
-                    self._cond.wait(wait)
-                else:
-                    return []  # the caller's timeout
+            deadline = None if timeout is None else self._clock() + timeout
+            while (now := self._await_due(deadline)) is not None:
+                items = self._expire(now)
+                if items:
+                    return items
+                # only demotions or emptied buckets: wait for the new head
+            return []
 
     def wait_due(self, timeout: float | None = None) -> None:
+        with self._cond:
+            # A due bucket (or held item) ends the wait; take_expired sorts out the rest.
+            self._await_due(None if timeout is None else self._clock() + timeout)
+
+    def _await_due(self, deadline: float | None) -> float | None:
+        """Lock held. Wait until the head bucket is due and return the clock reading
+        then, or None once `deadline` passes or `wakeup` is called."""
         clock = self._clock
         heap = self._buckets.heap
-        with self._cond:
-            deadline = None if timeout is None else clock() + timeout
-            while True:
-                now = clock()
-                if heap and heap[0][0] <= now:
-                    return  # a bucket (or held item) is due; take_expired sorts out the rest
-                if self._woken or self._closed:
-                    self._woken = False
-                    return
-                wait = _wait_time(heap[0][0] if heap else None, deadline, now)
-                if wait is None or wait > 0:
-                    self._cond.wait(wait)
-                else:
-                    return
+        while True:
+            now = clock()
+            if heap and heap[0][0] <= now:
+                return now
+            if self._woken or self._closed:
+                self._woken = False
+                return None
+            wait = _wait_time(heap[0][0] if heap else None, deadline, now)
+            if wait is None or wait > 0:
+                self._cond.wait(wait)
+            else:
+                return None  # the caller's deadline
 
     def wakeup(self) -> None:
         with self._cond:

@@ -84,7 +84,6 @@ class ConsumerLoop:
         self._to_resume_on_assign: list[int] = []
         self._stopping = threading.Event()
         self.broker_down = False
-        self.started = threading.Event()
         self._thread = threading.Thread(
             target=self._main, name=f"consumer-{level.topic}", daemon=True
         )
@@ -132,7 +131,6 @@ class ConsumerLoop:
                 on_revoke=self._revoked,
                 on_lost=self._lost,
             )
-            self.started.set()
             next_commit = next_lag = next_probe = time.monotonic()
             while not self._stopping.is_set():
                 messages = self._next_messages()

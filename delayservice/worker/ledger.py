@@ -57,7 +57,6 @@ class LevelLedger:
         self.total_buffered = 0
         self.total_bytes = 0
         self.peak_partition_buffered = 0
-        self.peak_total_bytes = 0
         self.forwarded = 0
         """Forwards the broker acknowledged, including those of since-revoked partitions."""
 
@@ -86,13 +85,6 @@ class LevelLedger:
             self.total_buffered += 1
             self.total_bytes += size
             self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
-            self.peak_total_bytes = max(self.peak_total_bytes, self.total_bytes)
-
-    def skip(self, ledger: PartitionLedger, offset: int) -> None:
-        """Move the read position past a record that needs no forwarding (e.g. a control record)."""
-        with self.lock:
-            if not ledger.pending:
-                ledger.next_offset = offset + 1
 
     def settle(
         self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False

@@ -54,14 +54,3 @@ def test_peaks_are_recorded():
     for offset in range(5):
         level.settle(p0, offset, 10)
     assert level.peak_partition_buffered == 5
-    assert level.peak_total_bytes == 50
-
-
-def test_skip_moves_the_position_only_when_nothing_is_pending():
-    level = LevelLedger()
-    p0 = level.assign(0)
-    level.skip(p0, 7)
-    assert p0.committable() == 8
-    level.track(p0, 8, 1)
-    level.skip(p0, 9)
-    assert p0.committable() == 8
