@@ -9,6 +9,7 @@ mistake that only shows up as a late message in production.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -47,7 +48,31 @@ class Settings(BaseSettings):
         10_000, ge=1, description="Pause a partition at this many buffered messages."
     )
     pause_low_water: int = Field(5_000, ge=0, description="Resume it at or below this many.")
-    max_buffered_bytes: int = Field(256 * MiB, ge=1024, description="Byte cap per level.")
+    max_buffered_bytes: int = Field(
+        768 * MiB,
+        ge=1024 * 1024,
+        description="Memory cap for held records, shared by all levels of the process; "
+        "counts keys, values, headers and a fixed per-record overhead.",
+    )
+    instance_name: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=200,
+        description="Stable name of this instance (static group membership); "
+        "defaults to the host name.",
+    )
+    session_timeout_s: float = Field(
+        10.0,
+        ge=1.0,
+        le=300.0,
+        description="How soon a vanished instance's partitions move to the others.",
+    )
+    retry_give_up_s: float = Field(
+        300.0,
+        gt=0,
+        description="A record that keeps failing while its target accepts others is "
+        "dead-lettered (retries_exhausted) after this long.",
+    )
     commit_interval_s: float = Field(1.0, gt=0, description="How often safe offsets are committed.")
     retry_backoff_s: float = Field(1.0, gt=0, description="First retry delay of a failed forward.")
     retry_backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay.")

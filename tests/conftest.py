@@ -145,10 +145,13 @@ class Testbed:
         futures[name].result(30)
         return name
 
-    def start_daemon(self, settings: Any) -> Any:
+    def start_daemon(self, settings: Any, instance: str | None = None) -> Any:
+        """Each daemon gets its own static-membership name unless `instance` is given
+        (a restart under the same name takes its partitions back at once)."""
         from delayservice.daemon import Daemon
 
-        daemon = Daemon(settings)
+        name = instance or f"{self.tag}-{len(self._daemons)}"
+        daemon = Daemon(settings.model_copy(update={"instance_name": name}))
         self._daemons.append(daemon)
         daemon.start()
         return daemon

@@ -8,17 +8,36 @@ cannot switch off the ones the promises rest on.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from delayservice.settings import Settings
 
 # Keys the promises depend on; user settings may not override these.
-_PRODUCER_FIXED = {"acks": "all", "enable.idempotence": True, "partitioner": "murmur2_random"}
-_CONSUMER_FIXED = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+_PRODUCER_FIXED = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "partitioner": "murmur2_random",
+    # A typo in a target name must be dead-lettered, not create a topic.
+    "allow.auto.create.topics": False,
+}
+_CONSUMER_FIXED = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "allow.auto.create.topics": False,
+}
+
+LIBRDKAFKA_LOGGER = "delayservice.librdkafka"
 
 
 def common(settings: Settings) -> dict[str, Any]:
-    return {"bootstrap.servers": settings.bootstrap_servers, **settings.kafka}
+    """Every client's base; librdkafka's own log lines go through Python logging
+    (forwarded when the client is polled) so operators read one stream."""
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        **settings.kafka,
+        "logger": logging.getLogger(LIBRDKAFKA_LOGGER),
+    }
 
 
 def admin(settings: Settings) -> dict[str, Any]:
@@ -31,16 +50,25 @@ def producer(settings: Settings, client_id: str) -> dict[str, Any]:
         "client.id": client_id,
         "linger.ms": 5,
         "compression.type": "lz4",
+        # Records in this queue are copies of buffered ones; keep the copy bounded.
+        "queue.buffering.max.kbytes": 65536,
         **settings.producer,
         **_PRODUCER_FIXED,
     }
 
 
-def consumer(settings: Settings, group_id: str, client_id: str) -> dict[str, Any]:
+def consumer(
+    settings: Settings, group_id: str, client_id: str, instance_id: str | None = None
+) -> dict[str, Any]:
+    """`instance_id` turns on static membership: a restarted process with the same id
+    takes its partitions back at once instead of waiting out the dead one's session."""
+    static = {"group.instance.id": instance_id} if instance_id else {}
     return {
         **common(settings),
         "group.id": group_id,
         "client.id": client_id,
+        "session.timeout.ms": int(settings.session_timeout_s * 1000),
+        **static,
         "auto.offset.reset": "earliest",
         "partition.assignment.strategy": "cooperative-sticky",
         "isolation.level": "read_committed",

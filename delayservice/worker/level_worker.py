@@ -51,10 +51,14 @@ class LevelWorker:
             on_fatal,
         )
         group = f"{settings.group_id}-{level.topic}"
+        instance_id = f"{settings.instance_name}-{level.topic}"
 
         def make_consumer(error_cb: Callable[[KafkaError], None]) -> Consumer:
             return Consumer(
-                {**client_config.consumer(settings, group, client_id), "error_cb": error_cb}
+                {
+                    **client_config.consumer(settings, group, client_id, instance_id),
+                    "error_cb": error_cb,
+                }
             )
 
         self.loop = ConsumerLoop(
