@@ -23,6 +23,7 @@ from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
 from delayservice.worker.level_worker import LevelWorker
+from delayservice.worker.memory_budget import MemoryBudget
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class Daemon:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry)
         self.workers: list[LevelWorker] = []
+        self.budget = MemoryBudget(settings.max_buffered_bytes)
+        self.metrics.memory_limit.set(settings.max_buffered_bytes)
+        self.metrics.memory_used.set_function(lambda: float(self.budget.used))
         self._stop = threading.Event()
         self._fatal: str | None = None
         self._phase = "starting"
@@ -48,8 +52,8 @@ class Daemon:
         if self._phase != "running":
             return False, self._phase
         states = [worker.health() for worker in self.workers]
-        bad = [why for ok, why in states if not ok]
-        return (not bad, "; ".join(bad) if bad else "ready")
+        ready = all(ok for ok, _ in states)
+        return ready, ("ready: " if ready else "not ready: ") + "; ".join(why for _, why in states)
 
     @property
     def metrics_port(self) -> int | None:
@@ -77,7 +81,9 @@ class Daemon:
                 + "; run `delayservice topics create` / `topics describe`"
             )
         for level in self.settings.level_set():
-            self.workers.append(LevelWorker(level, self.settings, self.metrics, self.fail))
+            self.workers.append(
+                LevelWorker(level, self.settings, self.metrics, self.budget, self.fail)
+            )
         for worker in self.workers:
             worker.start()
         self._phase = "running"

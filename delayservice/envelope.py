@@ -74,6 +74,18 @@ def wrap(envelope: Envelope, user_headers: Headers | None) -> Headers:
     return user + envelope.headers()
 
 
+MAX_DIGITS: Final = 15
+"""Numbers in the envelope have at most this many digits (epoch ms until year 33658)."""
+MAX_PARTITION: Final = 2**31 - 1
+_PREVIEW: Final = 40
+
+
+def preview(text: str | bytes) -> str:
+    """A short, printable rendering of a hostile value for an error message."""
+    shown = repr(text[:_PREVIEW])
+    return shown + (f"... ({len(text)} long)" if len(text) > _PREVIEW else "")
+
+
 def _text(name: str, raw: bytes | str | None) -> str:
     if raw is None:
         raise EnvelopeError(f"header {name} has no value")
@@ -85,15 +97,23 @@ def _text(name: str, raw: bytes | str | None) -> str:
         raise EnvelopeError(f"header {name} is not UTF-8") from exc
 
 
-def _int(name: str, raw: bytes | str | None, minimum: int) -> int:
+def _int(name: str, raw: bytes | str | None, minimum: int, maximum: int) -> int:
+    """Plain ASCII decimal only: `int()` would also take ' 7', '1_000' and other scripts'
+    digits, and a producer that sends those is not speaking this envelope."""
     text = _text(name, raw)
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise EnvelopeError(f"header {name} is not an integer: {text!r}") from exc
-    if value < minimum:
-        raise EnvelopeError(f"header {name} must be at least {minimum}, got {value}")
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_DIGITS:
+        raise EnvelopeError(f"header {name} is not a decimal number: {preview(text)}")
+    value = int(text)
+    if not minimum <= value <= maximum:
+        raise EnvelopeError(f"header {name} must be in [{minimum}, {maximum}], got {value}")
     return value
+
+
+def _fast_int(raw: bytes | str | None) -> int:
+    """The common case's parse; anything unusual raises and goes to `_checked`."""
+    if type(raw) is bytes and raw.isdigit() and len(raw) <= MAX_DIGITS:
+        return int(raw)
+    raise ValueError
 
 
 def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
@@ -101,7 +121,7 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
 
     Also returns the headers' size in bytes, counted in the same single pass because
     this runs once per record on the daemon's hot path. Raises `EnvelopeError` with a
-    reason fit for the dead-letter topic.
+    reason fit for the dead-letter topic, and nothing else, whatever the headers hold.
     """
     env: dict[str, bytes | str | None] = {}
     user: Headers = []
@@ -110,26 +130,20 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
         size += len(name) + (len(value) if value else 0)
         if name.startswith(PREFIX):
             if name in env:
-                raise EnvelopeError(f"header {name} appears twice")
+                raise EnvelopeError(f"header {preview(name)} appears twice")
             env[name] = value
         else:
             user.append((name, value))
-    try:  # the common, valid case without per-field checks
+    try:  # the common, valid case without per-field messages
         if env[H_VERSION] == b"1":
             target = env[H_TARGET].decode()  # type: ignore[union-attr]
             message_id = env[H_ID].decode()  # type: ignore[union-attr]
-            delay_ms = int(env[H_DELAY_MS])  # type: ignore[arg-type]
-            partition = int(env[H_PARTITION]) if H_PARTITION in env else None  # type: ignore[arg-type]
-            due_ms = int(env[H_DUE_MS]) if H_DUE_MS in env else None  # type: ignore[arg-type]
-            if (
-                target
-                and message_id
-                and delay_ms >= 0
-                and (partition is None or partition >= 0)
-                and (due_ms is None or due_ms >= 0)
-            ):
+            delay_ms = _fast_int(env[H_DELAY_MS])
+            partition = _fast_int(env[H_PARTITION]) if H_PARTITION in env else None
+            due_ms = _fast_int(env[H_DUE_MS]) if H_DUE_MS in env else None
+            if target and message_id and (partition is None or partition <= MAX_PARTITION):
                 return Envelope(target, delay_ms, message_id, partition, due_ms), user, size
-    except (KeyError, AttributeError, ValueError):
+    except Exception:  # noqa: S110  # any surprise: the checked path names it
         pass
     return _checked(env), user, size
 
@@ -138,10 +152,11 @@ def _checked(env: dict[str, bytes | str | None]) -> Envelope:
     """Validate field by field, so the error names exactly what is wrong."""
     if H_VERSION not in env:
         raise EnvelopeError("no envelope: header delay-v is missing")
-    version = _int(H_VERSION, env[H_VERSION], 1)
-    if version != VERSION:
+    version = _int(H_VERSION, env[H_VERSION], 0, 10**MAX_DIGITS)
+    if version != VERSION or env[H_VERSION] not in (b"1", "1"):
         raise EnvelopeError(
-            f"envelope version {version} is not supported (this daemon reads {VERSION})"
+            f"envelope version {preview(env[H_VERSION] or b'')} is not supported "
+            f"(this daemon reads {VERSION})"
         )
     for required in (H_TARGET, H_DELAY_MS, H_ID):
         if required not in env:
@@ -152,12 +167,15 @@ def _checked(env: dict[str, bytes | str | None]) -> Envelope:
     message_id = _text(H_ID, env[H_ID])
     if not message_id:
         raise EnvelopeError("header delay-id is empty")
+    biggest = 10**MAX_DIGITS - 1
     return Envelope(
         target=target,
-        delay_ms=_int(H_DELAY_MS, env[H_DELAY_MS], 0),
+        delay_ms=_int(H_DELAY_MS, env[H_DELAY_MS], 0, biggest),
         id=message_id,
-        partition=_int(H_PARTITION, env[H_PARTITION], 0) if H_PARTITION in env else None,
-        due_ms=_int(H_DUE_MS, env[H_DUE_MS], 0) if H_DUE_MS in env else None,
+        partition=(
+            _int(H_PARTITION, env[H_PARTITION], 0, MAX_PARTITION) if H_PARTITION in env else None
+        ),
+        due_ms=_int(H_DUE_MS, env[H_DUE_MS], 0, biggest) if H_DUE_MS in env else None,
         version=version,
     )
 

@@ -37,12 +37,12 @@ def _valid() -> dict[str, bytes]:
     [
         ({"delay-v": None}, "no envelope"),
         ({"delay-v": b"2"}, "not supported"),
-        ({"delay-v": b"one"}, "not an integer"),
+        ({"delay-v": b"one"}, "not a decimal number"),
         ({"delay-target": None}, "delay-target is missing"),
         ({"delay-target": b""}, "empty"),
-        ({"delay-ms": b"-5"}, "at least 0"),
+        ({"delay-ms": b"-5"}, "not a decimal number"),
         ({"delay-id": b"\xff"}, "not UTF-8"),
-        ({"delay-partition": b"x"}, "not an integer"),
+        ({"delay-partition": b"x"}, "not a decimal number"),
     ],
 )
 def test_each_broken_envelope_gets_a_reason(change, reason):
@@ -96,3 +96,54 @@ def test_the_fast_path_agrees_with_the_field_by_field_check(fields):
     assert got == expected
     if got is not None:
         assert size == sum(len(n) + len(v or b"") for n, v in headers)
+
+
+@pytest.mark.parametrize(
+    "field", ["delay-v", "delay-target", "delay-ms", "delay-id", "delay-partition", "delay-due-ms"]
+)
+def test_a_field_present_without_a_value_is_an_envelope_error(field):
+    fields = {**_valid(), "delay-partition": b"1", "delay-due-ms": b"5"}
+    fields[field] = None
+    with pytest.raises(EnvelopeError, match=f"{field}"):
+        unwrap(list(fields.items()))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b" 5", b"5 ", b"1_000", "١٢".encode(), "１２".encode(), b"+5", b"9" * 16, b"9" * 5000, b"0x10"],
+)
+def test_numbers_are_plain_ascii_decimal_and_bounded(value):
+    with pytest.raises(EnvelopeError, match="delay-ms is not a decimal number"):
+        unwrap(list({**_valid(), "delay-ms": value}.items()))
+
+
+def test_a_partition_beyond_int32_is_refused():
+    with pytest.raises(EnvelopeError, match="delay-partition must be in"):
+        unwrap(list({**_valid(), "delay-partition": b"2147483648"}.items()))
+
+
+def test_error_messages_quote_hostile_values_briefly():
+    with pytest.raises(EnvelopeError) as caught:
+        unwrap(list({**_valid(), "delay-ms": b"x" * 1_000_000}.items()))
+    assert len(str(caught.value)) < 200
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.sampled_from(["delay-v", "delay-target", "delay-ms", "delay-id"]),
+                st.sampled_from(["delay-partition", "delay-due-ms"]),
+                st.text(max_size=12),
+            ),
+            st.one_of(st.none(), st.binary(max_size=24), st.text(max_size=24)),
+        ),
+        max_size=10,
+    )
+)
+def test_any_headers_at_all_give_an_envelope_or_an_envelope_error(headers):
+    try:
+        envelope, _user, _size = unwrap(headers)
+    except EnvelopeError:
+        return
+    assert envelope.target and envelope.id and envelope.delay_ms >= 0

@@ -3,59 +3,86 @@
 Without this, librdkafka holds a record for an unknown topic until its metadata
 propagation timeout (30 s by default) before failing it. A topic that does not exist
 is re-checked after a short negative TTL so a topic created a moment later is found.
+The cache is bounded (least recently used names go first), because target names come
+from records, and records can name anything.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.errors import DelayServiceError
 
+MAX_ENTRIES = 10_000
+
 
 class TargetTopics:
     def __init__(
-        self, client: Any, ttl_s: float = 30.0, negative_ttl_s: float = 2.0, timeout_s: float = 5.0
+        self,
+        client: Any,
+        ttl_s: float = 30.0,
+        negative_ttl_s: float = 2.0,
+        timeout_s: float = 5.0,
+        max_entries: int = MAX_ENTRIES,
     ) -> None:
         self._client = client
         self._ttl = ttl_s
         self._negative_ttl = negative_ttl_s
         self._timeout = timeout_s
-        self._cache: dict[str, tuple[int | KafkaError, float]] = {}
+        self._max_entries = max_entries
+        self._cache: OrderedDict[str, tuple[int | KafkaError, float]] = OrderedDict()
 
-    def partitions(self, topic: str) -> int | KafkaError:
-        """Partition count, or the broker's error when the topic does not exist or is
-        not authorized (a permanent answer for this record).
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def forget(self, topic: str) -> None:
+        """Drop a cached answer the broker has just contradicted."""
+        self._cache.pop(topic, None)
+
+    def partitions(self, topic: str, *, fresh: bool = False) -> int | KafkaError:
+        """Partition count, or the broker's error when the topic does not exist, is not
+        valid or is not authorized (a permanent answer for this record).
 
         Raises a retriable `DelayServiceError` when the broker cannot be asked.
         """
         now = time.monotonic()
-        cached = self._cache.get(topic)
+        cached = None if fresh else self._cache.get(topic)
         if cached is not None and cached[1] > now:
+            self._cache.move_to_end(topic)
             return cached[0]
         try:
             meta = self._client.list_topics(topic=topic, timeout=self._timeout)
         except KafkaException as exc:
             raise DelayServiceError.from_kafka(exc.args[0], f"metadata for {topic}") from exc
+        except (ValueError, RuntimeError, TypeError) as exc:
+            # librdkafka refuses the name itself (embedded NUL, too long): permanent.
+            return self._store(topic, KafkaError(KafkaError._INVALID_ARG, str(exc)), now)
         info = meta.topics.get(topic)
         if info is None:
-            absent = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
-            self._cache[topic] = (absent, now + self._negative_ttl)
-            return absent
-        if info.error is not None and info.error.code() in _ABSENT:
-            self._cache[topic] = (info.error, now + self._negative_ttl)
-            return info.error  # type: ignore[no-any-return]
+            return self._store(topic, KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART), now)
+        if info.error is not None and info.error.code() in _PERMANENT:
+            return self._store(topic, info.error, now)
         if info.error is not None:
             raise DelayServiceError.from_kafka(info.error, f"metadata for {topic}")
-        count = len(info.partitions)
-        self._cache[topic] = (count, now + self._ttl)
-        return count
+        return self._store(topic, len(info.partitions), now)
+
+    def _store(self, topic: str, answer: int | KafkaError, now: float) -> int | KafkaError:
+        ttl = self._ttl if isinstance(answer, int) else self._negative_ttl
+        self._cache[topic] = (answer, now + ttl)
+        self._cache.move_to_end(topic)
+        while len(self._cache) > self._max_entries:
+            self._cache.popitem(last=False)
+        return answer
 
 
-_ABSENT = {
+_PERMANENT = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError._UNKNOWN_TOPIC,
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError._INVALID_ARG,
 }

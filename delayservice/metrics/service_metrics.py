@@ -109,6 +109,49 @@ class ServiceMetrics:
             "1 when every level reaches the broker and runs.",
             registry=registry,
         )
+        self.commit_failures = Counter(
+            "delayservice_commit_failures",
+            "Offset commits the broker did not confirm; the same offsets are committed again.",
+            ["level"],
+            registry=registry,
+        )
+        self.level_mismatches = Counter(
+            "delayservice_level_mismatches",
+            "Records whose envelope or timestamp disagrees with this daemon's level: "
+            "delay_above_level (held to the envelope's delay), delay_below_level "
+            "(delivered late), not_append_time (due time taken from the time of reading).",
+            ["level", "kind"],
+            registry=registry,
+        )
+        self.clock_offset = Gauge(
+            "delayservice_clock_offset_seconds",
+            "Smallest (local time - broker append time) among records read lately: an upper "
+            "bound on how far this host's clock runs ahead of the broker's, plus read latency.",
+            ["level"],
+            registry=registry,
+        )
+        self.loop_errors = Counter(
+            "delayservice_loop_errors",
+            "Unexpected exceptions a worker thread caught and survived.",
+            ["level", "thread"],
+            registry=registry,
+        )
+        self.dead_letter_stubs = Counter(
+            "delayservice_dead_letter_stubs",
+            "Dead letters sent without key and value because the full copy did not fit.",
+            ["level"],
+            registry=registry,
+        )
+        self.memory_used = Gauge(
+            "delayservice_memory_budget_used_bytes",
+            "Held records' bytes plus per-record overhead, all levels together.",
+            registry=registry,
+        )
+        self.memory_limit = Gauge(
+            "delayservice_memory_budget_limit_bytes",
+            "The process-wide cap on held records (max_buffered_bytes).",
+            registry=registry,
+        )
         self.level_delay = Gauge(
             "delayservice_level_delay_seconds",
             "The delay of each level, for dashboards to join on.",

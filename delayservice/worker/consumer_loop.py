@@ -2,11 +2,15 @@
 
 It polls, admits records into the buffer under flow control, pauses and resumes
 partitions, serves the producer's delivery reports, and commits the offsets the
-ledger says are safe. Rebalances run their callbacks on this thread too: on revoke
-it drops the partitions' buffered records and commits what is safe; on loss it drops
-them without committing. librdkafka keeps a partition's pause state across
-re-assignment, so newly assigned partitions are resumed explicitly and the paused set
-is tracked here rather than trusted to the client.
+ledger says are safe once the broker confirms them. Rebalances run their callbacks on
+this thread too: on revoke it drops the partitions' buffered records and commits what
+is safe; on loss it drops them without committing. librdkafka keeps a partition's
+pause state across re-assignment, so newly assigned partitions are resumed explicitly
+and the paused set is tracked here rather than trusted to the client.
+
+Nothing a single record carries may stop this thread: every record is either admitted
+(and later forwarded or dead-lettered) or refused by flow control and re-read, and an
+unexpected exception is logged, counted and survived.
 """
 
 from __future__ import annotations
@@ -17,25 +21,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
-    Consumer,
-    KafkaError,
-    KafkaException,
-    Message,
-    TopicPartition,
-)
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from delayservice.envelope import unwrap
-from delayservice.errors import EnvelopeError
+from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.timers.base import Scheduler
-from delayservice.worker import dead_letter as dl
+from delayservice.worker.admission import Admission
 from delayservice.worker.flow_control import FlowControl
 from delayservice.worker.forwarder import Forwarder
 from delayservice.worker.ledger import LevelLedger
-from delayservice.worker.record import HeldRecord, record_size
+from delayservice.worker.record import HeldRecord
 
 log = logging.getLogger(__name__)
 
@@ -43,31 +39,37 @@ BATCH = 500
 POLL_TIMEOUT_S = 0.2
 LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
+ERROR_PAUSE_S = 0.5
+
+MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
+"""Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
 
 
 class ConsumerLoop:
     def __init__(
         self,
         level: Level,
-        make_consumer: Callable[[Callable[[KafkaError], None]], Consumer],
-        producer: Any,
+        make_consumer: MakeConsumer,
+        producer: ProducerClient,
         scheduler: Scheduler[HeldRecord],
         ledger: LevelLedger,
         flow: FlowControl,
         forwarder: Forwarder,
+        admission: Admission,
         metrics: ServiceMetrics,
         commit_interval_s: float,
         flush_timeout_s: float,
         on_fatal: Callable[[str], None],
     ) -> None:
         self.level = level
-        self._consumer = make_consumer(self.on_error)
+        self._consumer = make_consumer({"error_cb": self.on_error, "on_commit": self.on_commit})
         self._flush_timeout = flush_timeout_s
         self._producer = producer
         self._scheduler = scheduler
         self._ledger = ledger
         self._flow = flow
         self._forwarder = forwarder
+        self._admission = admission
         self._commit_interval = commit_interval_s
         self._on_fatal = on_fatal
         name = level.name
@@ -78,12 +80,16 @@ class ConsumerLoop:
         self._m_longest_pause = metrics.longest_pause.labels(name)
         self._m_lag = metrics.consumer_lag.labels(name)
         self._m_commits = metrics.commits.labels(name)
+        self._m_commit_failures = metrics.commit_failures.labels(name)
         self._m_assigned = metrics.assigned_partitions.labels(name)
+        self._m_loop_errors = metrics.loop_errors.labels(name, "consumer")
         self.paused: set[int] = set()
         self._rewind: dict[int, int] = {}
         self._to_resume_on_assign: list[int] = []
         self._stopping = threading.Event()
         self.broker_down = False
+        self.first_assignment = threading.Event()
+        """Set once the group has given this instance its first assignment (maybe empty)."""
         self._thread = threading.Thread(
             target=self._main, name=f"consumer-{level.topic}", daemon=True
         )
@@ -102,6 +108,9 @@ class ConsumerLoop:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def owned(self) -> list[int]:
+        return sorted(self._ledger.partitions)
+
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during poll."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
@@ -112,8 +121,26 @@ class ConsumerLoop:
         else:
             log.info("%s: %s", self.level.topic, error.str())
 
+    def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Commit results: only what the broker confirmed counts as committed."""
+        try:
+            self._confirm(error, partitions)
+        except Exception:
+            log.exception("%s: handling a commit result failed", self.level.topic)
+
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
+        try:
+            self._consumer.subscribe(
+                [self.level.topic],
+                on_assign=self._guarded(self._assigned),
+                on_revoke=self._guarded(self._revoked),
+                on_lost=self._guarded(self._lost),
+            )
+        except Exception as exc:
+            log.exception("consumer of %s could not subscribe", self.level.topic)
+            self._on_fatal(f"consumer of {self.level.topic} could not subscribe: {exc}")
+            return
         self._run()
         try:
             self._shutdown()
@@ -123,46 +150,56 @@ class ConsumerLoop:
             )
 
     def _run(self) -> None:
-        consumer = self._consumer
-        try:
-            consumer.subscribe(
-                [self.level.topic],
-                on_assign=self._assigned,
-                on_revoke=self._revoked,
-                on_lost=self._lost,
-            )
-            next_commit = next_lag = next_probe = time.monotonic()
-            while not self._stopping.is_set():
-                messages = self._next_messages()
-                if self._to_resume_on_assign:
-                    self._resume_fresh()
-                admitted = 0
-                due: list[tuple[HeldRecord, float]] = []
-                for message in messages:
-                    admitted += self._admit(message, due)
-                if admitted:
-                    self._scheduler.schedule_many(due)
-                    self._m_consumed.inc(admitted)
-                    self._forwarder.try_drain()
-                if self._rewind:
-                    self._apply_rewinds()
-                self._producer.poll(0)
-                self._resume_drained()
-                now = time.monotonic()
-                if now >= next_commit:
-                    self._commit(asynchronous=True)
-                    next_commit = now + self._commit_interval
-                if now >= next_lag:
-                    self._update_gauges(lag=True)
-                    next_lag = now + LAG_INTERVAL_S
-                else:
-                    self._update_gauges(lag=False)
-                if self.broker_down and now >= next_probe:
-                    self._probe_broker()
-                    next_probe = now + PROBE_INTERVAL_S
-        except Exception as exc:
-            log.exception("consumer of %s stopped", self.level.topic)
-            self._on_fatal(f"consumer of {self.level.topic} failed: {exc}")
+        next_commit = next_lag = next_probe = time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                next_commit, next_lag, next_probe = self._iteration(
+                    next_commit, next_lag, next_probe
+                )
+            except KafkaException as exc:
+                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].fatal():
+                    self._on_fatal(f"consumer of {self.level.topic}: {exc.args[0].str()}")
+                    return
+                self._survive(exc)
+            except Exception as exc:
+                self._survive(exc)
+
+    def _survive(self, exc: Exception) -> None:
+        """An iteration failed for a reason of its own: log it, count it, carry on."""
+        self._m_loop_errors.inc()
+        log.error("consumer of %s: %r; continuing", self.level.topic, exc, exc_info=exc)
+        self._stopping.wait(ERROR_PAUSE_S)
+
+    def _iteration(
+        self, next_commit: float, next_lag: float, next_probe: float
+    ) -> tuple[float, float, float]:
+        messages = self._next_messages()
+        if self._to_resume_on_assign:
+            self._resume_fresh()
+        if messages:
+            due: list[tuple[HeldRecord, float]] = []
+            admitted = self._admit_batch(messages, due)
+            if due:
+                self._scheduler.schedule_many(due)
+            if admitted:
+                self._m_consumed.inc(admitted)
+                self._forwarder.try_drain()
+        if self._rewind:
+            self._apply_rewinds()
+        self._producer.poll(0)
+        self._resume_drained()
+        now = time.monotonic()
+        if now >= next_commit:
+            self._commit(asynchronous=True)
+            next_commit = now + self._commit_interval
+        self._update_gauges(lag=now >= next_lag)
+        if now >= next_lag:
+            self._admission.publish()
+            next_lag = now + LAG_INTERVAL_S
+        if self.broker_down and now >= next_probe:
+            self._probe_broker()
+            next_probe = now + PROBE_INTERVAL_S
+        return next_commit, next_lag, next_probe
 
     def _next_messages(self) -> list[Message]:
         """The next batch, without waiting for a full one.
@@ -199,66 +236,38 @@ class ConsumerLoop:
                 "%s: final commit failed (%s); records will be re-read", self.level.topic, exc
             )
         self._consumer.close()
-        self._producer.close()
 
     # -- admitting records ---------------------------------------------------------
-    def _admit(self, message: Message, due: list[tuple[HeldRecord, float]]) -> int:
-        """1 if the record was taken (appended to `due` for the buffer), 0 if not."""
-        error = message.error()
-        if error is not None:
-            if error.code() != KafkaError._PARTITION_EOF:
-                self.on_error(error)
-            return 0
-        self.broker_down = False
-        partition = message.partition()
-        offset = message.offset()
-        if partition is None or offset is None:
-            return 0
-        if partition in self.paused or partition in self._rewind:
-            self._rewind.setdefault(partition, offset)
-            return 0
-        ledger = self._ledger.partitions.get(partition)
-        if ledger is None:
-            return 0  # not ours any more; the new owner reads it
-        key = message.key()
-        value = message.value()
-        headers = message.headers()
-        if isinstance(headers, dict):  # the client returns a list; the stubs allow a dict
-            headers = list(headers.items())
-        try:
-            envelope, user_headers, header_bytes = unwrap(headers)
-        except EnvelopeError as exc:
-            envelope, user_headers, problem = None, headers or [], str(exc)
-            header_bytes = record_size(None, None, headers)
-        size = header_bytes + (len(key) if key else 0) + (len(value) if value else 0)
-        if not self._flow.admits(self._ledger, ledger, size):
-            self._pause(partition)
-            self._rewind[partition] = offset
-            return 0
-        self._ledger.track(ledger, offset, size)
-        ts_type, ts = message.timestamp()
-        base_ms = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else int(time.time() * 1000)
-        if envelope is None:
-            record = HeldRecord(
-                ledger,
-                partition,
-                offset,
-                key,
-                value,
-                user_headers,
-                size,
-                None,
-                base_ms,
-                dead_letter=(dl.REASON_ENVELOPE, problem),
-            )
-            self._forwarder.send(record)
-            return 1
-        due_ms = base_ms + self.level.delay_ms
-        record = HeldRecord(
-            ledger, partition, offset, key, value, user_headers, size, envelope, due_ms
-        )
-        due.append((record, due_ms / 1000))
-        return 1
+    def _admit_batch(self, messages: list[Message], due: list[tuple[HeldRecord, float]]) -> int:
+        admitted = 0
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self.on_error(error)
+                continue
+            self.broker_down = False
+            partition, offset = message.partition(), message.offset()
+            if partition is None or offset is None:
+                continue
+            if partition in self.paused or partition in self._rewind:
+                self._rewind.setdefault(partition, offset)
+                continue
+            ledger = self._ledger.partitions.get(partition)
+            if ledger is None:
+                continue  # not ours any more; the new owner reads it
+            record = self._admission.hold(message, ledger)
+            if not self._flow.admits(self._ledger, ledger, record.size):
+                self._pause(partition)
+                self._rewind[partition] = offset
+                continue
+            self._ledger.track(ledger, offset, record.size)
+            admitted += 1
+            if record.dead_letter is not None:
+                self._forwarder.submit(record)
+            else:
+                due.append((record, record.due_ms / 1000))
+        return admitted
 
     def _pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.level.topic, partition)])
@@ -269,10 +278,10 @@ class ConsumerLoop:
         log.debug("%s[%d] paused", self.level.topic, partition)
 
     def _apply_rewinds(self) -> None:
-        for partition, offset in self._rewind.items():
+        rewinds, self._rewind = self._rewind, {}
+        for partition, offset in rewinds.items():
             if partition in self._ledger.partitions:
                 self._consumer.seek(TopicPartition(self.level.topic, partition, offset))
-        self._rewind.clear()
 
     def _resume_drained(self) -> None:
         if not self.paused:
@@ -294,11 +303,27 @@ class ConsumerLoop:
                 ledger.paused_since = None
 
     # -- rebalancing ---------------------------------------------------------------
-    def _assigned(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _guarded(
+        self, callback: Callable[[ConsumerClient, list[TopicPartition]], None]
+    ) -> Callable[[Any, list[TopicPartition]], None]:
+        """An exception inside a rebalance callback would surface from consume()."""
+
+        def run(consumer: Any, partitions: list[TopicPartition]) -> None:
+            try:
+                callback(consumer, partitions)
+            except Exception:
+                self._m_loop_errors.inc()
+                log.exception("%s: rebalance callback failed", self.level.topic)
+
+        return run
+
+    def _assigned(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self._ledger.assign(tp.partition)
             self.paused.discard(tp.partition)
+            self._rewind.pop(tp.partition, None)
             self._to_resume_on_assign.append(tp.partition)
+        self.first_assignment.set()
         log.info("%s: assigned %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
     def _resume_fresh(self) -> None:
@@ -311,7 +336,7 @@ class ConsumerLoop:
         if tps:
             self._consumer.resume(tps)
 
-    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         safe = []
         for tp in partitions:
             ledger = self._ledger.partitions.get(tp.partition)
@@ -322,9 +347,10 @@ class ConsumerLoop:
         self._drop(partitions)
         if safe:
             try:
-                consumer.commit(offsets=safe, asynchronous=False)
-                self._m_commits.inc()
+                results = consumer.commit(offsets=safe, asynchronous=False)
+                self._count_commit(None, results)
             except KafkaException as exc:
+                self._m_commit_failures.inc()
                 log.warning(
                     "%s: commit on revoke failed (%s); records will be re-read",
                     self.level.topic,
@@ -332,7 +358,7 @@ class ConsumerLoop:
                 )
         log.info("%s: revoked %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
-    def _lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _lost(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         self._drop(partitions)
         log.warning("%s: lost %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
@@ -346,6 +372,11 @@ class ConsumerLoop:
 
     # -- commits and gauges --------------------------------------------------------
     def _commit(self, *, asynchronous: bool) -> None:
+        """Ask the broker to commit what is safe; the ledger moves on its confirmation.
+
+        An unconfirmed or failed commit leaves `last_committed` where it was, so the
+        same offsets are asked for again at the next interval.
+        """
         pairs = self._ledger.to_commit()
         if not pairs:
             return
@@ -353,9 +384,37 @@ class ConsumerLoop:
         if asynchronous:
             self._consumer.commit(offsets=offsets, asynchronous=True)
         else:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
-        self._ledger.committed(pairs)
-        self._m_commits.inc()
+            self._confirm(None, self._consumer.commit(offsets=offsets, asynchronous=False))
+
+    def _confirm(self, error: KafkaError | None, partitions: list[TopicPartition] | None) -> None:
+        if error is not None and error.code() == KafkaError._NO_OFFSET:
+            return  # nothing was asked for
+        self._count_commit(error, partitions)
+
+    def _count_commit(
+        self, error: KafkaError | None, partitions: list[TopicPartition] | None
+    ) -> None:
+        if error is not None:
+            self._m_commit_failures.inc()
+            log.warning("%s: commit failed (%s); retrying", self.level.topic, error.str())
+            return
+        done = [
+            (tp.partition, tp.offset)
+            for tp in partitions or []
+            if tp.error is None and tp.topic == self.level.topic
+        ]
+        failed = [tp for tp in partitions or [] if tp.error is not None]
+        if done:
+            self._ledger.committed(done)
+            self._m_commits.inc()
+        if failed:
+            self._m_commit_failures.inc()
+            log.warning(
+                "%s: commit of partitions %s failed (%s); retrying",
+                self.level.topic,
+                [tp.partition for tp in failed],
+                failed[0].error.str() if failed[0].error is not None else "?",
+            )
 
     def _update_gauges(self, *, lag: bool) -> None:
         self._forwarder.publish_counts()

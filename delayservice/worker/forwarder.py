@@ -1,16 +1,22 @@
 """The forwarder thread: takes due records from the level's buffer and re-publishes them.
 
-It sleeps inside the buffer's `take_expired` until the earliest due time and is woken
+It sleeps inside the buffer's `wait_due` until the earliest due time and is woken
 early when an earlier record arrives; it never polls on a tick. It never touches the
 consumer: it reports outcomes by settling records in the level's ledger, and the
 consumer thread turns settled records into commits.
 
 Outcomes of a forward, decided in the delivery callback:
 - acknowledged: settle (the offset may commit);
-- a permanent refusal (unknown topic or partition, too large, not authorized,
-  invalid record): send the record to the dead-letter topic, settle on its ack;
+- a permanent refusal (unknown or invalid topic, unknown partition, too large, not
+  authorized, invalid record): send the record to the dead-letter topic, settle on
+  its ack; a dead letter too large for that topic goes as a payload-free stub;
 - anything else: retry after an exponential backoff. Retrying never makes a record
   early, and the record stays unsettled, so nothing is lost while the broker is away.
+  A record that keeps failing while its target accepts other records fails for a
+  reason of its own: after `give_up_s` it is dead-lettered as `retries_exhausted`.
+  An outage that refuses every record therefore dead-letters nothing.
+
+No exception from one record escapes `send` or a delivery callback.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from delayservice.envelope import Headers
 from delayservice.errors import DelayServiceError
+from delayservice.kafka.client_seam import ProducerClient
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -37,6 +44,7 @@ from delayservice.worker.record import HeldRecord
 
 log = logging.getLogger(__name__)
 
+_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
 _PERMANENT: dict[int, str] = {
     KafkaError.UNKNOWN_TOPIC_OR_PART: dl.REASON_UNKNOWN_TOPIC,
     KafkaError._UNKNOWN_TOPIC: dl.REASON_UNKNOWN_TOPIC,
@@ -45,17 +53,30 @@ _PERMANENT: dict[int, str] = {
     KafkaError.RECORD_LIST_TOO_LARGE: dl.REASON_TOO_LARGE,
     KafkaError.TOPIC_AUTHORIZATION_FAILED: dl.REASON_NOT_AUTHORIZED,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: dl.REASON_NOT_AUTHORIZED,
+    KafkaError.TOPIC_EXCEPTION: dl.REASON_INVALID_TARGET,
     KafkaError.INVALID_RECORD: dl.REASON_REJECTED,
     KafkaError.POLICY_VIOLATION: dl.REASON_REJECTED,
     KafkaError.INVALID_MSG: dl.REASON_REJECTED,
     KafkaError.INVALID_TIMESTAMP: dl.REASON_REJECTED,
     KafkaError.INVALID_REQUIRED_ACKS: dl.REASON_REJECTED,
+    KafkaError._INVALID_ARG: dl.REASON_REJECTED,
 }
+_UNKNOWN = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+QUEUE_FULL_WAIT_S: Final = 1.0
+"""How long a send waits for room in the producer's queue before handing its records back."""
+_ACK_MEMORY: Final = 10_000
 
 
 def permanent_reason(error: KafkaError) -> str | None:
     """The dead-letter reason for an error no retry can fix, else None."""
     return _PERMANENT.get(error.code())
+
+
+class QueueFullError(DelayServiceError):
+    """The producer's local queue stayed full, or a stop was asked for, while sending."""
+
+    def __init__(self) -> None:
+        super().__init__("the producer's queue is full", retriable=True)
 
 
 class Forwarder:
@@ -64,12 +85,13 @@ class Forwarder:
         level: Level,
         scheduler: Scheduler[HeldRecord],
         ledger: LevelLedger,
-        producer: Any,
+        producer: ProducerClient,
         targets: TargetTopics,
         dead_letter_topic: str,
         metrics: ServiceMetrics,
         backoff: tuple[float, float],
         on_fatal: Callable[[str], None],
+        give_up_s: float = 300.0,
     ) -> None:
         self.level = level
         self._scheduler = scheduler
@@ -78,6 +100,7 @@ class Forwarder:
         self._targets = targets
         self._dlq_topic = dead_letter_topic
         self._backoff_first, self._backoff_max = backoff
+        self._give_up_s = give_up_s
         self._on_fatal = on_fatal
         name = level.name
         self._m_forwarded = metrics.forwarded.labels(name)
@@ -87,8 +110,11 @@ class Forwarder:
         self._m_dead = metrics.dead_lettered
         for reason in dl.REASONS:  # exported at 0 from the start, so rate() sees the first one
             self._m_dead.labels(name, reason)
+        self._m_stubs = metrics.dead_letter_stubs.labels(name)
         self._m_errors = metrics.forward_errors
+        self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
         self._published = 0  # acknowledged forwards already added to the counter
+        self._acked_at: dict[str, float] = {}  # target -> monotonic time of its last ack
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
@@ -109,14 +135,15 @@ class Forwarder:
 
     def _run(self) -> None:
         scheduler = self._scheduler
-        try:
-            while not self._stopping.is_set():
+        while not self._stopping.is_set():
+            try:
                 scheduler.wait_due(None)
                 with self._send_lock:
                     self._drain()
-        except Exception as exc:
-            log.exception("forwarder of %s stopped", self.level.topic)
-            self._on_fatal(f"forwarder of {self.level.topic} failed: {exc}")
+            except Exception:
+                self._m_loop_errors.inc()
+                log.exception("forwarder of %s: unexpected error; continuing", self.level.topic)
+                self._stopping.wait(0.5)
 
     def try_drain(self) -> None:
         """Forward what is due now, from the caller's thread, unless the forwarder is busy.
@@ -135,15 +162,45 @@ class Forwarder:
     def _drain(self) -> None:
         """Send every due record; the caller holds the send lock."""
         records = self._scheduler.take_expired(0)
-        for record in records:  # the scheduler returns them in due order
-            if self._stopping.is_set():
-                return  # not forwarded, not settled: re-read after restart
-            self.send(record)
+        for i, record in enumerate(records):  # the scheduler returns them in due order
+            try:
+                self.send(record)
+            except QueueFullError:
+                # Hand the rest back at their due times, in order; a stop leaves them
+                # unsettled, to be re-read after the restart.
+                if not self._stopping.is_set():
+                    self._scheduler.schedule_many([(r, r.due_ms / 1000) for r in records[i:]])
+                break
         if records:
             self._producer.poll(0)
 
     # -- sending -------------------------------------------------------------------
+    def submit(self, record: HeldRecord) -> None:
+        """`send`, for callers that must not block or fail: a full queue defers the record."""
+        try:
+            self.send(record)
+        except QueueFullError:
+            self._later(record)
+
+    def _later(self, record: HeldRecord) -> None:
+        self._scheduler.schedule(record, max(time.time(), record.due_ms / 1000))
+
     def send(self, record: HeldRecord) -> None:
+        """Forward or dead-letter one record. Raises only `QueueFullError`."""
+        try:
+            self._send(record)
+        except QueueFullError:
+            raise
+        except Exception as exc:
+            log.exception(
+                "%s[%d]@%d: unexpected error while forwarding",
+                self.level.topic,
+                record.partition,
+                record.offset,
+            )
+            self._to_dead_letter_safely(record, dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    def _send(self, record: HeldRecord) -> None:
         if record.ledger.revoked:
             return  # partition moved to another instance, which re-reads it
         if record.dead_letter is not None:
@@ -151,8 +208,7 @@ class Forwarder:
             return
         envelope = record.envelope
         assert envelope is not None
-        now = time.time()
-        if now * 1000 < record.due_ms:  # the never-early guard, whatever the buffer did
+        if time.time() * 1000 < record.due_ms:  # the never-early guard, whatever the buffer did
             self._scheduler.schedule(record, record.due_ms / 1000)
             return
         try:
@@ -168,14 +224,19 @@ class Forwarder:
             )
             return
         if envelope.partition is not None and envelope.partition >= partitions:
-            self._to_dead_letter(
-                record,
-                dl.REASON_UNKNOWN_PARTITION,
-                f"partition {envelope.partition} of {envelope.target!r} does not exist "
-                f"(it has {partitions})",
-            )
-            return
-        on_delivery = functools.partial(self._delivered, record)
+            try:  # the topic may have grown since it was cached
+                partitions = self._targets.partitions(envelope.target, fresh=True)
+            except DelayServiceError as exc:
+                self._retry(record, "metadata", str(exc))
+                return
+            if isinstance(partitions, int) and envelope.partition >= partitions:
+                self._to_dead_letter(
+                    record,
+                    dl.REASON_UNKNOWN_PARTITION,
+                    f"partition {envelope.partition} of {envelope.target!r} does not exist "
+                    f"(it has {partitions})",
+                )
+                return
         kwargs: dict[str, Any] = {}
         if envelope.partition is not None:
             kwargs["partition"] = envelope.partition
@@ -185,17 +246,11 @@ class Forwarder:
                 record.key,
                 record.value,
                 record.forward_headers(),
-                on_delivery,
+                functools.partial(self._delivered, record),
                 kwargs,
             )
         except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            reason = permanent_reason(error)
-            if reason is None:
-                self._retry(record, error.name(), error.str())
-            else:
-                self._to_dead_letter(record, reason, error.str())
-            return
+            self._failed(record, exc.args[0])
 
     def _produce(
         self,
@@ -206,6 +261,10 @@ class Forwarder:
         on_delivery: Callable[[Any, Any], None],
         kwargs: dict[str, Any],
     ) -> None:
+        """Produce, serving delivery reports while the local queue is full, for at most
+        `QUEUE_FULL_WAIT_S` and never past a stop request, so neither thread can be held
+        here past the consumer's poll interval."""
+        deadline = time.monotonic() + QUEUE_FULL_WAIT_S
         while True:
             try:
                 self._producer.produce(
@@ -213,23 +272,43 @@ class Forwarder:
                 )
                 return
             except BufferError:
-                # The local queue is full: serve delivery reports until there is room.
-                self._producer.poll(0.1)
+                if self._stopping.is_set() or time.monotonic() >= deadline:
+                    raise QueueFullError from None
+                self._producer.poll(0.05)
 
     def _delivered(self, record: HeldRecord, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
-            # Lateness once per delivered record: its timestamp is when it was produced.
-            self._lateness.append(max(0.0, (msg.timestamp()[1] - record.due_ms) / 1000))
-            return
+        try:
+            if err is None:
+                self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
+                # Lateness once per delivered record: its timestamp is when it was produced.
+                self._lateness.append(max(0.0, (msg.timestamp()[1] - record.due_ms) / 1000))
+                if record.envelope is not None:
+                    self._acked(record.envelope.target)
+                return
+            self._failed(record, err)
+        except QueueFullError:
+            self._later(record)
+        except Exception:
+            self._m_loop_errors.inc()
+            log.exception("%s: a delivery report could not be handled", self.level.topic)
+
+    def _acked(self, target: str) -> None:
+        acked = self._acked_at
+        if len(acked) >= _ACK_MEMORY and target not in acked:
+            acked.clear()
+        acked[target] = time.monotonic()
+
+    def _failed(self, record: HeldRecord, err: KafkaError) -> None:
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
             return
         reason = permanent_reason(err)
-        if reason is not None:
-            self._to_dead_letter(record, reason, err.str())
-        else:
+        if reason is None:
             self._retry(record, err.name(), err.str())
+            return
+        if err.code() in _UNKNOWN and record.envelope is not None:
+            self._targets.forget(record.envelope.target)
+        self._to_dead_letter(record, reason, err.str())
 
     def publish_counts(self) -> None:
         """Fold delivery outcomes into the metrics in batches, off the per-ack path.
@@ -247,62 +326,104 @@ class Forwarder:
 
     # -- failure paths -------------------------------------------------------------
     def _retry(self, record: HeldRecord, error_name: str, detail: str) -> None:
+        now = time.monotonic()
+        if record.first_failure is None:
+            record.first_failure = now
+        elif self._exhausted(record, now):
+            self._to_dead_letter(
+                record,
+                dl.REASON_RETRIES_EXHAUSTED,
+                f"failing for {now - record.first_failure:.0f}s while its target accepted "
+                f"other records; last error: {detail}",
+            )
+            return
         record.attempts += 1
-        delay = min(self._backoff_max, self._backoff_first * 2 ** (record.attempts - 1))
+        delay = min(self._backoff_max, self._backoff_first * 2 ** min(record.attempts - 1, 30))
         self._m_errors.labels(self.level.name, error_name).inc()
         log.warning(
             "forward of %s[%d]@%d failed (%s), retry %d in %.1fs",
             self.level.topic,
             record.partition,
             record.offset,
-            detail,
+            dl.capped(detail),
             record.attempts,
             delay,
         )
         self._scheduler.schedule(record, time.time() + delay)
 
+    def _exhausted(self, record: HeldRecord, now: float) -> bool:
+        """Failing long enough, and for a reason of its own: its target took others since."""
+        if record.dead_letter is not None or record.envelope is None:
+            return False  # a dead letter that fails waits for the dead-letter topic
+        assert record.first_failure is not None
+        if now - record.first_failure < self._give_up_s:
+            return False
+        return self._acked_at.get(record.envelope.target, float("-inf")) > record.first_failure
+
     def _to_dead_letter(self, record: HeldRecord, reason: str, detail: str) -> None:
         record.dead_letter = (reason, detail)
         self._send_dead_letter(record)
+
+    def _to_dead_letter_safely(self, record: HeldRecord, reason: str, detail: str) -> None:
+        try:
+            self._to_dead_letter(record, reason, detail)
+        except QueueFullError:
+            self._later(record)
 
     def _send_dead_letter(self, record: HeldRecord) -> None:
         assert record.dead_letter is not None
         reason, detail = record.dead_letter
         log.warning(
-            "dead-lettering %s[%d]@%d: %s (%s)",
+            "dead-lettering %s[%d]@%d: %s (%s)%s",
             self.level.topic,
             record.partition,
             record.offset,
             reason,
-            detail,
+            dl.capped(detail),
+            " as a stub" if record.stub else "",
         )
-        headers = dl.dead_letter_headers(
-            record.original_headers(),
-            reason,
-            detail,
-            self.level.topic,
-            record.partition,
-            record.offset,
-        )
+        origin = (self.level.topic, record.partition, record.offset)
+        original = record.original_headers()
+        if record.stub:
+            key, value = None, None
+            headers = dl.stub_headers(record.key, record.value, original, reason, detail, origin)
+        else:
+            key, value = record.key, record.value
+            headers = dl.dead_letter_headers(original, reason, detail, *origin)
         try:
             self._produce(
                 self._dlq_topic,
-                record.key,
-                record.value,
+                key,
+                value,
                 headers,
                 functools.partial(self._dead_lettered, record),
                 {},
             )
         except KafkaException as exc:
-            self._retry(record, exc.args[0].name(), exc.args[0].str())
+            self._dead_letter_failed(record, exc.args[0])
 
     def _dead_lettered(self, record: HeldRecord, err: KafkaError | None, _msg: Message) -> None:
-        if err is None:
-            self._ledger.settle(record.ledger, record.offset, record.size)
-            assert record.dead_letter is not None
-            self._m_dead.labels(self.level.name, record.dead_letter[0]).inc()
-        elif err.fatal():
+        try:
+            if err is None:
+                self._ledger.settle(record.ledger, record.offset, record.size)
+                assert record.dead_letter is not None
+                self._m_dead.labels(self.level.name, record.dead_letter[0]).inc()
+                if record.stub:
+                    self._m_stubs.inc()
+                return
+            self._dead_letter_failed(record, err)
+        except QueueFullError:
+            self._later(record)
+        except Exception:
+            self._m_loop_errors.inc()
+            log.exception("%s: a dead-letter report could not be handled", self.level.topic)
+
+    def _dead_letter_failed(self, record: HeldRecord, err: KafkaError) -> None:
+        if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
+        elif err.code() in _TOO_LARGE and not record.stub:
+            record.stub = True  # the copy does not fit: send what the operator needs
+            self._send_dead_letter(record)
         else:
             # The dead-letter topic itself refused: keep the record unsettled and retry.
             self._retry(record, err.name(), f"dead-letter topic: {err.str()}")

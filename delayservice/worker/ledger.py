@@ -15,6 +15,8 @@ import threading
 import time
 from collections import deque
 
+from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
+
 
 class PartitionLedger:
     __slots__ = (
@@ -51,7 +53,8 @@ class PartitionLedger:
 
 
 class LevelLedger:
-    def __init__(self) -> None:
+    def __init__(self, budget: MemoryBudget | None = None) -> None:
+        self.budget = budget if budget is not None else MemoryBudget(2**62)
         self.lock = threading.Lock()
         self.partitions: dict[int, PartitionLedger] = {}
         self.total_buffered = 0
@@ -74,6 +77,7 @@ class LevelLedger:
                 ledger.revoked = True
                 self.total_buffered -= ledger.buffered
                 self.total_bytes -= ledger.bytes
+                self.budget.add(-(ledger.bytes + ledger.buffered * RECORD_OVERHEAD))
             return ledger
 
     def track(self, ledger: PartitionLedger, offset: int, size: int) -> None:
@@ -84,6 +88,7 @@ class LevelLedger:
             ledger.bytes += size
             self.total_buffered += 1
             self.total_bytes += size
+            self.budget.add(size + RECORD_OVERHEAD)
             self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
 
     def settle(
@@ -98,6 +103,7 @@ class LevelLedger:
             ledger.bytes -= size
             self.total_buffered -= 1
             self.total_bytes -= size
+            self.budget.add(-(size + RECORD_OVERHEAD))
 
     def to_commit(self) -> list[tuple[int, int]]:
         """(partition, offset) pairs that moved since the last commit."""

@@ -7,20 +7,24 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, Producer
 
 from delayservice.kafka import client_config
+from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
 from delayservice.timers.base import Scheduler
 from delayservice.timers.factory import make_scheduler
+from delayservice.worker.admission import Admission
 from delayservice.worker.consumer_loop import ConsumerLoop
 from delayservice.worker.flow_control import FlowControl
 from delayservice.worker.forwarder import Forwarder
 from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.memory_budget import MemoryBudget
 from delayservice.worker.record import HeldRecord
 
 log = logging.getLogger(__name__)
@@ -32,10 +36,11 @@ class LevelWorker:
         level: Level,
         settings: Settings,
         metrics: ServiceMetrics,
+        budget: MemoryBudget,
         on_fatal: Callable[[str], None],
     ) -> None:
         self.level = level
-        self.ledger = LevelLedger()
+        self.ledger = LevelLedger(budget)
         self.scheduler: Scheduler[HeldRecord] = make_scheduler(settings.scheduler, clock=time.time)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
         self.producer = Producer(client_config.producer(settings, client_id))
@@ -49,28 +54,27 @@ class LevelWorker:
             metrics,
             (settings.retry_backoff_s, settings.retry_backoff_max_s),
             on_fatal,
+            give_up_s=settings.retry_give_up_s,
         )
         group = f"{settings.group_id}-{level.topic}"
         instance_id = f"{settings.instance_name}-{level.topic}"
 
-        def make_consumer(error_cb: Callable[[KafkaError], None]) -> Consumer:
-            return Consumer(
-                {
-                    **client_config.consumer(settings, group, client_id, instance_id),
-                    "error_cb": error_cb,
-                }
-            )
+        def make_consumer(callbacks: dict[str, Any]) -> ConsumerClient:
+            config = client_config.consumer(settings, group, client_id, instance_id)
+            return Consumer({**config, **callbacks})
 
+        levels = settings.level_set()
+        previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
+        reserved = frozenset({lv.topic for lv in levels} | {settings.dead_letter_topic})
         self.loop = ConsumerLoop(
             level,
             make_consumer,
             self.producer,
             self.scheduler,
             self.ledger,
-            FlowControl(
-                settings.pause_high_water, settings.pause_low_water, settings.max_buffered_bytes
-            ),
+            FlowControl(settings.pause_high_water, settings.pause_low_water, budget),
             self.forwarder,
+            Admission(level, previous, levels.max_delay_ms, reserved, metrics),
             metrics,
             settings.commit_interval_s,
             flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
@@ -89,8 +93,13 @@ class LevelWorker:
         return self.loop.join(timeout)
 
     def health(self) -> tuple[bool, str]:
+        """Ready only once the group has assigned this level, saying what it owns."""
+        topic = self.level.topic
         if not self.loop.is_alive() or not self.forwarder.is_alive():
-            return False, f"{self.level.topic}: worker thread stopped"
+            return False, f"{topic}: worker thread stopped"
         if self.loop.broker_down:
-            return False, f"{self.level.topic}: broker unreachable"
-        return True, f"{self.level.topic}: ok"
+            return False, f"{topic}: broker unreachable"
+        if not self.loop.first_assignment.is_set():
+            return False, f"{topic}: waiting for the first assignment"
+        owned = self.loop.owned()
+        return True, f"{topic}: owns {','.join(map(str, owned)) if owned else 'no partitions'}"

@@ -24,6 +24,10 @@ class HeldRecord:
     attempts: int = 0
     dead_letter: tuple[str, str] | None = None
     """(reason, detail) once the record is bound for the dead-letter topic."""
+    first_failure: float | None = None
+    """Monotonic time of the first failed attempt, for giving up (`retries_exhausted`)."""
+    stub: bool = False
+    """Dead-letter a payload-free stub: the full copy did not fit."""
 
     def forward_headers(self) -> Headers:
         assert self.envelope is not None

@@ -2,11 +2,17 @@ import pytest
 
 from delayservice.worker.flow_control import FlowControl
 from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
+
+
+def _flow(high: int, low: int, max_bytes: int) -> tuple[FlowControl, MemoryBudget]:
+    budget = MemoryBudget(max_bytes)
+    return FlowControl(high_water=high, low_water=low, budget=budget), budget
 
 
 def test_a_partition_admits_up_to_the_high_water_mark_and_resumes_at_low():
-    flow = FlowControl(high_water=3, low_water=1, max_bytes=10_000)
-    level = LevelLedger()
+    flow, budget = _flow(3, 1, 100_000)
+    level = LevelLedger(budget)
     p0 = level.assign(0)
     admitted = 0
     for offset in range(10):
@@ -22,28 +28,38 @@ def test_a_partition_admits_up_to_the_high_water_mark_and_resumes_at_low():
     assert flow.may_resume(level, p0)
 
 
-def test_the_level_byte_cap_holds_across_partitions():
-    flow = FlowControl(high_water=100, low_water=10, max_bytes=1000)
-    level = LevelLedger()
-    p0, p1 = level.assign(0), level.assign(1)
-    level.track(p0, 0, 600)
-    assert flow.admits(level, p1, 400)
-    level.track(p1, 0, 400)
-    assert not flow.admits(level, p1, 1)
-    assert not flow.admits(level, p0, 1)
-    level.settle(p0, 0, 600)
-    assert flow.may_resume(level, p0)  # 400 <= 750
+def test_the_budget_counts_the_per_record_overhead_and_holds_across_levels():
+    per_record = 100 + RECORD_OVERHEAD
+    flow, budget = _flow(1000, 10, 4 * per_record)
+    a, b = LevelLedger(budget), LevelLedger(budget)
+    pa, pb = a.assign(0), b.assign(0)
+    for offset in range(2):
+        assert flow.admits(a, pa, 100)
+        a.track(pa, offset, 100)
+        assert flow.admits(b, pb, 100)
+        b.track(pb, offset, 100)
+    assert budget.used == 4 * per_record
+    assert not flow.admits(a, pa, 1)  # full, though each level holds only half
+    assert not flow.admits(b, pb, 1)
+    a.settle(pa, 0, 100)
+    a.settle(pa, 1, 100)
+    assert budget.used == 2 * per_record
+    assert flow.may_resume(b, pb)  # 50% <= the 75% low-water mark
+    b.revoke(0)
+    assert budget.used == 0
 
 
 def test_an_empty_level_admits_one_oversized_record_so_nothing_wedges():
-    flow = FlowControl(high_water=5, low_water=1, max_bytes=1024)
-    level = LevelLedger()
-    p0 = level.assign(0)
-    assert flow.admits(level, p0, 1_000_000)
-    level.track(p0, 0, 1_000_000)
-    assert not flow.admits(level, p0, 1)
+    flow, budget = _flow(5, 1, 4096)
+    busy, idle = LevelLedger(budget), LevelLedger(budget)
+    p_busy, p_idle = busy.assign(0), idle.assign(0)
+    busy.track(p_busy, 0, 4000)
+    assert not flow.admits(busy, p_busy, 1)
+    assert flow.admits(idle, p_idle, 1_000_000)  # other levels filled the budget
+    idle.track(p_idle, 0, 1_000_000)
+    assert not flow.admits(idle, p_idle, 1)
 
 
 def test_water_marks_must_make_sense():
     with pytest.raises(ValueError, match="low_water"):
-        FlowControl(high_water=5, low_water=5, max_bytes=10)
+        FlowControl(high_water=5, low_water=5, budget=MemoryBudget(10))
