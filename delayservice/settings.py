@@ -30,6 +30,18 @@ _NOT_SETTINGS = (
 )
 
 MiB = 1024 * 1024
+REDACTED = "<redacted>"
+_SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "ssl.key", "credentials")
+
+
+def is_secret(key: str) -> bool:
+    """librdkafka keys whose values must never reach a log line, an error or a repr."""
+    lowered = key.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+def redacted(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: (REDACTED if is_secret(k) else v) for k, v in config.items()}
 
 
 class Settings(BaseSettings):
@@ -108,6 +120,14 @@ class Settings(BaseSettings):
 
     def level_set(self) -> LevelSet:
         return LevelSet.parse(self.levels, self.topic_prefix)
+
+    def __repr_args__(self) -> Any:
+        """repr() and str() show librdkafka secrets as `<redacted>`."""
+        for name, value in super().__repr_args__():
+            if name in ("kafka", "consumer", "producer") and isinstance(value, dict):
+                yield name, redacted(value)
+            else:
+                yield name, value
 
     @classmethod
     def settings_customise_sources(

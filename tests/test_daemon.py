@@ -164,3 +164,16 @@ def test_forwarded_messages_land_where_a_java_client_would_put_them(
         else:
             key = record.key().decode()
             assert record.partition() == expected[key], key
+
+
+def test_readiness_waits_for_the_first_assignment_and_names_what_each_level_owns(testbed):
+    settings = testbed.settings(levels="1s,2s", partitions=1)
+    testbed.create_delay_topics(settings)
+    first = testbed.start_daemon(settings)
+    assert not first.readiness()[0]  # subscribed, not yet assigned
+    testbed.wait_for(lambda: first.readiness()[0], 60, "the first daemon to be ready")
+    assert f"{settings.topic_prefix}1: owns 0" in first.readiness()[1]
+    second = testbed.start_daemon(settings)  # one partition per level: nothing left for it
+    testbed.wait_for(lambda: second.readiness()[0], 60, "the second daemon to be ready")
+    assert "owns no partitions" in second.readiness()[1]
+    assert "owns 0" in first.readiness()[1]
