@@ -23,6 +23,7 @@ from delayservice.envelope import Envelope, Headers, preview, unwrap
 from delayservice.errors import EnvelopeError
 from delayservice.kafka.topic_names import invalid_reason
 from delayservice.levels import Level, format_duration_ms
+from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.ledger import PartitionLedger
@@ -56,7 +57,7 @@ class Admission:
         self._mismatches = {
             k: metrics.level_mismatches.labels(level.name, k) for k in MISMATCH_KINDS
         }
-        self._last_warned: dict[str, float] = {}
+        self._throttle = Throttle(_WARN_EVERY_S)
         self._m_clock = metrics.clock_offset
         self._read_delay_min = _INF
         self._valid_targets: dict[str, str | None] = {}
@@ -139,9 +140,7 @@ class Admission:
 
     def _mismatch(self, kind: str, what: str) -> None:
         self._mismatches[kind].inc()
-        now = time.monotonic()
-        if now - self._last_warned.get(kind, -_INF) >= _WARN_EVERY_S:
-            self._last_warned[kind] = now
+        if self._throttle.allow(kind) is not None:
             log.warning(
                 "%s (level %s): %s; check that producers and daemons use the same levels "
                 "(metric delayservice_level_mismatches_total)",

@@ -36,6 +36,7 @@ from delayservice.errors import DelayServiceError
 from delayservice.kafka.client_seam import ProducerClient
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
+from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.timers.base import Scheduler
 from delayservice.worker import dead_letter as dl
@@ -114,7 +115,9 @@ class Forwarder:
         self._m_errors = metrics.forward_errors
         self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
         self._published = 0  # acknowledged forwards already added to the counter
-        self._acked_at: dict[str, float] = {}  # target -> monotonic time of its last ack
+        # (target, partition or -1) -> monotonic time of its last acknowledged forward
+        self._acked_at: dict[tuple[str, int], float] = {}
+        self._throttle = Throttle()
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread = threading.Thread(
@@ -283,27 +286,33 @@ class Forwarder:
                 # Lateness once per delivered record: its timestamp is when it was produced.
                 self._lateness.append(max(0.0, (msg.timestamp()[1] - record.due_ms) / 1000))
                 if record.envelope is not None:
-                    self._acked(record.envelope.target)
+                    self._acked(record.envelope.target, msg.partition())
                 return
-            self._failed(record, err)
+            partition = msg.partition()
+            self._failed(record, err, partition if partition is not None else -1)
         except QueueFullError:
             self._later(record)
         except Exception:
             self._m_loop_errors.inc()
             log.exception("%s: a delivery report could not be handled", self.level.topic)
 
-    def _acked(self, target: str) -> None:
+    def _acked(self, target: str, partition: int | None) -> None:
         acked = self._acked_at
-        if len(acked) >= _ACK_MEMORY and target not in acked:
+        if len(acked) >= _ACK_MEMORY and (target, -1) not in acked:
             acked.clear()
-        acked[target] = time.monotonic()
+        now = time.monotonic()
+        acked[(target, -1)] = now
+        if partition is not None and partition >= 0:
+            acked[(target, partition)] = now
 
-    def _failed(self, record: HeldRecord, err: KafkaError) -> None:
+    def _failed(self, record: HeldRecord, err: KafkaError, partition: int = -1) -> None:
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
             return
         reason = permanent_reason(err)
         if reason is None:
+            if partition >= 0:
+                record.failed_partition = partition
             self._retry(record, err.name(), err.str())
             return
         if err.code() in _UNKNOWN and record.envelope is not None:
@@ -340,25 +349,36 @@ class Forwarder:
         record.attempts += 1
         delay = min(self._backoff_max, self._backoff_first * 2 ** min(record.attempts - 1, 30))
         self._m_errors.labels(self.level.name, error_name).inc()
-        log.warning(
-            "forward of %s[%d]@%d failed (%s), retry %d in %.1fs",
-            self.level.topic,
-            record.partition,
-            record.offset,
-            dl.capped(detail),
-            record.attempts,
-            delay,
-        )
+        held_back = self._throttle.allow(("retry", error_name))
+        if held_back is not None:
+            log.warning(
+                "forward of %s[%d]@%d failed (%s), retry %d in %.1fs%s",
+                self.level.topic,
+                record.partition,
+                record.offset,
+                dl.capped(detail),
+                record.attempts,
+                delay,
+                f" ({held_back} more failures with {error_name} since the last line)"
+                if held_back
+                else "",
+            )
         self._scheduler.schedule(record, time.time() + delay)
 
     def _exhausted(self, record: HeldRecord, now: float) -> bool:
-        """Failing long enough, and for a reason of its own: its target took others since."""
+        """Failing long enough, and for a reason of its own: the partition it goes to (or,
+        when that is unknown, its target) acknowledged other records since."""
         if record.dead_letter is not None or record.envelope is None:
             return False  # a dead letter that fails waits for the dead-letter topic
         assert record.first_failure is not None
         if now - record.first_failure < self._give_up_s:
             return False
-        return self._acked_at.get(record.envelope.target, float("-inf")) > record.first_failure
+        envelope = record.envelope
+        partition = envelope.partition if envelope.partition is not None else -1
+        if partition < 0:
+            partition = record.failed_partition
+        last_ack = self._acked_at.get((envelope.target, partition), float("-inf"))
+        return last_ack > record.first_failure
 
     def _to_dead_letter(self, record: HeldRecord, reason: str, detail: str) -> None:
         record.dead_letter = (reason, detail)
@@ -373,15 +393,18 @@ class Forwarder:
     def _send_dead_letter(self, record: HeldRecord) -> None:
         assert record.dead_letter is not None
         reason, detail = record.dead_letter
-        log.warning(
-            "dead-lettering %s[%d]@%d: %s (%s)%s",
-            self.level.topic,
-            record.partition,
-            record.offset,
-            reason,
-            dl.capped(detail),
-            " as a stub" if record.stub else "",
-        )
+        held_back = self._throttle.allow(("dead-letter", reason))
+        if held_back is not None:
+            log.warning(
+                "dead-lettering %s[%d]@%d: %s (%s)%s%s",
+                self.level.topic,
+                record.partition,
+                record.offset,
+                reason,
+                dl.capped(detail),
+                " as a stub" if record.stub else "",
+                f" ({held_back} more with this reason since the last line)" if held_back else "",
+            )
         origin = (self.level.topic, record.partition, record.offset)
         original = record.original_headers()
         if record.stub:

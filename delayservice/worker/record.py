@@ -26,6 +26,8 @@ class HeldRecord:
     """(reason, detail) once the record is bound for the dead-letter topic."""
     first_failure: float | None = None
     """Monotonic time of the first failed attempt, for giving up (`retries_exhausted`)."""
+    failed_partition: int = -1
+    """The target partition of the last failed attempt, when the client knew it."""
     stub: bool = False
     """Dead-letter a payload-free stub: the full copy did not fit."""
 
