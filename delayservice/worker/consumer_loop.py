@@ -100,6 +100,7 @@ class ConsumerLoop:
 
     def request_stop(self) -> None:
         self._stopping.set()
+        self._forwarder.request_stop()
 
     def join(self, timeout: float) -> bool:
         self._thread.join(timeout)

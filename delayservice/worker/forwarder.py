@@ -119,6 +119,7 @@ class Forwarder:
         self._acked_at: dict[tuple[str, int], float] = {}
         self._throttle = Throttle()
         self._send_lock = threading.Lock()
+        self._no_wait = threading.local()  # set while `submit` sends: never wait for room
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"forwarder-{level.topic}", daemon=True
@@ -128,9 +129,13 @@ class Forwarder:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float) -> None:
+    def request_stop(self) -> None:
+        """Stop sending now: a send waiting for room in the queue gives up at once."""
         self._stopping.set()
         self._scheduler.wakeup()
+
+    def stop(self, timeout: float) -> None:
+        self.request_stop()
         self._thread.join(timeout)
 
     def is_alive(self) -> bool:
@@ -179,11 +184,15 @@ class Forwarder:
 
     # -- sending -------------------------------------------------------------------
     def submit(self, record: HeldRecord) -> None:
-        """`send`, for callers that must not block or fail: a full queue defers the record."""
+        """`send`, for the consumer thread, which must neither block nor fail: a full
+        queue defers the record to the buffer at once instead of waiting for room."""
+        self._no_wait.active = True
         try:
             self.send(record)
         except QueueFullError:
             self._later(record)
+        finally:
+            self._no_wait.active = False
 
     def _later(self, record: HeldRecord) -> None:
         self._scheduler.schedule(record, max(time.time(), record.due_ms / 1000))
@@ -201,7 +210,11 @@ class Forwarder:
                 record.partition,
                 record.offset,
             )
-            self._to_dead_letter_safely(record, dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
+            reason, detail = record.dead_letter or (
+                dl.REASON_INTERNAL,
+                f"{type(exc).__name__}: {exc}",
+            )
+            self._to_dead_letter_safely(record, reason, detail)
 
     def _send(self, record: HeldRecord) -> None:
         if record.ledger.revoked:
@@ -267,7 +280,8 @@ class Forwarder:
         """Produce, serving delivery reports while the local queue is full, for at most
         `QUEUE_FULL_WAIT_S` and never past a stop request, so neither thread can be held
         here past the consumer's poll interval."""
-        deadline = time.monotonic() + QUEUE_FULL_WAIT_S
+        wait = 0.0 if getattr(self._no_wait, "active", False) else QUEUE_FULL_WAIT_S
+        deadline = time.monotonic() + wait
         while True:
             try:
                 self._producer.produce(
@@ -306,6 +320,8 @@ class Forwarder:
             acked[(target, partition)] = now
 
     def _failed(self, record: HeldRecord, err: KafkaError, partition: int = -1) -> None:
+        if record.ledger.revoked:
+            return  # the partition's new owner re-reads and decides
         if err.fatal():
             self._on_fatal(f"producer of {self.level.topic} hit a fatal error: {err.str()}")
             return
@@ -385,12 +401,33 @@ class Forwarder:
         self._send_dead_letter(record)
 
     def _to_dead_letter_safely(self, record: HeldRecord, reason: str, detail: str) -> None:
+        """Dead-letter a record whose handling raised; if the copy itself cannot be
+        produced, try a stub (only headers this service writes); failing that, try again
+        later. Nothing escapes, and the record stays unsettled until it is written."""
         try:
             self._to_dead_letter(record, reason, detail)
+            return
         except QueueFullError:
             self._later(record)
+            return
+        except Exception:
+            log.exception("%s: could not dead-letter a record", self.level.topic)
+        try:
+            if not record.stub:
+                record.stub = True
+                self._send_dead_letter(record)
+                return
+        except QueueFullError:
+            self._later(record)
+            return
+        except Exception:
+            log.exception("%s: could not dead-letter a record's stub", self.level.topic)
+        self._m_loop_errors.inc()
+        self._scheduler.schedule(record, time.time() + self._backoff_max)
 
     def _send_dead_letter(self, record: HeldRecord) -> None:
+        if record.ledger.revoked:
+            return
         assert record.dead_letter is not None
         reason, detail = record.dead_letter
         held_back = self._throttle.allow(("dead-letter", reason))

@@ -1,0 +1,597 @@
+"""Small fakes behind the client seam, and a rig that wires a level worker to them.
+
+`FakeConsumer` models what the consumer loop relies on: a log per partition read from
+a position, pause/resume (remembered across re-assignment, as librdkafka does), seek,
+rebalance callbacks and commit results served from inside `consume` (on the loop's
+thread, as librdkafka serves them from poll), and commits whose outcome a test decides.
+
+`FakeProducer` keeps every produce, checks headers the way confluent-kafka does, and
+holds delivery reports until `poll`/`flush`/`deliver` serves them, each with the
+outcome a test decides. Either fake can raise on demand (BufferError for a full queue,
+KafkaException, anything unexpected).
+
+`FakeClock` stands in for the `time` module of the forwarder and of admission, so due
+times, backoffs and give-up windows are tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import (
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry
+
+from delayservice.envelope import Envelope
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.levels import Level
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.timers.factory import make_scheduler
+from delayservice.worker.admission import Admission
+from delayservice.worker.consumer_loop import ConsumerLoop
+from delayservice.worker.flow_control import FlowControl
+from delayservice.worker.forwarder import Forwarder
+from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.memory_budget import MemoryBudget
+
+LEVEL_TOPIC = "delay_topic_2"
+LEVEL = Level(2, 5_000, LEVEL_TOPIC)
+PREVIOUS_DELAY_MS = 1_000
+MAX_DELAY_MS = 60_000
+DLQ = "delay-dead-letters"
+TARGET = "orders"
+OTHER_TARGET = "payments"
+
+
+# -- time ---------------------------------------------------------------------------
+class FakeClock:
+    """`time.time` and `time.monotonic`, moved only by `advance` (thread-safe).
+
+    Kept in whole microseconds so that many small steps add up exactly."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._wall_us = round(start * 1_000_000)
+        self._mono_us = 10_000 * 1_000_000
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        with self._lock:
+            return self._wall_us / 1_000_000
+
+    def monotonic(self) -> float:
+        with self._lock:
+            return self._mono_us / 1_000_000
+
+    def ms(self) -> int:
+        with self._lock:
+            return self._wall_us // 1000
+
+    def advance(self, seconds: float) -> None:
+        step = round(seconds * 1_000_000)
+        with self._lock:
+            self._wall_us += step
+            self._mono_us += step
+
+
+# -- records ------------------------------------------------------------------------
+def envelope_headers(
+    target: str = TARGET,
+    delay_ms: int = LEVEL.delay_ms,
+    message_id: str = "id-0",
+    partition: int | None = None,
+    user: Iterable[tuple[str, Any]] = (),
+) -> list[tuple[str, Any]]:
+    return [*user, *Envelope(target, delay_ms, message_id, partition).headers()]
+
+
+_ENVELOPE: Any = object()
+
+
+def message(
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    *,
+    headers: Any = _ENVELOPE,
+    key: Any = b"k",
+    value: Any = b"v",
+    timestamp_type: int = TIMESTAMP_LOG_APPEND_TIME,
+    topic: str = LEVEL_TOPIC,
+    error: KafkaError | None = None,
+) -> Message:
+    """A record as the consumer returns it; a valid envelope (id `id-P-O`) by default."""
+    if headers is _ENVELOPE:
+        headers = envelope_headers(message_id=f"id-{partition}-{offset}")
+    return Message(
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=headers,
+        timestamp=(timestamp_type, timestamp_ms),
+        error=error,
+    )
+
+
+class ErrorTopicPartition(TopicPartition):
+    """A TopicPartition whose `.error` is set, as commit results carry per partition."""
+
+    def __init__(self, topic: str, partition: int, offset: int, error: KafkaError) -> None:
+        super().__init__(topic, partition, offset)
+        self._error = error
+
+    @property
+    def error(self) -> KafkaError:  # type: ignore[override]
+        return self._error
+
+
+def header(headers: Iterable[tuple[str, Any]] | None, name: str) -> Any:
+    """The value of the one header called `name` (fails if there are several)."""
+    values = [v for n, v in headers or () if n == name]
+    assert len(values) <= 1, f"{name} appears {len(values)} times"
+    return values[0] if values else None
+
+
+# -- consumer -----------------------------------------------------------------------
+CommitOutcome = Callable[[list[TopicPartition]], tuple[KafkaError | None, list[TopicPartition]]]
+
+
+def commit_ok(offsets: list[TopicPartition]) -> tuple[KafkaError | None, list[TopicPartition]]:
+    return None, [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
+
+
+class FakeConsumer:
+    def __init__(self, topic: str = LEVEL_TOPIC) -> None:
+        self.topic = topic
+        self.config: dict[str, Any] = {}
+        self.rebalance: dict[str, Callable[[Any, list[TopicPartition]], None]] = {}
+        self.logs: dict[int, list[Message]] = {}
+        self.positions: dict[int, int] = {}
+        self.assigned: set[int] = set()
+        self.paused: set[int] = set()  # kept across re-assignment, like librdkafka
+        self.committed: dict[int, int] = {}  # what the "broker" accepted
+        self.commits: list[tuple[bool, list[tuple[int, int]]]] = []  # (async?, offsets)
+        self.seeks: list[tuple[int, int]] = []
+        self.pauses: list[list[int]] = []
+        self.resumes: list[list[int]] = []
+        self.commit_outcome: CommitOutcome = commit_ok
+        self.commit_raises: KafkaException | None = None  # for synchronous commits
+        self.injected: deque[Message] = deque()  # returned ahead of the logs (errors)
+        self.closed = False
+        self.blocking = True  # False: consume() ignores its timeout (tests on one thread)
+        self.consume_calls = 0
+        self._events: deque[tuple[str, list[int]]] = deque()
+        self._reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
+        self._cond = threading.Condition()
+
+    # The loop's MakeConsumer: receives error_cb and on_commit.
+    def make(self, config: dict[str, Any]) -> FakeConsumer:
+        self.config = config
+        return self
+
+    # -- test controls ---------------------------------------------------------------
+    def append(self, partition: int, *messages: Message) -> None:
+        with self._cond:
+            self.logs.setdefault(partition, []).extend(messages)
+            self._cond.notify_all()
+
+    def next_offset(self, partition: int) -> int:
+        return len(self.logs.get(partition, []))
+
+    def queue_rebalance(self, kind: str, *partitions: int) -> None:
+        """Fire on_assign / on_revoke / on_lost from inside the next consume()."""
+        with self._cond:
+            self._events.append((kind, list(partitions)))
+            self._cond.notify_all()
+
+    # -- ConsumerClient ----------------------------------------------------------------
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Any = None,
+        on_revoke: Any = None,
+        on_lost: Any = None,
+    ) -> None:
+        assert topics == [self.topic]
+        self.rebalance = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        self.consume_calls += 1
+        self._serve_callbacks()
+        out = self._take(num_messages)
+        if not out and self.blocking and timeout and timeout > 0:
+            with self._cond:
+                if not self._ready():
+                    self._cond.wait(timeout)
+            self._serve_callbacks()
+            out = self._take(num_messages)
+        return out
+
+    def pause(self, partitions: list[TopicPartition]) -> None:
+        with self._cond:
+            self.pauses.append([tp.partition for tp in partitions])
+            self.paused.update(tp.partition for tp in partitions)
+
+    def resume(self, partitions: list[TopicPartition]) -> None:
+        with self._cond:
+            self.resumes.append([tp.partition for tp in partitions])
+            self.paused.difference_update(tp.partition for tp in partitions)
+            self._cond.notify_all()
+
+    def seek(self, partition: TopicPartition) -> None:
+        with self._cond:
+            assert partition.partition in self.assigned, "seek on an unassigned partition"
+            self.seeks.append((partition.partition, partition.offset))
+            self.positions[partition.partition] = partition.offset
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: bool = True
+    ) -> list[TopicPartition] | None:
+        with self._cond:
+            self.commits.append((asynchronous, [(tp.partition, tp.offset) for tp in offsets]))
+            if not asynchronous and self.commit_raises is not None:
+                raise self.commit_raises
+            error, results = self.commit_outcome(offsets)
+            if error is None:
+                for tp in results:
+                    if tp.error is None:
+                        self.committed[tp.partition] = tp.offset
+            if asynchronous:
+                self._reports.append((error, results))  # served by the next consume()
+                return None
+        if error is not None:
+            raise KafkaException(error)
+        return results
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        with self._cond:
+            return [
+                TopicPartition(self.topic, tp.partition, self.positions.get(tp.partition, -1001))
+                for tp in partitions
+            ]
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int]:
+        return 0, self.next_offset(partition.partition)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        return SimpleNamespace(topics={self.topic: SimpleNamespace(partitions={}, error=None)})
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- internals ---------------------------------------------------------------------
+    def _ready(self) -> bool:
+        if self._events or self._reports or self.injected:
+            return True
+        return any(
+            self.positions.get(p, 0) < len(self.logs.get(p, []))
+            for p in self.assigned - self.paused
+        )
+
+    def _serve_callbacks(self) -> None:
+        """Rebalances and commit results run on the caller's thread, outside the lock."""
+        while True:
+            with self._cond:
+                report = self._reports.popleft() if self._reports else None
+            if report is None:
+                break
+            on_commit = self.config.get("on_commit")
+            if on_commit is not None:
+                on_commit(*report)
+        while True:
+            with self._cond:
+                if not self._events:
+                    return
+                kind, partitions = self._events.popleft()
+                if kind == "assign":
+                    for p in partitions:
+                        self.assigned.add(p)
+                        self.positions[p] = self.committed.get(p, 0)
+            callback = self.rebalance.get(kind)
+            tps = [TopicPartition(self.topic, p) for p in partitions]
+            if callback is not None:
+                callback(self, tps)
+            if kind in ("revoke", "lost"):
+                with self._cond:
+                    self.assigned.difference_update(partitions)
+
+    def _take(self, limit: int) -> list[Message]:
+        out: list[Message] = []
+        with self._cond:
+            while self.injected and len(out) < limit:
+                out.append(self.injected.popleft())
+            for p in sorted(self.assigned - self.paused):
+                log = self.logs.get(p, [])
+                while self.positions.get(p, 0) < len(log) and len(out) < limit:
+                    out.append(log[self.positions[p]])
+                    self.positions[p] += 1
+        return out
+
+
+# -- producer -----------------------------------------------------------------------
+@dataclass(eq=False)
+class Sent:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, Any]]
+    partition: int | None
+    on_delivery: Callable[[Any, Any], None] | None
+    at: float
+    """Clock time of the produce call."""
+    result: KafkaError | None = field(default=None)
+
+    def header(self, name: str) -> Any:
+        return header(self.headers, name)
+
+    @property
+    def delay_id(self) -> str | None:
+        raw = self.header("delay-id")
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+
+def _check_headers(headers: Any) -> list[tuple[str, Any]]:
+    """What confluent-kafka's produce() accepts, with the errors it raises otherwise."""
+    out: list[tuple[str, Any]] = []
+    for item in headers or []:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError("Headers are expected to be a list of (key, value) tuples")
+        name, value = item
+        if not isinstance(name, str):
+            raise TypeError(f"expected header name to be a string, not {type(name).__name__}")
+        name.encode()
+        if isinstance(value, str):
+            value.encode()  # UnicodeEncodeError for lone surrogates, as the real client
+        elif value is not None and not isinstance(value, bytes):
+            raise TypeError(
+                "expected header value to be None, binary, or unicode string, "
+                f"not {type(value).__name__}"
+            )
+        out.append((name, value))
+    return out
+
+
+class FakeProducer:
+    """Delivery reports wait in a queue until poll/flush (or `deliver`) serves them.
+
+    `outcome(sent)` decides each report (None = acknowledged); `on_produce(sent)` runs
+    inside produce() and may raise (BufferError = queue full, KafkaException, anything).
+    """
+
+    def __init__(
+        self,
+        topics: dict[str, int] | None = None,
+        clock: FakeClock | None = None,
+    ) -> None:
+        self.topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
+        self.clock = clock
+        self.sent: list[Sent] = []
+        self.attempts: list[Sent] = []
+        self.reports: list[Sent] = []  # reports served, in order
+        self.outcome: Callable[[Sent], KafkaError | None] = lambda _sent: None
+        self.on_produce: Callable[[Sent], None] | None = None
+        self.hold_reports = False
+        self.metadata_error: KafkaException | None = None
+        self._pending: deque[Sent] = deque()
+        self._cond = threading.Condition()
+
+    def now(self) -> float:
+        return self.clock.time() if self.clock is not None else time.time()
+
+    # -- ProducerClient ----------------------------------------------------------------
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        *,
+        partition: int = -1,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        headers: Any = None,
+    ) -> None:
+        if not isinstance(topic, str):
+            raise TypeError("topic must be a string")
+        checked = _check_headers(headers)
+        sent = Sent(
+            topic, key, value, checked, None if partition == -1 else partition, on_delivery,
+            self.now(),
+        )  # fmt: skip
+        with self._cond:
+            self.attempts.append(sent)
+        if self.on_produce is not None:
+            self.on_produce(sent)
+        with self._cond:
+            self.sent.append(sent)
+            self._pending.append(sent)
+            self._cond.notify_all()
+
+    def poll(self, timeout: float = 0) -> int:
+        served = 0 if self.hold_reports else self._serve(None)
+        if not served and timeout and timeout > 0:
+            if self.clock is not None:
+                self.clock.advance(timeout)  # the time a real poll would have waited
+            else:
+                with self._cond:
+                    self._cond.wait(timeout)
+        return served
+
+    def flush(self, timeout: float = -1) -> int:
+        if not self.hold_reports:
+            self._serve(None)
+        with self._cond:
+            return len(self._pending)
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        if self.metadata_error is not None:
+            raise self.metadata_error
+        names = [topic] if topic is not None else list(self.topics)
+        topics = {
+            name: SimpleNamespace(
+                partitions={i: SimpleNamespace(id=i) for i in range(self.topics[name])},
+                error=None,
+            )
+            for name in names
+            if name in self.topics
+        }
+        return SimpleNamespace(topics=topics)
+
+    # -- test controls ---------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def deliver(self, count: int | None = None) -> int:
+        """Serve up to `count` held reports (all by default), whatever `hold_reports` says."""
+        return self._serve(count)
+
+    def to(self, topic: str) -> list[Sent]:
+        with self._cond:
+            return [s for s in self.sent if s.topic == topic]
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def partition_of(self, sent: Sent) -> int:
+        """The partition a report names: the explicit one, else a hash of the key."""
+        if sent.partition is not None:
+            return sent.partition
+        return zlib.crc32(sent.key or b"") % max(1, self.topics.get(sent.topic, 1))
+
+    def _serve(self, count: int | None) -> int:
+        served = 0
+        while count is None or served < count:
+            with self._cond:
+                if not self._pending:
+                    break
+                sent = self._pending.popleft()
+            sent.result = self.outcome(sent)
+            ts_ms = int(self.now() * 1000)
+            report = Message(
+                topic=sent.topic,
+                partition=self.partition_of(sent),
+                offset=-1 if sent.result is not None else len(self.reports),
+                key=sent.key,
+                value=sent.value,
+                headers=sent.headers,
+                timestamp=(TIMESTAMP_CREATE_TIME, ts_ms),
+                error=sent.result,
+            )
+            with self._cond:
+                self.reports.append(sent)
+            if sent.on_delivery is not None:
+                sent.on_delivery(sent.result, report)
+            served += 1
+        return served
+
+
+def kafka_error(code: int, *, retriable: bool = False, fatal: bool = False) -> KafkaError:
+    return KafkaError(code, f"fake {code}", fatal=fatal, retriable=retriable)
+
+
+# -- the rig ------------------------------------------------------------------------
+@dataclass
+class Rig:
+    registry: CollectorRegistry
+    metrics: ServiceMetrics
+    clock: FakeClock | None
+    consumer: FakeConsumer
+    producer: FakeProducer
+    scheduler: Any
+    budget: MemoryBudget
+    ledger: LevelLedger
+    flow: FlowControl
+    admission: Admission
+    forwarder: Forwarder
+    loop: ConsumerLoop
+    fatal: list[str]
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, {"level": LEVEL.name, **labels})
+        return 0.0 if value is None else value
+
+    def now_ms(self) -> int:
+        return self.clock.ms() if self.clock is not None else int(time.time() * 1000)
+
+
+def make_rig(
+    *,
+    clock: FakeClock | None = None,
+    high_water: int = 1_000,
+    low_water: int = 10,
+    max_bytes: int = 2**40,
+    backoff: tuple[float, float] = (1.0, 8.0),
+    give_up_s: float = 60.0,
+    commit_interval_s: float = 0.05,
+    topics: dict[str, int] | None = None,
+) -> Rig:
+    """A level worker on fakes. With a clock, the scheduler runs on it; patch the
+    forwarder's and admission's `time` with the same clock (see the tests' fixtures)."""
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    consumer = FakeConsumer()
+    producer = FakeProducer(topics, clock)
+    scheduler = make_scheduler("heap", clock=clock.time if clock is not None else time.time)
+    budget = MemoryBudget(max_bytes)
+    ledger = LevelLedger(budget)
+    flow = FlowControl(high_water, low_water, budget)
+    fatal: list[str] = []
+    forwarder = Forwarder(
+        LEVEL,
+        scheduler,
+        ledger,
+        producer,
+        TargetTopics(producer),
+        DLQ,
+        metrics,
+        backoff,
+        fatal.append,
+        give_up_s=give_up_s,
+    )
+    admission = Admission(
+        LEVEL, PREVIOUS_DELAY_MS, MAX_DELAY_MS, frozenset({LEVEL_TOPIC, DLQ}), metrics
+    )
+    loop = ConsumerLoop(
+        LEVEL,
+        consumer.make,
+        producer,
+        scheduler,
+        ledger,
+        flow,
+        forwarder,
+        admission,
+        metrics,
+        commit_interval_s,
+        flush_timeout_s=1.0,
+        on_fatal=fatal.append,
+    )
+    return Rig(
+        registry, metrics, clock, consumer, producer, scheduler, budget, ledger, flow,
+        admission, forwarder, loop, fatal,
+    )  # fmt: skip
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
+    """Poll a condition (never a fixed sleep standing in for one)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)

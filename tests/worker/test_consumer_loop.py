@@ -1,0 +1,603 @@
+"""The consumer loop on fakes: due times, seek-back, rebalances, commits, stops, bad input.
+
+Most tests drive one loop iteration at a time from the test's thread, the way the
+loop's own thread would (rebalance callbacks and commit results are served from inside
+the fake's consume(), as librdkafka serves them from poll), with a fake clock patched
+into the forwarder, admission and dead-letter modules. `try_drain` stands in for the
+forwarder thread. The last tests start both threads and wait on conditions.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
+
+from delayservice.worker import admission as admission_module
+from delayservice.worker import dead_letter as dead_letter_module
+from delayservice.worker import forwarder as forwarder_module
+from tests.worker.fakes import (
+    DLQ,
+    LEVEL,
+    LEVEL_TOPIC,
+    MAX_DELAY_MS,
+    TARGET,
+    ErrorTopicPartition,
+    FakeClock,
+    Rig,
+    Sent,
+    envelope_headers,
+    kafka_error,
+    make_rig,
+    message,
+    wait_for,
+)
+
+INF = float("inf")
+DELAY = LEVEL.delay_ms
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
+    for module in (forwarder_module, admission_module, dead_letter_module):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
+def subscribed(rig: Rig) -> Rig:
+    """Subscribe as the loop's thread does before its first iteration."""
+    loop = rig.loop
+    rig.consumer.subscribe(
+        [LEVEL_TOPIC],
+        on_assign=loop._guarded(loop._assigned),
+        on_revoke=loop._guarded(loop._revoked),
+        on_lost=loop._guarded(loop._lost),
+    )
+    rig.consumer.blocking = False
+    return rig
+
+
+@pytest.fixture
+def rig(clock: FakeClock) -> Rig:
+    return subscribed(make_rig(clock=clock))
+
+
+def step(rig: Rig, *, commit: bool = False) -> None:
+    """One pass of the loop; commits only when asked."""
+    rig.loop._iteration(0.0 if commit else INF, INF, INF)
+
+
+def forward(rig: Rig) -> None:
+    """What the forwarder thread does when woken."""
+    rig.forwarder.try_drain()
+
+
+def append(
+    rig: Rig, partition: int, count: int = 1, *, age_ms: int = DELAY, **kwargs: object
+) -> list[int]:
+    """Append records to the fake log; by default each is due at once."""
+    first = rig.consumer.next_offset(partition)
+    offsets = list(range(first, first + count))
+    for offset in offsets:
+        kwargs.setdefault("timestamp_ms", rig.now_ms() - age_ms)
+        rig.consumer.append(partition, message(partition, offset, **kwargs))  # type: ignore[arg-type]
+    return offsets
+
+
+def ids(sent: list[Sent]) -> list[str]:
+    return [s.delay_id or "" for s in sent]
+
+
+def forwarded(rig: Rig) -> list[str]:
+    return [s.delay_id or "" for s in rig.producer.reports if s.topic == TARGET and not s.result]
+
+
+def dead(rig: Rig) -> dict[int, str]:
+    """origin offset -> reason, of acknowledged dead letters."""
+    return {
+        int(s.header("dlq-origin-offset")): s.header("dlq-reason").decode()
+        for s in rig.producer.reports
+        if s.topic == DLQ and s.result is None
+    }
+
+
+def async_commits(rig: Rig) -> list[list[tuple[int, int]]]:
+    return [offsets for asynchronous, offsets in rig.consumer.commits if asynchronous]
+
+
+def sync_commits(rig: Rig) -> list[list[tuple[int, int]]]:
+    return [offsets for asynchronous, offsets in rig.consumer.commits if not asynchronous]
+
+
+# -- due times ---------------------------------------------------------------------------
+def test_records_are_held_to_their_due_time_and_committed_only_once_acked(rig, clock):
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2, age_ms=0)
+    append(rig, 1, 1, age_ms=0)
+    rig.producer.hold_reports = True
+    step(rig, commit=True)
+    assert rig.loop.first_assignment.is_set()
+    assert rig.loop.owned() == [0, 1]
+    assert rig.metric("delayservice_consumed_total") == 3
+    assert rig.ledger.total_buffered == 3
+
+    clock.advance(DELAY / 1000 - 0.001)
+    forward(rig)
+    step(rig)
+    assert rig.producer.attempts == []
+    clock.advance(0.001)
+    forward(rig)
+    assert sorted(ids(rig.producer.to(TARGET))) == ["id-0-0", "id-0-1", "id-1-0"]
+    assert all(s.at * 1000 >= int(s.header("delay-due-ms")) for s in rig.producer.sent)
+
+    step(rig, commit=True)  # forwarded but not acknowledged: nothing new to commit
+    assert all(offsets in ([(0, 0), (1, 0)], []) for offsets in async_commits(rig))
+    rig.producer.deliver()
+    step(rig, commit=True)
+    assert async_commits(rig)[-1] == [(0, 2), (1, 1)]
+    step(rig)  # the broker's confirmation is served from consume()
+    assert rig.ledger.to_commit() == []
+    assert rig.metric("delayservice_commits_total") >= 1
+    assert rig.consumer.committed == {0: 2, 1: 1}
+
+
+def test_an_envelope_asking_more_than_its_level_is_held_to_its_own_delay(rig, clock):
+    rig.consumer.queue_rebalance("assign", 0)
+    append_ms = clock.ms()
+    append(rig, 0, age_ms=0, headers=envelope_headers(message_id="long", delay_ms=30_000))
+    append(rig, 0, age_ms=0, headers=envelope_headers(message_id="huge", delay_ms=120_000))
+    step(rig)
+    assert rig.metric("delayservice_level_mismatches_total", kind="delay_above_level") == 1
+    assert dead(rig) == {1: "delay_out_of_range"}  # above the top level: never held early
+
+    clock.advance(DELAY / 1000)  # the level's own delay is not enough
+    forward(rig)
+    clock.advance(30 - DELAY / 1000 - 0.001)
+    forward(rig)
+    assert rig.producer.to(TARGET) == []
+    clock.advance(0.001)
+    forward(rig)
+    (sent,) = rig.producer.to(TARGET)
+    assert sent.header("delay-due-ms") == str(append_ms + 30_000).encode()
+    assert sent.at * 1000 >= append_ms + 30_000
+    assert MAX_DELAY_MS < 120_000
+
+
+def test_a_create_time_record_is_due_a_level_after_it_was_read(rig, clock):
+    rig.consumer.queue_rebalance("assign", 0)
+    created = clock.ms() - 3_600_000  # an hour-old producer timestamp proves nothing
+    append(rig, 0, timestamp_ms=created, timestamp_type=TIMESTAMP_CREATE_TIME)
+    clock.advance(2.0)
+    read_ms = clock.ms()
+    step(rig)
+    assert rig.metric("delayservice_level_mismatches_total", kind="not_append_time") == 1
+    clock.advance(DELAY / 1000 - 0.001)
+    forward(rig)
+    assert rig.producer.to(TARGET) == []
+    clock.advance(0.001)
+    forward(rig)
+    (sent,) = rig.producer.to(TARGET)
+    assert sent.header("delay-due-ms") == str(read_ms + DELAY).encode()
+
+
+# -- flow control ------------------------------------------------------------------------
+def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_draining(clock):
+    rig = subscribed(make_rig(clock=clock, high_water=3, low_water=1))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 6)
+    append(rig, 1, 1)
+    rig.producer.hold_reports = True
+    step(rig)
+    assert rig.consumer.pauses == [[0]]
+    assert rig.consumer.seeks == [(0, 3)]  # back to the refused record
+    assert rig.loop.paused == {0}
+    assert rig.ledger.partitions[0].buffered == 3
+    assert rig.ledger.partitions[1].buffered == 1
+
+    step(rig)
+    assert rig.ledger.partitions[0].next_offset == 3  # nothing read while paused
+    rig.producer.deliver(1)
+    step(rig)
+    assert rig.loop.paused == {0}  # 2 buffered: above the low-water mark
+    assert rig.consumer.resumes == [[0, 1]]  # only the resume of the fresh assignment
+    rig.producer.deliver(1)
+    step(rig)
+    assert rig.loop.paused == set()
+    assert rig.consumer.resumes[-1] == [0]
+
+    for _ in range(10):
+        step(rig)
+        forward(rig)
+        rig.producer.deliver()
+    # Every record once, in order, none skipped by the pause.
+    assert [i for i in forwarded(rig) if i.startswith("id-0-")] == [f"id-0-{o}" for o in range(6)]
+    step(rig, commit=True)
+    assert async_commits(rig)[-1] == [(0, 6), (1, 1)]
+    assert len(rig.consumer.pauses) >= 2  # the second batch filled it again
+
+
+def test_the_memory_budget_pauses_too_and_an_empty_level_still_takes_one_record(clock):
+    rig = subscribed(make_rig(clock=clock, max_bytes=4096))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3, value=b"x" * 3000)
+    rig.producer.hold_reports = True
+    step(rig)
+    assert rig.ledger.partitions[0].buffered == 1  # one oversized record is let in
+    assert rig.consumer.seeks == [(0, 1)]
+    rig.producer.deliver()
+    for _ in range(6):
+        step(rig)
+        rig.producer.deliver()
+    assert forwarded(rig) == ["id-0-0", "id-0-1", "id-0-2"]
+    assert rig.budget.used == 0
+
+
+# -- rebalancing -------------------------------------------------------------------------
+def prepare_two_partitions(rig: Rig) -> None:
+    """p0: offset 0 acknowledged, 1 in flight, 2 not yet due; p1: offset 0 not yet due."""
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 0, age_ms=0)
+    append(rig, 1, age_ms=0)
+    rig.producer.hold_reports = True
+    step(rig)
+    assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1"]
+    rig.producer.deliver(1)
+    assert rig.ledger.partitions[0].committable() == 1
+
+
+def test_a_revoke_drops_the_partition_commits_what_is_safe_and_ignores_late_reports(rig, clock):
+    prepare_two_partitions(rig)
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert sync_commits(rig) == [[(0, 1)]]  # synchronously, only the safe offset
+    assert async_commits(rig) == []
+    assert rig.loop.owned() == [1]
+    assert len(rig.scheduler) == 1  # p0's not-yet-due record is gone from the buffer
+    assert rig.ledger.total_buffered == 1
+
+    rig.producer.deliver()  # the in-flight record's ack arrives after the revoke
+    assert rig.ledger.total_buffered == 1
+    clock.advance(DELAY / 1000)
+    forward(rig)
+    rig.producer.deliver()
+    assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1", "id-1-0"]
+    step(rig, commit=True)
+    assert async_commits(rig) == [[(1, 1)]]
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
+
+
+@pytest.mark.parametrize("failure", ["raises", "partition_error"])
+def test_a_failed_commit_on_revoke_is_counted_and_survived(rig, failure):
+    prepare_two_partitions(rig)
+    if failure == "raises":
+        rig.consumer.commit_raises = KafkaException(kafka_error(KafkaError.REBALANCE_IN_PROGRESS))
+    else:
+        rig.consumer.commit_outcome = lambda offsets: (
+            None,
+            [
+                ErrorTopicPartition(
+                    tp.topic, tp.partition, tp.offset, kafka_error(KafkaError.REQUEST_TIMED_OUT)
+                )
+                for tp in offsets
+            ],
+        )
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert sync_commits(rig) == [[(0, 1)]]
+    assert rig.consumer.committed == {}
+    assert rig.loop.owned() == [1]
+    assert rig.metric("delayservice_commit_failures_total") == 1
+    assert rig.metric("delayservice_commits_total") == 0
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
+
+
+def test_a_lost_partition_is_dropped_without_a_commit(rig, clock):
+    prepare_two_partitions(rig)
+    rig.consumer.queue_rebalance("lost", 0)
+    step(rig)
+    assert rig.consumer.commits == []
+    assert rig.loop.owned() == [1]
+    assert len(rig.scheduler) == 1
+    rig.producer.deliver()  # late ack of p0's in-flight record
+    assert rig.ledger.total_buffered == 1
+    clock.advance(DELAY / 1000)
+    forward(rig)
+    assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1", "id-1-0"]
+    rig.producer.deliver()
+    step(rig, commit=True)
+    assert [p for offsets in async_commits(rig) for p, _o in offsets] == [1]
+
+
+def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause(clock):
+    rig = subscribed(make_rig(clock=clock, high_water=2, low_water=0))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 4, age_ms=0)
+    step(rig)
+    assert rig.consumer.paused == {0}
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert rig.loop.paused == set()
+    assert rig.consumer.paused == {0}  # librdkafka keeps the pause across re-assignment
+    rig.consumer.queue_rebalance("assign", 0)
+    step(rig)
+    step(rig)
+    assert rig.consumer.paused == {0}  # filled up again, from the committed offset
+    assert rig.ledger.partitions[0].buffered == 2
+    assert rig.ledger.partitions[0].next_offset == 2
+    assert [0] in rig.consumer.resumes
+
+
+# -- commit results -----------------------------------------------------------------------
+def settled_on_two_partitions(rig: Rig) -> None:
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    assert rig.ledger.total_buffered == 0
+
+
+def test_a_confirmed_commit_counts_and_is_not_asked_again(rig):
+    settled_on_two_partitions(rig)
+    step(rig, commit=True)
+    step(rig)
+    assert rig.metric("delayservice_commits_total") == 1
+    assert rig.metric("delayservice_commit_failures_total") == 0
+    step(rig, commit=True)
+    assert async_commits(rig) == [[(0, 2), (1, 1)]]
+
+
+def test_a_commit_failing_as_a_whole_counts_nothing_and_is_asked_again(rig):
+    settled_on_two_partitions(rig)
+    rig.consumer.commit_outcome = lambda offsets: (
+        kafka_error(KafkaError.REBALANCE_IN_PROGRESS),
+        list(offsets),
+    )
+    step(rig, commit=True)
+    step(rig)
+    assert rig.metric("delayservice_commit_failures_total") == 1
+    assert rig.metric("delayservice_commits_total") == 0
+    assert rig.ledger.to_commit() == [(0, 2), (1, 1)]
+    step(rig, commit=True)
+    assert async_commits(rig) == [[(0, 2), (1, 1)], [(0, 2), (1, 1)]]
+
+
+def test_a_partition_failing_in_a_commit_is_asked_again_alone(rig):
+    settled_on_two_partitions(rig)
+
+    def half(offsets):
+        return None, [
+            ErrorTopicPartition(
+                tp.topic, tp.partition, tp.offset, kafka_error(KafkaError.REQUEST_TIMED_OUT)
+            )
+            if tp.partition == 1
+            else tp
+            for tp in offsets
+        ]
+
+    rig.consumer.commit_outcome = half
+    step(rig, commit=True)
+    step(rig)
+    assert rig.metric("delayservice_commits_total") == 1
+    assert rig.metric("delayservice_commit_failures_total") == 1
+    step(rig, commit=True)
+    assert async_commits(rig)[-1] == [(1, 1)]
+
+
+def test_no_offset_to_commit_is_not_a_failure(rig):
+    rig.loop.on_commit(kafka_error(KafkaError._NO_OFFSET), [])
+    assert rig.metric("delayservice_commit_failures_total") == 0
+
+
+# -- bad input and surprises ------------------------------------------------------------
+def raw(**fields: object) -> list[tuple[str, object]]:
+    """Envelope headers as bytes on the wire, with some fields replaced (None drops one)."""
+    wire: dict[str, object] = {
+        "delay-v": b"1",
+        "delay-target": TARGET.encode(),
+        "delay-ms": b"5000",
+        "delay-id": b"x",
+    }
+    wire.update({name.replace("_", "-"): value for name, value in fields.items()})
+    return [(name, value) for name, value in wire.items() if value is not ...]
+
+
+# (headers as the consumer returns them, dead-letter reason or None when forwarded)
+HOSTILE: list[tuple[object, str | None]] = [
+    (None, "invalid_envelope"),
+    ([("trace", b"no envelope here")], "invalid_envelope"),
+    (raw(delay_target=b"\xed\xb3\xbf"), "invalid_envelope"),  # a UTF-8-encoded lone surrogate
+    (raw(delay_target=b"\xff\xfe"), "invalid_envelope"),
+    (raw(delay_target=None), "invalid_envelope"),
+    (raw(delay_target=...), "invalid_envelope"),
+    ([*raw(), ("delay-v", b"1")], "invalid_envelope"),
+    (raw(delay_v=b"2"), "invalid_envelope"),
+    (raw(delay_v=b"01"), "invalid_envelope"),
+    (raw(delay_ms=b"9" * 40), "invalid_envelope"),
+    (raw(delay_ms=b"-5"), "invalid_envelope"),
+    (raw(delay_ms=b" 5000"), "invalid_envelope"),
+    (raw(delay_ms="٣".encode()), "invalid_envelope"),
+    (raw(delay_id=b""), "invalid_envelope"),
+    (raw(delay_partition=b"99999999999"), "invalid_envelope"),
+    (raw(delay_target=b"or\x00ders"), "invalid_target"),
+    (raw(delay_target=b"__consumer_offsets"), "invalid_target"),
+    (raw(delay_target=LEVEL_TOPIC.encode()), "invalid_target"),
+    (raw(delay_target=DLQ.encode()), "invalid_target"),
+    (raw(delay_target=b"x" * 300), "invalid_target"),
+    (raw(delay_target=b"no-such-topic"), "unknown_topic"),
+    (raw(delay_partition=b"7"), "unknown_partition"),  # the target has 3
+    (raw(delay_ms=str(10**12).encode()), "delay_out_of_range"),
+    (raw(delay_due_ms=str(10**14).encode()), "delay_out_of_range"),
+    ([("\x00", None), ("", b""), ("ünï", b"\x00\xff" * 1000), *raw()], None),
+    ([("big", b"\xfe" * 300_000), *raw()], None),
+    (dict(raw()), None),
+]
+
+
+def test_hostile_headers_never_stop_the_loop_and_every_offset_commits(rig):
+    rig.consumer.queue_rebalance("assign", 0)
+    expected: dict[int, str] = {}
+    good = []
+    for headers, outcome in HOSTILE:
+        (before,) = append(rig, 0)
+        good.append(before)
+        (offset,) = append(rig, 0, headers=headers)
+        if outcome is not None:
+            expected[offset] = outcome
+        else:
+            good.append(offset)
+    for _ in range(3):
+        step(rig)
+        forward(rig)
+    step(rig, commit=True)
+
+    assert dead(rig) == expected
+    assert len(forwarded(rig)) == len(good)
+    assert async_commits(rig)[-1] == [(0, 2 * len(HOSTILE))]
+    assert rig.ledger.total_buffered == 0
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
+    assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 0
+
+
+def test_an_unexpected_produce_exception_dead_letters_that_record_and_the_loop_goes_on(rig):
+    def on_produce(sent: Sent) -> None:
+        if sent.topic == TARGET and sent.delay_id == "id-0-1":
+            raise RuntimeError("boom")
+
+    rig.producer.on_produce = on_produce
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    step(rig)
+    append(rig, 0, 2)
+    step(rig, commit=True)
+    assert forwarded(rig) == ["id-0-0", "id-0-2", "id-0-3", "id-0-4"]
+    assert dead(rig) == {1: "internal_error"}
+    assert async_commits(rig)[-1] == [(0, 5)]
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
+
+
+def test_an_exception_in_a_dead_letter_produce_costs_no_other_record_of_the_batch(rig):
+    """Invariant 7: one record's exception never escapes to the thread's loop. Here a
+    record bound for the dead-letter topic (no envelope) makes every produce raise."""
+
+    def on_produce(sent: Sent) -> None:
+        if sent.key == b"cursed":
+            raise RuntimeError("boom")
+
+    rig.producer.on_produce = on_produce
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0)
+    append(rig, 0, key=b"cursed", headers=[("no", b"envelope")])
+    append(rig, 0, 2)
+    try:
+        step(rig)
+    finally:
+        for _ in range(3):
+            step(rig)
+            forward(rig)
+    assert forwarded(rig) == ["id-0-0", "id-0-2", "id-0-3"]
+    # The cursed record stays unsettled (or is dead-lettered): never committed past unsent.
+    assert rig.ledger.partitions[0].committable() in (1, 4)
+
+
+def test_consume_errors_are_reported_and_survived(rig):
+    fatal = kafka_error(KafkaError._FATAL, fatal=True)
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.consumer.injected.extend([
+        message(0, 0, 0, error=kafka_error(KafkaError._PARTITION_EOF)),
+        message(0, 0, 0, error=kafka_error(KafkaError._ALL_BROKERS_DOWN)),
+    ])  # fmt: skip
+    step(rig)
+    assert rig.loop.broker_down
+    assert rig.fatal == []
+    append(rig, 0)
+    step(rig)
+    assert not rig.loop.broker_down  # a record arrived: the broker is back
+    rig.consumer.injected.append(message(0, 0, 0, error=fatal))
+    step(rig)
+    assert len(rig.fatal) == 1
+    assert forwarded(rig) == ["id-0-0"]
+
+
+# -- the loop's own thread --------------------------------------------------------------
+def start(rig: Rig) -> None:
+    rig.forwarder.start()
+    rig.loop.start()
+
+
+def stop(rig: Rig, timeout: float = 5.0) -> bool:
+    rig.loop.request_stop()
+    stopped = rig.loop.join(timeout)
+    rig.forwarder.stop(timeout=1.0)
+    return stopped
+
+
+def test_the_threads_forward_on_time_commit_and_stop_cleanly():
+    rig = make_rig(commit_interval_s=0.02)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    start(rig)
+    try:
+        wait_for(rig.loop.first_assignment.is_set, "the first assignment")
+        for p in (0, 1):
+            append(rig, p, 5, age_ms=DELAY - 150)  # due in 150 ms
+        wait_for(lambda: rig.consumer.committed == {0: 5, 1: 5}, "every offset committed")
+        assert rig.consumer.consume_calls > 0
+        rig.consumer.queue_rebalance("revoke", 1)
+        wait_for(lambda: rig.loop.owned() == [0], "the revoke")
+    finally:
+        assert stop(rig)
+    assert rig.consumer.closed
+    assert not rig.forwarder.is_alive()
+    assert len(forwarded(rig)) == 10
+    for sent in rig.producer.to(TARGET):
+        assert sent.at * 1000 >= int(sent.header("delay-due-ms"))
+    assert rig.fatal == []
+
+
+def full_queue(_sent: Sent) -> None:
+    raise BufferError("Local: Queue full")
+
+
+def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent(monkeypatch):
+    monkeypatch.setattr(forwarder_module, "QUEUE_FULL_WAIT_S", 0.2)
+    rig = make_rig(commit_interval_s=0.02)
+    rig.producer.on_produce = full_queue
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    start(rig)
+    try:
+        wait_for(lambda: len(rig.producer.attempts) >= 3, "the full queue to be hit")
+    finally:
+        started = time.monotonic()
+        stopped = stop(rig)
+    assert stopped
+    assert time.monotonic() - started < 2.0
+    assert rig.producer.sent == []
+    assert rig.consumer.closed
+    assert all(offset == 0 for _a, offsets in rig.consumer.commits for _p, offset in offsets)
+    assert rig.consumer.committed.get(0, 0) == 0
+
+
+def test_a_stop_is_not_held_up_by_a_batch_of_dead_letters_and_a_full_queue():
+    """The forwarder's queue-full wait ends at a stop, but the consumer thread sends
+    dead letters through `submit` and its stop does not reach that wait: each record of
+    the batch then waits QUEUE_FULL_WAIT_S (1 s) in turn."""
+    rig = make_rig(commit_interval_s=0.02)
+    rig.producer.on_produce = full_queue
+    rig.consumer.queue_rebalance("assign", 0)
+    for _ in range(8):
+        append(rig, 0, headers=[("no", b"envelope")])
+    start(rig)
+    try:
+        wait_for(lambda: len(rig.producer.attempts) >= 1, "the full queue to be hit")
+        started = time.monotonic()
+        rig.loop.request_stop()
+        stopped = rig.loop.join(2.0)
+        elapsed = time.monotonic() - started
+    finally:
+        rig.producer.on_produce = None  # let a stuck thread finish quickly
+        stop(rig)
+    assert stopped, f"the consumer thread was still busy {elapsed:.1f}s after the stop"
+    assert all(offset == 0 for _a, offsets in rig.consumer.commits for _p, offset in offsets)
