@@ -13,6 +13,7 @@ command -v java >/dev/null || packages+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || packages+=(maven)
 if [ "${TEST_TOOLS:-0}" = 1 ]; then
   command -v prometheus >/dev/null || packages+=(prometheus)
+  command -v openssl >/dev/null || packages+=(openssl)  # PEM fixtures of the audit's TLS test
   command -v npm >/dev/null || packages+=(nodejs npm)
 fi
 if [ ${#packages[@]} -gt 0 ]; then

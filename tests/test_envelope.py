@@ -110,7 +110,17 @@ def test_a_field_present_without_a_value_is_an_envelope_error(field):
 
 @pytest.mark.parametrize(
     "value",
-    [b" 5", b"5 ", b"1_000", "١٢".encode(), "１２".encode(), b"+5", b"9" * 16, b"9" * 5000, b"0x10"],
+    [
+        b" 5",
+        b"5 ",
+        b"1_000",
+        "\u0661\u0662".encode(),  # Arabic-Indic digits: int() takes them
+        "\uff11\uff12".encode(),  # full-width digits: so does int()
+        b"+5",
+        b"9" * 16,
+        b"9" * 5000,
+        b"0x10",
+    ],
 )
 def test_numbers_are_plain_ascii_decimal_and_bounded(value):
     with pytest.raises(EnvelopeError, match="delay-ms is not a decimal number"):
@@ -146,4 +156,6 @@ def test_any_headers_at_all_give_an_envelope_or_an_envelope_error(headers):
         envelope, _user, _size = unwrap(headers)
     except EnvelopeError:
         return
-    assert envelope.target and envelope.id and envelope.delay_ms >= 0
+    assert envelope.target
+    assert envelope.id
+    assert envelope.delay_ms >= 0

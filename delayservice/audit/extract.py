@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from delayservice.audit import AuditError, transform
+from delayservice.audit.kafka_options import describe, prefixed
 from delayservice.kafka import client_config
 from delayservice.settings import Settings
 
@@ -197,9 +198,22 @@ def record_count(ranges: Ranges) -> int:
 def read_kafka(
     spark: SparkSession, bootstrap: str, ranges: Ranges, kafka_options: Mapping[str, str]
 ) -> DataFrame:
-    """A batch DataFrame of exactly these ranges, headers included (Spark's Kafka schema)."""
+    """A batch DataFrame of exactly these ranges, headers included (Spark's Kafka schema).
+
+    `kafka_options` are Java client settings (see kafka_options.spark_options); they are
+    applied after the bootstrap servers, so a `bootstrap.servers` among them wins, as it
+    does for the daemon's own clients.
+    """
     if not ranges or record_count(ranges) == 0:
         return empty_kafka_frame(spark)
+    options = prefixed(kafka_options)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "reading %d records of %s with %s",
+            record_count(ranges),
+            ", ".join(sorted(ranges)),
+            describe(options),
+        )
     reader = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -218,8 +232,8 @@ def read_kafka(
         )
         .option("includeHeaders", "true")
     )
-    for key, value in kafka_options.items():
-        reader = reader.option(key if key.startswith("kafka.") else f"kafka.{key}", value)
+    for key, value in options.items():
+        reader = reader.option(key, value)
     return reader.load()
 
 

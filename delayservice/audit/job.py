@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, transform
 from delayservice.audit.extract import Extracted, Progress, Window, extract, record_count
+from delayservice.audit.kafka_options import describe, spark_options
 from delayservice.audit.transform import SummaryRow
 from delayservice.settings import Settings
 
@@ -29,14 +31,20 @@ DEFAULT_GRACE_MS = 60_000
 
 @dataclass(frozen=True)
 class AuditOptions:
+    """What one audit run does. `kafka_options` are explicit Java client settings for
+    Spark's Kafka source, laid over the settings file's own Kafka settings (translated
+    from librdkafka) unless `kafka_settings` is off. They may hold credentials, so they
+    stay out of the repr."""
+
     window: Window = field(default_factory=Window)
     grace_ms: int = DEFAULT_GRACE_MS
     targets: list[str] | None = None
     out_dir: Path = Path("delayservice-audit")
     master: str | None = None
     spark_conf: dict[str, str] = field(default_factory=dict)
-    kafka_options: dict[str, str] = field(default_factory=dict)
+    kafka_options: dict[str, str] = field(default_factory=dict, repr=False)
     spark_progress_bar: bool = False
+    kafka_settings: bool = True
 
 
 @dataclass
@@ -70,8 +78,10 @@ def run(
 ) -> AuditReport:
     """Run the audit; starts (and stops) its own SparkSession unless one is passed in."""
     session.require_extras()
+    # Before Spark starts: a Kafka setting the audit cannot translate fails in a second.
+    kafka = kafka_client_options(settings, options)
     if spark is not None:
-        return audit(spark, settings, options, progress)
+        return audit(spark, settings, options, progress, kafka_options=kafka)
     progress("preparing Spark's Kafka connector")
     conf = session.spark_conf(
         jars.connector_jars(), options.spark_conf, show_progress=options.spark_progress_bar
@@ -79,22 +89,38 @@ def run(
     progress(f"starting Spark ({options.master or session.DEFAULT_MASTER})")
     own = session.start(options.master, conf)
     try:
-        return audit(own, settings, options, progress)
+        return audit(own, settings, options, progress, kafka_options=kafka)
     finally:
         own.stop()
 
 
+def kafka_client_options(settings: Settings, options: AuditOptions) -> dict[str, str]:
+    """Spark's Kafka source options: the settings file's `kafka` and `consumer` keys in
+    the Java client's terms, so the audit connects as the daemon does, then the explicit
+    options on top."""
+    return spark_options(settings, options.kafka_options, from_settings=options.kafka_settings)
+
+
 def audit(
-    spark: SparkSession, settings: Settings, options: AuditOptions, progress: Progress
+    spark: SparkSession,
+    settings: Settings,
+    options: AuditOptions,
+    progress: Progress,
+    *,
+    kafka_options: Mapping[str, str] | None = None,
 ) -> AuditReport:
+    """The audit on a running SparkSession; `kafka_options` when already translated."""
     started = time.monotonic()
     levels = settings.level_set()
+    if kafka_options is None:
+        kafka_options = kafka_client_options(settings, options)
+    progress(f"Kafka client settings for Spark: {describe(kafka_options)}")
     data = extract(
         spark,
         settings,
         options.window,
         targets=options.targets,
-        kafka_options=options.kafka_options,
+        kafka_options=kafka_options,
         progress=progress,
     )
     try:

@@ -52,11 +52,16 @@ def parse_instant(text: str, now_ms: int) -> int:
 
 
 def parse_pairs(items: list[str] | None, option: str) -> dict[str, str]:
+    """key=value pairs; a malformed one is named in the error unless it may hold a secret
+    (without `=` there is no telling the key from the value, so the whole text is judged)."""
+    from delayservice.audit.kafka_options import is_sensitive  # keeps --help fast
+
     pairs = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise fail(f"{option} {item!r} is not key=value", 2)
+            shown = "(not shown: it may hold a secret)" if is_sensitive(item) else repr(item)
+            raise fail(f"{option} {shown} is not key=value", 2)
         pairs[key.strip()] = value
     return pairs
 
@@ -133,8 +138,18 @@ KafkaOption = Annotated[
     typer.Option(
         "--kafka-option",
         show_default=False,
-        help="A Kafka client setting for Spark's Kafka source, key=value, repeatable "
-        "(e.g. security.protocol=SSL).",
+        help="A Java Kafka client setting for Spark's Kafka source, key=value, repeatable "
+        "(e.g. sasl.jaas.config=...); wins over the translated settings file.",
+    ),
+]
+KafkaSettingsOption = Annotated[
+    bool,
+    _option(
+        "KAFKA_SETTINGS",
+        "Translate the settings file's kafka and consumer keys (librdkafka) for Spark's "
+        "Kafka source; --no-kafka-settings leaves only the --kafka-option pairs.",
+        "--kafka-settings/--no-kafka-settings",
+        show_default=True,
     ),
 ]
 
@@ -154,9 +169,21 @@ def audit(
     master: MasterOption = None,
     conf: ConfOption = None,
     kafka_option: KafkaOption = None,
+    kafka_settings: KafkaSettingsOption = True,
 ) -> None:
     """Reconcile the delay topics with the target topics on Spark; exit 3 if any message is
-    missing or early."""
+    missing or early.
+
+    Spark reads Kafka with the same settings as the daemon: the settings file's kafka and
+    consumer keys are translated from librdkafka to the Java client. security.protocol
+    passes through; sasl.mechanisms with sasl.username and sasl.password (PLAIN,
+    SCRAM-SHA-256/512) become sasl.jaas.config; ssl.ca.location becomes a PEM trust store;
+    ssl.certificate.location and ssl.key.location (PKCS#8; ssl.key.password if encrypted)
+    become a PEM key store. librdkafka-only tuning keys are left out with a warning. A
+    security key with no known translation stops the audit (exit 2) unless a
+    --kafka-option with the Java setting replaces it. Passwords, keys and JAAS lines are
+    shown as ***.
+    """
     from delayservice.audit.extract import Window  # keeps --help fast
     from delayservice.audit.job import AuditOptions, run
     from delayservice.audit.load import console_table
@@ -186,6 +213,7 @@ def audit(
         spark_conf=parse_pairs(conf, "--conf"),
         kafka_options=parse_pairs(kafka_option, "--kafka-option"),
         spark_progress_bar=stderr_is_terminal(),
+        kafka_settings=kafka_settings,
     )
 
     started = time.monotonic()
