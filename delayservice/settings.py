@@ -21,13 +21,10 @@ from delayservice.errors import ConfigError
 from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet
 
 ENV_PREFIX = "DELAYSERVICE_"
-# Variables with these prefixes belong to the test harness and the CLI, not to the daemon.
-_NOT_SETTINGS = (
-    "DELAYSERVICE_TEST_",
-    "DELAYSERVICE_CONFIG",
-    "DELAYSERVICE_CHECK_URL",
-    "DELAYSERVICE_AUDIT_",
-)
+# Variables that belong to the test harness and the CLI, not to the daemon: these
+# prefixes, and these exact names (so that DELAYSERVICE_CONFIGS is still an error).
+_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_AUDIT_")
+_NOT_SETTINGS_EXACT = frozenset({"DELAYSERVICE_CONFIG", "DELAYSERVICE_CHECK_URL"})
 
 MiB = 1024 * 1024
 REDACTED = "<redacted>"
@@ -148,6 +145,7 @@ def _unknown_env() -> list[str]:
         for key in os.environ
         if key.upper().startswith(ENV_PREFIX)
         and key.upper() not in known
+        and key.upper() not in _NOT_SETTINGS_EXACT
         and not key.upper().startswith(_NOT_SETTINGS)
     )
 

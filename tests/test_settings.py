@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 
 from delayservice.errors import ConfigError
@@ -68,8 +70,90 @@ def test_the_shipped_example_config_loads():
     assert settings.level_set().max_delay_ms == 7_200_000
 
 
-def test_command_variables_are_not_mistaken_for_settings(monkeypatch):
-    for name in ("DELAYSERVICE_CHECK_URL", "DELAYSERVICE_AUDIT_GRACE", "DELAYSERVICE_CONFIG"):
-        monkeypatch.setenv(name, "x")
-    monkeypatch.delenv("DELAYSERVICE_CONFIG")
-    assert load_settings().group_id == "delayservice"
+@pytest.mark.parametrize(
+    "name",
+    [
+        "DELAYSERVICE_CONFIG",
+        "DELAYSERVICE_CHECK_URL",
+        "DELAYSERVICE_AUDIT_GRACE",
+        "DELAYSERVICE_TEST_BOOTSTRAP",
+    ],
+)
+def test_command_variables_are_not_mistaken_for_settings(monkeypatch, name):
+    """These belong to the CLI and the test harness; the daemon must start with them set."""
+    monkeypatch.setenv(name, "x")
+    monkeypatch.setenv("DELAYSERVICE_GROUP_ID", "from-env")
+    assert load_settings().group_id == "from-env"
+
+
+def test_a_variable_that_only_starts_like_a_command_variable_is_still_checked(monkeypatch):
+    """The exemption is by prefix; a misspelt setting next to it is still an error."""
+    monkeypatch.setenv("DELAYSERVICE_CONFIG", "x")
+    monkeypatch.setenv("DELAYSERVICE_GROUPID", "x")
+    with pytest.raises(ConfigError, match="DELAYSERVICE_GROUPID"):
+        load_settings()
+
+
+def test_instance_name_defaults_to_the_host_name_and_may_be_set(monkeypatch):
+    monkeypatch.delenv("DELAYSERVICE_INSTANCE_NAME", raising=False)
+    assert load_settings().instance_name == socket.gethostname()
+    monkeypatch.setenv("DELAYSERVICE_INSTANCE_NAME", "broker-7")
+    assert load_settings().instance_name == "broker-7"
+
+
+def test_an_empty_instance_name_is_an_error(monkeypatch):
+    """An empty name would give every instance the same static member id."""
+    with pytest.raises(ConfigError, match="instance_name"):
+        load_settings(instance_name="")
+    monkeypatch.setenv("DELAYSERVICE_INSTANCE_NAME", "")
+    with pytest.raises(ConfigError, match="instance_name"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "setting"),
+    [
+        ({"session_timeout_s": 0.5}, "session_timeout_s"),
+        ({"session_timeout_s": 301}, "session_timeout_s"),
+        ({"retry_give_up_s": 0}, "retry_give_up_s"),
+        ({"retry_give_up_s": -1}, "retry_give_up_s"),
+        ({"max_buffered_bytes": 1024 * 1024 - 1}, "max_buffered_bytes"),
+        ({"instance_name": "x" * 201}, "instance_name"),
+    ],
+)
+def test_new_settings_out_of_bounds_name_the_setting(overrides, setting):
+    with pytest.raises(ConfigError, match=setting):
+        load_settings(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attribute", "expected"),
+    [
+        ({"session_timeout_s": 1}, "session_timeout_s", 1.0),
+        ({"session_timeout_s": 300}, "session_timeout_s", 300.0),
+        ({"retry_give_up_s": 0.5}, "retry_give_up_s", 0.5),
+        ({"max_buffered_bytes": 1024 * 1024}, "max_buffered_bytes", 1024 * 1024),
+    ],
+)
+def test_new_settings_accept_their_bounds(overrides, attribute, expected):
+    assert getattr(load_settings(**overrides), attribute) == expected
+
+
+def test_new_settings_defaults_and_environment(monkeypatch):
+    for name in ("SESSION_TIMEOUT_S", "RETRY_GIVE_UP_S", "MAX_BUFFERED_BYTES"):
+        monkeypatch.delenv(f"DELAYSERVICE_{name}", raising=False)
+    defaults = load_settings()
+    assert defaults.session_timeout_s == 10.0
+    assert defaults.retry_give_up_s == 300.0
+    assert defaults.max_buffered_bytes == 768 * 1024 * 1024
+    monkeypatch.setenv("DELAYSERVICE_SESSION_TIMEOUT_S", "45")
+    monkeypatch.setenv("DELAYSERVICE_MAX_BUFFERED_BYTES", str(64 * 1024 * 1024))
+    from_env = load_settings()
+    assert from_env.session_timeout_s == 45.0
+    assert from_env.max_buffered_bytes == 64 * 1024 * 1024
+
+
+def test_a_near_miss_of_a_command_variable_is_still_an_error(monkeypatch):
+    monkeypatch.setenv("DELAYSERVICE_CONFIGS", "x")
+    with pytest.raises(ConfigError, match="DELAYSERVICE_CONFIGS"):
+        load_settings()

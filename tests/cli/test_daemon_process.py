@@ -9,13 +9,17 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
 pytestmark = pytest.mark.kafka
 
 
-def _env(settings, port: int) -> dict[str, str]:
+def _env(settings, port: int, instance: str, session_timeout_s: float = 6) -> dict[str, str]:
+    """Environment of one daemon process; `instance` is its static-membership name, so
+    a restart with the same environment takes the dead process's partitions back."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
     env.update(
         {
@@ -28,8 +32,8 @@ def _env(settings, port: int) -> dict[str, str]:
             "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
             "DELAYSERVICE_METRICS_PORT": str(port),
             "DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "15",
-            # A killed member holds its partitions until its session times out (45 s default).
-            "DELAYSERVICE_CONSUMER": '{"session.timeout.ms": "6000"}',
+            "DELAYSERVICE_INSTANCE_NAME": instance,
+            "DELAYSERVICE_SESSION_TIMEOUT_S": str(session_timeout_s),
         }
     )
     return env
@@ -64,13 +68,63 @@ def _metric(port: int, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
 
 
+def _delay_id(record) -> str:
+    return dict(record.headers())["delay-id"].decode()
+
+
+def _read_all(bootstrap: str, topic: str, timeout: float = 30) -> list:
+    """Every record `topic` holds right now (up to each partition's end offset)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-all-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        }
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending = {p for p, end in ends.items() if end > 0}
+        records = []
+        deadline = time.monotonic() + timeout
+        while pending:
+            assert time.monotonic() < deadline, f"{topic}: could not read to the end"
+            records.extend(
+                m
+                for m in consumer.consume(1000, 0.5)
+                if m.error() is None and m.offset() < ends[m.partition()]
+            )
+            # Positions, not record offsets: they also move past any control records.
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
+        return records
+    finally:
+        consumer.close()
+
+
+def _read_until_ids(bootstrap: str, topic: str, ids: set[str], timeout: float) -> list:
+    """Re-read `topic` until it holds every id or `timeout` passes; returns what it holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _read_all(bootstrap, topic)
+        if ids <= {_delay_id(r) for r in records} or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def test_kill_9_mid_stream_then_restart_delivers_every_message_at_least_once(testbed):
     settings = testbed.settings(levels="1s,2s")
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"crash-{testbed.tag}")
     port = _free_port()
-    env = _env(settings, port)
+    env = _env(settings, port, instance=f"{testbed.tag}-crash")
     process = _start(env)
+    forwarded = 0.0
     try:
         testbed.wait_for(lambda: _ready(port), 60, "the daemon to be ready")
         producer = testbed.producer(settings)
@@ -83,40 +137,98 @@ def test_kill_9_mid_stream_then_restart_delivers_every_message_at_least_once(tes
             )
             if i % 500 == 0:
                 producer.flush(10)
-        producer.flush(10)
-        testbed.wait_for(
-            lambda: _metric(port, "delayservice_forwarded_total") > 500,
-            60,
-            "some messages to be forwarded",
-        )
+        assert producer.flush(10) == 0
+
+        def some_forwarded() -> bool:
+            nonlocal forwarded
+            forwarded = _metric(port, "delayservice_forwarded_total")
+            return forwarded > 500
+
+        testbed.wait_for(some_forwarded, 60, "some messages to be forwarded")
         process.send_signal(signal.SIGKILL)
-        process.wait(10)
-        forwarded_before = "killed"
+        assert process.wait(10) == -signal.SIGKILL
     finally:
         if process.poll() is None:
             process.kill()
-    assert forwarded_before == "killed"
+    # Mid-stream: what the killed process had acknowledged is on the target, not all of it.
+    before = {_delay_id(r) for r in _read_all(testbed.bootstrap, target)}
+    assert before <= ids
+    assert len(before) >= forwarded > 500
+    assert len(before) < len(ids), "everything was forwarded before the kill"
     restarted = _start(env)
     try:
-        delivered = testbed.collect(target, len(ids), timeout=90)
-        got = {dict(r.headers())["delay-id"].decode() for r in delivered}
-        deadline = time.monotonic() + 60
-        while not ids <= got and time.monotonic() < deadline:
-            got |= {
-                dict(r.headers())["delay-id"].decode()
-                for r in testbed.collect(target, len(got) + 1, timeout=5)
-            }
+        delivered = _read_until_ids(testbed.bootstrap, target, ids, timeout=90)
+        got = {_delay_id(r) for r in delivered}
         assert ids <= got, f"{len(ids - got)} messages lost"
     finally:
         restarted.send_signal(signal.SIGTERM)
         restarted.wait(30)
 
 
+def test_a_restart_under_the_same_instance_name_takes_the_partitions_back_at_once(testbed):
+    """Static membership: with a 45 s session, a restart that had to wait for the killed
+    member's session to expire would deliver nothing for 45 s; reclaiming is immediate."""
+    session_timeout_s = 45
+    settings = testbed.settings(levels="1s")
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(
+        f"static-{testbed.tag}", config={"message.timestamp.type": "LogAppendTime"}
+    )
+    port = _free_port()
+    env = _env(settings, port, f"{testbed.tag}-static", session_timeout_s=session_timeout_s)
+    producer = testbed.producer(settings)
+    first = _start(env)
+    try:
+        testbed.wait_for(lambda: _ready(port), 60, "the daemon to be ready")
+        # A forwarded probe shows the first process really owns the level's partitions.
+        probe = producer.produce(target, b"probe", delay=1)
+        assert producer.flush(10) == 0
+        assert {_delay_id(r) for r in testbed.collect(target, 1)} == {probe}
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(10) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+    restarted_ms = time.time() * 1000
+    restarted = _start(env)
+    try:
+        ids = {
+            producer.produce(target, f"s{i}".encode(), key=f"k{i}".encode(), delay=1)
+            for i in range(300)
+        }
+        assert producer.flush(10) == 0
+        # Read past the session timeout, so a failure shows how long delivery really took.
+        records = _read_until_ids(testbed.bootstrap, target, ids, timeout=session_timeout_s + 60)
+        assert restarted.poll() is None, "the restarted daemon exited"
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        try:
+            restarted.wait(30)
+        except subprocess.TimeoutExpired:
+            restarted.kill()
+    arrived: dict[str, int] = {}
+    for record in records:
+        kind, stamp = record.timestamp()
+        assert kind == TIMESTAMP_LOG_APPEND_TIME
+        due = int(dict(record.headers())["delay-due-ms"])
+        assert stamp >= due, f"{_delay_id(record)} arrived {due - stamp} ms before it was due"
+        if _delay_id(record) in ids:
+            arrived[_delay_id(record)] = min(stamp, arrived.get(_delay_id(record), stamp))
+    missing = ids - arrived.keys()
+    assert not missing, f"{len(missing)} of {len(ids)} never arrived after the restart"
+    last_s = (max(arrived.values()) - restarted_ms) / 1000
+    first_s = (min(arrived.values()) - restarted_ms) / 1000
+    assert last_s < 20, (
+        f"records arrived {first_s:.1f}-{last_s:.1f}s after the restart "
+        f"(session timeout {session_timeout_s}s): partitions were not taken back at once"
+    )
+
+
 def test_sigterm_commits_flushes_and_exits_0_within_the_timeout(testbed):
     settings = testbed.settings(levels="1s")
     testbed.create_delay_topics(settings)
     port = _free_port()
-    process = _start(_env(settings, port))
+    process = _start(_env(settings, port, f"{testbed.tag}-term"))
     testbed.wait_for(lambda: _ready(port), 60, "the daemon to be ready")
     started = time.monotonic()
     process.send_signal(signal.SIGTERM)
@@ -131,6 +243,7 @@ def test_unreachable_broker_reports_not_ready_and_still_stops_cleanly():
     env.update(
         {
             "DELAYSERVICE_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
+            "DELAYSERVICE_INSTANCE_NAME": f"unreachable-{uuid.uuid4().hex[:8]}",
             "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
             "DELAYSERVICE_METRICS_PORT": str(port),
         }
