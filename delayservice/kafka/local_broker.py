@@ -170,6 +170,21 @@ class LocalBroker:
         self.kill()
         self._launch(timeout)
 
+    def freeze(self) -> None:
+        """SIGSTOP the broker JVM: its sockets stay open but nothing answers, as in a
+        long GC pause or a stalled VM, which looks different to clients from a crash."""
+        import signal
+
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after `freeze`; harmless when the broker is not frozen."""
+        import signal
+
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
+
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient  # slow import, only when starting
 

@@ -136,6 +136,13 @@ class ServiceMetrics:
             ["level", "thread"],
             registry=registry,
         )
+        self.consumer_rebuilds = Counter(
+            "delayservice_consumer_rebuilds",
+            "Consumers replaced after a fatal error (e.g. fenced after a coordinator "
+            "failover); what they held is re-read.",
+            ["level"],
+            registry=registry,
+        )
         self.dead_letter_stubs = Counter(
             "delayservice_dead_letter_stubs",
             "Dead letters sent without key and value because the full copy did not fit.",

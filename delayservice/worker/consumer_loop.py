@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
+from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.timers.base import Scheduler
 from delayservice.worker.admission import Admission
@@ -40,6 +42,8 @@ POLL_TIMEOUT_S = 0.2
 LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
 ERROR_PAUSE_S = 0.5
+REBUILDS_ALLOWED = 5
+REBUILD_WINDOW_S = 300.0
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
@@ -62,7 +66,11 @@ class ConsumerLoop:
         on_fatal: Callable[[str], None],
     ) -> None:
         self.level = level
-        self._consumer = make_consumer({"error_cb": self.on_error, "on_commit": self.on_commit})
+        self._make_consumer = make_consumer
+        self._consumer = self._new_consumer()
+        self._consumer_failed: str | None = None
+        self._rebuilds: deque[float] = deque()
+        self._throttle = Throttle()
         self._flush_timeout = flush_timeout_s
         self._producer = producer
         self._scheduler = scheduler
@@ -83,6 +91,7 @@ class ConsumerLoop:
         self._m_commit_failures = metrics.commit_failures.labels(name)
         self._m_assigned = metrics.assigned_partitions.labels(name)
         self._m_loop_errors = metrics.loop_errors.labels(name, "consumer")
+        self._m_rebuilds = metrics.consumer_rebuilds.labels(name)
         self.paused: set[int] = set()
         self._rewind: dict[int, int] = {}
         self._to_resume_on_assign: list[int] = []
@@ -112,14 +121,20 @@ class ConsumerLoop:
     def owned(self) -> list[int]:
         return sorted(self._ledger.partitions)
 
+    def _new_consumer(self) -> ConsumerClient:
+        return self._make_consumer({"error_cb": self.on_error, "on_commit": self.on_commit})
+
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during poll."""
-        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+        code = error.code()
+        if code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_down = True
             log.warning("%s: all brokers are down; retrying", self.level.topic)
-        elif error.fatal():
-            self._on_fatal(f"consumer of {self.level.topic}: {error.str()}")
-        else:
+        elif error.fatal() or code == KafkaError._FATAL:
+            # The client is unusable (for example fenced after a coordinator failover);
+            # the loop replaces it rather than stopping the process.
+            self._consumer_failed = error.str()
+        elif self._throttle.allow(code) is not None:
             log.info("%s: %s", self.level.topic, error.str())
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
@@ -130,14 +145,17 @@ class ConsumerLoop:
             log.exception("%s: handling a commit result failed", self.level.topic)
 
     # -- the loop ------------------------------------------------------------------
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(
+            [self.level.topic],
+            on_assign=self._guarded(self._assigned),
+            on_revoke=self._guarded(self._revoked),
+            on_lost=self._guarded(self._lost),
+        )
+
     def _main(self) -> None:
         try:
-            self._consumer.subscribe(
-                [self.level.topic],
-                on_assign=self._guarded(self._assigned),
-                on_revoke=self._guarded(self._revoked),
-                on_lost=self._guarded(self._lost),
-            )
+            self._subscribe()
         except Exception as exc:
             log.exception("consumer of %s could not subscribe", self.level.topic)
             self._on_fatal(f"consumer of {self.level.topic} could not subscribe: {exc}")
@@ -154,16 +172,55 @@ class ConsumerLoop:
         next_commit = next_lag = next_probe = time.monotonic()
         while not self._stopping.is_set():
             try:
+                if self._consumer_failed is not None and not self._rebuild():
+                    return
                 next_commit, next_lag, next_probe = self._iteration(
                     next_commit, next_lag, next_probe
                 )
             except KafkaException as exc:
-                if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].fatal():
-                    self._on_fatal(f"consumer of {self.level.topic}: {exc.args[0].str()}")
-                    return
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and (
+                    error.fatal() or error.code() == KafkaError._FATAL
+                ):
+                    self._consumer_failed = error.str()
+                    continue
                 self._survive(exc)
             except Exception as exc:
                 self._survive(exc)
+
+    def _rebuild(self) -> bool:
+        """Replace a consumer that hit a fatal error; False when that keeps happening.
+
+        What it held is dropped uncommitted, as on a lost assignment: the new consumer
+        re-reads from the last confirmed commit, so nothing is lost (some records may
+        be forwarded twice). Fencing that repeats means another live process uses this
+        instance name, which only an operator can fix.
+        """
+        why, topic = self._consumer_failed, self.level.topic
+        now = time.monotonic()
+        while self._rebuilds and now - self._rebuilds[0] > REBUILD_WINDOW_S:
+            self._rebuilds.popleft()
+        if len(self._rebuilds) >= REBUILDS_ALLOWED:
+            self._on_fatal(
+                f"consumer of {topic} failed {len(self._rebuilds) + 1} times in "
+                f"{REBUILD_WINDOW_S:.0f}s (last: {why}); if it is fenced, another live "
+                "process uses the same instance_name"
+            )
+            return False
+        self._rebuilds.append(now)
+        self._m_rebuilds.inc()
+        log.error("%s: consumer failed (%s); joining the group again with a new one", topic, why)
+        self._drop([TopicPartition(topic, p) for p in list(self._ledger.partitions)])
+        self._to_resume_on_assign.clear()
+        self.first_assignment.clear()
+        try:
+            self._consumer.close()
+        except Exception as exc:  # a failed client may refuse even this
+            log.warning("%s: closing the failed consumer: %s", topic, exc)
+        self._consumer_failed = None
+        self._consumer = self._new_consumer()
+        self._subscribe()
+        return True
 
     def _survive(self, exc: Exception) -> None:
         """An iteration failed for a reason of its own: log it, count it, carry on."""

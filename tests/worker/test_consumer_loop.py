@@ -517,7 +517,8 @@ def test_consume_errors_are_reported_and_survived(rig):
     assert not rig.loop.broker_down  # a record arrived: the broker is back
     rig.consumer.injected.append(message(0, 0, 0, error=fatal))
     step(rig)
-    assert len(rig.fatal) == 1
+    assert rig.fatal == []  # a fatal consumer error is the client's: it gets replaced
+    assert rig.loop._consumer_failed is not None
     assert forwarded(rig) == ["id-0-0"]
 
 
@@ -601,3 +602,32 @@ def test_a_stop_is_not_held_up_by_a_batch_of_dead_letters_and_a_full_queue():
         stop(rig)
     assert stopped, f"the consumer thread was still busy {elapsed:.1f}s after the stop"
     assert all(offset == 0 for _a, offsets in rig.consumer.commits for _p, offset in offsets)
+
+
+# -- a consumer that hit a fatal error -----------------------------------------------------
+def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
+    """After a coordinator failover librdkafka can fence a static member's commit; the
+    loop replaces the client instead of stopping, and drops what it held uncommitted."""
+    from delayservice.worker.consumer_loop import REBUILDS_ALLOWED
+
+    prepare_two_partitions(rig)
+    fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced", fatal=True)
+    rig.loop.on_error(fenced)
+    assert rig.loop._rebuild()
+    assert rig.consumer.closed
+    assert rig.loop.owned() == []
+    assert not rig.loop.first_assignment.is_set()  # not ready until assigned again
+    assert len(rig.scheduler) == 0
+    assert rig.ledger.total_buffered == 0
+    assert rig.consumer.commits == []  # nothing committed past what was forwarded
+    assert rig.metric("delayservice_consumer_rebuilds_total") == 1
+    assert rig.fatal == []
+    rig.producer.deliver()  # a late ack of the dropped in-flight record is ignored
+    assert rig.ledger.total_buffered == 0
+
+    for _ in range(REBUILDS_ALLOWED - 1):
+        rig.loop.on_error(fenced)
+        assert rig.loop._rebuild()
+    rig.loop.on_error(fenced)
+    assert not rig.loop._rebuild()  # fenced again and again: another process has the name
+    assert "instance_name" in rig.fatal[0]
