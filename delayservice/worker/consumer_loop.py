@@ -44,6 +44,7 @@ PROBE_INTERVAL_S = 2.0
 ERROR_PAUSE_S = 0.5
 REBUILDS_ALLOWED = 5
 REBUILD_WINDOW_S = 300.0
+CLOSE_WAIT_S = 5.0
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
@@ -64,10 +65,17 @@ class ConsumerLoop:
         commit_interval_s: float,
         flush_timeout_s: float,
         on_fatal: Callable[[str], None],
+        rejoin_timeout_s: float = 30.0,
     ) -> None:
+        """`rejoin_timeout_s`: how long a level may go without an assignment after losing
+        its partitions before its consumer is taken as wedged and replaced."""
         self.level = level
         self._make_consumer = make_consumer
+        self._generation = 0
         self._consumer = self._new_consumer()
+        self._rejoin_timeout = rejoin_timeout_s
+        self.unassigned_since: float | None = None
+        """Monotonic time the level lost its partitions and has not been assigned since."""
         self._consumer_failed: str | None = None
         self._rebuilds: deque[float] = deque()
         self._throttle = Throttle()
@@ -122,7 +130,20 @@ class ConsumerLoop:
         return sorted(self._ledger.partitions)
 
     def _new_consumer(self) -> ConsumerClient:
-        return self._make_consumer({"error_cb": self.on_error, "on_commit": self.on_commit})
+        """Callbacks are bound to this client: a replaced one that still reports while
+        it closes must not touch the state of its successor."""
+        self._generation += 1
+        generation = self._generation
+
+        def on_error(error: KafkaError) -> None:
+            if generation == self._generation:
+                self.on_error(error)
+
+        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+            if generation == self._generation:
+                self.on_commit(error, partitions)
+
+        return self._make_consumer({"error_cb": on_error, "on_commit": on_commit})
 
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during poll."""
@@ -146,11 +167,12 @@ class ConsumerLoop:
 
     # -- the loop ------------------------------------------------------------------
     def _subscribe(self) -> None:
+        generation = self._generation
         self._consumer.subscribe(
             [self.level.topic],
-            on_assign=self._guarded(self._assigned),
-            on_revoke=self._guarded(self._revoked),
-            on_lost=self._guarded(self._lost),
+            on_assign=self._guarded(self._assigned, generation),
+            on_revoke=self._guarded(self._revoked, generation),
+            on_lost=self._guarded(self._lost, generation),
         )
 
     def _main(self) -> None:
@@ -213,14 +235,24 @@ class ConsumerLoop:
         self._drop([TopicPartition(topic, p) for p in list(self._ledger.partitions)])
         self._to_resume_on_assign.clear()
         self.first_assignment.clear()
-        try:
-            self._consumer.close()
-        except Exception as exc:  # a failed client may refuse even this
-            log.warning("%s: closing the failed consumer: %s", topic, exc)
+        self.unassigned_since = None
+        self.paused.clear()
+        self._rewind.clear()
+        failed = self._consumer
         self._consumer_failed = None
-        self._consumer = self._new_consumer()
+        self._consumer = self._new_consumer()  # from here on the old one's callbacks are moot
+        # A wedged client may block in close(); never let it hold this thread.
+        closer = threading.Thread(target=self._close_quietly, args=(failed,), daemon=True)
+        closer.start()
+        closer.join(CLOSE_WAIT_S)
         self._subscribe()
         return True
+
+    def _close_quietly(self, consumer: ConsumerClient) -> None:
+        try:
+            consumer.close()
+        except Exception as exc:  # a failed client may refuse even this
+            log.warning("%s: closing the failed consumer: %s", self.level.topic, exc)
 
     def _survive(self, exc: Exception) -> None:
         """An iteration failed for a reason of its own: log it, count it, carry on."""
@@ -254,6 +286,15 @@ class ConsumerLoop:
         if now >= next_lag:
             self._admission.publish()
             next_lag = now + LAG_INTERVAL_S
+        if (
+            self.unassigned_since is not None
+            and now - self.unassigned_since > self._rejoin_timeout
+            and not self.broker_down
+        ):
+            self._consumer_failed = (
+                f"no assignment {now - self.unassigned_since:.0f}s after losing its "
+                "partitions while the broker answers"
+            )
         if self.broker_down and now >= next_probe:
             self._probe_broker()
             next_probe = now + PROBE_INTERVAL_S
@@ -362,11 +403,14 @@ class ConsumerLoop:
 
     # -- rebalancing ---------------------------------------------------------------
     def _guarded(
-        self, callback: Callable[[ConsumerClient, list[TopicPartition]], None]
+        self, callback: Callable[[ConsumerClient, list[TopicPartition]], None], generation: int
     ) -> Callable[[Any, list[TopicPartition]], None]:
-        """An exception inside a rebalance callback would surface from consume()."""
+        """An exception inside a rebalance callback would surface from consume(); and a
+        replaced client's callbacks (while it closes) are ignored."""
 
         def run(consumer: Any, partitions: list[TopicPartition]) -> None:
+            if generation != self._generation:
+                return
             try:
                 callback(consumer, partitions)
             except Exception:
@@ -381,6 +425,7 @@ class ConsumerLoop:
             self.paused.discard(tp.partition)
             self._rewind.pop(tp.partition, None)
             self._to_resume_on_assign.append(tp.partition)
+        self.unassigned_since = None
         self.first_assignment.set()
         log.info("%s: assigned %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
@@ -418,6 +463,8 @@ class ConsumerLoop:
 
     def _lost(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         self._drop(partitions)
+        if not self._ledger.partitions and self.unassigned_since is None:
+            self.unassigned_since = time.monotonic()
         log.warning("%s: lost %s", self.level.topic, sorted(tp.partition for tp in partitions))
 
     def _drop(self, partitions: list[TopicPartition]) -> None:

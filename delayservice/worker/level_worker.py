@@ -79,6 +79,7 @@ class LevelWorker:
             settings.commit_interval_s,
             flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
             on_fatal=on_fatal,
+            rejoin_timeout_s=max(10.0, 2 * settings.session_timeout_s),
         )
         metrics.level_delay.labels(level.name, level.topic).set(level.delay_ms / 1000)
 
@@ -101,5 +102,8 @@ class LevelWorker:
             return False, f"{topic}: broker unreachable"
         if not self.loop.first_assignment.is_set():
             return False, f"{topic}: waiting for the first assignment"
+        lost_at = self.loop.unassigned_since
+        if lost_at is not None:
+            return False, f"{topic}: lost its partitions {time.monotonic() - lost_at:.0f}s ago"
         owned = self.loop.owned()
         return True, f"{topic}: owns {','.join(map(str, owned)) if owned else 'no partitions'}"

@@ -48,13 +48,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 def subscribed(rig: Rig) -> Rig:
     """Subscribe as the loop's thread does before its first iteration."""
-    loop = rig.loop
-    rig.consumer.subscribe(
-        [LEVEL_TOPIC],
-        on_assign=loop._guarded(loop._assigned),
-        on_revoke=loop._guarded(loop._revoked),
-        on_lost=loop._guarded(loop._lost),
-    )
+    rig.loop._subscribe()
     rig.consumer.blocking = False
     return rig
 
@@ -631,3 +625,47 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     rig.loop.on_error(fenced)
     assert not rig.loop._rebuild()  # fenced again and again: another process has the name
     assert "instance_name" in rig.fatal[0]
+
+
+def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_consumer(
+    rig, monkeypatch
+):
+    """After a broker freeze librdkafka can lose the assignment and never rejoin; the
+    loop notices (and reports not ready) and replaces the client."""
+    from delayservice.worker import consumer_loop as consumer_loop_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(consumer_loop_module, "time", clock)
+    prepare_two_partitions(rig)
+    rig.consumer.queue_rebalance("lost", 0, 1)
+    step(rig)
+    assert rig.loop.unassigned_since == clock.monotonic()
+    clock.advance(29.0)  # within the rejoin timeout (30 s in the rig): keep waiting
+    step(rig)
+    assert rig.loop._consumer_failed is None
+    clock.advance(2.0)
+    step(rig)
+    assert "no assignment" in (rig.loop._consumer_failed or "")
+    assert rig.loop._rebuild()
+    assert rig.loop.unassigned_since is None
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    step(rig)
+    assert rig.loop.owned() == [0, 1]
+    assert rig.loop.first_assignment.is_set()
+    assert rig.fatal == []
+
+
+def test_an_empty_assignment_is_not_taken_for_a_lost_one(rig, monkeypatch):
+    """An instance the group gives nothing (more instances than partitions) is idle by
+    design and must not rejoin over and over."""
+    from delayservice.worker import consumer_loop as consumer_loop_module
+
+    clock = FakeClock()
+    monkeypatch.setattr(consumer_loop_module, "time", clock)
+    rig.consumer.queue_rebalance("assign")
+    step(rig)
+    assert rig.loop.first_assignment.is_set()
+    clock.advance(3600)
+    step(rig)
+    assert rig.loop.unassigned_since is None
+    assert rig.loop._consumer_failed is None

@@ -1,0 +1,184 @@
+"""Fixtures of the fault-injection suite, and the summary table printed at the end.
+
+Each scenario gets a `FaultRun`: uuid-named topics on a broker, daemons as real
+subprocesses, steady traffic, and a read-back that turns the broker's contents into
+a `Report`. Every report becomes one row of the table, printed in the terminal summary
+and written to build/faults-summary.md, so a run leaves its numbers behind even when
+a scenario fails.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults.harness import Fleet, Reader, SentLog, Traffic, wait_until
+from tests.faults.measure import Report, Source, Topology, evaluate
+
+COLUMNS = (
+    "scenario",
+    "records",
+    "lost",
+    "duplicates",
+    "dead-lettered",
+    "early",
+    "p99 lateness",
+    "max lateness",
+    "recovery",
+    "notes",
+)
+RECOVERY_NOTE = (
+    "recovery: from the end of the fault (restarted daemon spawned, broker ready again, "
+    "SIGCONT, both members signalled) until every level-topic partition has forwarded "
+    "again, by target append time; the worst fault of the scenario (2: a restart killed "
+    "again before it forwarded counts until a later one does). 6: from re-creation to "
+    "the first record on the re-created target. Lateness: target append time - due, "
+    "first copy; due = level-topic append time + max(level delay, delay-ms)."
+)
+_ROWS = pytest.StashKey[list[dict[str, str]]]()
+
+
+def render(rows: list[dict[str, str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += [
+        "| " + " | ".join(row.get(c, "") for c in COLUMNS) + " |"
+        for row in sorted(rows, key=lambda r: r["scenario"])
+    ]
+    return "\n".join([*lines, "", RECOVERY_NOTE])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(_ROWS, [])
+    if not rows:
+        return
+    table = render(rows)
+    terminalreporter.write_sep("=", "fault-injection summary")
+    terminalreporter.write_line(table)
+    out = config.rootpath / "build" / "faults-summary.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(f"# Fault-injection summary\n\n{table}\n")
+    terminalreporter.write_line(f"(written to {out})")
+
+
+@pytest.fixture(scope="session")
+def fault_summary(request: pytest.FixtureRequest) -> Callable[[Report], None]:
+    """Adds a scenario's row to the table; call it before asserting, so failures count."""
+    rows = request.config.stash.setdefault(_ROWS, [])
+    return lambda report: rows.append(report.row())
+
+
+class FaultRun:
+    """One scenario's world on one broker; `close` stops every daemon it started."""
+
+    def __init__(self, testbed: Any, log_dir: Path, bootstrap: str, **overrides: Any) -> None:
+        self.testbed = testbed
+        self.bootstrap = bootstrap
+        self.settings = testbed.settings(bootstrap_servers=bootstrap, **overrides)
+        testbed.create_delay_topics(self.settings)
+        self.fleet = Fleet(self.settings, log_dir)
+        self.sent = SentLog()
+        self.target_partitions: dict[str, int] = {}
+        self.reader: Reader | None = None
+        self._traffic: list[Traffic] = []
+
+    def target(self, name: str, partitions: int = 3) -> str:
+        """A target topic stamped with LogAppendTime, so arrival is the broker's clock."""
+        topic = f"{name}-{self.testbed.tag}"
+        self.testbed.create_topic(topic, partitions, {"message.timestamp.type": "LogAppendTime"})
+        self.target_partitions[topic] = partitions
+        return topic
+
+    @property
+    def topology(self) -> Topology:
+        return Topology.of(self.settings, self.target_partitions)
+
+    def traffic(self, targets: list[str], rate: float, seed: int) -> Traffic:
+        traffic = Traffic(self.bootstrap, self.settings, targets, rate, seed, self.sent)
+        self._traffic.append(traffic.start())
+        return traffic
+
+    def wait_ready(self, *daemons: Any, timeout: float = 60.0) -> None:
+        for daemon in daemons:
+            if not wait_until(lambda d=daemon: d.ready() or not d.alive(), timeout):
+                pytest.fail(f"daemon {daemon.instance} not ready in {timeout}s")
+        self.assert_alive()
+
+    def assert_alive(self) -> None:
+        exits = self.fleet.unexpected_exits()
+        assert not exits, "\n".join(exits)
+
+    def read(self) -> Reader:
+        if self.reader is None:
+            self.reader = Reader(self.bootstrap, self.topology.reads())
+        return self.reader
+
+    def evaluate(
+        self, scenario: str, may_dead_letter: Callable[[Source], bool] | None = None
+    ) -> Report:
+        report = evaluate(
+            scenario, self.read(), self.topology, self.sent.snapshot(), may_dead_letter
+        )
+        report.logs = [str(d.log_path) for d in self.fleet.daemons]
+        return report
+
+    def drain(
+        self,
+        scenario: str,
+        timeout: float,
+        may_dead_letter: Callable[[Source], bool] | None = None,
+        stall_s: float = 25.0,
+    ) -> Report:
+        """Read until every source is accounted for, no daemon is left to forward the
+        rest, nothing new arrived for `stall_s`, or `timeout`; then judge. Returns the
+        report either way, so a failing scenario still has its numbers."""
+        unsent = sum(traffic.stop() for traffic in self._traffic)
+        self._traffic.clear()
+        reader = self.read()
+        deadline = time.monotonic() + timeout
+        progress, progress_at = -1, time.monotonic()
+        while True:
+            reader.catch_up()
+            report = self.evaluate(scenario, may_dead_letter)
+            now = time.monotonic()
+            if report.accounted > progress:
+                progress, progress_at = report.accounted, now
+            stalled = now - progress_at > stall_s
+            if report.lost and (stalled or now > deadline):
+                for daemon in self.fleet.live():
+                    daemon.dump_stacks()  # alive but not forwarding: say where it is stuck
+                    report.notes.append(f"stacks of stuck {daemon.instance} in its log")
+            if not report.lost or now > deadline or stalled or not self.fleet.live():
+                if unsent or self.sent.failed:
+                    report.notes.append(
+                        f"{unsent + self.sent.failed} of the test's records never reached a level"
+                    )
+                return report
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        for traffic in self._traffic:
+            traffic.stop(10)
+        self.fleet.stop_all()
+        if self.reader is not None:
+            self.reader.close()
+
+
+@pytest.fixture
+def fault_run(testbed: Any, tmp_path: Path) -> Iterator[Callable[..., FaultRun]]:
+    """`fault_run(bootstrap, **settings)` builds a scenario; all are closed at teardown."""
+    runs: list[FaultRun] = []
+
+    def make(bootstrap: str, **overrides: Any) -> FaultRun:
+        if bootstrap != testbed.bootstrap:
+            testbed.use_broker(bootstrap)
+        run = FaultRun(testbed, tmp_path, bootstrap, **overrides)
+        runs.append(run)
+        return run
+
+    yield make
+    for run in runs:
+        run.close()

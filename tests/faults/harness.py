@@ -1,0 +1,423 @@
+"""Processes, traffic and read-back for the fault-injection suite.
+
+The daemon runs as a real subprocess (`python -m delayservice run`) so a fault hits it
+the way it would in production: SIGKILL leaves no chance to commit, SIGTERM goes
+through the real signal handler. Traffic comes from a background thread at a steady
+pace, and everything is read back from the broker afterwards, so the verdict never
+depends on what the daemon says about itself.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from delayservice.kafka.local_broker import free_port
+from delayservice.producer import DelayProducer
+
+
+def now_ms() -> int:
+    """Epoch milliseconds: the broker stamps LogAppendTime with the same host clock."""
+    return int(time.time() * 1000)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """True once `condition` holds, False at the deadline: for drains, where the test
+    still wants the numbers when something never arrives."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+# -- daemon processes ----------------------------------------------------------------
+
+
+class DaemonProcess:
+    """One `delayservice run` subprocess. Its output goes to a file: a pipe nobody reads
+    fills up and would stall the daemon, which would look like a bug in the daemon."""
+
+    def __init__(self, instance: str, env: dict[str, str], log_path: Path, port: int) -> None:
+        self.instance = instance
+        self.env = env
+        self.log_path = log_path
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started_ms = 0
+        self.stopped_by_test = False
+        self.sigterm_exit: int | None = None
+
+    def start(self) -> DaemonProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "delayservice", "run"],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.started_ms = now_ms()
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def ready(self) -> bool:
+        try:
+            url = f"http://127.0.0.1:{self.port}/readyz"
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no handler runs, nothing is committed or flushed."""
+        assert self.process is not None
+        self.stopped_by_test = True
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(30)
+
+    def send_sigterm(self) -> None:
+        assert self.process is not None
+        self.stopped_by_test = True
+        self.process.send_signal(signal.SIGTERM)
+
+    def wait_sigterm(self, timeout: float) -> int | None:
+        """The exit code after `send_sigterm`, or None if it overran `timeout` (then killed)."""
+        assert self.process is not None
+        try:
+            self.sigterm_exit = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+            self.sigterm_exit = None
+        return self.sigterm_exit
+
+    def dump_stacks(self) -> None:
+        """SIGABRT with faulthandler on: every thread's Python stack lands in the log.
+        For a daemon that is alive but stuck, this says where."""
+        assert self.process is not None
+        self.stopped_by_test = True
+        self.process.send_signal(signal.SIGABRT)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
+
+    def exited_on_its_own(self) -> int | None:
+        """The exit code if the process ended without the test asking it to."""
+        if self.process is None or self.stopped_by_test:
+            return None
+        return self.process.poll()
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Fleet:
+    """Every daemon one scenario starts, with a clean DELAYSERVICE_* environment."""
+
+    settings: Any
+    log_dir: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    daemons: list[DaemonProcess] = field(default_factory=list)
+
+    def env(self, instance: str, port: int) -> dict[str, str]:
+        s = self.settings
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
+        env.update(
+            {
+                "DELAYSERVICE_BOOTSTRAP_SERVERS": s.bootstrap_servers,
+                "DELAYSERVICE_LEVELS": s.levels,
+                "DELAYSERVICE_TOPIC_PREFIX": s.topic_prefix,
+                "DELAYSERVICE_DEAD_LETTER_TOPIC": s.dead_letter_topic,
+                "DELAYSERVICE_GROUP_ID": s.group_id,
+                "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
+                "DELAYSERVICE_METRICS_PORT": str(port),
+                "DELAYSERVICE_INSTANCE_NAME": instance,
+                "DELAYSERVICE_COMMIT_INTERVAL_S": "0.5",
+                "DELAYSERVICE_RETRY_BACKOFF_S": "0.2",
+                "DELAYSERVICE_RETRY_BACKOFF_MAX_S": "2",
+                "DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "15",
+                "DELAYSERVICE_LOG_LEVEL": "INFO",
+                "PYTHONFAULTHANDLER": "1",  # for `dump_stacks`
+                **self.extra_env,
+            }
+        )
+        return env
+
+    def spawn(self, instance: str) -> DaemonProcess:
+        port = free_port()
+        log = self.log_dir / f"daemon-{len(self.daemons)}-{instance}.log"
+        daemon = DaemonProcess(instance, self.env(instance, port), log, port)
+        self.daemons.append(daemon.start())
+        return daemon
+
+    def live(self) -> list[DaemonProcess]:
+        return [d for d in self.daemons if d.alive() and not d.stopped_by_test]
+
+    def unexpected_exits(self) -> list[str]:
+        """One line per daemon that exited on its own, with the end of its log."""
+        out = []
+        for d in self.daemons:
+            code = d.exited_on_its_own()
+            if code is not None:
+                out.append(f"daemon {d.instance} exited on its own with {code}:\n{d.log_tail()}")
+        return out
+
+    def stop_all(self) -> None:
+        for d in self.daemons:
+            if d.alive():
+                d.send_sigterm()
+        for d in self.daemons:
+            if d.process is not None and d.process.poll() is None:
+                d.wait_sigterm(30)
+
+
+# -- traffic ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What the test itself sent: the key the read-back is matched on."""
+
+    topic: str
+    partition: int
+    offset: int
+    good: bool
+
+
+class SentLog:
+    """Delivery reports of every producer in a scenario, keyed by (topic, partition,
+    offset); hostile records have no usable id, so this is how they are found again."""
+
+    def __init__(self) -> None:
+        self.by_position: dict[tuple[str, int, int], Produced] = {}
+        self.failed = 0
+        self._lock = threading.Lock()
+
+    def callback(self, good: bool) -> Callable[[Any, Any], None]:
+        def on_delivery(err: Any, msg: Any) -> None:
+            with self._lock:
+                if err is not None:
+                    self.failed += 1
+                    return
+                key = (msg.topic(), msg.partition(), msg.offset())
+                self.by_position[key] = Produced(*key, good=good)
+
+        return on_delivery
+
+    def snapshot(self) -> dict[tuple[str, int, int], Produced]:
+        with self._lock:
+            return dict(self.by_position)
+
+
+class Traffic:
+    """Good delayed records at a steady pace from a background thread, through the
+    project's DelayProducer, spread over every level and the given targets."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        settings: Any,
+        targets: list[str],
+        rate: float,
+        seed: int,
+        log: SentLog,
+    ) -> None:
+        self._producer: DelayProducer | None = DelayProducer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True},
+            settings=settings,
+        )
+        self._levels = [level.delay_ms for level in settings.level_set()]
+        self._targets = list(targets)
+        self._rate = rate
+        self._rng = random.Random(seed)
+        self._log = log
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
+        self.count = 0
+
+    def set_targets(self, targets: Iterable[str]) -> None:
+        with self._lock:
+            self._targets = list(targets)
+
+    def start(self) -> Traffic:
+        self._thread.start()
+        return self
+
+    def _delay_ms(self) -> int:
+        """A delay that selects a random level: above the level below it, at most its own."""
+        index = self._rng.randrange(len(self._levels))
+        low = self._levels[index - 1] if index else 0
+        return self._rng.randint(low + 1, self._levels[index])
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                target = self._rng.choice(self._targets)
+            key = f"k{self._rng.randrange(500)}".encode()
+            assert self._producer is not None
+            self._producer.produce(
+                target,
+                f"v{self.count}".encode(),
+                key,
+                delay=self._delay_ms() / 1000,
+                on_delivery=self._log.callback(good=True),
+            )
+            self.count += 1
+            self._producer.poll(0)
+            pause = started + self.count / self._rate - time.monotonic()
+            if pause > 0:
+                self._stop.wait(pause)  # pacing, not a wait for correctness
+
+    def stop(self, flush_timeout: float = 120.0) -> int:
+        """Stop producing and flush; returns how many records are still unacknowledged."""
+        self._stop.set()
+        self._thread.join(30)
+        if self._producer is None:
+            return 0
+        unsent = self._producer.flush(flush_timeout)
+        self._producer = None  # its client goes now, not when the broker is long gone
+        return unsent
+
+
+# -- read-back ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rec:
+    """One record as the broker stored it."""
+
+    topic: str
+    partition: int
+    offset: int
+    ts_type: int
+    ts: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of `name` (dead-letter headers are appended after the originals)."""
+        found = None
+        for n, v in self.headers:
+            if n == name:
+                found = v
+        return found
+
+    def has(self, name: str) -> bool:
+        return any(n == name for n, _ in self.headers)
+
+
+class Reader:
+    """Reads whole topics from offset 0 with assign(), never through a group, so
+    reading back cannot disturb the daemon's groups; call `catch_up` to read on."""
+
+    def __init__(self, bootstrap: str, topics: Iterable[str] = ()) -> None:
+        from confluent_kafka import Consumer
+
+        self._bootstrap = bootstrap
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"faults-reader-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "enable.partition.eof": False,
+            }
+        )
+        self.records: dict[str, list[Rec]] = {}
+        self._assigned: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
+        self.add(topics)
+
+    def add(self, topics: Iterable[str]) -> None:
+        from confluent_kafka import TopicPartition
+
+        new = []
+        for topic in topics:
+            meta = self._consumer.list_topics(topic, timeout=15).topics[topic]
+            assert meta.error is None, f"{topic}: {meta.error}"
+            self.records.setdefault(topic, [])
+            for p in meta.partitions:
+                self._assigned[(topic, p)] = 0
+                new.append(TopicPartition(topic, p, 0))
+        if new:
+            self._consumer.incremental_assign(new)
+
+    def remove(self, topic: str) -> None:
+        """Stop reading `topic` (it is about to be deleted); what was read stays."""
+        from confluent_kafka import TopicPartition
+
+        gone = [tp for tp in self._assigned if tp[0] == topic]
+        self._consumer.incremental_unassign([TopicPartition(t, p) for t, p in gone])
+        for tp in gone:
+            del self._assigned[tp]
+
+    def rename(self, topic: str, alias: str) -> None:
+        """Keep records read from `topic` under `alias` (a deleted incarnation)."""
+        self.records[alias] = self.records.pop(topic, [])
+
+    def catch_up(self, timeout: float = 30.0) -> bool:
+        """Read until every assigned partition reaches the end it had when called.
+
+        Ends are taken last-added first: outputs (targets, dead letters) are added after
+        the level topics, so every copy read has its source read too.
+        """
+        from confluent_kafka import TopicPartition
+
+        ends = {}
+        for (topic, p), nxt in reversed(list(self._assigned.items())):
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=10, cached=False
+            )
+            if high > nxt:
+                ends[(topic, p)] = high
+        deadline = time.monotonic() + timeout
+        while ends and time.monotonic() < deadline:
+            for msg in self._consumer.consume(1000, 0.2):
+                if msg.error() is not None:
+                    continue
+                tp = (msg.topic(), msg.partition())
+                if tp not in self._assigned:
+                    continue
+                ts_type, ts = msg.timestamp()
+                self.records[tp[0]].append(
+                    Rec(
+                        tp[0],
+                        tp[1],
+                        msg.offset(),
+                        ts_type,
+                        ts,
+                        msg.key(),
+                        msg.value(),
+                        tuple(msg.headers() or ()),
+                    )
+                )
+                self._assigned[tp] = msg.offset() + 1
+                if tp in ends and self._assigned[tp] >= ends[tp]:
+                    del ends[tp]
+        return not ends
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,415 @@
+"""The verdict of a scenario, computed from what the broker holds, not from the daemon.
+
+Every record on a level topic is a source. Its due time is computed here, independently
+of the daemon: due = its append time on the level topic (LogAppendTime, the broker's
+clock) + max(level delay, `delay-ms`). Its envelope is judged by the documented format
+(README, "The envelope"), strictly: `delay-v` is exactly `1`, numbers are ASCII decimal
+digits, text is UTF-8, every `delay-*` header appears once. A source then has to show
+up on its target (matched by `delay-id`) or on the dead-letter topic (matched by the
+`dlq-origin-*` headers, because many hostile records have no usable id).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.faults.harness import Produced, Reader, Rec
+
+ENVELOPE_PREFIX = "delay-"
+LONG_MAX = 2**63 - 1
+LARGE_BYTES = 512 * 1024
+"""Above this a valid record may be refused as too large; either outcome is fine."""
+LOG_APPEND_TIME = 2  # confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
+_DIGITS = re.compile(rb"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The topics of one scenario: which exist, which are plain targets."""
+
+    levels: dict[str, int]  # level topic -> delay ms
+    dead_letter_topic: str
+    targets: dict[str, int]  # plain target topic -> partitions
+    partitions: int  # of the level and dead-letter topics
+
+    @classmethod
+    def of(cls, settings: Any, targets: dict[str, int]) -> Topology:
+        return cls(
+            {lv.topic: lv.delay_ms for lv in settings.level_set()},
+            settings.dead_letter_topic,
+            dict(targets),
+            settings.partitions,
+        )
+
+    @property
+    def top_ms(self) -> int:
+        return max(self.levels.values())
+
+    def existing(self) -> dict[str, int]:
+        """Every topic a valid envelope may name: targets, levels and the dead-letter topic."""
+        out = dict.fromkeys(self.levels, self.partitions)
+        out[self.dead_letter_topic] = self.partitions
+        out.update(self.targets)
+        return out
+
+    def reads(self) -> list[str]:
+        return [*self.levels, self.dead_letter_topic, *self.targets]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What must become of a source: `forward`, `dead` (dead-letter) or `either`."""
+
+    kind: str
+    why: str
+    id: str | None = None
+    target: str | None = None
+    partition: int | None = None
+    delay_ms: int = 0
+
+
+def _number(raw: bytes | None) -> int | None:
+    return int(raw) if raw is not None and _DIGITS.fullmatch(raw) else None
+
+
+def _text(raw: bytes | None) -> str | None:
+    if not raw:
+        return None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def expect(rec: Rec, topology: Topology) -> Expectation:
+    """Judge a level-topic record's envelope by the documented format."""
+    env: dict[str, bytes | None] = {}
+    twice = None
+    for name, value in rec.headers:
+        if name.startswith(ENVELOPE_PREFIX):
+            if name in env:
+                twice = name
+            env.setdefault(name, value)
+    # The id of an invalid record too: if it is forwarded anyway, this finds the copy.
+    message_id = _text(env.get("delay-id"))
+
+    def dead(why: str) -> Expectation:
+        return Expectation("dead", why, message_id)
+
+    if twice is not None:
+        return dead(f"{twice} appears twice")
+    if env.get("delay-v") != b"1":
+        return dead(f"delay-v is {env.get('delay-v', 'missing')!r}")
+    target = _text(env.get("delay-target"))
+    delay_ms = _number(env.get("delay-ms"))
+    if message_id is None or target is None or delay_ms is None:
+        return dead("delay-id, delay-target or delay-ms missing or malformed")
+    partition = None
+    if "delay-partition" in env:
+        partition = _number(env["delay-partition"])
+        if partition is None:
+            return dead(f"delay-partition is {env['delay-partition']!r}")
+    if "delay-due-ms" in env and _number(env["delay-due-ms"]) is None:
+        return dead(f"delay-due-ms is {env['delay-due-ms']!r}")
+    if delay_ms > LONG_MAX:
+        return dead(f"delay-ms {delay_ms} does not fit a long")
+    existing = topology.existing()
+    if target not in existing:
+        return dead(f"target {target[:40]!r} does not exist")
+    if partition is not None and partition >= existing[target]:
+        return dead(f"partition {partition} of {target} does not exist")
+    plain = target in topology.targets and delay_ms <= topology.top_ms and _size(rec) < LARGE_BYTES
+    return Expectation(
+        "forward" if plain else "either", "valid", message_id, target, partition, delay_ms
+    )
+
+
+def _size(rec: Rec) -> int:
+    size = len(rec.key or b"") + len(rec.value or b"")
+    return size + sum(len(n.encode()) + len(v or b"") for n, v in rec.headers)
+
+
+def user_headers(headers: tuple[tuple[str, bytes | None], ...]) -> list[tuple[str, Any]]:
+    return [(n, v) for n, v in headers if not n.startswith(ENVELOPE_PREFIX)]
+
+
+@dataclass
+class Source:
+    """One record on a level topic and everything that became of it."""
+
+    rec: Rec
+    produced: Produced | None  # None: not acknowledged to our producers
+    expect: Expectation
+    due_ms: int | None
+    echo: bool = False  # a copy the daemon forwarded into a level topic
+    deliveries: list[Rec] = field(default_factory=list)
+    dead: list[Rec] = field(default_factory=list)
+
+    @property
+    def good(self) -> bool:
+        return self.produced is not None and self.produced.good
+
+    @property
+    def first_delivery(self) -> Rec | None:
+        return min(self.deliveries, key=lambda r: r.ts) if self.deliveries else None
+
+    def where(self) -> str:
+        r = self.rec
+        return f"{r.topic}[{r.partition}]@{r.offset} ({self.expect.why})"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+@dataclass(repr=False)
+class Report:
+    """The numbers of one scenario, and every violation found, by kind."""
+
+    scenario: str
+    sources: list[Source]
+    missing: list[str]  # acknowledged to our producer, absent from the level topic
+    wrong: list[str]  # misrouted, altered, orphaned or stray records
+    dead_reasons: Counter[str]
+    recovery_s: float | None = None
+    notes: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)  # the daemons' log files, for a failure
+
+    def __repr__(self) -> str:
+        """Short, because pytest prints it in every failed assertion."""
+        return f"<Report {self.row()}>"
+
+    @property
+    def stubs(self) -> int:
+        return sum(1 for s in self.sources for d in s.dead if d.header("dlq-stub") == b"1")
+
+    @property
+    def accounted(self) -> int:
+        return sum(1 for s in self.sources if s.deliveries or s.dead)
+
+    @property
+    def ours(self) -> list[Source]:
+        return [s for s in self.sources if s.produced is not None]
+
+    @property
+    def lost(self) -> list[str]:
+        gone = [s.where() for s in self.sources if not s.deliveries and not s.dead]
+        return self.missing + gone
+
+    @property
+    def duplicates(self) -> int:
+        return sum(max(0, len(s.deliveries) + len(s.dead) - 1) for s in self.sources)
+
+    @property
+    def dead_lettered(self) -> int:
+        return sum(1 for s in self.ours if s.dead and not s.deliveries)
+
+    @property
+    def early(self) -> list[str]:
+        return [
+            f"{s.where()} reached {d.topic} {s.due_ms - d.ts} ms before due"
+            for s in self.sources
+            if s.due_ms is not None
+            for d in s.deliveries
+            if d.ts < s.due_ms
+        ]
+
+    @property
+    def lateness_s(self) -> list[float]:
+        return [
+            (first.ts - s.due_ms) / 1000
+            for s in self.sources
+            if s.due_ms is not None and (first := s.first_delivery) is not None
+        ]
+
+    def lateness_where(self, keep: Callable[[Source], bool]) -> list[float]:
+        return [
+            (first.ts - s.due_ms) / 1000
+            for s in self.sources
+            if keep(s) and s.due_ms is not None and (first := s.first_delivery) is not None
+        ]
+
+    def row(self) -> dict[str, str]:
+        late = self.lateness_s
+        p99, worst = percentile(late, 0.99), max(late, default=None)
+        return {
+            "scenario": self.scenario,
+            "records": str(len(self.ours)),
+            "lost": str(len(self.lost)),
+            "duplicates": str(self.duplicates),
+            "dead-lettered": str(self.dead_lettered),
+            "early": str(len(self.early)),
+            "p99 lateness": _seconds(p99),
+            "max lateness": _seconds(worst),
+            "recovery": _seconds(self.recovery_s),
+            "notes": "; ".join(
+                [*self.notes, *([f"{len(self.wrong)} misrouted/altered"] if self.wrong else [])]
+            ),
+        }
+
+    def problems(self) -> str:
+        """Up to five examples of each kind of violation, for an assertion message."""
+        parts = []
+        for kind, items in (("lost", self.lost), ("early", self.early), ("wrong", self.wrong)):
+            if items:
+                parts.append(f"{len(items)} {kind}, e.g.:\n  " + "\n  ".join(items[:5]))
+        if parts and self.logs:
+            parts.append("daemon logs: " + " ".join(self.logs))
+        return "\n".join(parts)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def _dead_letter_origin(rec: Rec) -> tuple[str, int, int] | None:
+    topic = _text(rec.header("dlq-origin-topic"))
+    partition = _number(rec.header("dlq-origin-partition"))
+    offset = _number(rec.header("dlq-origin-offset"))
+    if topic is None or partition is None or offset is None:
+        return None
+    return topic, partition, offset
+
+
+def evaluate(
+    scenario: str,
+    reader: Reader,
+    topology: Topology,
+    sent: dict[tuple[str, int, int], Produced],
+    may_dead_letter: Callable[[Source], bool] | None = None,
+) -> Report:
+    """Match every source to its deliveries and dead letters and judge each copy.
+
+    `may_dead_letter` marks sources whose dead-lettering is acceptable although their
+    envelope is valid (a target deleted mid-run).
+    """
+    by_id: dict[str, list[Rec]] = defaultdict(list)
+    dead_by_origin: dict[tuple[str, int, int], list[Rec]] = defaultdict(list)
+    sources: list[Source] = []
+    wrong: list[str] = []
+    dead_reasons: Counter[str] = Counter()
+    for topic, records in reader.records.items():
+        for rec in records:
+            position = (rec.topic, rec.partition, rec.offset)
+            if topic in topology.levels:
+                produced = sent.get(position)
+                exp = expect(rec, topology)
+                due = (
+                    rec.ts + max(topology.levels[topic], exp.delay_ms)
+                    if exp.kind != "dead"
+                    else None
+                )
+                # Not ours and no envelope: the daemon forwarded into a level topic (a
+                # hostile target). That is a delivery, and a new source to dead-letter.
+                echo = produced is None and not rec.has("delay-v")
+                sources.append(Source(rec, produced, exp, due, echo=echo))
+                if not echo:
+                    continue
+            if topic == topology.dead_letter_topic and rec.has("dlq-reason"):
+                origin = _dead_letter_origin(rec)
+                reason = _text(rec.header("dlq-reason")) or ""
+                dead_reasons[reason] += 1
+                if origin is None or not reason:
+                    wrong.append(f"dead letter {position} has no reason or origin")
+                else:
+                    dead_by_origin[origin].append(rec)
+                continue
+            message_id = _text(rec.header("delay-id"))
+            if message_id is None:
+                wrong.append(f"stray record without delay-id on {position}")
+            else:
+                by_id[message_id].append(rec)
+    positions = set()
+    for source in sources:
+        position = (source.rec.topic, source.rec.partition, source.rec.offset)
+        positions.add(position)
+        if not source.echo and source.expect.id is not None:
+            source.deliveries = by_id.get(source.expect.id, [])
+        source.dead = dead_by_origin.get(position, [])
+        wrong.extend(_judge(source, may_dead_letter))
+    for origin, letters in dead_by_origin.items():
+        if origin not in positions:
+            wrong.append(f"{len(letters)} dead letters point at no record: {origin}")
+    missing = [f"{p} acknowledged but not on the level topic" for p in sent if p not in positions]
+    wrong.extend(
+        f"{r.topic}[{r.partition}]@{r.offset} is not LogAppendTime"
+        for records in reader.records.values()
+        for r in records[:1]
+        if r.ts_type != LOG_APPEND_TIME and r.topic != topology.dead_letter_topic
+    )
+    return Report(scenario, sources, missing, wrong, dead_reasons)
+
+
+def _judge(source: Source, may_dead_letter: Callable[[Source], bool] | None) -> list[str]:
+    """Everything wrong with the copies of one source (loss and lateness are counted
+    elsewhere)."""
+    out = []
+    exp, rec = source.expect, source.rec
+    for d in source.deliveries:
+        if exp.kind == "dead":
+            out.append(f"{source.where()} was forwarded to {d.topic}")
+            continue
+        problems = []
+        if d.topic != exp.target:
+            problems.append(f"topic {d.topic}")
+        if exp.partition is not None and d.partition != exp.partition:
+            problems.append(f"partition {d.partition} instead of {exp.partition}")
+        if (d.key, d.value) != (rec.key, rec.value):
+            problems.append("key or value changed")
+        if user_headers(d.headers) != user_headers(rec.headers):
+            problems.append("user headers changed")
+        if _number(d.header("delay-due-ms")) != source.due_ms:
+            problems.append(f"delay-due-ms {d.header('delay-due-ms')!r} != {source.due_ms}")
+        if problems:
+            out.append(f"{source.where()} forwarded wrongly: {', '.join(problems)}")
+    for letter in source.dead:
+        if letter.header("dlq-stub") == b"1":
+            # A payload-free stub is the documented fallback for a copy too large for
+            # the dead-letter topic, and only for that.
+            if _size(rec) < LARGE_BYTES:
+                out.append(f"{source.where()}: a {_size(rec)}-byte record was stubbed")
+        elif (letter.key, letter.value) != (rec.key, rec.value):
+            out.append(f"{source.where()}: dead letter's key or value differs")
+    if (
+        exp.kind == "forward"
+        and source.dead
+        and not source.deliveries
+        and not (may_dead_letter and may_dead_letter(source))
+    ):
+        reason = source.dead[0].header("dlq-reason")
+        detail = (source.dead[0].header("dlq-detail") or b"")[:120]
+        out.append(f"{source.where()} was dead-lettered: {reason!r} {detail!r}")
+    return out
+
+
+def recovery_s(
+    report: Report,
+    fault_ends_ms: list[int],
+    group: Callable[[Source], Any] = lambda s: (s.rec.topic, s.rec.partition),
+) -> list[float | None]:
+    """Per fault: seconds from the end of the fault until every group (by default every
+    level-topic partition) that forwarded anything afterwards has forwarded its first
+    record after it. Forwarding is measured by target append time."""
+    firsts: dict[Any, list[int]] = defaultdict(list)
+    for s in report.sources:
+        if s.produced is not None:
+            firsts[group(s)].extend(d.ts for d in s.deliveries)
+    for times in firsts.values():
+        times.sort()
+    out: list[float | None] = []
+    for end in fault_ends_ms:
+        waits = [
+            next(t for t in times if t >= end) - end
+            for times in firsts.values()
+            if times and times[-1] >= end
+        ]
+        out.append(max(waits) / 1000 if waits else None)
+    return out

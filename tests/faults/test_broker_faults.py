@@ -1,0 +1,94 @@
+"""Scenarios 3 and 4: the broker crashes and restarts, or freezes (SIGSTOP) for longer
+than the session timeout, while traffic goes on.
+
+These need a broker of their own, so they always use the project's local broker.
+A broker session of 2 s (instead of 9) lets the restarted broker register at once,
+which keeps the restart to seconds; it also means the frozen broker fences itself
+on waking, a harsher version of what a real single-node broker would do.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+
+import pytest
+
+from delayservice.kafka.local_broker import LocalBroker
+from tests.faults.harness import now_ms
+from tests.faults.measure import recovery_s
+
+pytestmark = pytest.mark.kafka
+
+SEED = 31_337
+OUTAGE_S = 5.0
+FREEZE_S = 10.0
+SESSION_TIMEOUT_S = 6  # the broker's minimum; the freeze outlasts it
+
+
+@pytest.fixture
+def own_broker(unavailable):
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        unavailable("java and mvn are needed for a broker of the test's own")
+    broker = LocalBroker(
+        heap="512m",
+        extra_properties={
+            "broker.session.timeout.ms": "2000",
+            "broker.heartbeat.interval.ms": "500",
+        },
+    ).start()
+    try:
+        yield broker
+    finally:
+        broker.thaw()  # a frozen JVM ignores SIGTERM
+        broker.stop()
+
+
+def _run_with_traffic(own_broker, fault_run, session_timeout_s: int | None = None):
+    run = fault_run(own_broker.bootstrap)
+    if session_timeout_s is not None:
+        run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(session_timeout_s)
+    target = run.target("broker")
+    daemon = run.fleet.spawn(f"broker-{run.testbed.tag}")
+    run.wait_ready(daemon)
+    run.traffic([target], rate=60, seed=random.Random(SEED).randrange(10**6))
+    time.sleep(5)
+    return run
+
+
+def _verdict(run, report, back_ms: int, fault_summary) -> None:
+    report.recovery_s = recovery_s(report, [back_ms])[0]
+    fault_summary(report)
+    run.assert_alive()
+    assert not report.lost, report.problems()
+    assert not report.early, report.problems()
+    assert not report.wrong, report.problems()
+    assert report.recovery_s is not None, "nothing was forwarded after the fault"
+
+
+def test_broker_restart_under_traffic_loses_nothing(own_broker, fault_run, fault_summary):
+    # own_broker first: fixtures tear down in reverse, so the daemons stop before the broker.
+    run = _run_with_traffic(own_broker, fault_run)
+    own_broker.kill()
+    time.sleep(OUTAGE_S)  # holding the outage; records fall due meanwhile
+    own_broker.restart()
+    back = now_ms()
+    time.sleep(8)
+    report = run.drain("3. broker restart", timeout=60)
+    report.notes.append(f"broker down {OUTAGE_S:.0f} s + restart")
+    _verdict(run, report, back, fault_summary)
+
+
+def test_broker_frozen_past_the_session_timeout_loses_nothing(own_broker, fault_run, fault_summary):
+    run = _run_with_traffic(own_broker, fault_run, SESSION_TIMEOUT_S)
+    own_broker.freeze()
+    try:
+        time.sleep(FREEZE_S)  # holding the freeze
+    finally:
+        own_broker.thaw()
+    thawed = now_ms()
+    time.sleep(10)
+    report = run.drain("4. broker SIGSTOP", timeout=60)
+    report.notes.append(f"frozen {FREEZE_S:.0f} s, session {SESSION_TIMEOUT_S} s")
+    _verdict(run, report, thawed, fault_summary)

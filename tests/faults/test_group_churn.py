@@ -1,0 +1,77 @@
+"""Scenario 5: 2 -> 3 -> 1 daemons in one group under traffic, three times; members
+leave by SIGTERM and by kill -9 in quick succession.
+
+Rebalancing drops revoked partitions' buffers and commits only what is safe, so
+partitions moving between members, cleanly or not, must never lose a record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import pytest
+
+from tests.faults.harness import now_ms
+from tests.faults.measure import recovery_s
+
+pytestmark = pytest.mark.kafka
+
+SEED = 4_242
+ROUNDS = 3
+SESSION_TIMEOUT_S = 6  # how long a killed member's partitions wait; the broker's minimum
+SCENARIO = "5. group 2-3-1 x3"
+
+
+def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
+    fault_run, kafka_bootstrap, fault_summary
+):
+    rng = random.Random(SEED)
+    run = fault_run(kafka_bootstrap)
+    run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
+    target = run.target("churn")
+    names = (f"m{i}-{run.testbed.tag}" for i in itertools.count())
+    live = [run.fleet.spawn(next(names)) for _ in range(2)]
+    run.wait_ready(*live)
+    run.traffic([target], rate=80, seed=SEED)
+
+    left: list[int] = []
+    sigterm_exits: list[int | None] = []
+    for round_no in range(ROUNDS):
+        time.sleep(3)
+        joiner = run.fleet.spawn(next(names))
+        run.wait_ready(joiner)
+        live.append(joiner)
+        time.sleep(3)
+        by_term, by_kill = rng.sample(live, 2)
+        if rng.random() < 0.5:
+            by_term.send_sigterm()
+            time.sleep(rng.uniform(0, 0.5))
+            by_kill.kill()
+        else:
+            by_kill.kill()
+            time.sleep(rng.uniform(0, 0.5))
+            by_term.send_sigterm()
+        left.append(now_ms())
+        sigterm_exits.append(by_term.wait_sigterm(30))
+        live = [d for d in live if d not in (by_term, by_kill)]
+        run.assert_alive()
+        if round_no < ROUNDS - 1:
+            time.sleep(2)
+            newcomer = run.fleet.spawn(next(names))
+            run.wait_ready(newcomer)
+            live.append(newcomer)
+    time.sleep(SESSION_TIMEOUT_S + 4)  # the killed member's partitions move meanwhile
+
+    report = run.drain(SCENARIO, timeout=60)
+    resumed = [r for r in recovery_s(report, left) if r is not None]
+    report.recovery_s = max(resumed, default=None)
+    report.notes.append(f"session timeout {SESSION_TIMEOUT_S} s; SIGTERM exits {sigterm_exits}")
+    fault_summary(report)
+
+    run.assert_alive()
+    assert not report.lost, report.problems()
+    assert not report.early, report.problems()
+    assert not report.wrong, report.problems()
+    assert sigterm_exits == [0] * ROUNDS, f"SIGTERM exit codes {sigterm_exits} (None: overran)"
