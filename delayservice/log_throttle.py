@@ -8,9 +8,13 @@ line that goes out.
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 import time
 from collections.abc import Hashable
+
+_DIGITS = re.compile(r"\d+")
 
 
 class Throttle:
@@ -32,3 +36,20 @@ class Throttle:
                 self._last.clear()
             self._last[key] = now
             return self._suppressed.pop(key, 0)
+
+
+class RepeatFilter(logging.Filter):
+    """Drops a log line that repeats one seen within the interval, digits aside.
+
+    librdkafka logs every failed reconnect of every client; during an outage of a few
+    seconds that is hundreds of identical lines per level. The first one of each kind
+    still goes out.
+    """
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        super().__init__()
+        self._throttle = Throttle(every_s)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = _DIGITS.sub("#", record.getMessage())
+        return self._throttle.allow(key) is not None

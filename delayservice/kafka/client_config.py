@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from delayservice.log_throttle import RepeatFilter
 from delayservice.settings import Settings
 
 # Keys the promises depend on; user settings may not override these.
@@ -30,13 +31,21 @@ _CONSUMER_FIXED = {
 LIBRDKAFKA_LOGGER = "delayservice.librdkafka"
 
 
+def librdkafka_logger() -> logging.Logger:
+    """The logger librdkafka's lines go to, with repeats (reconnect storms) dropped."""
+    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(f, RepeatFilter) for f in logger.filters):
+        logger.addFilter(RepeatFilter())
+    return logger
+
+
 def common(settings: Settings) -> dict[str, Any]:
     """Every client's base; librdkafka's own log lines go through Python logging
     (forwarded when the client is polled) so operators read one stream."""
     return {
         "bootstrap.servers": settings.bootstrap_servers,
         **settings.kafka,
-        "logger": logging.getLogger(LIBRDKAFKA_LOGGER),
+        "logger": librdkafka_logger(),
     }
 
 
