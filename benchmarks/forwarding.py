@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from delayservice.envelope import Envelope, wrap
 from delayservice.kafka import topics
 from delayservice.kafka.local_broker import LocalBroker, free_port
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import load_settings, settings_env
 
 PARTITIONS = 3
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -147,27 +146,6 @@ def arrival_rate(bootstrap: str, topic: str, count: int, timeout: float) -> floa
     return (count - 1) / max(0.001, (last - first) / 1000)
 
 
-def daemon_env(settings: Settings, tag: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
-    env.update(
-        {
-            "DELAYSERVICE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "DELAYSERVICE_LEVELS": settings.levels,
-            "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
-            "DELAYSERVICE_DEAD_LETTER_TOPIC": settings.dead_letter_topic,
-            "DELAYSERVICE_GROUP_ID": settings.group_id,
-            "DELAYSERVICE_INSTANCE_NAME": f"bench-{tag}",
-            "DELAYSERVICE_SCHEDULER": settings.scheduler,
-            "DELAYSERVICE_PAUSE_HIGH_WATER": str(settings.pause_high_water),
-            "DELAYSERVICE_PAUSE_LOW_WATER": str(settings.pause_low_water),
-            "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
-            "DELAYSERVICE_METRICS_PORT": str(free_port()),
-            "DELAYSERVICE_LOG_LEVEL": "WARNING",
-        }
-    )
-    return env
-
-
 def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     tag = uuid.uuid4().hex[:6]
@@ -195,7 +173,13 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float]:
 
     process = subprocess.Popen(
         [sys.executable, "-m", "delayservice", "run"],
-        env=daemon_env(settings, tag),
+        env=settings_env(
+            settings,
+            instance_name=f"bench-{tag}",
+            metrics_host="127.0.0.1",
+            metrics_port=free_port(),
+            log_level="WARNING",
+        ),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

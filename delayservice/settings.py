@@ -8,6 +8,7 @@ mistake that only shows up as a late message in production.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tomllib
@@ -188,3 +189,15 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             else str(cause or error["msg"])
         )
         raise ConfigError(name, message) from None
+
+
+def settings_env(settings: Settings, **changes: Any) -> dict[str, str]:
+    """This process's environment, with every `DELAYSERVICE_*` variable replaced by ones
+    that make a new process load exactly `settings` (updated by `changes`): how tests,
+    benchmarks and supervisors start daemons as subprocesses."""
+    values = {**settings.model_dump(), **changes}
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+    for name, value in values.items():
+        text = json.dumps(value) if isinstance(value, dict) else str(value)
+        env[f"{ENV_PREFIX}{name.upper()}"] = text
+    return env

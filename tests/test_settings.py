@@ -1,3 +1,4 @@
+import os
 import socket
 
 import pytest
@@ -157,3 +158,20 @@ def test_a_near_miss_of_a_command_variable_is_still_an_error(monkeypatch):
     monkeypatch.setenv("DELAYSERVICE_CONFIGS", "x")
     with pytest.raises(ConfigError, match="DELAYSERVICE_CONFIGS"):
         load_settings()
+
+
+def test_settings_env_makes_a_new_process_load_the_same_settings(monkeypatch):
+    from delayservice.settings import settings_env
+
+    monkeypatch.setenv("DELAYSERVICE_LEVELS", "9s")  # the caller's own variables go
+    original = load_settings(
+        levels="1s,2s", kafka={"security.protocol": "PLAINTEXT"}, retry_backoff_s=0.25
+    )
+    env = settings_env(original, instance_name="other", metrics_port=0)
+    assert env["DELAYSERVICE_INSTANCE_NAME"] == "other"
+    for name in list(os.environ):
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    loaded = load_settings()
+    assert loaded == original.model_copy(update={"instance_name": "other", "metrics_port": 0})

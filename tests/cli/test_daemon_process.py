@@ -14,29 +14,23 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
+from delayservice.settings import settings_env
+
 pytestmark = pytest.mark.kafka
 
 
 def _env(settings, port: int, instance: str, session_timeout_s: float = 6) -> dict[str, str]:
     """Environment of one daemon process; `instance` is its static-membership name, so
     a restart with the same environment takes the dead process's partitions back."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
-    env.update(
-        {
-            "DELAYSERVICE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
-            "DELAYSERVICE_LEVELS": settings.levels,
-            "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
-            "DELAYSERVICE_DEAD_LETTER_TOPIC": settings.dead_letter_topic,
-            "DELAYSERVICE_GROUP_ID": settings.group_id,
-            "DELAYSERVICE_COMMIT_INTERVAL_S": "0.5",
-            "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
-            "DELAYSERVICE_METRICS_PORT": str(port),
-            "DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "15",
-            "DELAYSERVICE_INSTANCE_NAME": instance,
-            "DELAYSERVICE_SESSION_TIMEOUT_S": str(session_timeout_s),
-        }
+    return settings_env(
+        settings,
+        commit_interval_s=0.5,
+        metrics_host="127.0.0.1",
+        metrics_port=port,
+        shutdown_timeout_s=15,
+        instance_name=instance,
+        session_timeout_s=session_timeout_s,
     )
-    return env
 
 
 def _free_port() -> int:

@@ -9,7 +9,6 @@ depends on what the daemon says about itself.
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from typing import Any
 
 from delayservice.kafka.local_broker import free_port
 from delayservice.producer import DelayProducer
+from delayservice.settings import settings_env
 
 
 def now_ms() -> int:
@@ -141,28 +141,21 @@ class Fleet:
     daemons: list[DaemonProcess] = field(default_factory=list)
 
     def env(self, instance: str, port: int) -> dict[str, str]:
-        s = self.settings
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
-        env.update(
-            {
-                "DELAYSERVICE_BOOTSTRAP_SERVERS": s.bootstrap_servers,
-                "DELAYSERVICE_LEVELS": s.levels,
-                "DELAYSERVICE_TOPIC_PREFIX": s.topic_prefix,
-                "DELAYSERVICE_DEAD_LETTER_TOPIC": s.dead_letter_topic,
-                "DELAYSERVICE_GROUP_ID": s.group_id,
-                "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
-                "DELAYSERVICE_METRICS_PORT": str(port),
-                "DELAYSERVICE_INSTANCE_NAME": instance,
-                "DELAYSERVICE_COMMIT_INTERVAL_S": "0.5",
-                "DELAYSERVICE_RETRY_BACKOFF_S": "0.2",
-                "DELAYSERVICE_RETRY_BACKOFF_MAX_S": "2",
-                "DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "15",
-                "DELAYSERVICE_LOG_LEVEL": "INFO",
-                "PYTHONFAULTHANDLER": "1",  # for `dump_stacks`
-                **self.extra_env,
-            }
-        )
-        return env
+        return {
+            **settings_env(
+                self.settings,
+                metrics_host="127.0.0.1",
+                metrics_port=port,
+                instance_name=instance,
+                commit_interval_s=0.5,
+                retry_backoff_s=0.2,
+                retry_backoff_max_s=2,
+                shutdown_timeout_s=15,
+                log_level="INFO",
+            ),
+            "PYTHONFAULTHANDLER": "1",  # for `dump_stacks`
+            **self.extra_env,
+        }
 
     def spawn(self, instance: str) -> DaemonProcess:
         port = free_port()
