@@ -61,6 +61,10 @@ def producer(settings: Settings, client_id: str) -> dict[str, Any]:
         "compression.type": "lz4",
         # Records in this queue are copies of buffered ones; keep the copy bounded.
         "queue.buffering.max.kbytes": 65536,
+        # A record librdkafka cannot deliver comes back within 30 s (not its default
+        # 5 min) and goes through the forwarder's own retry and give-up rules; seen
+        # with a target deleted and re-created under an idempotent producer.
+        "message.timeout.ms": 30_000,
         **settings.producer,
         **_PRODUCER_FIXED,
     }

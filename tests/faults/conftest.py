@@ -130,7 +130,7 @@ class FaultRun:
         scenario: str,
         timeout: float,
         may_dead_letter: Callable[[Source], bool] | None = None,
-        stall_s: float = 25.0,
+        stall_s: float = 45.0,  # past the daemon producer's 30 s message timeout
     ) -> Report:
         """Read until every source is accounted for, no daemon is left to forward the
         rest, nothing new arrived for `stall_s`, or `timeout`; then judge. Returns the

@@ -77,7 +77,7 @@ def test_a_target_deleted_and_recreated_mid_run_loses_nothing(
             and all(letter.header("dlq-reason") in GAP_REASONS for letter in source.dead)
         )
 
-    report = run.drain(SCENARIO, timeout=60, may_dead_letter=in_the_gap)
+    report = run.drain(SCENARIO, timeout=90, may_dead_letter=in_the_gap)
     report.recovery_s = recovery_s(report, [recreated], group=lambda s: s.expect.target)[0]
     report.notes.append(f"gap {GAP_S:.0f} s; recovery = first forward to the re-created target")
     fault_summary(report)
