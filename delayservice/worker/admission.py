@@ -62,22 +62,27 @@ class Admission:
         self._read_delay_min = _INF
         self._valid_targets: dict[str, str | None] = {}
 
-    def hold(self, message: Message, ledger: PartitionLedger) -> HeldRecord:
-        """The record to track; `dead_letter` is set when it cannot be forwarded."""
+    def hold(
+        self, message: Message, ledger: PartitionLedger, now_ms: int | None = None
+    ) -> HeldRecord:
+        """The record to track; `dead_letter` is set when it cannot be forwarded.
+
+        `now_ms` is when the record was read (once per batch on the hot path); any time
+        after the record's append keeps due times from ever being early.
+        """
         try:
-            return self._hold(message, ledger)
+            return self._hold(message, ledger, now_ms or int(time.time() * 1000))
         except Exception as exc:  # a bug or a surprise in one record stays with that record
             log.exception("%s: could not read a record", self.level.topic)
             return self._unreadable(message, ledger, f"{type(exc).__name__}: {exc}")
 
-    def _hold(self, message: Message, ledger: PartitionLedger) -> HeldRecord:
+    def _hold(self, message: Message, ledger: PartitionLedger, now_ms: int) -> HeldRecord:
         partition, offset = message.partition() or 0, message.offset() or 0
         key, value = message.key(), message.value()
         key_b = key.encode() if isinstance(key, str) else key
         value_b = value.encode() if isinstance(value, str) else value
         raw = message.headers()
         headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw or [])
-        now_ms = int(time.time() * 1000)
         try:
             envelope, user_headers, header_bytes = unwrap(headers)
         except EnvelopeError as exc:

@@ -339,6 +339,7 @@ class ConsumerLoop:
     # -- admitting records ---------------------------------------------------------
     def _admit_batch(self, messages: list[Message], due: list[tuple[HeldRecord, float]]) -> int:
         admitted = 0
+        read_ms = int(time.time() * 1000)  # after consume() returned: after every append
         for message in messages:
             error = message.error()
             if error is not None:
@@ -355,7 +356,7 @@ class ConsumerLoop:
             ledger = self._ledger.partitions.get(partition)
             if ledger is None:
                 continue  # not ours any more; the new owner reads it
-            record = self._admission.hold(message, ledger)
+            record = self._admission.hold(message, ledger, read_ms)
             if not self._flow.admits(self._ledger, ledger, record.size):
                 self._pause(partition)
                 self._rewind[partition] = offset

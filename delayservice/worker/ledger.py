@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 
-from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
+from delayservice.worker.memory_budget import MemoryBudget
 
 
 class PartitionLedger:
@@ -54,7 +54,7 @@ class PartitionLedger:
 
 class LevelLedger:
     def __init__(self, budget: MemoryBudget | None = None) -> None:
-        self.budget = budget if budget is not None else MemoryBudget(2**62)
+        """`budget`: the process-wide memory budget this level's holdings count against."""
         self.lock = threading.Lock()
         self.partitions: dict[int, PartitionLedger] = {}
         self.total_buffered = 0
@@ -62,6 +62,8 @@ class LevelLedger:
         self.peak_partition_buffered = 0
         self.forwarded = 0
         """Forwards the broker acknowledged, including those of since-revoked partitions."""
+        if budget is not None:
+            budget.register(self)
 
     def assign(self, partition: int) -> PartitionLedger:
         with self.lock:
@@ -77,7 +79,6 @@ class LevelLedger:
                 ledger.revoked = True
                 self.total_buffered -= ledger.buffered
                 self.total_bytes -= ledger.bytes
-                self.budget.add(-(ledger.bytes + ledger.buffered * RECORD_OVERHEAD))
             return ledger
 
     def track(self, ledger: PartitionLedger, offset: int, size: int) -> None:
@@ -88,7 +89,6 @@ class LevelLedger:
             ledger.bytes += size
             self.total_buffered += 1
             self.total_bytes += size
-            self.budget.add(size + RECORD_OVERHEAD)
             self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
 
     def settle(
@@ -103,7 +103,6 @@ class LevelLedger:
             ledger.bytes -= size
             self.total_buffered -= 1
             self.total_bytes -= size
-            self.budget.add(-(size + RECORD_OVERHEAD))
 
     def to_commit(self) -> list[tuple[int, int]]:
         """(partition, offset) pairs that moved since the last commit."""

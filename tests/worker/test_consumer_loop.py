@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
 from delayservice.worker import admission as admission_module
+from delayservice.worker import consumer_loop as consumer_loop_module
 from delayservice.worker import dead_letter as dead_letter_module
 from delayservice.worker import forwarder as forwarder_module
 from tests.worker.fakes import (
@@ -41,7 +42,7 @@ DELAY = LEVEL.delay_ms
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
-    for module in (forwarder_module, admission_module, dead_letter_module):
+    for module in (forwarder_module, admission_module, dead_letter_module, consumer_loop_module):
         monkeypatch.setattr(module, "time", clock)
     return clock
 
