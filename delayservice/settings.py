@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import tomllib
 from pathlib import Path
@@ -28,6 +29,8 @@ _NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_AUDIT_")
 _NOT_SETTINGS_EXACT = frozenset({"DELAYSERVICE_CONFIG", "DELAYSERVICE_CHECK_URL"})
 
 MiB = 1024 * 1024
+MAX_INSTANCE_ID = 249
+_LEGAL_ID = re.compile(r"[a-zA-Z0-9._-]+")
 REDACTED = "<redacted>"
 _SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "ssl.key", "credentials")
 
@@ -114,6 +117,21 @@ class Settings(BaseSettings):
     def _water_marks(self) -> Settings:
         if self.pause_low_water >= self.pause_high_water:
             raise ConfigError("pause_low_water", "must be below pause_high_water")
+        return self
+
+    @model_validator(mode="after")
+    def _instance_ids(self) -> Settings:
+        """Each level joins as `{instance_name}-{level topic}`, which the broker takes
+        only as a legal name of at most 249 characters: refuse it here, at start-up."""
+        if _LEGAL_ID.fullmatch(self.instance_name) is None:
+            raise ConfigError("instance_name", "use only ASCII letters, digits, '.', '_' and '-'")
+        longest = f"{self.instance_name}-{self.level_set().levels[-1].topic}"
+        if len(longest) > MAX_INSTANCE_ID:
+            raise ConfigError(
+                "instance_name",
+                f"with the level topics it makes ids of {len(longest)} characters; "
+                f"Kafka allows {MAX_INSTANCE_ID}",
+            )
         return self
 
     def level_set(self) -> LevelSet:

@@ -175,3 +175,17 @@ def test_settings_env_makes_a_new_process_load_the_same_settings(monkeypatch):
         monkeypatch.setenv(name, value)
     loaded = load_settings()
     assert loaded == original.model_copy(update={"instance_name": "other", "metrics_port": 0})
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("host one", "ASCII letters"),
+        ("h\x00", "ASCII letters"),
+        ("\u00e9", "ASCII letters"),
+        ("x" * 200, "249"),  # with a 60-character topic prefix
+    ],
+)
+def test_an_instance_name_the_broker_would_refuse_is_a_configuration_error(name, problem):
+    with pytest.raises(ConfigError, match=f"instance_name.*{problem}"):
+        load_settings(instance_name=name, topic_prefix="p" * 60)
