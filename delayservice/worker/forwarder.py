@@ -68,6 +68,16 @@ QUEUE_FULL_WAIT_S: Final = 1.0
 _ACK_MEMORY: Final = 10_000
 
 
+UNCONFIRMED: Final = "unconfirmed_ack"
+"""forward_errors label: an acknowledgement without an offset, so the record went again."""
+
+
+def _confirmed(msg: Message) -> bool:
+    """Whether a successful delivery report carries the offset the broker assigned."""
+    offset = msg.offset()
+    return offset is not None and offset >= 0
+
+
 def permanent_reason(error: KafkaError) -> str | None:
     """The dead-letter reason for an error no retry can fix, else None."""
     return _PERMANENT.get(error.code())
@@ -295,6 +305,9 @@ class Forwarder:
 
     def _delivered(self, record: HeldRecord, err: KafkaError | None, msg: Message) -> None:
         try:
+            if err is None and not _confirmed(msg):
+                self._unconfirmed(record, msg)
+                return
             if err is None:
                 self._ledger.settle(record.ledger, record.offset, record.size, forwarded=True)
                 # Lateness once per delivered record: its timestamp is when it was produced.
@@ -350,6 +363,25 @@ class Forwarder:
             self._published = acked
 
     # -- failure paths -------------------------------------------------------------
+    def _unconfirmed(self, record: HeldRecord, msg: Message) -> None:
+        """A success the broker never confirmed: send again, accepting a duplicate.
+
+        After an uncertain failure (a timeout, a lost connection, an error on a topic that
+        was being deleted) librdkafka's idempotent producer reports a message as delivered
+        when a later one on the same partition succeeds, on the grounds that the broker
+        would have refused the later one otherwise. That holds for one partition's life,
+        but not across a topic deleted and re-created under the same name: the new
+        partition accepts the later batch and the earlier message was never written.
+        Such inferred reports carry no offset, so they are the ones sent again; a
+        duplicate keeps its `delay-id`, a loss could not be found again.
+        """
+        self._retry(
+            record,
+            UNCONFIRMED,
+            f"{msg.topic()}[{msg.partition()}]: delivery inferred from a later "
+            "acknowledgement, not confirmed by the broker; sending again",
+        )
+
     def _retry(self, record: HeldRecord, error_name: str, detail: str) -> None:
         now = time.monotonic()
         if record.first_failure is None:
@@ -462,8 +494,11 @@ class Forwarder:
         except KafkaException as exc:
             self._dead_letter_failed(record, exc.args[0])
 
-    def _dead_lettered(self, record: HeldRecord, err: KafkaError | None, _msg: Message) -> None:
+    def _dead_lettered(self, record: HeldRecord, err: KafkaError | None, msg: Message) -> None:
         try:
+            if err is None and not _confirmed(msg):
+                self._unconfirmed(record, msg)
+                return
             if err is None:
                 self._ledger.settle(record.ledger, record.offset, record.size)
                 assert record.dead_letter is not None

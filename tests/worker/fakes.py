@@ -386,6 +386,9 @@ class FakeProducer:
         self.reports: list[Sent] = []  # reports served, in order
         self.outcome: Callable[[Sent], KafkaError | None] = lambda _sent: None
         self.on_produce: Callable[[Sent], None] | None = None
+        # True for a success librdkafka only inferred (no offset), as its idempotent
+        # producer reports one after a later batch on the partition succeeded.
+        self.inferred: Callable[[Sent], bool] = lambda _sent: False
         self.hold_reports = False
         self.metadata_error: KafkaException | None = None
         self._pending: deque[Sent] = deque()
@@ -487,7 +490,11 @@ class FakeProducer:
             report = Message(
                 topic=sent.topic,
                 partition=self.partition_of(sent),
-                offset=-1 if sent.result is not None else len(self.reports),
+                offset=(
+                    -1001  # OFFSET_INVALID, as librdkafka leaves an inferred ack
+                    if sent.result is not None or self.inferred(sent)
+                    else len(self.reports)
+                ),
                 key=sent.key,
                 value=sent.value,
                 headers=sent.headers,

@@ -324,6 +324,53 @@ def test_a_failing_dead_letter_topic_keeps_the_record_unsettled_and_retries(rig,
     assert rig.metric("delayservice_dead_lettered_total", reason="retries_exhausted") == 0
 
 
+def test_an_ack_without_an_offset_is_not_trusted_and_the_record_goes_again(rig, clock):
+    """librdkafka infers success for a message when a later one on its partition is
+    acknowledged; across a target deleted and re-created that message was never
+    written. The inferred report has no offset: send again, never settle on it."""
+    once = {"left": 1}
+
+    def inferred(sent: Sent) -> bool:
+        if sent.delay_id == "x" and once["left"]:
+            once["left"] -= 1
+            return True
+        return False
+
+    rig.producer.inferred = inferred
+    admit(rig, "x")
+    rig.forwarder.try_drain()
+    rig.producer.poll(0)
+    assert committable(rig) == 0  # an inferred ack settles nothing
+    clock.advance(1.0)
+    rig.forwarder.try_drain()
+    rig.producer.poll(0)
+    assert [s.delay_id for s in rig.producer.to(TARGET)] == ["x", "x"]
+    assert committable(rig) == 1
+    assert rig.metric("delayservice_forward_errors_total", error="unconfirmed_ack") == 1
+
+
+def test_a_dead_letter_acked_without_an_offset_is_sent_again(rig, clock):
+    once = {"left": 1}
+
+    def inferred(sent: Sent) -> bool:
+        if sent.topic == DLQ and once["left"]:
+            once["left"] -= 1
+            return True
+        return False
+
+    rig.producer.inferred = inferred
+    bad = admit(rig, "bad", headers=[("no-envelope", b"1")])
+    rig.forwarder.submit(bad)
+    rig.producer.poll(0)
+    assert committable(rig) == 0
+    clock.advance(1.0)
+    rig.forwarder.try_drain()
+    rig.producer.poll(0)
+    assert len(rig.producer.to(DLQ)) == 2
+    assert committable(rig) == 1
+    assert rig.metric("delayservice_dead_lettered_total", reason="invalid_envelope") == 1
+
+
 # -- giving up ---------------------------------------------------------------------
 def retry_for(rig: Rig, clock: FakeClock, seconds: float, step: float = 1.0) -> None:
     for _ in range(round(seconds / step)):
