@@ -8,17 +8,23 @@ flushes, and leaves the group within `shutdown_timeout_s`.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from types import FrameType
+from typing import Final
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
+from delayservice.kafka.target_topics import TargetTopics
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
@@ -80,10 +86,19 @@ class Daemon:
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; run `delayservice topics create` / `topics describe`"
             )
+        # One producer for every level: librdkafka batches per target partition
+        # whichever level a record comes from, and each producer costs threads and a
+        # connection per broker.
+        client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
+        producer = Producer(client_config.producer(self.settings, client_id))
+        targets = TargetTopics(producer)
         for level in self.settings.level_set():
             self.workers.append(
-                LevelWorker(level, self.settings, self.metrics, self.budget, self.fail)
+                LevelWorker(
+                    level, self.settings, self.metrics, self.budget, self.fail, producer, targets
+                )
             )
+        tune_garbage_collector()
         for worker in self.workers:
             worker.start()
         self._phase = "running"
@@ -142,6 +157,23 @@ class Daemon:
             self._server = None
         self._phase = "stopped"
         return EXIT_FAILED if (self._fatal or stuck) else EXIT_OK
+
+
+GC_THRESHOLDS: Final = (100_000, 50, 100)
+
+
+def tune_garbage_collector() -> None:
+    """Collect young objects every 100,000 allocations instead of every 700.
+
+    Each forwarded record allocates a handful of containers (held record, header
+    tuples, the delivery callback), and with CPython's default thresholds the cyclic
+    collector ran thousands of times per second over them: it cost about 40% of the
+    per-record work on the consumer thread (3.9 against 7.2 us to hold one record).
+    The hot path makes no reference cycles, so collecting rarely keeps memory flat.
+    What start-up built is frozen out of every later collection.
+    """
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def install_signal_handlers(daemon: Daemon) -> None:

@@ -3,12 +3,13 @@
 Without this, librdkafka holds a record for an unknown topic until its metadata
 propagation timeout (30 s by default) before failing it. A topic that does not exist
 is re-checked after a short negative TTL so a topic created a moment later is found.
-The cache is bounded (least recently used names go first), because target names come
+The cache is bounded (the oldest entries go first), because target names come
 from records, and records can name anything.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -21,6 +22,8 @@ MAX_ENTRIES = 10_000
 
 
 class TargetTopics:
+    """Thread-safe: one instance serves every level of a process."""
+
     def __init__(
         self,
         client: Any,
@@ -35,13 +38,15 @@ class TargetTopics:
         self._timeout = timeout_s
         self._max_entries = max_entries
         self._cache: OrderedDict[str, tuple[int | KafkaError, float]] = OrderedDict()
+        self._lock = threading.Lock()  # shared by every level's threads; never held over I/O
 
     def __len__(self) -> int:
         return len(self._cache)
 
     def forget(self, topic: str) -> None:
         """Drop a cached answer the broker has just contradicted."""
-        self._cache.pop(topic, None)
+        with self._lock:
+            self._cache.pop(topic, None)
 
     def partitions(self, topic: str, *, fresh: bool = False) -> int | KafkaError:
         """Partition count, or the broker's error when the topic does not exist, is not
@@ -50,10 +55,12 @@ class TargetTopics:
         Raises a retriable `DelayServiceError` when the broker cannot be asked.
         """
         now = time.monotonic()
-        cached = None if fresh else self._cache.get(topic)
-        if cached is not None and cached[1] > now:
-            self._cache.move_to_end(topic)
-            return cached[0]
+        if not fresh:
+            # The hit path takes no lock and does not reorder: one atomic read per record.
+            # Eviction is therefore by age of insertion, which only costs a re-fetch.
+            cached = self._cache.get(topic)
+            if cached is not None and cached[1] > now:
+                return cached[0]
         try:
             meta = self._client.list_topics(topic=topic, timeout=self._timeout)
         except KafkaException as exc:
@@ -72,10 +79,11 @@ class TargetTopics:
 
     def _store(self, topic: str, answer: int | KafkaError, now: float) -> int | KafkaError:
         ttl = self._ttl if isinstance(answer, int) else self._negative_ttl
-        self._cache[topic] = (answer, now + ttl)
-        self._cache.move_to_end(topic)
-        while len(self._cache) > self._max_entries:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[topic] = (answer, now + ttl)
+            self._cache.move_to_end(topic)
+            while len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)
         return answer
 
 

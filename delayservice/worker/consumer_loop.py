@@ -268,12 +268,16 @@ class ConsumerLoop:
             self._resume_fresh()
         if messages:
             due: list[tuple[HeldRecord, float]] = []
-            admitted = self._admit_batch(messages, due)
+            ready: list[HeldRecord] = []
+            admitted = self._admit_batch(messages, due, ready)
             if due:
                 self._scheduler.schedule_many(due)
             if admitted:
                 self._m_consumed.inc(admitted)
-                self._forwarder.try_drain()
+                if ready:
+                    self._forwarder.forward_now(ready)
+                else:
+                    self._forwarder.try_drain()
         if self._rewind:
             self._apply_rewinds()
         self._producer.poll(0)
@@ -337,7 +341,14 @@ class ConsumerLoop:
         self._consumer.close()
 
     # -- admitting records ---------------------------------------------------------
-    def _admit_batch(self, messages: list[Message], due: list[tuple[HeldRecord, float]]) -> int:
+    def _admit_batch(
+        self,
+        messages: list[Message],
+        due: list[tuple[HeldRecord, float]],
+        ready: list[HeldRecord],
+    ) -> int:
+        """Hold each record; collect those due later into `due` and those already due
+        when read into `ready`, which skip the buffer."""
         admitted = 0
         read_ms = int(time.time() * 1000)  # after consume() returned: after every append
         for message in messages:
@@ -365,6 +376,8 @@ class ConsumerLoop:
             admitted += 1
             if record.dead_letter is not None:
                 self._forwarder.submit(record)
+            elif record.due_ms <= read_ms:
+                ready.append(record)
             else:
                 due.append((record, record.due_ms / 1000))
         return admitted

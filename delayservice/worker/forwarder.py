@@ -177,10 +177,32 @@ class Forwarder:
             finally:
                 self._send_lock.release()
 
+    def forward_now(self, records: list[HeldRecord]) -> None:
+        """Send records that were already due when read, from the consumer thread.
+
+        A backlog read after an outage is all due: such records skip the buffer (no push,
+        no pop) and go straight out, after whatever the buffer already holds that is due,
+        so due order is kept. If the forwarder thread is busy sending, they join the
+        buffer instead of waiting for it.
+        """
+        if not records:
+            return
+        if not self._send_lock.acquire(blocking=False):
+            self._scheduler.schedule_many([(r, r.due_ms / 1000) for r in records])
+            return
+        try:
+            self._drain()
+            self._send_all(records)
+        finally:
+            self._send_lock.release()
+
     def _drain(self) -> None:
         """Send every due record; the caller holds the send lock."""
-        records = self._scheduler.take_expired(0)
-        for i, record in enumerate(records):  # the scheduler returns them in due order
+        self._send_all(self._scheduler.take_expired(0))  # returned in due order
+
+    def _send_all(self, records: list[HeldRecord]) -> None:
+        """Send in order; the caller holds the send lock."""
+        for i, record in enumerate(records):
             try:
                 self.send(record)
             except QueueFullError:

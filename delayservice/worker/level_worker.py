@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 
 from delayservice.kafka import client_config
-from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -38,18 +38,22 @@ class LevelWorker:
         metrics: ServiceMetrics,
         budget: MemoryBudget,
         on_fatal: Callable[[str], None],
+        producer: ProducerClient,
+        targets: TargetTopics,
     ) -> None:
+        """`producer` and `targets` (its metadata cache) are the process's, shared by
+        every level."""
         self.level = level
         self.ledger = LevelLedger(budget)
         self.scheduler: Scheduler[HeldRecord] = make_scheduler(settings.scheduler, clock=time.time)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
-        self.producer = Producer(client_config.producer(settings, client_id))
+        self.producer = producer
         self.forwarder = Forwarder(
             level,
             self.scheduler,
             self.ledger,
             self.producer,
-            TargetTopics(self.producer),
+            targets,
             settings.dead_letter_topic,
             metrics,
             (settings.retry_backoff_s, settings.retry_backoff_max_s),

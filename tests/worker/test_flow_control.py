@@ -63,3 +63,33 @@ def test_an_empty_level_admits_one_oversized_record_so_nothing_wedges():
 def test_water_marks_must_make_sense():
     with pytest.raises(ValueError, match="low_water"):
         FlowControl(high_water=5, low_water=5, budget=MemoryBudget(10))
+
+
+def test_each_level_sees_the_others_admissions_within_the_recheck_window():
+    from delayservice.worker.flow_control import RECHECK_EVERY
+
+    per_record = 100 + RECORD_OVERHEAD
+    budget = MemoryBudget(10 * RECHECK_EVERY * per_record)
+    flow_a, flow_b = FlowControl(10**6, 1, budget), FlowControl(10**6, 1, budget)
+    a, b = LevelLedger(budget), LevelLedger(budget)
+    pa, pb = a.assign(0), b.assign(0)
+    a.track(pa, 0, 100)  # both levels hold something: the budget decides
+    b.track(pb, 0, 100)
+    offset = 1
+    while flow_a.admits(a, pa, 100):
+        a.track(pa, offset, 100)
+        offset += 1
+    assert budget.used <= budget.max_bytes  # one level alone never passes the cap
+    admitted_b = 0
+    while flow_b.admits(b, pb, 100):
+        b.track(pb, admitted_b + 1, 100)
+        admitted_b += 1
+    assert admitted_b == 0  # the first check of B sums every level
+    a.settle(pa, 0, 100)
+    a.settle(pa, 1, 100)
+    extra = 0
+    while flow_b.admits(b, pb, 100):
+        b.track(pb, extra + 1, 100)
+        extra += 1
+    assert extra == 2  # room freed by A is found
+    assert budget.used <= budget.max_bytes

@@ -133,6 +133,20 @@ def test_a_due_record_is_forwarded_unchanged_and_settles_only_on_its_ack(rig):
     assert rig.metric("delayservice_lateness_seconds_count") == 2
 
 
+def test_records_due_when_read_skip_the_buffer_but_leave_after_what_it_holds(rig, clock):
+    held = admit(rig, "held", age_ms=LEVEL.delay_ms + 50)  # due earlier, in the buffer
+    later = admit(rig, "later", partition=1, schedule=False)
+    future = admit(rig, "future", partition=2, age_ms=0, schedule=False)
+    rig.forwarder.forward_now([later, future])
+
+    assert [s.delay_id for s in rig.producer.to(TARGET)] == ["held", "later"]
+    assert len(rig.scheduler) == 1  # only the record not yet due waits, never sent early
+    clock.advance(LEVEL.delay_ms / 1000)
+    rig.forwarder.try_drain()
+    assert [s.delay_id for s in rig.producer.to(TARGET)] == ["held", "later", "future"]
+    assert held.due_ms < later.due_ms
+
+
 def test_a_record_is_never_sent_before_its_due_time(rig, clock):
     record = admit(rig, "early", age_ms=0, schedule=False)
     assert record.due_ms == clock.ms() + LEVEL.delay_ms
