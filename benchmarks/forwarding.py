@@ -12,7 +12,11 @@ destination topic with LogAppendTime, read back by a separate consumer.
 - The daemon is `python -m delayservice run` in its own process, reading a 1 s level
   whose records all fell due before it started.
 
+Both are also timed from their start to the last arrival (catch-up): the drain of a
+backlog that fell due while nothing forwarded, start-up and group join included.
+
     python benchmarks/forwarding.py [--messages 200000] [--rounds 3] [--scheduler heap|wheel]
+    python benchmarks/forwarding.py --messages 1000000 --rounds 1     # the catch-up figure
 """
 
 from __future__ import annotations
@@ -112,9 +116,10 @@ def bare_pipe(bootstrap: str, source: str, destination: str, count: int) -> None
     consumer.close()
 
 
-def arrival_rate(bootstrap: str, topic: str, count: int, timeout: float) -> float:
+def arrival_rate(bootstrap: str, topic: str, count: int, timeout: float) -> tuple[float, int]:
     """Records per second between the first and the last arrival on `topic`, by the
-    broker's append times, read by a consumer of its own; waits for `count` records."""
+    broker's append times, read by a consumer of its own; waits for `count` records.
+    Also returns the last arrival's append time (ms)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -143,10 +148,15 @@ def arrival_rate(bootstrap: str, topic: str, count: int, timeout: float) -> floa
         consumer.close()
     if first is None or last is None:
         raise RuntimeError(f"{topic}: no records")
-    return (count - 1) / max(0.001, (last - first) / 1000)
+    return (count - 1) / max(0.001, (last - first) / 1000), last
 
 
-def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float]:
+def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """(pipe msg/s, daemon msg/s, pipe catch-up s, daemon catch-up s).
+
+    Catch-up is from the moment each one is started (the pipe's first line, the
+    daemon's process) to the last arrival: the time a backlog that fell due while
+    nothing forwarded takes to drain, start-up and group join included."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     tag = uuid.uuid4().hex[:6]
     settings = load_settings(
@@ -168,9 +178,11 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float]:
     fill(bootstrap, f"{settings.topic_prefix}1", daemon_out, args.messages, args.size)
     time.sleep(1.0)  # the level is 1 s: every record is due before the daemon starts
 
+    pipe_started = time.time()
     bare_pipe(bootstrap, source, pipe_out, args.messages)
-    pipe = arrival_rate(bootstrap, pipe_out, args.messages, timeout=120)
+    pipe, pipe_last = arrival_rate(bootstrap, pipe_out, args.messages, timeout=600)
 
+    daemon_started = time.time()
     process = subprocess.Popen(
         [sys.executable, "-m", "delayservice", "run"],
         env=settings_env(
@@ -184,11 +196,11 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        daemon = arrival_rate(bootstrap, daemon_out, args.messages, timeout=600)
+        daemon, daemon_last = arrival_rate(bootstrap, daemon_out, args.messages, timeout=1200)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(60)
-    return pipe, daemon
+    return pipe, daemon, pipe_last / 1000 - pipe_started, daemon_last / 1000 - daemon_started
 
 
 def main() -> int:
@@ -203,15 +215,18 @@ def main() -> int:
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
 
-    pipe_rates, daemon_rates = [], []
+    pipe_rates, daemon_rates, pipe_times, daemon_times = [], [], [], []
     with broker(args.bootstrap) as bootstrap:
         for round_no in range(1, args.rounds + 1):
-            pipe, daemon = run_round(bootstrap, args)
+            pipe, daemon, pipe_s, daemon_s = run_round(bootstrap, args)
             pipe_rates.append(pipe)
             daemon_rates.append(daemon)
+            pipe_times.append(pipe_s)
+            daemon_times.append(daemon_s)
             print(
                 f"round {round_no}: bare pipe {pipe:>9,.0f} msg/s   "
-                f"daemon {daemon:>9,.0f} msg/s   ratio {daemon / pipe:.2f}",
+                f"daemon {daemon:>9,.0f} msg/s   ratio {daemon / pipe:.2f}   "
+                f"catch-up {pipe_s:.1f} s vs {daemon_s:.1f} s",
                 flush=True,
             )
     p, d = statistics.median(pipe_rates), statistics.median(daemon_rates)
@@ -224,6 +239,9 @@ def main() -> int:
     print(f"bare consume->produce pipe : {p:>9,.0f} msg/s")
     print(f"DelayService daemon        : {d:>9,.0f} msg/s")
     print(f"ratio daemon / pipe        : {d / p:.2f}  (rounds: {ratios}; target >= 0.80)")
+    pt, dt = statistics.median(pipe_times), statistics.median(daemon_times)
+    print(f"catch-up, start to last    : pipe {pt:.1f} s, daemon {dt:.1f} s")
+    print(f"catch-up ratio daemon/pipe : {dt / pt:.2f}  (target <= 1.25)")
     return 0
 
 

@@ -1,0 +1,202 @@
+"""Steady load: how late the daemon forwards at a constant rate over three levels.
+
+A load generator in its own process sends `--rate` delayed messages per second for
+`--seconds` through `DelayProducer`, spread evenly over the levels. The daemon runs as
+`python -m delayservice run` in another process. Afterwards this process reads every
+level topic and the target (all LogAppendTime) and joins them by `delay-id`, so the
+figures come from the broker's clocks, not from the daemon's own view:
+
+    due      = append time on the level topic + max(level delay, delay-ms)
+    lateness = append time on the target - due      (negative = early)
+
+    python benchmarks/steady_lateness.py [--rate 10000] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from delayservice.envelope import H_DELAY_MS, H_ID
+from delayservice.kafka import topics
+from delayservice.kafka.local_broker import free_port
+from delayservice.producer import DelayProducer
+from delayservice.settings import Settings, load_settings, settings_env
+
+sys.path.insert(0, str(Path(__file__).parent))
+from forwarding import LOG_APPEND, broker
+from idle_footprint import ready
+
+TARGET_PARTITIONS = 6
+
+
+def generate(settings: Settings, target: str, rate: int, seconds: float) -> int:
+    """Send `rate` messages per second for `seconds`, in 10 ms steps; returns the count."""
+    levels = [level.delay_ms / 1000 for level in settings.level_set()]
+    producer = DelayProducer(
+        {"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 5}, settings=settings
+    )
+    value = b"v" * 200
+    sent = 0
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        for _ in range(int(elapsed * rate) - sent):
+            while True:
+                try:
+                    producer.produce(
+                        target, value, str(sent).encode(), delay=levels[sent % len(levels)]
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            sent += 1
+        producer.poll(0)
+        time.sleep(max(0.0, 0.01 - (time.monotonic() - start - elapsed)))
+    producer.flush(60)
+    return sent
+
+
+def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, int, bytes | None]]:
+    """(delay-id, append time, delay-ms) of every record of `topic`, read by assignment."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"steady-read-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+    meta = consumer.list_topics(topic, timeout=10).topics[topic]
+    ends = {}
+    for p in meta.partitions:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if high > 0:
+            ends[p] = high
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    out = []
+    while ends:
+        for message in consumer.consume(10_000, 1.0):
+            if message.error() is not None:
+                continue
+            ts_type, ts = message.timestamp()
+            if ts_type != TIMESTAMP_LOG_APPEND_TIME:
+                raise RuntimeError(f"{topic} must use LogAppendTime")
+            headers = dict(message.headers() or [])
+            out.append((headers.get(H_ID), ts, headers.get(H_DELAY_MS)))
+            partition, offset = message.partition(), message.offset()
+            if partition in ends and offset is not None and offset + 1 >= ends[partition]:
+                del ends[partition]
+    consumer.close()
+    return out
+
+
+def target_count(bootstrap: str, topic: str) -> int:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "steady-count"})
+    total = 0
+    for p in range(TARGET_PARTITIONS):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        total += high - low
+    consumer.close()
+    return total
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=10_000, help="messages per second")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--levels", default="1s,2s,5s")
+    parser.add_argument("--scheduler", choices=["heap", "wheel"], default="heap")
+    parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
+    parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
+    args = parser.parse_args()
+
+    if args.generate:  # child: bootstrap and topic prefix come in through the environment
+        sent = generate(load_settings(), args.generate, args.rate, args.seconds)
+        print(sent)
+        return 0
+
+    with broker(args.bootstrap) as bootstrap:
+        tag = uuid.uuid4().hex[:6]
+        settings = load_settings(
+            bootstrap_servers=bootstrap,
+            levels=args.levels,
+            topic_prefix=f"steady-{tag}-",
+            group_id=f"steady-{tag}",
+            dead_letter_topic=f"steady-{tag}-dlq",
+            scheduler=args.scheduler,
+        )
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        topics.create(admin, settings)
+        target = f"steady-{tag}-target"
+        new = NewTopic(target, TARGET_PARTITIONS, 1, config=LOG_APPEND)
+        admin.create_topics([new])[target].result(30)
+
+        port = free_port()
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "delayservice", "run"],
+            env=settings_env(
+                settings,
+                instance_name=f"steady-{tag}",
+                metrics_host="127.0.0.1",
+                metrics_port=port,
+                log_level="WARNING",
+            ),
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not ready(port):
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("the daemon did not become ready within 120 s")
+                time.sleep(0.2)
+            generator = subprocess.run(
+                [sys.executable, __file__, "--generate", target, "--rate", str(args.rate),
+                 "--seconds", str(args.seconds)],
+                env=settings_env(settings), capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            sent = int(generator.stdout.split()[-1])
+            top = max(level.delay_ms for level in settings.level_set()) / 1000
+            deadline = time.monotonic() + top + 120
+            while target_count(bootstrap, target) < sent and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            daemon.terminate()
+            daemon.wait(60)
+
+        delay_of = {level.topic: level.delay_ms for level in settings.level_set()}
+        due: dict[bytes, int] = {}
+        for topic, level_ms in delay_of.items():
+            for message_id, ts, delay_ms in read_all(bootstrap, topic):
+                if message_id is not None:
+                    due[message_id] = ts + max(level_ms, int(delay_ms or 0))
+        arrivals = read_all(bootstrap, target)
+
+    lateness = [ts - due[mid] for mid, ts, _ in arrivals if mid is not None and mid in due]
+    forwarded = {mid for mid, _, _ in arrivals}
+    early = sum(1 for late in lateness if late < 0)
+    missing = sum(1 for mid in due if mid not in forwarded)
+    duplicates = len(arrivals) - len(forwarded)
+    print(
+        f"{sent:,} messages at {args.rate:,} msg/s for {args.seconds:.0f} s over levels "
+        f"{args.levels}, scheduler={args.scheduler}; generator and daemon in their own processes"
+    )
+    print(
+        f"lateness p50 {percentile(lateness, 0.5):.0f} ms, p99 {percentile(lateness, 0.99):.0f} "
+        f"ms, max {max(lateness):.0f} ms   (targets: p50 <= 5 ms, p99 <= 25 ms)"
+    )
+    print(f"early {early}, missing {missing}, duplicates {duplicates}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
