@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from types import FrameType
-from typing import Final
+from typing import Final, Protocol
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
@@ -176,7 +176,11 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def install_signal_handlers(daemon: Daemon) -> None:
+class Stoppable(Protocol):
+    def request_stop(self) -> None: ...
+
+
+def install_signal_handlers(daemon: Stoppable) -> None:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
         daemon.request_stop()

@@ -74,6 +74,13 @@ class Settings(BaseSettings):
         description="Stable name of this instance (static group membership); "
         "defaults to the host name.",
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Worker processes (one core each); above 1, `run` supervises them "
+        "behind one metrics endpoint.",
+    )
     session_timeout_s: float = Field(
         10.0,
         ge=1.0,
@@ -125,7 +132,8 @@ class Settings(BaseSettings):
         only as a legal name of at most 249 characters: refuse it here, at start-up."""
         if _LEGAL_ID.fullmatch(self.instance_name) is None:
             raise ConfigError("instance_name", "use only ASCII letters, digits, '.', '_' and '-'")
-        longest = f"{self.instance_name}-{self.level_set().levels[-1].topic}"
+        worker = f"-p{self.processes - 1}" if self.processes > 1 else ""
+        longest = f"{self.instance_name}{worker}-{self.level_set().levels[-1].topic}"
         if len(longest) > MAX_INSTANCE_ID:
             raise ConfigError(
                 "instance_name",

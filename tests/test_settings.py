@@ -189,3 +189,18 @@ def test_settings_env_makes_a_new_process_load_the_same_settings(monkeypatch):
 def test_an_instance_name_the_broker_would_refuse_is_a_configuration_error(name, problem):
     with pytest.raises(ConfigError, match=f"instance_name.*{problem}"):
         load_settings(instance_name=name, topic_prefix="p" * 60)
+
+
+def test_worker_processes_count_in_the_instance_id_limit():
+    prefix = "p" * 50  # level topic "ppp...1", 51 characters
+    name = "x" * (249 - len("-p1-") - 51)
+    assert load_settings(instance_name=name, levels="1s", topic_prefix=prefix).processes == 1
+    load_settings(instance_name=name, levels="1s", topic_prefix=prefix, processes=2)  # fits
+    with pytest.raises(ConfigError, match=r"instance_name.*249"):  # "-p10" is one too many
+        load_settings(instance_name=name, levels="1s", topic_prefix=prefix, processes=11)
+
+
+@pytest.mark.parametrize("count", [0, -1, 65])
+def test_a_processes_count_out_of_range_is_refused(count):
+    with pytest.raises(ConfigError, match="processes"):
+        load_settings(processes=count)

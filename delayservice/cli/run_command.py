@@ -15,6 +15,7 @@ from delayservice.cli.common import (
 )
 from delayservice.daemon import Daemon, install_signal_handlers
 from delayservice.settings import load_settings
+from delayservice.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,9 @@ def run(
         config, bootstrap_servers=bootstrap_servers, levels=levels, metrics_port=metrics_port
     )
     setup_logging(settings.log_level)
-    daemon = Daemon(settings)
+    daemon: Daemon | Supervisor = (
+        Supervisor(settings) if settings.processes > 1 else Daemon(settings)
+    )
     install_signal_handlers(daemon)
     try:
         daemon.start()
