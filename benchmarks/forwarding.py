@@ -17,6 +17,7 @@ backlog that fell due while nothing forwarded, start-up and group join included.
 
     python benchmarks/forwarding.py [--messages 200000] [--rounds 3] [--scheduler heap|wheel]
     python benchmarks/forwarding.py --messages 1000000 --rounds 1     # the catch-up figure
+    python benchmarks/forwarding.py --levels 3 --processes 2          # two worker processes
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float, f
     tag = uuid.uuid4().hex[:6]
     settings = load_settings(
         bootstrap_servers=bootstrap,
-        levels="1s",
+        levels=",".join(f"{n}s" for n in range(1, args.levels + 1)),
+        processes=args.processes,
         topic_prefix=f"bench-{tag}-",
         group_id=f"bench-{tag}",
         dead_letter_topic=f"bench-{tag}-dlq",
@@ -175,8 +177,10 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float, f
     for name, config in ((source, {}), (pipe_out, LOG_APPEND), (daemon_out, LOG_APPEND)):
         admin.create_topics([NewTopic(name, PARTITIONS, 1, config=config)])[name].result(30)
     fill(bootstrap, source, pipe_out, args.messages, args.size)
-    fill(bootstrap, f"{settings.topic_prefix}1", daemon_out, args.messages, args.size)
-    time.sleep(1.0)  # the level is 1 s: every record is due before the daemon starts
+    for n in range(1, args.levels + 1):  # the backlog spread evenly over the levels
+        share = args.messages // args.levels + (n <= args.messages % args.levels)
+        fill(bootstrap, f"{settings.topic_prefix}{n}", daemon_out, share, args.size)
+    time.sleep(args.levels)  # level n is n s: every record is due before the daemon starts
 
     pipe_started = time.time()
     bare_pipe(bootstrap, source, pipe_out, args.messages)
@@ -212,6 +216,8 @@ def main() -> int:
     parser.add_argument(
         "--pause-high-water", type=int, default=10_000, help="per-partition buffer bound"
     )
+    parser.add_argument("--levels", type=int, default=1, help="levels the backlog spreads over")
+    parser.add_argument("--processes", type=int, default=1, help="the daemon's worker processes")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
 
@@ -234,6 +240,7 @@ def main() -> int:
     print(
         f"\n{args.messages:,} records of {args.size} B, {PARTITIONS} partitions, "
         f"scheduler={args.scheduler}, pause_high_water={args.pause_high_water}, "
+        f"levels={args.levels}, processes={args.processes}, "
         f"median of {args.rounds} rounds"
     )
     print(f"bare consume->produce pipe : {p:>9,.0f} msg/s")

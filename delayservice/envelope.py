@@ -116,6 +116,19 @@ def _fast_int(raw: bytes | str | None) -> int:
     raise ValueError
 
 
+_TARGET_NAMES: dict[bytes, str] = {}
+"""Decoded target names, so the many records held for one target share one string."""
+_MAX_TARGET_NAMES = 10_000
+
+
+def _target_name(raw: bytes) -> str:
+    name = raw.decode()
+    if len(_TARGET_NAMES) >= _MAX_TARGET_NAMES:
+        _TARGET_NAMES.clear()  # names come from records: keep the memo bounded
+    _TARGET_NAMES[raw] = name
+    return name
+
+
 def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
     """Split a delay-topic record's headers into its envelope and the user's headers.
 
@@ -136,7 +149,10 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
             user.append((name, value))
     try:  # the common, valid case without per-field messages
         if env[H_VERSION] == b"1":
-            target = env[H_TARGET].decode()  # type: ignore[union-attr]
+            raw_target = env[H_TARGET]
+            target = _TARGET_NAMES.get(raw_target)  # type: ignore[arg-type]
+            if target is None:
+                target = _target_name(raw_target)  # type: ignore[arg-type]
             message_id = env[H_ID].decode()  # type: ignore[union-attr]
             delay_ms = _fast_int(env[H_DELAY_MS])
             partition = _fast_int(env[H_PARTITION]) if H_PARTITION in env else None

@@ -30,10 +30,19 @@ class DelayEntry(Generic[T]):
         self.fired = False
 
 
+Row = tuple[float, int, T, "DelayEntry[T] | None"]
+"""(due, arrival, item, handle): only `schedule` makes a handle (for `cancel`); the
+batch path keeps none, which saves an object per buffered record."""
+
+
+def _cancelled(row: Row[T]) -> bool:
+    return row[3] is not None and row[3].cancelled
+
+
 class DelayQueue(Generic[T]):
     def __init__(self, clock: Clock = DEFAULT_CLOCK) -> None:
         self._clock = clock
-        self._heap: list[tuple[float, int, DelayEntry[T]]] = []
+        self._heap: list[Row[T]] = []
         self._seq = itertools.count()
         self._cancelled = 0
         self._cond = threading.Condition(threading.Lock())
@@ -45,7 +54,7 @@ class DelayQueue(Generic[T]):
         entry = DelayEntry(item, due)
         with self._cond:
             head_before = self._heap[0][0] if self._heap else None
-            heapq.heappush(self._heap, (due, next(self._seq), entry))
+            heapq.heappush(self._heap, (due, next(self._seq), item, entry))
             if head_before is None or due < head_before:
                 self._cond.notify()
         return entry
@@ -60,7 +69,7 @@ class DelayQueue(Generic[T]):
             head_before = heap[0][0] if heap else None
             earliest = min(due for _item, due in items)
             for item, due in items:
-                push(heap, (due, next(seq), DelayEntry(item, due)))
+                push(heap, (due, next(seq), item, None))
             if head_before is None or earliest < head_before:
                 self._cond.notify()
 
@@ -120,14 +129,14 @@ class DelayQueue(Generic[T]):
     def remove_where(self, predicate: Callable[[T], bool]) -> list[T]:
         with self._cond:
             removed: list[T] = []
-            kept: list[tuple[float, int, DelayEntry[T]]] = []
+            kept: list[Row[T]] = []
             for row in self._heap:
-                entry = row[2]
-                if entry.cancelled:
+                if _cancelled(row):
                     continue
-                if predicate(entry.item):
-                    removed.append(entry.item)
-                    entry.cancelled = True
+                if predicate(row[2]):
+                    removed.append(row[2])
+                    if row[3] is not None:
+                        row[3].cancelled = True
                 else:
                     kept.append(row)
             heapq.heapify(kept)
@@ -148,7 +157,8 @@ class DelayQueue(Generic[T]):
     def close(self) -> list[T]:
         with self._cond:
             self._closed = True
-            rest = [row[2].item for row in sorted(self._heap) if not row[2].cancelled]
+            rows = sorted(self._heap, key=lambda row: row[:2])
+            rest = [row[2] for row in rows if not _cancelled(row)]
             self._heap.clear()
             self._cancelled = 0
             self._cond.notify_all()
@@ -176,28 +186,31 @@ class DelayQueue(Generic[T]):
             self._cond.wait(wait)
 
     def _drop_cancelled_head(self) -> None:
-        while self._heap and self._heap[0][2].cancelled:
+        while self._heap and _cancelled(self._heap[0]):
             heapq.heappop(self._heap)
             self._cancelled -= 1
 
     def _pop_one(self) -> T:
-        entry = heapq.heappop(self._heap)[2]
-        entry.fired = True
-        return entry.item
+        row = heapq.heappop(self._heap)
+        if row[3] is not None:
+            row[3].fired = True
+        return row[2]
 
     def _pop_due(self, now: float) -> list[T]:
         out: list[T] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)[2]
-            if entry.cancelled:
-                self._cancelled -= 1
-                continue
-            entry.fired = True
-            out.append(entry.item)
+            row = heapq.heappop(heap)
+            entry = row[3]
+            if entry is not None:
+                if entry.cancelled:
+                    self._cancelled -= 1
+                    continue
+                entry.fired = True
+            out.append(row[2])
         return out
 
     def _compact(self) -> None:
-        self._heap = [row for row in self._heap if not row[2].cancelled]
+        self._heap = [row for row in self._heap if not _cancelled(row)]
         heapq.heapify(self._heap)
         self._cancelled = 0

@@ -8,6 +8,18 @@ from delayservice.envelope import Envelope, Headers, forwarded_headers
 from delayservice.worker.ledger import PartitionLedger
 
 
+class Retries:
+    """What only a record that failed needs; most records never get one."""
+
+    __slots__ = ("attempts", "failed_partition", "first_failure", "stub")
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.first_failure: float | None = None
+        self.failed_partition = -1
+        self.stub = False
+
+
 @dataclass(slots=True, eq=False)
 class HeldRecord:
     ledger: PartitionLedger
@@ -21,15 +33,50 @@ class HeldRecord:
     envelope: Envelope | None
     """None when the record had no valid envelope."""
     due_ms: int
-    attempts: int = 0
     dead_letter: tuple[str, str] | None = None
     """(reason, detail) once the record is bound for the dead-letter topic."""
-    first_failure: float | None = None
-    """Monotonic time of the first failed attempt, for giving up (`retries_exhausted`)."""
-    failed_partition: int = -1
-    """The target partition of the last failed attempt, when the client knew it."""
-    stub: bool = False
-    """Dead-letter a payload-free stub: the full copy did not fit."""
+    retries: Retries | None = None
+    """Made on the first failure: held records are many, failing ones few."""
+
+    def _retries(self) -> Retries:
+        if self.retries is None:
+            self.retries = Retries()
+        return self.retries
+
+    @property
+    def attempts(self) -> int:
+        return 0 if self.retries is None else self.retries.attempts
+
+    @attempts.setter
+    def attempts(self, value: int) -> None:
+        self._retries().attempts = value
+
+    @property
+    def first_failure(self) -> float | None:
+        """Monotonic time of the first failed attempt, for giving up (`retries_exhausted`)."""
+        return None if self.retries is None else self.retries.first_failure
+
+    @first_failure.setter
+    def first_failure(self, value: float | None) -> None:
+        self._retries().first_failure = value
+
+    @property
+    def failed_partition(self) -> int:
+        """The target partition of the last failed attempt, when the client knew it."""
+        return -1 if self.retries is None else self.retries.failed_partition
+
+    @failed_partition.setter
+    def failed_partition(self, value: int) -> None:
+        self._retries().failed_partition = value
+
+    @property
+    def stub(self) -> bool:
+        """Dead-letter a payload-free stub: the full copy did not fit."""
+        return self.retries is not None and self.retries.stub
+
+    @stub.setter
+    def stub(self, value: bool) -> None:
+        self._retries().stub = value
 
     def forward_headers(self) -> Headers:
         assert self.envelope is not None
