@@ -81,8 +81,14 @@ class Admission:
         key, value = message.key(), message.value()
         key_b = key.encode() if isinstance(key, str) else key
         value_b = value.encode() if isinstance(value, str) else value
-        raw = message.headers()
-        headers: Headers = list(raw.items()) if isinstance(raw, dict) else list(raw or [])
+        raw = message.headers()  # a fresh list per call: no copy needed
+        headers: Headers = (
+            raw
+            if type(raw) is list
+            else list(raw.items())
+            if isinstance(raw, dict)
+            else list(raw or [])
+        )
         try:
             envelope, user_headers, header_bytes = unwrap(headers)
         except EnvelopeError as exc:

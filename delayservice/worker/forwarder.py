@@ -312,8 +312,7 @@ class Forwarder:
         """Produce, serving delivery reports while the local queue is full, for at most
         `QUEUE_FULL_WAIT_S` and never past a stop request, so neither thread can be held
         here past the consumer's poll interval."""
-        wait = 0.0 if getattr(self._no_wait, "active", False) else QUEUE_FULL_WAIT_S
-        deadline = time.monotonic() + wait
+        deadline = None
         while True:
             try:
                 self._producer.produce(
@@ -321,6 +320,10 @@ class Forwarder:
                 )
                 return
             except BufferError:
+                if deadline is None:  # decided only when the queue is full: a thread-local
+                    # read per record cost as much as a sixth of the produce call
+                    wait = 0.0 if getattr(self._no_wait, "active", False) else QUEUE_FULL_WAIT_S
+                    deadline = time.monotonic() + wait
                 if self._stopping.is_set() or time.monotonic() >= deadline:
                     raise QueueFullError from None
                 self._producer.poll(0.05)
