@@ -130,3 +130,39 @@ def test_two_worker_processes_share_every_level_behind_one_endpoint(testbed, tmp
             supervisor.kill()
             supervisor.wait(30)
         log.close()
+
+
+def test_workers_stop_when_their_supervisor_is_killed_outright(testbed, tmp_path):
+    settings = testbed.settings(levels="1s", processes=2)
+    testbed.create_delay_topics(settings)
+    port = free_port()
+    log = (tmp_path / "supervisor.log").open("wb")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "delayservice", "run"],
+        env=settings_env(settings, metrics_port=port, instance_name=f"orphan-{testbed.tag}"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        testbed.wait_for(lambda: _get(port, "/readyz")[0] == 200, 90, "both workers ready")
+        workers = _children(supervisor.pid)
+        assert len(workers) == 2
+        supervisor.kill()
+        supervisor.wait(10)
+        testbed.wait_for(
+            lambda: not any(_alive(pid) for pid in workers), 30, "the orphaned workers to stop"
+        )
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+            supervisor.wait(30)
+        log.close()
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for a parent that no longer reaps."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
