@@ -57,7 +57,10 @@ def producer(settings: Settings, client_id: str) -> dict[str, Any]:
     return {
         **common(settings),
         "client.id": client_id,
-        "linger.ms": 5,
+        # A forward is due now: waiting to fill a batch adds to its lateness (a bare
+        # producer here: p50 append delay 1.2 ms at 1 ms, 5.4 ms at 5 ms). It costs
+        # about a tenth of catch-up throughput; under a backlog batches fill anyway.
+        "linger.ms": 1,
         "compression.type": "lz4",
         # Records in this queue are copies of buffered ones; keep the copy bounded.
         "queue.buffering.max.kbytes": 65536,
