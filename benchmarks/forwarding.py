@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -34,11 +32,12 @@ from collections.abc import Iterator
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from daemon_process import running_daemon
 
 from delayservice.envelope import Envelope, wrap
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import LocalBroker, free_port
-from delayservice.settings import load_settings, settings_env
+from delayservice.kafka.local_broker import LocalBroker
+from delayservice.settings import load_settings
 
 PARTITIONS = 3
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -187,23 +186,8 @@ def run_round(bootstrap: str, args: argparse.Namespace) -> tuple[float, float, f
     pipe, pipe_last = arrival_rate(bootstrap, pipe_out, args.messages, timeout=600)
 
     daemon_started = time.time()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "delayservice", "run"],
-        env=settings_env(
-            settings,
-            instance_name=f"bench-{tag}",
-            metrics_host="127.0.0.1",
-            metrics_port=free_port(),
-            log_level="WARNING",
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with running_daemon(settings, f"bench-{tag}", quiet=True):
         daemon, daemon_last = arrival_rate(bootstrap, daemon_out, args.messages, timeout=1200)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
     return pipe, daemon, pipe_last / 1000 - pipe_started, daemon_last / 1000 - daemon_started
 
 

@@ -13,32 +13,21 @@ from __future__ import annotations
 
 import argparse
 import collections
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
-from delayservice.settings import load_settings, settings_env
+from delayservice.settings import load_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
+from daemon_process import running_daemon
 from forwarding import broker
 
 LEVELS = ["1s", "2s", "5s", "10s", "30s", "1m", "2m", "5m", "10m", "30m", "1h", "2h"]
-
-
-def ready(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def sample(pid: int) -> tuple[int, int, collections.Counter[str]]:
@@ -72,23 +61,7 @@ def main() -> int:
             dead_letter_topic=f"idle-{tag}-dlq",
         )
         topics.create(AdminClient({"bootstrap.servers": bootstrap}), settings)
-        port = free_port()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "delayservice", "run"],
-            env=settings_env(
-                settings,
-                instance_name=f"idle-{tag}",
-                metrics_host="127.0.0.1",
-                metrics_port=port,
-                log_level="WARNING",
-            ),
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while not ready(port):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the daemon did not become ready within 120 s")
-                time.sleep(0.2)
+        with running_daemon(settings, f"idle-{tag}", ready_within=120) as process:
             threads, rss, names = 0, 0, collections.Counter[str]()
             end = time.monotonic() + args.settle
             while time.monotonic() < end:
@@ -97,9 +70,6 @@ def main() -> int:
                     threads, names = t, n
                 rss = max(rss, r)
                 time.sleep(0.5)
-        finally:
-            process.terminate()
-            process.wait(60)
 
     print(f"idle daemon, {args.levels} levels, sampled {args.settle:.0f} s after ready")
     print(f"OS threads : {threads}  (target <= 40 at 12 levels)")

@@ -27,13 +27,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.envelope import H_DELAY_MS, H_ID
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
+from daemon_process import running_daemon
 from forwarding import LOG_APPEND, broker
-from idle_footprint import ready
 
 TARGET_PARTITIONS = 6
 
@@ -142,23 +141,7 @@ def main() -> int:
         new = NewTopic(target, TARGET_PARTITIONS, 1, config=LOG_APPEND)
         admin.create_topics([new])[target].result(30)
 
-        port = free_port()
-        daemon = subprocess.Popen(
-            [sys.executable, "-m", "delayservice", "run"],
-            env=settings_env(
-                settings,
-                instance_name=f"steady-{tag}",
-                metrics_host="127.0.0.1",
-                metrics_port=port,
-                log_level="WARNING",
-            ),
-        )
-        try:
-            deadline = time.monotonic() + 120
-            while not ready(port):
-                if daemon.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the daemon did not become ready within 120 s")
-                time.sleep(0.2)
+        with running_daemon(settings, f"steady-{tag}", ready_within=120):
             generator = subprocess.run(
                 [sys.executable, __file__, "--generate", target, "--rate", str(args.rate),
                  "--seconds", str(args.seconds)],
@@ -169,9 +152,6 @@ def main() -> int:
             deadline = time.monotonic() + top + 120
             while target_count(bootstrap, target) < sent and time.monotonic() < deadline:
                 time.sleep(0.5)
-        finally:
-            daemon.terminate()
-            daemon.wait(60)
 
         delay_of = {level.topic: level.delay_ms for level in settings.level_set()}
         due: dict[bytes, int] = {}

@@ -98,7 +98,6 @@ class Daemon:
                     level, self.settings, self.metrics, self.budget, self.fail, producer, targets
                 )
             )
-        tune_garbage_collector()
         for worker in self.workers:
             worker.start()
         self._phase = "running"
@@ -175,7 +174,8 @@ def tune_garbage_collector() -> None:
     default thresholds and 22 to 46 ms with these (five runs on a shared host). The hot
     path makes no reference cycles (records are freed by reference counting), so
     collecting rarely keeps memory flat. What start-up built is frozen out of every
-    later collection.
+    later collection. Process-wide, so the process's entry point calls it, not the
+    daemon (tests and benchmarks run daemons inside processes of their own).
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

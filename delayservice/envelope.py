@@ -23,6 +23,7 @@ import uuid
 from typing import Final, NamedTuple
 
 from delayservice.errors import EnvelopeError
+from delayservice.kafka.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
 VERSION: Final = 1
 PREFIX: Final = "delay-"
@@ -123,6 +124,8 @@ _MAX_TARGET_NAMES = 10_000
 
 def _target_name(raw: bytes) -> str:
     name = raw.decode()
+    if len(raw) > MAX_TOPIC_NAME:
+        return name  # never a topic (it is dead-lettered): not worth keeping, and huge
     if len(_TARGET_NAMES) >= _MAX_TARGET_NAMES:
         _TARGET_NAMES.clear()  # names come from records: keep the memo bounded
     _TARGET_NAMES[raw] = name

@@ -61,6 +61,10 @@ def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(tes
 
     testbed.wait_for(lambda: lateness_count() == len(requested), 10, "one lateness sample each")
     assert sample("delayservice_dead_lettered_total", {"level": "3s", "reason": "too_large"}) == 0
+    # The broker's acknowledgements carry offsets: nothing was sent twice as unconfirmed.
+    for lv in ("1s", "2s", "3s"):
+        labels = {"level": lv, "error": "unconfirmed_ack"}
+        assert not sample("delayservice_forward_errors_total", labels)
 
 
 def test_a_message_without_delay_goes_straight_to_its_topic(testbed):

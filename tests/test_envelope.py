@@ -159,3 +159,15 @@ def test_any_headers_at_all_give_an_envelope_or_an_envelope_error(headers):
     assert envelope.target
     assert envelope.id
     assert envelope.delay_ms >= 0
+
+
+def test_target_names_too_long_for_a_topic_are_not_memoised():
+    """Names come from records: a hostile stream of huge distinct targets must not
+    pile up in the memo that lets records of one target share a string."""
+    from delayservice import envelope
+
+    for i in range(50):
+        huge = f"{i}-".encode() + b"t" * 100_000
+        parsed, _, _ = unwrap(wrap(Envelope(huge.decode(), 1000, f"id-{i}"), []))
+        assert len(parsed.target) == len(huge)
+    assert all(len(raw) <= 249 for raw in envelope._TARGET_NAMES)

@@ -13,7 +13,7 @@ from delayservice.cli.common import (
     friendly_errors,
     setup_logging,
 )
-from delayservice.daemon import Daemon, install_signal_handlers
+from delayservice.daemon import Daemon, install_signal_handlers, tune_garbage_collector
 from delayservice.settings import load_settings
 from delayservice.supervisor import Supervisor
 
@@ -40,6 +40,8 @@ def run(
         Supervisor(settings) if settings.processes > 1 else Daemon(settings)
     )
     install_signal_handlers(daemon)
+    if isinstance(daemon, Daemon):
+        tune_garbage_collector()  # the supervisor holds no records
     try:
         daemon.start()
     except Exception:

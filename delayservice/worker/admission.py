@@ -21,6 +21,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.envelope import Envelope, Headers, preview, unwrap
 from delayservice.errors import EnvelopeError
+from delayservice.kafka.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 from delayservice.kafka.topic_names import invalid_reason
 from delayservice.levels import Level, format_duration_ms
 from delayservice.log_throttle import Throttle
@@ -142,9 +143,10 @@ class Admission:
         cached = self._valid_targets.get(target, "")
         if cached == "":
             cached = invalid_reason(target, self._reserved)
-            if len(self._valid_targets) >= 10_000:
-                self._valid_targets.clear()
-            self._valid_targets[target] = cached
+            if len(target) <= MAX_TOPIC_NAME:  # a longer one is refused by its length alone
+                if len(self._valid_targets) >= 10_000:
+                    self._valid_targets.clear()
+                self._valid_targets[target] = cached
         if cached is None:
             return None
         return dl.REASON_INVALID_TARGET, f"target {preview(target)}: {cached}"

@@ -274,10 +274,7 @@ class ConsumerLoop:
                 self._scheduler.schedule_many(due)
             if admitted:
                 self._m_consumed.inc(admitted)
-                if ready:
-                    self._forwarder.forward_now(ready)
-                else:
-                    self._forwarder.try_drain()
+                self._forwarder.forward_now(ready)
         if self._rewind:
             self._apply_rewinds()
         self._producer.poll(0)

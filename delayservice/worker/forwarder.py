@@ -163,30 +163,16 @@ class Forwarder:
                 log.exception("forwarder of %s: unexpected error; continuing", self.level.topic)
                 self._stopping.wait(0.5)
 
-    def try_drain(self) -> None:
-        """Forward what is due now, from the caller's thread, unless the forwarder is busy.
+    def forward_now(self, records: list[HeldRecord]) -> None:
+        """Forward what is due now, from the consumer thread, unless the forwarder is busy.
 
         Kafka's purgatory tries to complete an operation before it watches it; this is
-        the same idea. When a backlog is read, records arrive already due, and sending
-        them from the consumer thread saves a hand-over per batch. Taking and sending
-        happen under one lock on either thread, so records still leave in due order.
+        the same idea. `records` were already due when read (a backlog after an outage
+        is all due): they skip the buffer (no push, no pop) and go out after whatever
+        the buffer holds that is due. Taking and sending happen under one lock on
+        either thread, so records still leave in due order; if the forwarder thread is
+        sending, `records` join the buffer instead of waiting for it.
         """
-        if self._send_lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._send_lock.release()
-
-    def forward_now(self, records: list[HeldRecord]) -> None:
-        """Send records that were already due when read, from the consumer thread.
-
-        A backlog read after an outage is all due: such records skip the buffer (no push,
-        no pop) and go straight out, after whatever the buffer already holds that is due,
-        so due order is kept. If the forwarder thread is busy sending, they join the
-        buffer instead of waiting for it.
-        """
-        if not records:
-            return
         if not self._send_lock.acquire(blocking=False):
             self._scheduler.schedule_many([(r, r.due_ms / 1000) for r in records])
             return
@@ -195,6 +181,10 @@ class Forwarder:
             self._send_all(records)
         finally:
             self._send_lock.release()
+
+    def try_drain(self) -> None:
+        """`forward_now` with nothing read: send what the buffer holds that is due."""
+        self.forward_now([])
 
     def _drain(self) -> None:
         """Send every due record; the caller holds the send lock."""

@@ -33,13 +33,10 @@ class MemoryBudget:
     @property
     def used(self) -> int:
         """Bytes plus per-record overhead over all levels; read without the levels'
-        locks, which is exact enough for a gate checked once per record."""
+        locks, which is exact enough for a gate (see `FlowControl.admits`)."""
         return sum(
             ledger.total_bytes + ledger.total_buffered * RECORD_OVERHEAD for ledger in self._ledgers
         )
-
-    def fits(self, size: int) -> bool:
-        return self.used + size + RECORD_OVERHEAD <= self.max_bytes
 
     def below_low_water(self) -> bool:
         return self.used <= self.low_water

@@ -385,6 +385,14 @@ def test_a_dead_letter_acked_without_an_offset_is_sent_again(rig, clock):
     assert rig.metric("delayservice_dead_lettered_total", reason="invalid_envelope") == 1
 
 
+def test_huge_target_names_are_dead_lettered_without_being_remembered(rig):
+    for i in range(20):
+        record = admit(rig, f"h{i}", target=f"{i}-" + "t" * 100_000)
+        assert record.dead_letter is not None
+        assert record.dead_letter[0] == "invalid_target"
+    assert all(len(name) <= 249 for name in rig.admission._valid_targets)
+
+
 # -- giving up ---------------------------------------------------------------------
 def retry_for(rig: Rig, clock: FakeClock, seconds: float, step: float = 1.0) -> None:
     for _ in range(round(seconds / step)):

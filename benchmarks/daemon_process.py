@@ -1,0 +1,56 @@
+"""`delayservice run` as the benchmarks start it: in a process of its own, as deployed,
+so every figure is taken from outside the daemon."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+from delayservice.kafka.local_broker import free_port
+from delayservice.settings import Settings, settings_env
+
+
+def ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@contextlib.contextmanager
+def running_daemon(
+    settings: Settings, instance: str, *, quiet: bool = False, ready_within: float | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A daemon for `settings`, stopped by SIGTERM on exit; with `ready_within`, entered
+    only once /readyz answers 200 (or fails after that many seconds)."""
+    port = free_port()
+    output = subprocess.DEVNULL if quiet else None
+    process = subprocess.Popen(
+        [sys.executable, "-m", "delayservice", "run"],
+        env=settings_env(
+            settings,
+            instance_name=instance,
+            metrics_host="127.0.0.1",
+            metrics_port=port,
+            log_level="WARNING",
+        ),
+        stdout=output,
+        stderr=output,
+    )
+    try:
+        if ready_within is not None:
+            deadline = time.monotonic() + ready_within
+            while not ready(port):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the daemon did not become ready within {ready_within:.0f} s")
+                time.sleep(0.2)
+        yield process
+    finally:
+        process.terminate()
+        process.wait(60)
