@@ -1,0 +1,206 @@
+"""The byte format of one slot file: a run of self-checking frames.
+
+A slot file is only ever appended to, so the only damage a crash can do is a torn
+tail. Every frame carries a magic byte, its length and a CRC32 of its body, so a
+reader can always tell where the last whole record ends and never mistakes garbage
+for a record. Frame layout (little-endian):
+
+    magic u8 (0xD5) | body length u32 | crc32(body) u32 | body
+
+Body: offset i64, due_ms i64, delay_ms i64, target_partition i32 (-1 = none),
+flags u8 (bit 0: replica), message id (u32 length + UTF-8), target (u16 length +
+UTF-8), key and value (i32 length, -1 = None, + bytes), header count u32, then per
+header a name (u32 length + UTF-8) and a value (i32 length, -1 = None, + bytes).
+The message id gets a u32 length because `delay-id` is an ordinary header value and
+Kafka puts no cap on it; topic names are capped at 249 characters, so u16 is plenty.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Final, NamedTuple
+
+from delayservice.errors import DelayServiceError
+
+MAGIC: Final = 0xD5
+_FLAG_REPLICA: Final = 0x01
+
+_FRAME = struct.Struct("<BII")  # magic, body length, crc32 of body
+_FIXED = struct.Struct("<qqqiBI")  # offset, due_ms, delay_ms, partition, flags, id length
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+
+FRAME_OVERHEAD: Final = _FRAME.size
+_MAX_U16: Final = 0xFFFF
+_MAX_I32: Final = 0x7FFFFFFF
+
+
+class SlotFormatError(DelayServiceError, ValueError):
+    """A record cannot be framed (a field outside what the format can hold).
+
+    Retrying cannot help, so it is never retriable; the record belongs on the
+    dead-letter topic.
+    """
+
+
+class StoredRecord(NamedTuple):
+    """One held message as the wheel keeps it on disk."""
+
+    offset: int  # offset on the precise topic partition
+    due_ms: int  # absolute due time, epoch ms
+    replica: bool  # a replica's copy: fires only on takeover
+    message_id: str
+    target: str
+    target_partition: int | None  # explicit target partition, or None
+    delay_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]  # the user's headers
+
+
+def _optional_bytes(parts: list[bytes], data: bytes | None) -> None:
+    if data is None:
+        parts.append(_I32.pack(-1))
+        return
+    if len(data) > _MAX_I32:
+        raise SlotFormatError(f"a field of {len(data)} bytes does not fit a slot frame")
+    parts.append(_I32.pack(len(data)))
+    parts.append(data)
+
+
+def encode(record: StoredRecord) -> bytes:
+    """Frame one record. Raises `SlotFormatError` for fields the format cannot hold."""
+    partition = record.target_partition
+    if partition is None:
+        partition = -1
+    elif partition < 0:
+        raise SlotFormatError(f"target partition must be >= 0, got {partition}")
+    try:
+        message_id = record.message_id.encode()
+        target = record.target.encode()
+        if len(target) > _MAX_U16:
+            raise SlotFormatError(f"target topic name of {len(target)} bytes is too long")
+        parts = [
+            _FIXED.pack(
+                record.offset,
+                record.due_ms,
+                record.delay_ms,
+                partition,
+                _FLAG_REPLICA if record.replica else 0,
+                len(message_id),
+            ),
+            message_id,
+            _U16.pack(len(target)),
+            target,
+        ]
+        _optional_bytes(parts, record.key)
+        _optional_bytes(parts, record.value)
+        parts.append(_U32.pack(len(record.headers)))
+        for name, value in record.headers:
+            raw_name = name.encode()
+            parts.append(_U32.pack(len(raw_name)))
+            parts.append(raw_name)
+            _optional_bytes(parts, value)
+    except (struct.error, UnicodeEncodeError) as exc:
+        raise SlotFormatError(f"record {record.message_id!r} cannot be framed: {exc}") from exc
+    body = b"".join(parts)
+    return _FRAME.pack(MAGIC, len(body), zlib.crc32(body)) + body
+
+
+def _parse(body: memoryview) -> StoredRecord:
+    """One frame body. Raises struct.error or ValueError on anything `encode` cannot
+    have written; the checks are inlined because this runs for every held record."""
+    size = len(body)
+    offset, due_ms, delay_ms, partition, flags, length = _FIXED.unpack_from(body, 0)
+    if partition < -1 or flags & ~_FLAG_REPLICA:
+        raise ValueError("bad fixed fields")
+    # A slice past the end is silently short, so overruns push `pos` beyond `size`;
+    # the next unpack or the final length check catches them.
+    pos = _FIXED.size + length
+    message_id = str(body[_FIXED.size : pos], "utf-8")
+    (length,) = _U16.unpack_from(body, pos)
+    pos += 2
+    target = str(body[pos : pos + length], "utf-8")
+    pos += length
+    (length,) = _I32.unpack_from(body, pos)
+    pos += 4
+    key: bytes | None = None
+    if length != -1:
+        if length < 0:
+            raise ValueError("bad key length")
+        key = bytes(body[pos : pos + length])
+        pos += length
+    (length,) = _I32.unpack_from(body, pos)
+    pos += 4
+    value: bytes | None = None
+    if length != -1:
+        if length < 0:
+            raise ValueError("bad value length")
+        value = bytes(body[pos : pos + length])
+        pos += length
+    (count,) = _U32.unpack_from(body, pos)
+    pos += 4
+    headers: list[tuple[str, bytes | None]] = []
+    if count > size - pos:  # each header takes at least 8 bytes; stops absurd counts
+        raise ValueError("header count overruns the frame")
+    for _ in range(count):
+        (length,) = _U32.unpack_from(body, pos)
+        pos += 4
+        name = str(body[pos : pos + length], "utf-8")
+        pos += length
+        (length,) = _I32.unpack_from(body, pos)
+        pos += 4
+        header_value: bytes | None = None
+        if length != -1:
+            if length < 0:
+                raise ValueError("bad header length")
+            header_value = bytes(body[pos : pos + length])
+            pos += length
+        headers.append((name, header_value))
+    if pos != size:
+        raise ValueError("frame length does not match its fields")
+    return tuple.__new__(
+        StoredRecord,
+        (
+            offset,
+            due_ms,
+            bool(flags & _FLAG_REPLICA),
+            message_id,
+            target,
+            None if partition == -1 else partition,
+            delay_ms,
+            key,
+            value,
+            headers,
+        ),
+    )
+
+
+def decode(data: bytes | memoryview) -> tuple[list[StoredRecord], int]:
+    """Records of the longest valid prefix of `data`, and that prefix's length.
+
+    Never raises on any input: whatever follows the last whole, checksummed,
+    parseable frame is a torn tail, and the caller decides what to do with it.
+    """
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    records: list[StoredRecord] = []
+    end = len(view)
+    pos = 0
+    while pos + FRAME_OVERHEAD <= end:
+        magic, length, crc = _FRAME.unpack_from(view, pos)
+        body_end = pos + FRAME_OVERHEAD + length
+        if magic != MAGIC or body_end > end:
+            break
+        body = view[pos + FRAME_OVERHEAD : body_end]
+        if zlib.crc32(body) != crc:
+            break
+        try:
+            records.append(_parse(body))
+        except (struct.error, ValueError):  # UnicodeDecodeError is a ValueError
+            break
+        pos = body_end
+    return records, pos

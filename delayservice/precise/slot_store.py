@@ -1,0 +1,396 @@
+"""The directory of slot files: `root/p{partition}/{second}.slot` plus an `origin` marker.
+
+The wheel is single-layer so that a file is only ever appended to or deleted whole;
+nothing is rewritten, and a crash can only leave a torn tail, which `slot_file`
+detects. Appends go to the page cache and `sync` makes them durable in one pass, so
+the intake thread can commit Kafka offsets once per batch rather than per record.
+
+Two threads share a store: the intake thread appends and syncs, the forwarder reads
+and deletes. State sits behind one lock; the slow parts (fsync, reading a whole slot)
+run outside it on duplicated descriptors or size snapshots, so a sync never holds up
+the forwarder and a big read never holds up the intake. A second lock only makes
+concurrent `sync` calls wait for each other, so none returns before data are durable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import logging
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+from delayservice.errors import DelayServiceError
+from delayservice.precise.slot_file import StoredRecord, decode
+
+log = logging.getLogger(__name__)
+
+ORIGIN: Final = "origin"
+_ORIGIN_TMP: Final = "origin.tmp"
+_SLOT_RE: Final = re.compile(r"-?[0-9]+\.slot")
+_PARTITION_RE: Final = re.compile(r"p[0-9]+")
+SYNCFS_ABOVE: Final = 32
+"""More touched files than this and one `syncfs` beats an fsync per file."""
+
+Key = tuple[int, int]  # (partition, second)
+
+
+class SlotStoreError(DelayServiceError):
+    """The slot directory could not be read or written; the message names the path."""
+
+
+def _fail(action: str, path: Path, exc: OSError, *, retriable: bool = True) -> SlotStoreError:
+    return SlotStoreError(f"cannot {action} {path}: {exc}", retriable=retriable)
+
+
+@functools.cache
+def _syncfs() -> Callable[[int], int] | None:
+    """libc's `syncfs`, or None where there is none (not Linux, no glibc)."""
+    try:
+        func = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    func.argtypes = [ctypes.c_int]
+    func.restype = ctypes.c_int
+    return func
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
+    """fsync a file or directory by path; a file deleted meanwhile needs no sync."""
+    try:
+        fd = os.open(path, flags | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SlotStore:
+    def __init__(self, root: Path, open_files: int = 64) -> None:
+        if open_files < 1:
+            raise ValueError(f"open_files must be >= 1, got {open_files}")
+        self._root = root
+        self._open_files = open_files
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._handles: OrderedDict[Key, int] = OrderedDict()  # LRU of append descriptors
+        self._sizes: dict[Key, int] = {}  # every slot file and its size
+        self._bytes = 0
+        self._sorted: list[tuple[int, int]] | None = None
+        self._checked: set[Key] = set()  # tail known to be clean in this process
+        self._partitions: set[int] = set()  # directories known to exist
+        self._origins: dict[int, int | None] = {}
+        self._dirty: set[Key] = set()  # appended since the last sync
+        self._dirty_dirs: set[int] = set()  # entries added or removed since the last sync
+        self._dirty_root = False
+        self._closed = False
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self._scan()
+        except OSError as exc:
+            raise _fail("open slot directory", root, exc) from exc
+
+    def _scan(self) -> None:
+        for entry in self._root.iterdir():
+            if not (entry.is_dir() and _PARTITION_RE.fullmatch(entry.name)):
+                log.warning("ignoring unknown entry %s in the slot directory", entry)
+                continue
+            partition = int(entry.name[1:])
+            if entry.name != f"p{partition}":  # p01 would never be written
+                log.warning("ignoring unknown entry %s in the slot directory", entry)
+                continue
+            self._partitions.add(partition)
+            for file in entry.iterdir():
+                if file.name in (ORIGIN, _ORIGIN_TMP):
+                    continue
+                second = int(file.name[:-5]) if _SLOT_RE.fullmatch(file.name) else None
+                if second is None or file.name != f"{second}.slot" or not file.is_file():
+                    log.warning("ignoring unknown entry %s in the slot directory", file)
+                    continue
+                size = file.stat().st_size
+                self._sizes[(partition, second)] = size
+                self._bytes += size
+
+    def _path(self, partition: int, second: int) -> Path:
+        return self._root / f"p{partition}" / f"{second}.slot"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SlotStoreError("slot store is closed")
+
+    def _set_size(self, key: Key, size: int) -> None:
+        self._bytes += size - self._sizes.get(key, 0)
+        if key not in self._sizes:
+            self._sorted = None
+        self._sizes[key] = size
+
+    def _forget(self, key: Key) -> None:
+        self._bytes -= self._sizes.pop(key, 0)
+        self._sorted = None
+
+    def _close_handle(self, key: Key) -> None:
+        fd = self._handles.pop(key, None)
+        if fd is not None:
+            os.close(fd)  # data stay in the page cache; `sync` reopens by path if dirty
+
+    def _repair_tail(self, key: Key, fd: int, path: Path) -> None:
+        """Cut a torn tail from a file written before this process, so new frames follow
+        the last whole record instead of hiding behind garbage."""
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as file:
+                _, valid = decode(file.read(size))
+            if valid < size:
+                log.warning("truncating torn tail of %s: %d bytes dropped", path, size - valid)
+                os.ftruncate(fd, valid)
+                self._dirty.add(key)
+                size = valid
+        self._set_size(key, size)
+        self._checked.add(key)
+
+    def _handle(self, partition: int, second: int) -> int:
+        key = (partition, second)
+        fd = self._handles.get(key)
+        if fd is not None:
+            self._handles.move_to_end(key)
+            return fd
+        if partition not in self._partitions:
+            (self._root / f"p{partition}").mkdir(exist_ok=True)
+            self._partitions.add(partition)
+            self._dirty_root = True
+        path = self._path(partition, second)
+        if key not in self._sizes:
+            self._dirty_dirs.add(partition)  # a new directory entry to make durable
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if key not in self._checked:
+                self._repair_tail(key, fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._handles[key] = fd
+        while len(self._handles) > self._open_files:
+            self._close_handle(next(iter(self._handles)))
+        return fd
+
+    def append(self, partition: int, second: int, frames: bytes) -> None:
+        """Add framed records to a slot. Not durable until `sync`."""
+        if partition < 0:
+            raise ValueError(f"partition must be >= 0, got {partition}")
+        key = (partition, second)
+        with self._lock:
+            self._check_open()
+            try:
+                fd = self._handle(partition, second)
+            except OSError as exc:
+                raise _fail("open slot", self._path(partition, second), exc) from exc
+            self._dirty.add(key)
+            before = self._sizes[key]
+            try:
+                _write_all(fd, frames)
+            except OSError as exc:
+                self._undo_write(key, fd, before)
+                raise _fail("append to slot", self._path(partition, second), exc) from exc
+            self._set_size(key, before + len(frames))
+
+    def _undo_write(self, key: Key, fd: int, before: int) -> None:
+        """Take a partial write back, or failing that make the next append re-check."""
+        try:
+            os.ftruncate(fd, before)
+        except OSError:
+            self._checked.discard(key)
+        self._close_handle(key)
+        try:
+            self._set_size(key, self._path(*key).stat().st_size)
+        except OSError:
+            self._set_size(key, before)
+
+    def sync(self) -> None:
+        """Make every append since the last sync durable, new directory entries included.
+
+        An fsync failure is not retriable: Linux may drop the failed pages from the
+        cache and report success on the next try, so only a restart that re-reads
+        from the last committed offset is safe.
+        """
+        with self._sync_lock:
+            fds, paths, dirs = self._take_dirty()
+            try:
+                if len(fds) + len(paths) > SYNCFS_ABOVE and self._syncfs_all():
+                    return
+                for fd, path in fds:
+                    try:
+                        os.fsync(fd)
+                    except OSError as exc:
+                        raise _fail("fsync", path, exc, retriable=False) from exc
+                for path in [*paths, *dirs]:
+                    try:
+                        _fsync_path(path)
+                    except OSError as exc:
+                        raise _fail("fsync", path, exc, retriable=False) from exc
+            finally:
+                for fd, _ in fds:
+                    os.close(fd)
+
+    def _take_dirty(self) -> tuple[list[tuple[int, Path]], list[Path], list[Path]]:
+        """Swap out the dirty sets: duplicates of open descriptors (so eviction cannot
+        close one under the fsync), paths of closed ones, and directories."""
+        with self._lock:
+            fds: list[tuple[int, Path]] = []
+            paths: list[Path] = []
+            try:
+                for key in self._dirty:
+                    fd = self._handles.get(key)
+                    if fd is None:
+                        paths.append(self._path(*key))
+                    else:
+                        fds.append((os.dup(fd), self._path(*key)))
+            except OSError as exc:
+                for fd, _ in fds:
+                    os.close(fd)
+                raise _fail("duplicate descriptor for", self._root, exc) from exc
+            dirs = [self._root / f"p{partition}" for partition in self._dirty_dirs]
+            if self._dirty_root:
+                dirs.append(self._root)
+            self._dirty.clear()
+            self._dirty_dirs.clear()
+            self._dirty_root = False
+            return fds, paths, dirs
+
+    def _syncfs_all(self) -> bool:
+        """One `syncfs` for the whole filesystem; False when unavailable, so the caller
+        falls back to fsync per file. Kernels before Linux 5.8 do not report write-back
+        errors through `syncfs`, so there this path can miss a failed write."""
+        syncfs = _syncfs()
+        if syncfs is None:
+            return False
+        try:
+            fd = os.open(self._root, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _fail("open", self._root, exc, retriable=False) from exc
+        try:
+            if syncfs(fd) == 0:
+                return True
+            code = ctypes.get_errno()
+            if code == errno.ENOSYS:
+                return False
+            raise _fail("syncfs", self._root, OSError(code, os.strerror(code)), retriable=False)
+        finally:
+            os.close(fd)
+
+    def slots(self) -> list[tuple[int, int]]:
+        """Every existing slot as (second, partition), earliest first."""
+        with self._lock:
+            if self._sorted is None:
+                self._sorted = sorted((second, partition) for partition, second in self._sizes)
+            return list(self._sorted)
+
+    def read(self, partition: int, second: int) -> list[StoredRecord]:
+        """The whole records of a slot; [] when it does not exist."""
+        key = (partition, second)
+        path = self._path(partition, second)
+        with self._lock:
+            self._check_open()
+            size = self._sizes.get(key)
+        if size is None:
+            return []
+        try:
+            with open(path, "rb") as file:
+                data = file.read(size)  # appends after the snapshot wait for the next read
+        except FileNotFoundError:
+            return []  # deleted meanwhile
+        except OSError as exc:
+            raise _fail("read slot", path, exc) from exc
+        records, valid = decode(data)
+        if valid < len(data):
+            log.warning("torn tail in %s: %d bytes dropped", path, len(data) - valid)
+        return records
+
+    def delete(self, partition: int, second: int) -> None:
+        """Remove a slot whole, once every record in it has been forwarded."""
+        key = (partition, second)
+        path = self._path(partition, second)
+        with self._lock:
+            self._check_open()
+            if key not in self._sizes:
+                return
+            self._close_handle(key)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise _fail("delete slot", path, exc) from exc
+            self._forget(key)
+            self._checked.discard(key)
+            self._dirty.discard(key)
+            self._dirty_dirs.add(partition)  # so a synced delete stays deleted
+
+    def origin(self, partition: int) -> int | None:
+        """The offset stored by `set_origin` for a partition, or None if never set."""
+        with self._lock:
+            if partition in self._origins:
+                return self._origins[partition]
+            path = self._root / f"p{partition}" / ORIGIN
+            try:
+                text = path.read_text(encoding="ascii")
+            except FileNotFoundError:
+                value = None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SlotStoreError(f"cannot read {path}: {exc}", retriable=True) from exc
+            else:
+                try:
+                    value = int(text.strip())
+                except ValueError as exc:
+                    raise SlotStoreError(f"{path} holds no offset: {text[:40]!r}") from exc
+            self._origins[partition] = value
+            return value
+
+    def set_origin(self, partition: int, offset: int) -> None:
+        """Store a partition's offset durably before returning: write aside, rename over."""
+        if partition < 0:
+            raise ValueError(f"partition must be >= 0, got {partition}")
+        directory = self._root / f"p{partition}"
+        path = directory / ORIGIN
+        with self._lock:
+            self._check_open()
+            try:
+                if partition not in self._partitions:
+                    directory.mkdir(exist_ok=True)
+                    self._partitions.add(partition)
+                    _fsync_path(self._root)
+                tmp = directory / _ORIGIN_TMP
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    _write_all(fd, f"{offset}\n".encode())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, path)
+                _fsync_path(directory)
+            except OSError as exc:
+                raise _fail("write", path, exc) from exc
+            self._origins[partition] = offset
+
+    def disk_bytes(self) -> int:
+        """Total bytes in slot files, torn tails included until they are cut."""
+        with self._lock:
+            return self._bytes
+
+    def close(self) -> None:
+        """Release every descriptor. Does not sync: call `sync` first to keep appends."""
+        with self._lock:
+            self._closed = True
+            while self._handles:
+                self._close_handle(next(iter(self._handles)))
