@@ -13,6 +13,7 @@ so an audit can match both sides.
 | `delay-id`        | unique message id (de-duplication, cancel, audit)     |
 | `delay-partition` | explicit target partition, only when one was given    |
 | `delay-due-ms`    | absolute due time, epoch ms, once it is known         |
+| `delay-cancel`    | a cancel marker: its value is the delay-id to cancel  |
 
 All values are UTF-8 text; numbers are decimal.
 """
@@ -33,6 +34,9 @@ H_DELAY_MS: Final = "delay-ms"
 H_ID: Final = "delay-id"
 H_PARTITION: Final = "delay-partition"
 H_DUE_MS: Final = "delay-due-ms"
+H_CANCEL: Final = "delay-cancel"
+"""A cancel marker: its value is the delay-id to cancel. A marker carries only this and
+`delay-v`, with no key or value, so it is never mistaken for a message."""
 
 Headers = list[tuple[str, str | bytes | None]]
 """Headers in the list form confluent-kafka accepts and returns."""

@@ -4,25 +4,67 @@ The application keeps its librdkafka config and its `produce()` calls and adds
 `delay=` or `deliver_at=`. A delayed message goes to the level topic its delay selects,
 with the envelope in headers; an undelayed one goes straight to its topic. Levels come
 from the same settings as the daemon, so both sides always agree.
+
+With `precision="exact"` a delayed message goes instead to the one precise topic, where
+the precise-mode daemon forwards it at exactly its due time (any delay up to
+`max_delay`), and `cancel()` can withdraw it before then. Both land on the partition
+`precise_partition()` picks from the message id, the rule the daemon relies on too.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, Final, Literal
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
-from delayservice.envelope import Envelope, Headers, new_id, wrap
-from delayservice.errors import DelayServiceError
-from delayservice.levels import LevelSet
+from delayservice.envelope import (
+    H_CANCEL,
+    H_VERSION,
+    VERSION,
+    Envelope,
+    Headers,
+    new_id,
+    wrap,
+)
+from delayservice.errors import DelayServiceError, DelayTooLongError
+from delayservice.levels import LevelSet, format_duration_ms
 from delayservice.settings import Settings, load_settings
 
 DeliveryCallback = Callable[[Any, Any], None]
+Precision = Literal["level", "exact"]
+"""`level`: the smallest level at least as long as the delay (the default). `exact`: the
+precise topic, delivered at the requested time."""
+PRECISIONS: Final = ("level", "exact")
+METADATA_TIMEOUT_S: Final = 10.0
+"""How long the first exact send or cancel waits for the precise topic's partition count."""
+
+
+def precise_partition(message_id: str, partitions: int) -> int:
+    """The partition of the precise topic that holds the message with `message_id`.
+
+    The one rule both sides share: the producer sends a message and every later cancel of
+    it to this partition, so the daemon instance holding the message reads the cancel
+    too, after the message when it was sent after it. crc32, not `hash()`, because
+    Python salts string hashes per process. The answer changes with the partition count:
+    adding partitions to the precise topic strands cancels of messages sent before.
+    """
+    if partitions < 1:
+        raise ValueError(f"a topic has at least 1 partition, got {partitions}")
+    return zlib.crc32(message_id.encode()) % partitions
+
+
+def _epoch_seconds(deliver_at: datetime | float) -> float:
+    if isinstance(deliver_at, datetime):
+        if deliver_at.tzinfo is None:
+            raise ValueError("deliver_at must be timezone-aware (e.g. datetime.now(UTC))")
+        return deliver_at.timestamp()
+    return float(deliver_at)
 
 
 def delay_to_ms(delay: float | timedelta | None, deliver_at: datetime | float | None) -> int | None:
@@ -32,13 +74,7 @@ def delay_to_ms(delay: float | timedelta | None, deliver_at: datetime | float | 
     if delay is not None:
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
     elif deliver_at is not None:
-        if isinstance(deliver_at, datetime):
-            if deliver_at.tzinfo is None:
-                raise ValueError("deliver_at must be timezone-aware (e.g. datetime.now(UTC))")
-            target = deliver_at.timestamp()
-        else:
-            target = float(deliver_at)
-        seconds = target - time.time()
+        seconds = _epoch_seconds(deliver_at) - time.time()
     else:
         return None
     if math.isnan(seconds) or math.isinf(seconds):
@@ -46,8 +82,60 @@ def delay_to_ms(delay: float | timedelta | None, deliver_at: datetime | float | 
     return math.ceil(seconds * 1000) if seconds > 0 else None
 
 
+def exact_timing(
+    delay: float | timedelta | None,
+    deliver_at: datetime | float | None,
+    max_delay_ms: int,
+) -> tuple[int, int | None] | None:
+    """`(delay-ms, delay-due-ms)` of an exact message, or None to send it undelayed.
+
+    A relative delay travels as `delay-ms`, counted by the daemon from the broker's
+    append time. An absolute time travels as `delay-due-ms` with `delay-ms` 0: the
+    daemon's due time is max(append time + delay-ms, delay-due-ms), so time spent
+    sending cannot shift it later. Both round up, so rounding never makes it early.
+    """
+    if delay is not None and deliver_at is not None:
+        raise ValueError("pass delay= or deliver_at=, not both")
+    limit = format_duration_ms(max_delay_ms)
+    if deliver_at is None:
+        delay_ms = delay_to_ms(delay, None)
+        if delay_ms is None:
+            return None
+        if delay_ms > max_delay_ms:
+            raise DelayTooLongError(
+                f"delay of {delay_ms} ms is above max_delay ({limit}); "
+                "raise max_delay or shorten the delay"
+            )
+        return delay_ms, None
+    target = _epoch_seconds(deliver_at)
+    if not math.isfinite(target):
+        raise ValueError(f"deliver_at must be finite, got {target}")
+    due_ms = math.ceil(target * 1000)
+    ahead_ms = due_ms - time.time() * 1000
+    if ahead_ms <= 0:
+        return None
+    if ahead_ms > max_delay_ms:
+        raise DelayTooLongError(
+            f"deliver_at is {math.ceil(ahead_ms)} ms ahead, above max_delay ({limit}); "
+            "raise max_delay or deliver sooner"
+        )
+    return 0, due_ms
+
+
+def _checked_precision(precision: str) -> Precision:
+    if precision == "level":
+        return "level"
+    if precision == "exact":
+        return "exact"
+    raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
 class DelayProducer:
-    """Wraps a `confluent_kafka.Producer`; every attribute not defined here passes through."""
+    """Wraps a `confluent_kafka.Producer`; every attribute not defined here passes through.
+
+    `precision` is the default for `produce()`: "level" (the level topics) or "exact"
+    (the precise topic); each call may override it.
+    """
 
     def __init__(
         self,
@@ -55,8 +143,17 @@ class DelayProducer:
         *,
         settings: Settings | None = None,
         levels: LevelSet | None = None,
+        precision: Precision = "level",
     ) -> None:
-        self.levels = levels or (settings or load_settings()).level_set()
+        self.precision = _checked_precision(precision)
+        if levels is None:
+            settings = settings or load_settings()
+            levels = settings.level_set()
+        elif settings is None and self.precision == "exact":
+            settings = load_settings()  # a configuration error shows now, not at a send
+        self.levels = levels
+        self._settings = settings
+        self._precise_partitions: int | None = None
         self._producer = Producer(config)
 
     def produce(
@@ -72,17 +169,39 @@ class DelayProducer:
         delay: float | timedelta | None = None,
         deliver_at: datetime | float | None = None,
         callback: DeliveryCallback | None = None,
+        precision: Precision | None = None,
     ) -> str:
-        """Send now, or after `delay`; returns the message id (`delay-id`)."""
+        """Send now, or after `delay`; returns the message id (`delay-id`).
+
+        `precision` overrides the producer's default for this message. An exact delay
+        above `max_delay` raises `DelayTooLongError` before anything is sent.
+        """
         on_delivery = on_delivery or callback
         message_id = new_id()
         kwargs: dict[str, Any] = {"timestamp": timestamp}
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
-        delay_ms = delay_to_ms(delay, deliver_at)
         user_headers: Headers | None = (
             list(headers.items()) if isinstance(headers, dict) else headers
         )
+        mode = self.precision if precision is None else _checked_precision(precision)
+        delay_ms: int | None = None
+        if mode == "exact":
+            timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
+            if timing is not None:
+                envelope = Envelope(
+                    topic,
+                    timing[0],
+                    message_id,
+                    partition if partition >= 0 else None,
+                    timing[1],
+                )
+                wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers first
+                precise_topic, kwargs["partition"] = self._precise_route(message_id)
+                self._producer.produce(precise_topic, value, key, headers=wrapped, **kwargs)
+                return message_id
+        else:
+            delay_ms = delay_to_ms(delay, deliver_at)
         if delay_ms is None:
             if partition >= 0:
                 kwargs["partition"] = partition
@@ -94,6 +213,64 @@ class DelayProducer:
             level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
         )
         return message_id
+
+    def cancel(self, message_id: str, *, on_delivery: DeliveryCallback | None = None) -> None:
+        """Ask the precise-mode daemon not to forward the message with `message_id`.
+
+        Sends a cancel marker (no key, no value; headers `delay-v` and `delay-cancel`) to
+        the precise-topic partition that holds the message, so the instances holding it
+        read the cancel too. It works whatever this producer's default precision is.
+        Only messages sent with `precision="exact"` can be cancelled: a level-mode
+        message waits in a level topic, and the daemon forwards it regardless. A cancel
+        that arrives after the message is due is too late. Like `produce()` this only
+        queues the marker: `on_delivery` reports where it landed, `flush()` waits.
+        """
+        if not isinstance(message_id, str) or not message_id:
+            raise ValueError(f"message_id must be a non-empty string, got {message_id!r}")
+        headers: Headers = [(H_VERSION, str(VERSION).encode()), (H_CANCEL, message_id.encode())]
+        kwargs: dict[str, Any] = {}
+        if on_delivery is not None:
+            kwargs["on_delivery"] = on_delivery
+        topic, partition = self._precise_route(message_id)
+        self._producer.produce(topic, None, None, partition=partition, headers=headers, **kwargs)
+
+    def _exact_settings(self) -> Settings:
+        """Loaded on first need when only `levels=` was given, so a level producer that
+        never sends exact messages or cancels never reads settings."""
+        if self._settings is None:
+            self._settings = load_settings()
+        return self._settings
+
+    def _precise_route(self, message_id: str) -> tuple[str, int]:
+        """The precise topic and the partition that holds `message_id`."""
+        topic = self._exact_settings().precise_topic
+        count = self._precise_partitions
+        if count is None:
+            count = self._precise_partitions = self._partition_count(topic)
+        return topic, precise_partition(message_id, count)
+
+    def _partition_count(self, topic: str) -> int:
+        """Asked once per producer: the count decides where ids live, so it must not
+        change while the producer runs (and the precise topic must never grow)."""
+        try:
+            meta = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0]
+            raise DelayServiceError(
+                f"cannot read the partitions of the precise topic {topic}: {error.str()}",
+                code=error.code(),
+                retriable=True,
+            ) from exc
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            problem = info.error.str() if info is not None and info.error else "no partitions"
+            raise DelayServiceError(
+                f"the precise topic {topic} is not available ({problem}); create it with "
+                "`delayservice topics create` with precise = true (DELAYSERVICE_PRECISE=true)",
+                code=info.error.code() if info is not None and info.error else None,
+                retriable=True,
+            )
+        return len(info.partitions)
 
     def poll(self, timeout: float = 0) -> int:
         return int(self._producer.poll(timeout))

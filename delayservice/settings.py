@@ -20,7 +20,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from delayservice.errors import ConfigError
-from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet
+from delayservice.kafka.topic_names import invalid_reason
+from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet, parse_duration_ms
 
 ENV_PREFIX = "DELAYSERVICE_"
 # Variables that belong to the test harness and the CLI, not to the daemon: these
@@ -113,11 +114,61 @@ class Settings(BaseSettings):
     producer: dict[str, str] = Field(
         default_factory=dict, description="librdkafka keys for producers only."
     )
+    precise: bool = Field(
+        False, description="Run the precise-mode wheel in the daemon (and create its topics)."
+    )
+    precise_topic: str = Field(
+        "delay_precise",
+        description="The one topic for precise delays of any length up to max_delay; "
+        "owners report progress on PRECISE_TOPIC_done.",
+    )
+    data_dir: Path = Field(
+        Path("/var/lib/delayservice"), description="Where the precise wheel's slot files live."
+    )
+    replicas: int = Field(
+        1, ge=1, le=2, description="Copies of each precise message, on different instances."
+    )
+    max_delay: str = Field(
+        "7d", description="Longest precise delay; the wheel holds this much time, in 1 s slots."
+    )
+    precise_members: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Instances sharing the precise topic: partition p is owned by member "
+        "p % precise_members; with replicas = 2 also held by member (p + 1) % precise_members.",
+    )
+    precise_member: int = Field(
+        0, ge=0, description="This instance's index among the precise members, from 0."
+    )
+    takeover_delay_s: float = Field(
+        30.0,
+        gt=0,
+        description="How long after a due time a replica forwards what the owner has not "
+        "reported done.",
+    )
+    precise_lookahead_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="Wheel slots this far ahead of now are loaded into memory.",
+    )
 
     @field_validator("levels")
     @classmethod
     def _levels_parse(cls, value: str) -> str:
         LevelSet.parse(value)  # raises ConfigError with the reason
+        return value
+
+    @field_validator("max_delay")
+    @classmethod
+    def _max_delay_parses(cls, value: str) -> str:
+        try:
+            delay_ms = parse_duration_ms(value)
+        except ValueError as exc:
+            raise ConfigError("max_delay", str(exc)) from None
+        if delay_ms <= 0:
+            raise ConfigError("max_delay", "must be longer than 0")
         return value
 
     @model_validator(mode="after")
@@ -142,8 +193,57 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _precise_topics(self) -> Settings:
+        """Checked even when `precise` is off, because producers send to the precise
+        topic whatever this instance runs. A collision with a level or dead-letter topic
+        would feed one kind of record to a reader that expects the other."""
+        for name in (self.precise_topic, self.precise_done_topic):
+            reason = invalid_reason(name)
+            if reason is not None:
+                raise ConfigError("precise_topic", f"{name!r}: {reason}")
+        own = {level.topic: f"level {level.name}'s topic" for level in self.level_set()}
+        own[self.dead_letter_topic] = "the dead-letter topic"
+        for name in (self.precise_topic, self.precise_done_topic):
+            if name in own:
+                raise ConfigError("precise_topic", f"{name} is also {own[name]}")
+        return self
+
+    @model_validator(mode="after")
+    def _precise_membership(self) -> Settings:
+        """A member index outside the group would own no partition, and a second copy
+        on the owner itself would not survive the loss of its disk."""
+        if self.precise_member >= self.precise_members:
+            raise ConfigError(
+                "precise_member",
+                f"is {self.precise_member}, must be below precise_members ({self.precise_members})",
+            )
+        if self.replicas == 2 and self.precise_members < 2:
+            raise ConfigError(
+                "replicas", "2 copies need at least 2 instances: set precise_members >= 2"
+            )
+        return self
+
+    @property
+    def max_delay_ms(self) -> int:
+        return parse_duration_ms(self.max_delay)
+
+    @property
+    def precise_done_topic(self) -> str:
+        """The compacted topic where owners report which precise messages are forwarded,
+        so replicas know what to clean and what to take over."""
+        return f"{self.precise_topic}_done"
+
     def level_set(self) -> LevelSet:
         return LevelSet.parse(self.levels, self.topic_prefix)
+
+    def internal_topics(self) -> frozenset[str]:
+        """Topics this service owns, which no delayed message may name as its target:
+        forwarding into one would loop or corrupt it."""
+        return frozenset(
+            {level.topic for level in self.level_set()}
+            | {self.dead_letter_topic, self.precise_topic, self.precise_done_topic}
+        )
 
     def __repr_args__(self) -> Any:
         """repr() and str() show librdkafka secrets as `<redacted>`."""

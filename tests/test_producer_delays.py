@@ -1,8 +1,14 @@
+import math
+import time
+import zlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from delayservice.producer import delay_to_ms
+from delayservice.errors import DelayTooLongError
+from delayservice.producer import delay_to_ms, exact_timing, precise_partition
+
+WEEK_MS = 7 * 86_400_000
 
 
 def test_delay_as_number_or_timedelta():
@@ -30,3 +36,69 @@ def test_naive_datetime_both_and_nan_are_refused():
         delay_to_ms(1, 2.0)
     with pytest.raises(ValueError, match="finite"):
         delay_to_ms(float("nan"), None)
+
+
+def test_an_exact_delay_travels_as_delay_ms_rounded_up():
+    assert exact_timing(17, None, WEEK_MS) == (17_000, None)
+    assert exact_timing(timedelta(seconds=1.0001), None, WEEK_MS) == (1001, None)
+    assert exact_timing(WEEK_MS / 1000, None, WEEK_MS) == (WEEK_MS, None)  # the max itself
+
+
+def test_an_exact_deliver_at_travels_as_an_absolute_due_time_with_no_delay():
+    """The daemon takes max(append + delay-ms, delay-due-ms): delay-ms 0 keeps send
+    latency from pushing an absolute time later."""
+    at = time.time() + 3600.0004
+    assert exact_timing(None, at, WEEK_MS) == (0, math.ceil(at * 1000))
+    when = datetime.now(UTC) + timedelta(minutes=5)
+    assert exact_timing(None, when, WEEK_MS) == (0, math.ceil(when.timestamp() * 1000))
+
+
+@pytest.mark.parametrize(
+    ("delay", "deliver_at"),
+    [
+        (0, None),
+        (-1, None),
+        (timedelta(0), None),
+        (None, None),
+        (None, 1.0),
+        (None, datetime.now(UTC) - timedelta(seconds=1)),
+    ],
+)
+def test_an_exact_message_with_nothing_to_wait_for_goes_undelayed(delay, deliver_at):
+    assert exact_timing(delay, deliver_at, WEEK_MS) is None
+
+
+def test_an_exact_delay_above_max_delay_names_the_max():
+    with pytest.raises(DelayTooLongError, match=r"above max_delay \(7d\)"):
+        exact_timing((WEEK_MS + 1) / 1000, None, WEEK_MS)
+    with pytest.raises(DelayTooLongError, match=r"deliver_at is .* above max_delay \(2h\)"):
+        exact_timing(None, time.time() + 2 * 3600 + 5, 2 * 3_600_000)
+
+
+@pytest.mark.parametrize(
+    ("delay", "deliver_at", "message"),
+    [
+        (1, 2.0, "not both"),
+        (float("nan"), None, "finite"),
+        (None, float("inf"), "finite"),
+        (None, datetime.now(), "timezone-aware"),
+    ],
+)
+def test_exact_timing_refuses_what_delay_to_ms_refuses(delay, deliver_at, message):
+    with pytest.raises(ValueError, match=message):
+        exact_timing(delay, deliver_at, WEEK_MS)
+
+
+def test_the_precise_partition_is_crc32_of_the_id_modulo_the_partitions():
+    """The daemon relies on exactly this rule, so pin it to values computed by hand."""
+    assert zlib.crc32(b"abc") == 891568578
+    assert precise_partition("abc", 7) == 891568578 % 7
+    assert precise_partition("abc", 1) == 0
+    ids = [f"{n:032x}" for n in range(600)]
+    assert {precise_partition(i, 3) for i in ids} == {0, 1, 2}
+    assert all(precise_partition(i, 5) == zlib.crc32(i.encode()) % 5 for i in ids)
+
+
+def test_the_precise_partition_needs_a_partition():
+    with pytest.raises(ValueError, match="at least 1 partition"):
+        precise_partition("abc", 0)

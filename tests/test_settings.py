@@ -204,3 +204,130 @@ def test_worker_processes_count_in_the_instance_id_limit():
 def test_a_processes_count_out_of_range_is_refused(count):
     with pytest.raises(ConfigError, match="processes"):
         load_settings(processes=count)
+
+
+def test_precise_settings_defaults(monkeypatch):
+    from pathlib import Path
+
+    for name in list(os.environ):
+        if name.startswith("DELAYSERVICE_"):
+            monkeypatch.delenv(name)
+    settings = load_settings()
+    assert settings.precise is False
+    assert settings.precise_topic == "delay_precise"
+    assert settings.precise_done_topic == "delay_precise_done"
+    assert settings.data_dir == Path("/var/lib/delayservice")
+    assert settings.replicas == 1
+    assert settings.max_delay == "7d"
+    assert settings.max_delay_ms == 7 * 86_400_000
+    assert (settings.precise_members, settings.precise_member) == (1, 0)
+    assert settings.takeover_delay_s == 30.0
+    assert settings.precise_lookahead_s == 5.0
+
+
+def test_precise_settings_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DELAYSERVICE_PRECISE", "true")
+    monkeypatch.setenv("DELAYSERVICE_PRECISE_TOPIC", "timers")
+    monkeypatch.setenv("DELAYSERVICE_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("DELAYSERVICE_MAX_DELAY", "90m")
+    monkeypatch.setenv("DELAYSERVICE_REPLICAS", "2")
+    monkeypatch.setenv("DELAYSERVICE_PRECISE_MEMBERS", "3")
+    monkeypatch.setenv("DELAYSERVICE_PRECISE_MEMBER", "2")
+    settings = load_settings()
+    assert settings.precise is True
+    assert settings.precise_done_topic == "timers_done"
+    assert settings.data_dir == tmp_path
+    assert settings.max_delay_ms == 5_400_000
+    assert (settings.replicas, settings.precise_members, settings.precise_member) == (2, 3, 2)
+
+
+@pytest.mark.parametrize("value", ["forever", "7 days", "", "-1d", "1.5h"])
+def test_a_max_delay_that_is_not_a_duration_names_the_setting(value):
+    with pytest.raises(ConfigError, match=r"invalid setting max_delay: .*not a duration"):
+        load_settings(max_delay=value)
+
+
+def test_a_max_delay_of_zero_is_refused():
+    with pytest.raises(ConfigError, match="max_delay: must be longer than 0"):
+        load_settings(max_delay="0s")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "setting"),
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"replicas": 3, "precise_members": 3}, "replicas"),
+        ({"precise_members": 0}, "precise_members"),
+        ({"precise_members": 65}, "precise_members"),
+        ({"precise_member": -1}, "precise_member"),
+        ({"takeover_delay_s": 0}, "takeover_delay_s"),
+        ({"precise_lookahead_s": 0}, "precise_lookahead_s"),
+        ({"precise_lookahead_s": 3601}, "precise_lookahead_s"),
+    ],
+)
+def test_precise_settings_out_of_bounds_name_the_setting(overrides, setting):
+    with pytest.raises(ConfigError, match=f"invalid setting {setting}:"):
+        load_settings(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "attribute", "expected"),
+    [
+        ({"replicas": 2, "precise_members": 2}, "replicas", 2),
+        ({"precise_members": 64, "precise_member": 63}, "precise_member", 63),
+        ({"precise_lookahead_s": 3600}, "precise_lookahead_s", 3600.0),
+        ({"takeover_delay_s": 0.5}, "takeover_delay_s", 0.5),
+        ({"max_delay": "500ms"}, "max_delay_ms", 500),
+    ],
+)
+def test_precise_settings_accept_their_bounds(overrides, attribute, expected):
+    assert getattr(load_settings(**overrides), attribute) == expected
+
+
+@pytest.mark.parametrize(("member", "members"), [(1, 1), (3, 3), (64, 64)])
+def test_the_precise_member_must_be_below_the_member_count(member, members):
+    with pytest.raises(ConfigError, match=f"precise_member: is {member}, must be below"):
+        load_settings(precise_member=member, precise_members=members)
+
+
+def test_two_replicas_need_two_members():
+    """Both copies on one instance would not survive the loss of its disk."""
+    with pytest.raises(ConfigError, match="replicas: 2 copies need at least 2 instances"):
+        load_settings(replicas=2)
+    assert load_settings(replicas=2, precise_members=2).replicas == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "empty"),
+        ("has space", "characters other than"),
+        ("t\u00e9", "characters other than"),
+        (".", "not a legal topic name"),
+        ("__consumer_offsets", "internal Kafka topic"),
+        ("x" * 250, "Kafka allows 249"),
+        ("x" * 245, "Kafka allows 249"),  # fine alone, too long with "_done"
+    ],
+)
+def test_a_precise_topic_kafka_would_refuse_is_a_configuration_error(name, problem):
+    with pytest.raises(ConfigError, match=f"invalid setting precise_topic: .*{problem}"):
+        load_settings(precise_topic=name)
+
+
+def test_the_longest_legal_precise_topic_leaves_room_for_its_done_topic():
+    name = "x" * (249 - len("_done"))
+    assert len(load_settings(precise_topic=name).precise_done_topic) == 249
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"precise_topic": "delay_topic_3"}, "delay_topic_3 is also level 30s's topic"),
+        ({"precise_topic": "dlq"}, "dlq is also the dead-letter topic"),
+        ({"precise_topic": "p", "dead_letter_topic": "p_done"}, "p_done is also the dead-letter"),
+    ],
+)
+def test_the_precise_topics_must_not_be_level_or_dead_letter_topics(overrides, problem):
+    values = {"dead_letter_topic": "dlq", **overrides}
+    with pytest.raises(ConfigError, match=f"invalid setting precise_topic: {problem}"):
+        load_settings(**values)

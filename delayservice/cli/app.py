@@ -8,7 +8,13 @@ from typing import Annotated
 import typer
 
 from delayservice import __version__
-from delayservice.cli import check_command, run_command, send_command, topics_command
+from delayservice.cli import (
+    cancel_command,
+    check_command,
+    run_command,
+    send_command,
+    topics_command,
+)
 
 app = typer.Typer(
     name="delayservice",
@@ -19,6 +25,7 @@ app = typer.Typer(
 )
 app.command()(run_command.run)
 app.command()(send_command.send)
+app.command()(cancel_command.cancel)
 app.command()(check_command.check)
 app.add_typer(topics_command.app, name="topics")
 

@@ -5,6 +5,11 @@ broker's append time plus the level's delay, which is monotonic in offset order,
 each partition's head is its earliest-due record and producer clock skew cannot make
 a record early. Retention must be well above the level's delay, or a paused backlog
 could be deleted before it is forwarded.
+
+With `precise` on, two more: the precise topic (LogAppendTime too, since due times count
+from its append time; its records wait in the daemon's wheel, not in Kafka, so its
+retention only has to cover an unread backlog) and the done topic, where owners report
+progress and which must be compacted, so the latest report per key outlives retention.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from delayservice.settings import Settings
 
 HOUR_MS = 3_600_000
 LOG_APPEND_TIME = "LogAppendTime"
+COMPACT = "compact"
 
 
 def min_retention_ms(delay_ms: int) -> int:
@@ -36,6 +42,10 @@ class TopicSpec:
     replication: int
     config: dict[str, str]
     min_retention_ms: int | None = None
+    """Set for topics whose due times count from append time: needs LogAppendTime and
+    at least this retention."""
+    compacted: bool = False
+    """The topic must keep the latest record per key: `cleanup.policy=compact` alone."""
 
 
 @dataclass
@@ -71,7 +81,36 @@ def wanted(settings: Settings) -> list[TopicSpec]:
             {"retention.ms": str(base_retention)},
         )
     )
+    if settings.precise:
+        specs.extend(_precise_specs(settings, base_retention))
     return specs
+
+
+def _precise_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
+    """One partition for the done topic: every member reads all of it (a replica needs
+    the reports of its owner, whichever member that is), so more partitions would buy
+    nothing, and one keeps all reports in one order."""
+    return [
+        TopicSpec(
+            settings.precise_topic,
+            "precise",
+            settings.partitions,
+            settings.replication_factor,
+            {
+                "message.timestamp.type": LOG_APPEND_TIME,
+                "retention.ms": str(max(base_retention, min_retention_ms(0))),
+            },
+            min_retention_ms(0),
+        ),
+        TopicSpec(
+            settings.precise_done_topic,
+            "precise done",
+            1,
+            settings.replication_factor,
+            {"cleanup.policy": COMPACT},
+            compacted=True,
+        ),
+    ]
 
 
 def describe(admin: AdminClient, settings: Settings, timeout: float = 15.0) -> list[TopicStatus]:
@@ -103,6 +142,13 @@ def describe(admin: AdminClient, settings: Settings, timeout: float = 15.0) -> l
 def _problems(status: TopicStatus) -> list[str]:
     spec, config = status.spec, status.config
     problems: list[str] = []
+    if spec.compacted:
+        policy = config.get("cleanup.policy")
+        if policy != COMPACT:
+            problems.append(
+                f"cleanup.policy is {policy}, needs {COMPACT} "
+                "(progress reports would be deleted by age)"
+            )
     if spec.min_retention_ms is None:
         return problems
     ts_type = config.get("message.timestamp.type")

@@ -10,6 +10,7 @@ COMMANDS = [
     [],
     ["run"],
     ["send"],
+    ["cancel"],
     ["check"],
     ["topics"],
     ["topics", "create"],
@@ -64,3 +65,52 @@ def test_send_delivers_one_delayed_message(testbed):
     assert headers["delay-id"].decode() == message_id
     assert headers["trace"] == b"t1"
     assert (record.key(), record.value()) == (b"k1", b"hello")
+
+
+def test_cancel_refuses_an_empty_id_with_exit_2():
+    result = _cli("cancel", "")
+    assert result.returncode == 2
+    assert "the message id is empty" in result.stderr
+
+
+@pytest.mark.kafka
+def test_cancel_sends_a_marker_to_the_partition_of_the_id(testbed):
+    from delayservice.kafka import topics
+    from delayservice.producer import precise_partition
+
+    settings = testbed.settings(
+        levels="1s", precise=True, precise_topic=f"dp-{testbed.tag}", partitions=3
+    )
+    topics.create(testbed.admin, settings)
+    testbed.wait_for(
+        lambda: all(s.exists for s in topics.describe(testbed.admin, settings, timeout=5)),
+        30,
+        "the precise topic in the metadata",
+    )
+    message_id = "0123456789abcdef0123456789abcdef"
+    partition = precise_partition(message_id, 3)
+    env = {
+        "DELAYSERVICE_PRECISE_TOPIC": settings.precise_topic,
+        "DELAYSERVICE_LEVELS": settings.levels,
+        "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
+    }
+    result = _cli("cancel", message_id, "-b", testbed.bootstrap, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        f"cancel of {message_id} is on {settings.precise_topic} partition {partition} offset 0"
+    )
+    (marker,) = testbed.collect(settings.precise_topic, 1)
+    assert marker.partition() == partition
+    assert (marker.key(), marker.value()) == (None, None)
+    assert marker.headers() == [("delay-v", b"1"), ("delay-cancel", message_id.encode())]
+
+
+@pytest.mark.kafka
+def test_cancel_without_the_precise_topic_fails_in_one_line(testbed):
+    env = {"DELAYSERVICE_PRECISE_TOPIC": f"nope-{testbed.tag}"}
+    result = _cli("cancel", "abc", "-b", testbed.bootstrap, env=env)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"delayservice: the precise topic nope-{testbed.tag} is not available")
+    assert "delayservice topics create" in line

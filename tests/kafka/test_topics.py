@@ -8,10 +8,10 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from delayservice.kafka import topics
+from delayservice.settings import load_settings
 
-pytestmark = pytest.mark.kafka
 
-
+@pytest.mark.kafka
 def test_create_is_idempotent_and_uses_log_append_time(testbed):
     settings = testbed.settings(levels="1s,1h")
     first = topics.create(testbed.admin, settings)
@@ -25,6 +25,7 @@ def test_create_is_idempotent_and_uses_log_append_time(testbed):
     assert int(level_1h.config["retention.ms"]) >= topics.min_retention_ms(3_600_000)
 
 
+@pytest.mark.kafka
 def test_describe_says_plainly_what_is_wrong(testbed):
     settings = testbed.settings(levels="1s,2s,3s")
     prefix = settings.topic_prefix
@@ -69,6 +70,7 @@ def test_describe_says_plainly_what_is_wrong(testbed):
     assert "missing" in result.stdout
 
 
+@pytest.mark.kafka
 def test_the_daemon_refuses_misconfigured_topics_with_exit_2(testbed):
     settings = testbed.settings(levels="1s")
     testbed.create_topic(f"{settings.topic_prefix}1", 1, {"message.timestamp.type": "CreateTime"})
@@ -93,3 +95,92 @@ def test_the_daemon_refuses_misconfigured_topics_with_exit_2(testbed):
     )
     assert result.returncode == 2
     assert "needs LogAppendTime" in result.stderr
+
+
+def test_precise_topics_are_wanted_only_with_precise_on():
+    off = load_settings(levels="1s,1h")
+    assert [s.role for s in topics.wanted(off)] == ["level 1s", "level 1h", "dead letters"]
+    on = load_settings(levels="1s,1h", precise=True, partitions=6, replication_factor=2)
+    specs = {s.role: s for s in topics.wanted(on)}
+    precise, done = specs["precise"], specs["precise done"]
+    assert (precise.name, precise.partitions, precise.replication) == ("delay_precise", 6, 2)
+    assert precise.config["message.timestamp.type"] == "LogAppendTime"
+    assert precise.min_retention_ms == topics.min_retention_ms(0) == 24 * topics.HOUR_MS
+    assert (done.name, done.partitions, done.replication) == ("delay_precise_done", 1, 2)
+    assert done.config == {"cleanup.policy": "compact"}
+    assert done.compacted
+    assert done.min_retention_ms is None
+
+
+@pytest.mark.parametrize(
+    ("retention_hours", "expected_ms"), [(168.0, 168 * 3_600_000), (1.0, 24 * 3_600_000)]
+)
+def test_the_precise_topic_keeps_an_unread_backlog_at_least_a_day(retention_hours, expected_ms):
+    """Its records wait in the wheel, not in Kafka: a longer max_delay needs no more."""
+    settings = load_settings(precise=True, retention_hours=retention_hours, max_delay="30d")
+    (precise,) = [s for s in topics.wanted(settings) if s.role == "precise"]
+    assert precise.config["retention.ms"] == str(expected_ms)
+
+
+@pytest.mark.parametrize(
+    ("config", "problems"),
+    [
+        ({"cleanup.policy": "compact"}, []),
+        (
+            {"cleanup.policy": "delete"},
+            ["cleanup.policy is delete, needs compact (progress reports would be deleted by age)"],
+        ),
+        ({"cleanup.policy": "compact,delete"}, ["cleanup.policy is compact,delete, needs compact"]),
+    ],
+)
+def test_the_done_topic_must_be_compacted(config, problems):
+    settings = load_settings(precise=True)
+    (done,) = [s for s in topics.wanted(settings) if s.role == "precise done"]
+    found = topics._problems(topics.TopicStatus(done, True, 1, config))
+    assert len(found) == len(problems)
+    assert all(f.startswith(p) for f, p in zip(found, problems, strict=True))
+
+
+@pytest.mark.kafka
+def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
+    settings = testbed.settings(
+        levels="1s", precise=True, precise_topic=f"dp-{testbed.tag}", partitions=4
+    )
+    outcomes = {spec.role: outcome for spec, outcome in topics.create(testbed.admin, settings)}
+    assert outcomes == dict.fromkeys(
+        ["level 1s", "dead letters", "precise", "precise done"], "created"
+    )
+    testbed.wait_for(
+        lambda: all(s.exists for s in topics.describe(testbed.admin, settings, timeout=5)),
+        30,
+        "the new topics in the metadata",
+    )
+    statuses = {s.spec.role: s for s in topics.describe(testbed.admin, settings)}
+    assert topics.problems_summary(list(statuses.values())) == []
+    precise, done = statuses["precise"], statuses["precise done"]
+    assert (precise.spec.name, precise.partitions) == (settings.precise_topic, 4)
+    assert precise.config["message.timestamp.type"] == "LogAppendTime"
+    assert int(precise.config["retention.ms"]) >= 24 * topics.HOUR_MS
+    assert (done.spec.name, done.partitions) == (settings.precise_done_topic, 1)
+    assert done.config["cleanup.policy"] == "compact"
+    again = topics.create(testbed.admin, settings)
+    assert [outcome for _spec, outcome in again] == ["exists"] * 4
+
+
+@pytest.mark.kafka
+def test_describe_says_what_is_wrong_with_the_precise_topics(testbed):
+    settings = testbed.settings(levels="1s", precise=True, precise_topic=f"dp-{testbed.tag}")
+    testbed.create_topic(settings.precise_topic, 2, {"message.timestamp.type": "CreateTime"})
+    testbed.create_topic(settings.precise_done_topic, 1, {"cleanup.policy": "delete"})
+    testbed.wait_for(
+        lambda: sum(s.exists for s in topics.describe(testbed.admin, settings, timeout=5)) == 2,
+        30,
+        "the precise topics in the metadata",
+    )
+    problems = "\n".join(topics.problems_summary(topics.describe(testbed.admin, settings)))
+    assert (
+        f"{settings.precise_topic}: message.timestamp.type is CreateTime, needs LogAppendTime"
+        in problems
+    )
+    assert f"{settings.precise_done_topic}: cleanup.policy is delete, needs compact" in problems
+    assert f"{settings.topic_prefix}1: missing" in problems

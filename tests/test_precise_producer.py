@@ -1,0 +1,244 @@
+"""DelayProducer in exact precision and cancel, against a fake wrapped producer."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from delayservice import producer as producer_module
+from delayservice.errors import ConfigError, DelayServiceError, DelayTooLongError, EnvelopeError
+from delayservice.levels import LevelSet
+from delayservice.producer import DelayProducer, precise_partition
+from delayservice.settings import load_settings
+
+PRECISE = "timers"
+PARTITIONS = 5
+
+
+class FakeProducer:
+    """Records what is produced and answers metadata for the precise topic."""
+
+    def __init__(self) -> None:
+        self.sent: list[SimpleNamespace] = []
+        self.metadata_calls = 0
+        self.partitions = PARTITIONS
+        self.failure: Exception | None = None
+        self.topic_error: KafkaError | None = None
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, **kwargs: Any) -> None:
+        self.sent.append(SimpleNamespace(topic=topic, value=value, key=key, **kwargs))
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        self.metadata_calls += 1
+        if self.failure is not None:
+            raise self.failure
+        if self.topic_error is not None:
+            info = SimpleNamespace(error=self.topic_error, partitions={})
+        else:
+            info = SimpleNamespace(error=None, partitions=dict.fromkeys(range(self.partitions)))
+        return SimpleNamespace(topics={topic: info})
+
+    def flush(self, timeout: float = -1) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    wrapped = FakeProducer()
+    monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
+    return wrapped
+
+
+def _settings(**overrides: Any) -> Any:
+    values = {"levels": "1s,2s", "topic_prefix": "lv-", "precise_topic": PRECISE, **overrides}
+    return load_settings(**values)
+
+
+def _producer(precision: Any = "exact", **overrides: Any) -> DelayProducer:
+    return DelayProducer({}, settings=_settings(**overrides), precision=precision)
+
+
+def _envelope(record: SimpleNamespace) -> dict[str, Any]:
+    return {name: value for name, value in record.headers if name.startswith("delay-")}
+
+
+def test_an_exact_delay_goes_to_the_precise_topic_with_the_envelope(fake):
+    producer = _producer()
+    reports = []
+    mid = producer.produce(
+        "orders",
+        b"v",
+        b"k",
+        2,
+        on_delivery=lambda err, msg: reports.append(err),
+        headers={"trace": "t"},
+        delay=timedelta(minutes=90, microseconds=300),
+    )
+    (record,) = fake.sent
+    assert record.topic == PRECISE
+    assert record.partition == precise_partition(mid, PARTITIONS)
+    assert (record.key, record.value) == (b"k", b"v")
+    assert record.headers[0] == ("trace", "t")  # user headers first, untouched
+    assert record.headers[1:] == [
+        ("delay-v", b"1"),
+        ("delay-target", b"orders"),
+        ("delay-ms", b"5400001"),  # rounded up: never early
+        ("delay-id", mid.encode()),
+        ("delay-partition", b"2"),
+    ]
+    record.on_delivery(None, None)
+    assert reports == [None]
+
+
+@pytest.mark.parametrize("as_datetime", [True, False])
+def test_an_exact_deliver_at_carries_its_due_time_and_no_delay(fake, as_datetime):
+    at = datetime.now(UTC) + timedelta(hours=3, microseconds=700)
+    mid = _producer().produce("orders", b"v", deliver_at=at if as_datetime else at.timestamp())
+    (record,) = fake.sent
+    assert record.topic == PRECISE
+    envelope = _envelope(record)
+    assert envelope["delay-ms"] == b"0"
+    assert envelope["delay-due-ms"] == str(math.ceil(at.timestamp() * 1000)).encode()
+    assert envelope["delay-id"] == mid.encode()
+    assert "delay-partition" not in envelope
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [{"delay": 0}, {"delay": -3}, {"deliver_at": time.time() - 1}, {}],
+    ids=["zero", "negative", "past", "none"],
+)
+def test_an_exact_message_with_no_wait_goes_straight_to_its_topic(fake, timing):
+    _producer().produce("orders", b"v", b"k", 1, headers=[("h", b"1")], **timing)
+    (record,) = fake.sent
+    assert (record.topic, record.partition, record.headers) == ("orders", 1, [("h", b"1")])
+    assert fake.metadata_calls == 0
+
+
+def test_an_exact_delay_above_max_delay_is_refused_before_anything_is_sent(fake):
+    producer = _producer(max_delay="1h")
+    with pytest.raises(DelayTooLongError, match=r"max_delay \(1h\)"):
+        producer.produce("orders", b"v", delay=3600.001)
+    with pytest.raises(DelayTooLongError, match=r"max_delay \(1h\)"):
+        producer.produce("orders", b"v", deliver_at=time.time() + 3601)
+    assert fake.sent == []
+    assert fake.metadata_calls == 0
+    producer.produce("orders", b"v", delay=3600)  # the max itself is fine
+    assert len(fake.sent) == 1
+
+
+def test_levels_above_the_top_level_still_fit_an_exact_producer(fake):
+    """Exact messages are bounded by max_delay, not by the level set."""
+    _producer().produce("orders", b"v", delay=timedelta(days=6))
+    assert fake.sent[0].topic == PRECISE
+
+
+def test_precision_can_be_chosen_per_message(fake):
+    level_producer = _producer(precision="level")
+    level_producer.produce("orders", b"a", delay=1.5)
+    level_producer.produce("orders", b"b", delay=1.5, precision="exact")
+    exact_producer = _producer()
+    exact_producer.produce("orders", b"c", delay=1.5, precision="level")
+    exact_producer.produce("orders", b"d", delay=1.5)
+    assert [(r.topic, r.value) for r in fake.sent] == [
+        ("lv-2", b"a"),
+        (PRECISE, b"b"),
+        ("lv-2", b"c"),
+        (PRECISE, b"d"),
+    ]
+
+
+def test_an_unknown_precision_is_refused(fake):
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _producer(precision="roughly")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        _producer().produce("orders", b"v", delay=1, precision="roughly")
+    assert fake.sent == []
+
+
+def test_reserved_user_headers_are_refused_in_exact_mode_too(fake):
+    with pytest.raises(EnvelopeError, match="reserved prefix"):
+        _producer().produce("orders", b"v", headers=[("delay-ms", b"1")], delay=5)
+    assert fake.sent == []
+
+
+def test_the_partition_count_is_asked_once_per_producer(fake):
+    producer = _producer()
+    ids = [producer.produce("orders", b"v", delay=10) for _ in range(20)]
+    producer.cancel(ids[0])
+    assert fake.metadata_calls == 1
+    assert [r.partition for r in fake.sent[:20]] == [precise_partition(i, PARTITIONS) for i in ids]
+    assert len({r.partition for r in fake.sent}) > 1
+
+
+def test_a_missing_precise_topic_says_how_to_create_it_and_is_not_remembered(fake):
+    fake.topic_error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    producer = _producer()
+    with pytest.raises(DelayServiceError, match="delayservice topics create") as caught:
+        producer.produce("orders", b"v", delay=10)
+    assert caught.value.retriable
+    assert caught.value.code == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert PRECISE in str(caught.value)
+    fake.topic_error = None  # someone ran `topics create`: the next send works
+    producer.produce("orders", b"v", delay=10)
+    assert fake.sent[0].topic == PRECISE
+
+
+def test_unreachable_metadata_is_a_retriable_error_naming_the_topic(fake):
+    fake.failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    producer = _producer()
+    with pytest.raises(DelayServiceError, match=f"precise topic {PRECISE}") as caught:
+        producer.cancel("abc")
+    assert caught.value.retriable
+    assert caught.value.code == KafkaError._TRANSPORT
+    assert fake.sent == []
+
+
+@pytest.mark.parametrize("precision", ["level", "exact"])
+def test_a_cancel_marker_goes_to_the_partition_of_its_message(fake, precision):
+    producer = _producer(precision=precision)
+    mid = producer.produce("orders", b"v", b"k", delay=30, precision="exact")
+    reports = []
+    producer.cancel(mid, on_delivery=lambda err, msg: reports.append(err))
+    message, marker = fake.sent
+    assert (marker.topic, marker.partition) == (PRECISE, message.partition)
+    assert (marker.key, marker.value) == (None, None)
+    assert marker.headers == [("delay-v", b"1"), ("delay-cancel", mid.encode())]
+    marker.on_delivery(None, None)
+    assert reports == [None]
+
+
+@pytest.mark.parametrize("bad", ["", None, b"abc", 42])
+def test_a_cancel_needs_a_non_empty_string_id(fake, bad):
+    with pytest.raises(ValueError, match="non-empty string"):
+        _producer().cancel(bad)
+    assert fake.sent == []
+    assert fake.metadata_calls == 0
+
+
+def test_a_level_producer_given_only_levels_reads_settings_only_when_it_needs_them(
+    fake, monkeypatch
+):
+    """Today's `levels=` producers never read the environment; cancel and exact sends
+    need the precise topic, so they load the settings then (and their errors show)."""
+    monkeypatch.setenv("DELAYSERVICE_PRECISE_TOPIC", "from-env")
+    monkeypatch.setenv("DELAYSERVICE_PRECISE_MEMBER", "5")  # invalid: 1 member
+    producer = DelayProducer({}, levels=LevelSet.parse("1s"))
+    producer.produce("orders", b"v", delay=1)
+    assert fake.sent[0].topic == "delay_topic_1"
+    with pytest.raises(ConfigError, match="precise_member"):
+        producer.cancel("abc")
+    with pytest.raises(ConfigError, match="precise_member"):
+        DelayProducer({}, levels=LevelSet.parse("1s"), precision="exact")
+    monkeypatch.delenv("DELAYSERVICE_PRECISE_MEMBER")
+    producer.cancel("abc")
+    assert fake.sent[-1].topic == "from-env"
