@@ -25,13 +25,31 @@ from prometheus_client import CollectorRegistry
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
 from delayservice.kafka.target_topics import TargetTopics
+from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.settings import Settings
 from delayservice.worker.level_worker import LevelWorker
 from delayservice.worker.memory_budget import MemoryBudget
 
 log = logging.getLogger(__name__)
+
+
+class Worker(Protocol):
+    """What the daemon runs: one per level, plus the precise wheel when it is on."""
+
+    @property
+    def level(self) -> Level: ...
+
+    def start(self) -> None: ...
+
+    def request_stop(self) -> None: ...
+
+    def join(self, timeout: float) -> bool: ...
+
+    def health(self) -> tuple[bool, str]: ...
+
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -43,7 +61,7 @@ class Daemon:
         self.settings = settings
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry)
-        self.workers: list[LevelWorker] = []
+        self.workers: list[Worker] = []
         self.budget = MemoryBudget(settings.max_buffered_bytes)
         self.metrics.memory_limit.set(settings.max_buffered_bytes)
         self.metrics.memory_used.set_function(lambda: float(self.budget.used))
@@ -97,6 +115,10 @@ class Daemon:
                 LevelWorker(
                     level, self.settings, self.metrics, self.budget, self.fail, producer, targets
                 )
+            )
+        if self.settings.precise:
+            self.workers.append(
+                PreciseWorker(self.settings, self.metrics, producer, targets, self.fail)
             )
         for worker in self.workers:
             worker.start()

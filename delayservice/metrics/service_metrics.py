@@ -161,7 +161,38 @@ class ServiceMetrics:
         )
         self.level_delay = Gauge(
             "delayservice_level_delay_seconds",
-            "The delay of each level, for dashboards to join on.",
+            "The delay of each level, for dashboards to join on; for precise mode (level "
+            "exact), the look-ahead: how long a record waits in memory before it is due.",
             ["level", "topic"],
+            registry=registry,
+        )
+        self.precise_cancels = Counter(
+            "delayservice_precise_cancels",
+            "Cancel markers by outcome: cancelled (the message will not be delivered), "
+            "too_late (it was already sent), unmatched (expired without finding it), "
+            "refused (the cancel log is full).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.precise_takeovers = Counter(
+            "delayservice_precise_takeovers",
+            "Replica copies forwarded because the owner had not reported them done after "
+            "the takeover delay (possible duplicates).",
+            registry=registry,
+        )
+        self.precise_cleaned = Counter(
+            "delayservice_precise_replica_cleaned",
+            "Replica copies dropped because the owner reported them forwarded.",
+            registry=registry,
+        )
+        self.precise_slot_files = Gauge(
+            "delayservice_precise_slot_files",
+            "Slot files of the precise wheel, by state: on_disk (not yet read) or loaded.",
+            ["state"],
+            registry=registry,
+        )
+        self.precise_disk_bytes = Gauge(
+            "delayservice_precise_disk_bytes",
+            "Bytes of slot files in the precise wheel's data directory.",
             registry=registry,
         )

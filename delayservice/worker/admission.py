@@ -48,13 +48,17 @@ class Admission:
         max_delay_ms: int,
         reserved_targets: frozenset[str],
         metrics: ServiceMetrics,
+        *,
+        exact: bool = False,
     ) -> None:
         """`previous_delay_ms` is the next smaller level's delay (0 for the first);
-        `max_delay_ms` the top level's: a longer request is out of this deployment's range."""
+        `max_delay_ms` the top level's: a longer request is out of this deployment's range.
+        `exact`: precise mode, where every delay is its own and none is a mismatch."""
         self.level = level
         self._previous = previous_delay_ms
         self._max_delay = max_delay_ms
         self._reserved = reserved_targets
+        self._exact = exact
         self._mismatches = {
             k: metrics.level_mismatches.labels(level.name, k) for k in MISMATCH_KINDS
         }
@@ -122,19 +126,21 @@ class Admission:
             if envelope.delay_ms > self._max_delay:
                 return base, (
                     dl.REASON_DELAY_OUT_OF_RANGE,
-                    f"delay-ms {envelope.delay_ms} is above the top level "
+                    f"delay-ms {envelope.delay_ms} is above the longest delay held here "
                     f"({format_duration_ms(self._max_delay)})",
                 )
-            self._mismatch(ABOVE_LEVEL, "envelopes ask for more than the level; held longer")
+            if not self._exact:
+                self._mismatch(ABOVE_LEVEL, "envelopes ask for more than the level; held longer")
             delay = envelope.delay_ms
-        elif envelope.delay_ms <= self._previous:
+        elif envelope.delay_ms <= self._previous and not self._exact:
             self._mismatch(BELOW_LEVEL, "envelopes belong to a shorter level; delivered late")
         due = base + delay
         if envelope.due_ms is not None and envelope.due_ms > due:
             if envelope.due_ms > base + self._max_delay:
                 return base, (
                     dl.REASON_DELAY_OUT_OF_RANGE,
-                    f"delay-due-ms {envelope.due_ms} is more than the top level ahead",
+                    f"delay-due-ms {envelope.due_ms} is more than "
+                    f"{format_duration_ms(self._max_delay)} ahead of its append time",
                 )
             due = envelope.due_ms  # an absolute due time is a floor too
         return due, None

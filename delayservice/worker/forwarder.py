@@ -38,6 +38,7 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.settings import Settings
 from delayservice.timers.base import Scheduler
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.ledger import LevelLedger
@@ -133,6 +134,32 @@ class Forwarder:
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"forwarder-{level.topic}", daemon=True
+        )
+
+    @classmethod
+    def configured(
+        cls,
+        level: Level,
+        scheduler: Scheduler[HeldRecord],
+        ledger: LevelLedger,
+        producer: ProducerClient,
+        targets: TargetTopics,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        on_fatal: Callable[[str], None],
+    ) -> Forwarder:
+        """A forwarder with the retry and dead-letter rules the settings give."""
+        return cls(
+            level,
+            scheduler,
+            ledger,
+            producer,
+            targets,
+            settings.dead_letter_topic,
+            metrics,
+            (settings.retry_backoff_s, settings.retry_backoff_max_s),
+            on_fatal,
+            give_up_s=settings.retry_give_up_s,
         )
 
     # -- lifecycle -----------------------------------------------------------------

@@ -48,17 +48,8 @@ class LevelWorker:
         self.scheduler: Scheduler[HeldRecord] = make_scheduler(settings.scheduler, clock=time.time)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
         self.producer = producer
-        self.forwarder = Forwarder(
-            level,
-            self.scheduler,
-            self.ledger,
-            self.producer,
-            targets,
-            settings.dead_letter_topic,
-            metrics,
-            (settings.retry_backoff_s, settings.retry_backoff_max_s),
-            on_fatal,
-            give_up_s=settings.retry_give_up_s,
+        self.forwarder = Forwarder.configured(
+            level, self.scheduler, self.ledger, producer, targets, settings, metrics, on_fatal
         )
         group = f"{settings.group_id}-{level.topic}"
         instance_id = f"{settings.instance_name}-{level.topic}"
@@ -69,7 +60,6 @@ class LevelWorker:
 
         levels = settings.level_set()
         previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
-        reserved = frozenset({lv.topic for lv in levels} | {settings.dead_letter_topic})
         self.loop = ConsumerLoop(
             level,
             make_consumer,
@@ -78,7 +68,7 @@ class LevelWorker:
             self.ledger,
             FlowControl(settings.pause_high_water, settings.pause_low_water, budget),
             self.forwarder,
-            Admission(level, previous, levels.max_delay_ms, reserved, metrics),
+            Admission(level, previous, levels.max_delay_ms, settings.internal_topics(), metrics),
             metrics,
             settings.commit_interval_s,
             flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from delayservice.kafka.local_broker import free_port
+from delayservice.producer import DelayProducer
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.kafka]
 
@@ -113,15 +114,27 @@ def send_traffic(testbed, settings, stranded) -> None:
     # Straight to a level topic without an envelope: dead-lettered.
     producer.produce(next(iter(settings.level_set())).topic, b"no envelope")
     assert producer.flush(10) == 0
+    exact = DelayProducer(
+        {"bootstrap.servers": testbed.bootstrap}, settings=settings, precision="exact"
+    )
+    exact.produce(target, b"exact", delay=1.5)
+    exact.cancel(exact.produce(target, b"cancelled", delay=3))
+    assert exact.flush(10) == 0
     to_stranded = testbed.producer(stranded)
     to_stranded.produce(target, b"stranded", delay=1)
     assert to_stranded.flush(10) == 0
 
 
 def test_prometheus_scrapes_every_metric_the_dashboard_and_alerts_use(
-    deploy, testbed, start_prometheus
+    deploy, testbed, start_prometheus, tmp_path
 ):
-    settings = testbed.settings(levels="1s,2s", partitions=1)
+    settings = testbed.settings(
+        levels="1s,2s",
+        partitions=1,
+        precise=True,
+        precise_topic=f"dp-{testbed.tag}",
+        data_dir=tmp_path / "wheel",
+    )
     # A second instance, on its own topics, whose forwards cannot reach the broker.
     stranded = testbed.settings(
         levels="1s",
@@ -150,13 +163,19 @@ def test_prometheus_scrapes_every_metric_the_dashboard_and_alerts_use(
 
     # Real work behind the names: forwarded, late-measured, dead-lettered, retried.
     evidence = {
-        "forwarded on both levels": "count(delayservice_forwarded_total > 0) == 2",
+        "forwarded on both levels": (
+            'count(delayservice_forwarded_total{level=~"1s|2s"} > 0) == 2'
+        ),
         "lateness observed": "sum(delayservice_lateness_seconds_count) > 0",
         "dead-lettered without envelope": (
             'delayservice_dead_lettered_total{reason="invalid_envelope"} > 0'
         ),
         "forward errors retried": "sum(delayservice_forward_errors_total) > 0",
         "ready": "delayservice_ready == 1",
+        "forwarded in precise mode": 'delayservice_forwarded_total{level="exact"} > 0',
+        "cancelled in precise mode": (
+            'delayservice_precise_cancels_total{outcome="cancelled"} > 0'
+        ),
         "scraped": 'up{job="delayservice"} == 1',
     }
     for what, expr in evidence.items():

@@ -1,0 +1,367 @@
+"""The intake thread: reads the precise topic and writes each record into its slot file.
+
+Durability comes before the commit: a batch is appended to its slot files, the files
+are synced, and only then are the batch's offsets committed (synchronously), so a
+kill -9 at any moment either leaves a record on disk or leaves it uncommitted, to be
+read again. A record read twice is written twice and loaded once (slots drop repeated
+offsets). Only then do records of in-memory slots join the forwarder's buffer.
+
+Placement is static (see `placement`), so the consumer is assigned its partitions
+rather than subscribed: a rebalance would strand the records on this instance's disk.
+Its offsets still live under a group id of its own, one per member.
+
+What a record carries decides its fate, and nothing it carries stops this thread:
+- a cancel marker (`delay-cancel`) calls off the message it names;
+- a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
+- anything else is dead-lettered with a reason by the partition's owner (a replica
+  leaves that to the owner); its offset commits once the dead letter is acknowledged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
+
+from delayservice.envelope import H_CANCEL, Headers
+from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.log_throttle import Throttle
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.placement import Placement, Role
+from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.wheel import Wheel
+from delayservice.worker import dead_letter as dl
+from delayservice.worker.admission import Admission
+from delayservice.worker.forwarder import Forwarder
+from delayservice.worker.ledger import PartitionLedger
+from delayservice.worker.record import HeldRecord
+
+log = logging.getLogger(__name__)
+
+BATCH: Final = 2000
+POLL_TIMEOUT_S: Final = 0.2
+ERROR_PAUSE_S: Final = 0.5
+METADATA_EVERY_S: Final = 30.0
+CANCEL_GRACE_MS: Final = 60_000
+"""A cancel is kept until max_delay after it was appended, plus this much for clocks."""
+
+MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
+
+
+def cancel_target(headers: Headers) -> str | None:
+    """The id a cancel marker names, or None when the record is not one."""
+    for name, value in headers:
+        if name == H_CANCEL:
+            if isinstance(value, bytes):
+                return value.decode("utf-8", "replace")
+            return value or ""
+    return None
+
+
+class Intake:
+    def __init__(
+        self,
+        topic: str,
+        make_consumer: MakeConsumer,
+        wheel: Wheel,
+        store: SlotStore,
+        cancels: CancelLog,
+        ledger: PreciseLedger,
+        admission: Admission,
+        forwarder: Forwarder,
+        placement: Placement,
+        metrics: ServiceMetrics,
+        *,
+        level_name: str,
+        takeover_ms: int,
+        max_delay_ms: int,
+        on_fatal: Callable[[str], None],
+        after_batch: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`after_batch` runs on this thread after every iteration (progress reports)."""
+        self.topic = topic
+        self._make_consumer = make_consumer
+        self._consumer: ConsumerClient | None = None
+        self._wheel = wheel
+        self._store = store
+        self._cancels = cancels
+        self.ledger = ledger
+        self._admission = admission
+        self._forwarder = forwarder
+        self._placement = placement
+        self._takeover_ms = takeover_ms
+        self._max_delay_ms = max_delay_ms
+        self._on_fatal = on_fatal
+        self.after_batch = after_batch
+        self.roles: dict[int, Role] = {}
+        self._origin_checked: set[int] = set()
+        self._throttle = Throttle()
+        self._m_consumed = metrics.consumed.labels(level_name)
+        self._m_commits = metrics.commits.labels(level_name)
+        self._m_commit_failures = metrics.commit_failures.labels(level_name)
+        self._m_assigned = metrics.assigned_partitions.labels(level_name)
+        self._m_loop_errors = metrics.loop_errors.labels(level_name, "intake")
+        self._m_cancels = metrics.precise_cancels
+        self.broker_down = False
+        self.assigned = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="precise-intake", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def on_error(self, error: KafkaError) -> None:
+        code = error.code()
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            self.broker_down = True
+        if error.fatal():
+            self._on_fatal(f"consumer of {self.topic} hit a fatal error: {error.str()}")
+        elif self._throttle.allow(code) is not None:
+            log.info("%s: %s", self.topic, error.str())
+
+    # -- the loop ------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._consumer = self._make_consumer({"error_cb": self.on_error})
+        except Exception as exc:
+            log.exception("consumer of %s could not be created", self.topic)
+            self._on_fatal(f"consumer of {self.topic} could not be created: {exc}")
+            return
+        next_metadata = 0.0
+        while not self._stopping.is_set():
+            try:
+                if time.monotonic() >= next_metadata:
+                    self._assign()
+                    next_metadata = time.monotonic() + METADATA_EVERY_S
+                messages = self._consumer.consume(BATCH, POLL_TIMEOUT_S)
+                if messages:
+                    self.broker_down = False
+                    self.handle(messages)
+                self._commit()
+                self._forwarder.publish_counts()
+                self.after_batch()
+            except Exception:
+                self._m_loop_errors.inc()
+                log.exception("intake of %s: unexpected error; continuing", self.topic)
+                self._stopping.wait(ERROR_PAUSE_S)
+        self._shutdown()
+
+    def _assign(self) -> None:
+        """Assign this member's partitions, and any the topic has gained since."""
+        assert self._consumer is not None
+        metadata = self._consumer.list_topics(self.topic, timeout=10.0)
+        topic = metadata.topics.get(self.topic)
+        if topic is None or topic.error is not None:
+            raise KafkaException(topic.error if topic is not None else KafkaError._UNKNOWN_TOPIC)
+        roles = self._placement.mine(len(topic.partitions))
+        new = [p for p in roles if p not in self.roles]
+        if new:
+            # Positions are fetched here rather than left to the client: an offset fetch
+            # that failed during a coordinator move left a partition unread for good.
+            wanted = [TopicPartition(self.topic, p) for p in new]
+            positions = self._consumer.committed(wanted, timeout=10.0)
+            for tp in positions:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+                if tp.offset < 0:
+                    tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
+            for p in new:
+                self.ledger.assign(p)
+            self._consumer.incremental_assign(positions)
+            self.roles.update(roles)
+            self._m_assigned.set(len(self.roles))
+            log.info(
+                "%s: reading partitions %s",
+                self.topic,
+                ", ".join(f"{p} ({roles[p].value})" for p in sorted(new)),
+            )
+        self.assigned.set()
+
+    def handle(self, messages: list[Message]) -> None:
+        """Store a batch durably, commit it, then buffer what belongs in memory."""
+        now_ms = int(time.time() * 1000)
+        durable: list[tuple[PartitionLedger, int]] = []
+        in_memory: list[tuple[HeldRecord, float]] = []
+        consumed = 0
+        for message in messages:
+            if message.error() is not None:
+                self._message_error(message)
+                continue
+            consumed += 1
+            partition, offset = message.partition() or 0, message.offset() or 0
+            ledger = self.ledger.partitions.get(partition)
+            if ledger is None:
+                continue  # not ours (any more)
+            self.ledger.track(ledger, offset, 0)
+            try:
+                self._check_origin(partition, offset)
+                if self._one(message, ledger, now_ms, in_memory):
+                    durable.append((ledger, offset))
+            except Exception as exc:
+                log.exception("%s[%d]@%d: could not store a record", self.topic, partition, offset)
+                self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
+        self._m_consumed.inc(consumed)
+        if durable or in_memory:
+            self._store.sync()
+            self._cancels.sync()
+        for ledger, offset in durable:
+            self.ledger.settle(ledger, offset, 0)
+        self._commit()
+        if in_memory:
+            self._wheel.admit(in_memory)
+
+    def _one(
+        self,
+        message: Message,
+        ledger: PartitionLedger,
+        now_ms: int,
+        in_memory: list[tuple[HeldRecord, float]],
+    ) -> bool:
+        """Handle one record; True when it is settled by the coming sync."""
+        partition, offset = ledger.partition, message.offset() or 0
+        role = self.roles.get(partition)
+        raw = message.headers()
+        headers: Headers = raw if isinstance(raw, list) else []
+        cancel_id = cancel_target(headers)
+        if cancel_id is not None:
+            self._cancel(cancel_id, message, now_ms)
+            return True
+        record = self._admission.hold(message, ledger, now_ms)
+        envelope = record.envelope
+        if record.dead_letter is not None or envelope is None:
+            if role is Role.OWNER:
+                self._forwarder.submit(record)  # settles the offset on its acknowledgement
+                return False
+            return True  # the owner dead-letters it
+        if envelope.id in self._cancels:  # the cancel came first
+            self._cancels.matched(envelope.id)
+            self._m_cancels.labels("cancelled").inc()
+            return True
+        replica = role is Role.REPLICA
+        stored = StoredRecord(
+            offset,
+            record.due_ms,
+            replica,
+            envelope.id,
+            envelope.target,
+            envelope.partition,
+            envelope.delay_ms,
+            record.key,
+            record.value,
+            [(n, v.encode() if isinstance(v, str) else v) for n, v in record.headers],
+        )
+        fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
+        tracker = self._wheel.append(partition, fire_ms, encode(stored))
+        if tracker is not None:
+            record.ledger = tracker
+            in_memory.append((record, fire_ms / 1000))
+        return True
+
+    def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
+        if not message_id:
+            log.warning("%s: a cancel marker without an id; ignored", self.topic)
+            self._m_cancels.labels("refused").inc()
+            return
+        _, appended = message.timestamp()
+        base = appended if appended > 0 else now_ms
+        outcome = self._wheel.cancel(message_id, base + self._max_delay_ms + CANCEL_GRACE_MS)
+        if outcome != "pending":
+            self._m_cancels.labels(outcome).inc()
+            if outcome == "refused":
+                log.warning(
+                    "%s: cancel of %r refused: the cancel log is full", self.topic, message_id
+                )
+
+    def _dead_letter(
+        self, message: Message, ledger: PartitionLedger, now_ms: int, why: str
+    ) -> None:
+        """A record whose handling raised goes to the dead-letter topic, owner only."""
+        if self.roles.get(ledger.partition) is not Role.OWNER:
+            self.ledger.settle(ledger, message.offset() or 0, 0)
+            return
+        record = self._admission.hold(message, ledger, now_ms)
+        record.dead_letter = (dl.REASON_INTERNAL, why)
+        self._forwarder.submit(record)
+
+    def _check_origin(self, partition: int, offset: int) -> None:
+        """Remember the first offset this data directory holds for the partition: an
+        owner whose disk was lost reports progress only from there on, so replicas keep
+        what went with the old disk."""
+        if partition in self._origin_checked:
+            return
+        if self._store.origin(partition) is None:
+            self._store.set_origin(partition, offset)
+            if offset > 0:
+                log.warning(
+                    "%s[%d]: this data directory starts at offset %d; records before it "
+                    "were held by an earlier data directory (replicas keep them)",
+                    self.topic,
+                    partition,
+                    offset,
+                )
+        self._origin_checked.add(partition)
+
+    def _message_error(self, message: Message) -> None:
+        error = message.error()
+        assert error is not None
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        if self._throttle.allow(("message", error.code())) is not None:
+            log.warning("%s: %s", self.topic, error.str())
+
+    def _commit(self) -> None:
+        """Commit synchronously what is durable; only confirmed offsets count."""
+        pairs = self.ledger.to_commit()
+        if not pairs or self._consumer is None:
+            return
+        offsets = [TopicPartition(self.topic, p, o) for p, o in pairs]
+        try:
+            results = self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            self._m_commit_failures.inc()
+            if self._throttle.allow("commit") is not None:
+                log.warning("%s: commit failed (%s); trying again", self.topic, exc)
+            return
+        confirmed = [
+            (tp.partition, tp.offset) for tp in results or [] if tp.error is None and tp.offset >= 0
+        ]
+        if len(confirmed) < len(pairs):
+            self._m_commit_failures.inc()
+        self.ledger.committed(confirmed)
+        self._m_commits.inc()
+
+    def committed(self, partition: int) -> int | None:
+        """The last offset the broker confirmed for `partition`: all before it is durable."""
+        ledger = self.ledger.partitions.get(partition)
+        return None if ledger is None else ledger.last_committed
+
+    def _shutdown(self) -> None:
+        try:
+            self._commit()
+        except Exception:
+            log.exception(
+                "%s: final commit failed; uncommitted records will be re-read", self.topic
+            )
+        try:
+            if self._consumer is not None:
+                self._consumer.close()
+        except Exception:
+            log.exception("%s: closing the consumer failed", self.topic)

@@ -1,0 +1,223 @@
+"""Precise mode, wired: intake thread -> slot files -> loader -> buffer -> forwarder.
+
+It runs beside the level workers in the same daemon and shares their producer, the
+target-topic cache, the dead-letter path and the metrics; its metrics carry the level
+label `exact`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, cast
+
+from confluent_kafka import Consumer
+
+from delayservice.errors import ConfigError
+from delayservice.kafka import client_config
+from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.levels import Level
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.intake import Intake
+from delayservice.precise.placement import Placement
+from delayservice.precise.progress import Progress
+from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.wheel import Wheel, WheelBuffer
+from delayservice.settings import Settings
+from delayservice.timers.base import Scheduler
+from delayservice.worker.admission import Admission
+from delayservice.worker.forwarder import Forwarder
+from delayservice.worker.record import HeldRecord
+
+log = logging.getLogger(__name__)
+
+LEVEL_NAME = "exact"
+
+
+@dataclass(frozen=True, slots=True)
+class PreciseLevel(Level):
+    """The precise topic in the shape the shared forwarder and metrics expect."""
+
+    @property
+    def name(self) -> str:
+        return LEVEL_NAME
+
+
+class _Outcomes:
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._cancels = metrics.precise_cancels
+        for outcome in ("cancelled", "too_late", "unmatched", "refused"):
+            self._cancels.labels(outcome)
+        self._takeovers = metrics.precise_takeovers
+        self._cleaned = metrics.precise_cleaned
+
+    def cancelled(self, outcome: str, count: int = 1) -> None:
+        self._cancels.labels(outcome).inc(count)
+
+    def cleaned(self) -> None:
+        self._cleaned.inc()
+
+    def took_over(self) -> None:
+        self._takeovers.inc()
+
+
+def lock_data_dir(root: Path) -> IO[str]:
+    """Hold the wheel's directory for this process: two wheels writing one directory
+    would each delete the other's slot files. The lock file sits beside it."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    handle = (root.parent / f".{root.name}.lock").open("a")  # held for the process's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise ConfigError("data_dir", f"{root} is in use by another process") from exc
+    return handle
+
+
+class PreciseWorker:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        producer: ProducerClient,
+        targets: TargetTopics,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        topic = settings.precise_topic
+        self.level = PreciseLevel(0, 0, topic)
+        root = settings.data_dir / topic
+        self._lock = lock_data_dir(root)
+        self.store = SlotStore(root)
+        self.cancels = CancelLog(root / "cancels.log")
+        self.placement = Placement(
+            settings.precise_members, settings.precise_member, settings.replicas
+        )
+        member = settings.precise_member
+        client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{topic}"
+        group = f"{settings.group_id}-precise-{member}"
+
+        def make_consumer(callbacks: dict[str, Any], group_id: str = group) -> ConsumerClient:
+            return Consumer({**client_config.consumer(settings, group_id, client_id), **callbacks})
+
+        buffer = WheelBuffer(time.time)
+        outcomes = _Outcomes(metrics)
+        self.progress: Progress | None = None
+        takeover_s = settings.takeover_delay_s
+        self.wheel = Wheel(
+            self.store,
+            self.cancels,
+            buffer,
+            self.placement,
+            outcomes,
+            settings.precise_lookahead_s,
+            takeover_s=takeover_s,
+        )
+        self.ledger = PreciseLedger(self.wheel.settled)
+        self.forwarder = Forwarder.configured(
+            self.level,
+            cast(Scheduler[HeldRecord], buffer),  # DelayQueue's own handle type, as in factory
+            self.ledger,
+            producer,
+            targets,
+            settings,
+            metrics,
+            on_fatal,
+        )
+        internal = settings.internal_topics()
+        self.intake = Intake(
+            topic,
+            make_consumer,
+            self.wheel,
+            self.store,
+            self.cancels,
+            self.ledger,
+            Admission(self.level, 0, settings.max_delay_ms, internal, metrics, exact=True),
+            self.forwarder,
+            self.placement,
+            metrics,
+            level_name=LEVEL_NAME,
+            takeover_ms=int(takeover_s * 1000),
+            max_delay_ms=settings.max_delay_ms,
+            on_fatal=on_fatal,
+        )
+        if settings.replicas == 2:
+            progress = Progress(
+                settings.precise_done_topic,
+                self.placement,
+                producer,
+                lambda callbacks: make_consumer(callbacks, f"{group}-progress"),
+                self.intake.committed,
+                self.store.origin,
+                self.wheel.earliest_unsettled_ms,
+            )
+            progress.roles = self.intake.roles  # the same dict: filled as partitions come
+            self.wheel.coverage = progress
+            self.intake.after_batch = progress.report
+            self.progress = progress
+        self._producer = producer
+        self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
+        metrics.level_delay.labels(LEVEL_NAME, topic).set(settings.precise_lookahead_s)
+        metrics.buffered_messages.labels(LEVEL_NAME).set_function(lambda: float(len(buffer)))
+        loaded = metrics.precise_slot_files.labels("loaded")
+        loaded.set_function(lambda: float(self.wheel.loaded_slots))
+        on_disk = metrics.precise_slot_files.labels("on_disk")
+        on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
+        metrics.precise_disk_bytes.set_function(lambda: float(self.store.disk_bytes()))
+        log.info(
+            "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
+            topic,
+            root,
+            member,
+            settings.precise_members,
+            settings.replicas,
+            self.wheel.disk_slots,
+        )
+
+    def start(self) -> None:
+        self.forwarder.start()
+        self.wheel.start()
+        if self.progress is not None:
+            self.progress.start()
+        self.intake.start()
+
+    def request_stop(self) -> None:
+        self.intake.request_stop()
+        self.forwarder.request_stop()
+
+    def join(self, timeout: float) -> bool:
+        """Stop in order: no more intake, no more loading, then let what was sent land.
+        Whatever is still held stays in its slot file for the next start."""
+        deadline = time.monotonic() + timeout
+        stopped = self.intake.join(timeout)
+        self.wheel.stop(max(0.1, deadline - time.monotonic()))
+        self.forwarder.stop(max(0.1, deadline - time.monotonic()))
+        if self.progress is not None:
+            self.progress.stop(max(0.1, deadline - time.monotonic()))
+        self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
+        self.store.close()
+        self.cancels.close()
+        self._lock.close()
+        return stopped
+
+    def health(self) -> tuple[bool, str]:
+        topic = self.level.topic
+        threads = [self.intake.is_alive(), self.wheel.is_alive(), self.forwarder.is_alive()]
+        if self.progress is not None:
+            threads.append(self.progress.is_alive())
+        if not all(threads):
+            return False, f"{topic}: worker thread stopped"
+        if self.intake.broker_down:
+            return False, f"{topic}: broker unreachable"
+        if not self.intake.assigned.is_set():
+            return False, f"{topic}: reading partition metadata"
+        roles = ",".join(f"{p}:{r.value}" for p, r in sorted(self.intake.roles.items()))
+        return True, f"{topic}: holds {roles or 'no partitions'}"

@@ -1,0 +1,331 @@
+"""The single-layer wheel: one file per 1 s slot on disk, the slots near the pointer
+in memory.
+
+The source material keeps it single-layer on purpose: a slot file is only appended to
+or deleted whole, never demoted into a finer wheel, so there is no metadata to keep
+consistent between layers. Memory holds only the slots within the look-ahead of now;
+everything further out is a file with no open handle, so a backlog of days costs disk,
+not RAM. A slot is read whole when the pointer comes near it, its records wait in a
+heap ordered by due millisecond, and its file is deleted once every record in it is
+settled (forwarded, dead-lettered, cancelled or, for a replica's copy, reported done
+by the owner).
+
+Threads: the intake thread appends, the loader thread (here) reads slots in, the
+forwarder takes due records; one lock orders appends against loads and deletes, so a
+record is in memory exactly once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from delayservice.envelope import Envelope, Headers
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.placement import Placement, Role
+from delayservice.precise.slot_file import StoredRecord
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_store import SlotStore
+from delayservice.timers.base import Clock
+from delayservice.timers.delay_queue import DelayQueue
+from delayservice.worker.record import HeldRecord, record_size
+
+log = logging.getLogger(__name__)
+
+RECENTLY_FORWARDED: Final = 100_000
+"""Ids of records lately sent, so a cancel that comes after can be told it is too late."""
+EXPIRE_EVERY_S: Final = 60.0
+
+
+class Coverage(Protocol):
+    """What the owner of a partition has reported done (replicas only)."""
+
+    def covers(self, partition: int, offset: int, due_ms: int) -> bool: ...
+
+
+class Outcomes(Protocol):
+    """Counters the wheel reports to; the metrics object provides them."""
+
+    def cancelled(self, outcome: str, count: int = 1) -> None: ...
+
+    def cleaned(self) -> None: ...
+
+    def took_over(self) -> None: ...
+
+
+class WheelBuffer(DelayQueue[HeldRecord]):
+    """The forwarder's buffer: a heap whose taker drops what must not go out any more
+    (cancelled since it was loaded, or a replica's copy the owner reported done)."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.keep: Callable[[list[HeldRecord]], list[HeldRecord]] = lambda records: records
+
+    def take_expired(self, timeout: float | None = None) -> list[HeldRecord]:
+        return self.keep(super().take_expired(timeout))
+
+
+class Wheel:
+    def __init__(
+        self,
+        store: SlotStore,
+        cancels: CancelLog,
+        buffer: WheelBuffer,
+        placement: Placement,
+        outcomes: Outcomes,
+        lookahead_s: float,
+        takeover_s: float = 0.0,
+        coverage: Coverage | None = None,
+        clock: Clock = time.time,
+    ) -> None:
+        self._store = store
+        self._cancels = cancels
+        self.buffer = buffer
+        buffer.keep = self._keep
+        self._placement = placement
+        self._outcomes = outcomes
+        self._lookahead = lookahead_s
+        self._takeover = takeover_s
+        self.coverage = coverage
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._trackers: dict[tuple[int, int], SlotTracker] = {}
+        self._unloaded: list[tuple[int, int]] = []  # heap of (second, partition) on disk only
+        self._unloaded_set: set[tuple[int, int]] = set()
+        for second, partition in store.slots():
+            self._unloaded.append((second, partition))
+            self._unloaded_set.add((partition, second))
+        heapq.heapify(self._unloaded)
+        self._in_memory: set[str] = set()  # ids loaded and not yet taken
+        self._cancelled_in_memory: set[str] = set()
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def loaded_slots(self) -> int:
+        return len(self._trackers)
+
+    @property
+    def disk_slots(self) -> int:
+        return len(self._unloaded_set) + len(self._trackers)
+
+    def earliest_unsettled_ms(self, partition: int) -> int | None:
+        """Start of the earliest slot of `partition` that still has a file (loaded or
+        not): every record of the partition due before it has been settled."""
+        with self._lock:
+            seconds = [s for (p, s) in self._trackers if p == partition]
+            seconds += [s for (p, s) in self._unloaded_set if p == partition]
+        return min(seconds) * 1000 if seconds else None
+
+    # -- intake side ---------------------------------------------------------------
+    def append(self, partition: int, fire_ms: int, frame: bytes) -> SlotTracker | None:
+        """Write one framed record into its slot file (durable at the store's next
+        sync). Returns the slot's tracker when the slot is in memory: the caller then
+        buffers the record itself once the write is durable. None: it stays on disk
+        until the loader reads its slot."""
+        second = fire_ms // 1000
+        key = (partition, second)
+        with self._lock:
+            self._store.append(partition, second, frame)
+            tracker = self._trackers.get(key)
+            if tracker is None and key not in self._unloaded_set:
+                if second <= self._horizon():
+                    tracker = self._trackers[key] = SlotTracker(partition, second)
+                else:
+                    self._unloaded_set.add(key)
+                    heapq.heappush(self._unloaded, (second, partition))
+                    if self._unloaded[0] == (second, partition):
+                        self._wake.set()  # a new earliest slot: the loader may sleep less
+            if tracker is not None:
+                tracker.outstanding += 1
+            return tracker
+
+    def admit(self, records: list[tuple[HeldRecord, float]]) -> None:
+        """Buffer records of in-memory slots, once their writes are durable."""
+        with self._lock:
+            for record, _ in records:
+                if record.envelope is None:
+                    continue
+                message_id = record.envelope.id
+                self._in_memory.add(message_id)
+                if message_id in self._cancels:  # cancelled while its write became durable
+                    self._cancelled_in_memory.add(message_id)
+        self.buffer.schedule_many(records)
+
+    def cancel(self, message_id: str, expires_ms: int) -> str:
+        """Call off a message wherever it sits; returns what happened to the cancel.
+
+        The cancel is written to the durable cancel log in every case but "too late",
+        so a restart before the message's slot is deleted cannot bring it back.
+        """
+        with self._lock:
+            if message_id in self._recent:
+                return "too_late"
+            if not self._cancels.add(message_id, expires_ms):
+                return "refused"
+            if message_id in self._in_memory:
+                self._cancelled_in_memory.add(message_id)
+            return "pending"
+
+    # -- forwarder side ------------------------------------------------------------
+    def _keep(self, records: list[HeldRecord]) -> list[HeldRecord]:
+        """Runs on the taking thread, just before the records are sent."""
+        if not records:
+            return records
+        out: list[HeldRecord] = []
+        settled: list[SlotTracker] = []
+        cancelled = 0
+        with self._lock:
+            for record in records:
+                envelope = record.envelope
+                tracker = record.ledger
+                if envelope is None or not isinstance(tracker, SlotTracker):
+                    out.append(record)  # a dead letter from the intake, or a retry of one
+                    continue
+                message_id = envelope.id
+                self._in_memory.discard(message_id)
+                if message_id in self._cancelled_in_memory:
+                    self._cancelled_in_memory.discard(message_id)
+                    self._cancels.matched(message_id)
+                    cancelled += 1
+                    settled.append(tracker)
+                    continue
+                if self._placement.role(record.partition) is Role.REPLICA:
+                    if self.coverage is not None and self.coverage.covers(
+                        record.partition, record.offset, record.due_ms
+                    ):
+                        self._outcomes.cleaned()
+                        settled.append(tracker)
+                        continue
+                    self._outcomes.took_over()
+                self._remember(message_id)
+                out.append(record)
+        if cancelled:
+            self._outcomes.cancelled("cancelled", cancelled)
+        for tracker in settled:
+            self.settled(tracker)
+        return out
+
+    def _remember(self, message_id: str) -> None:
+        recent = self._recent
+        recent[message_id] = None
+        if len(recent) > RECENTLY_FORWARDED:
+            recent.popitem(last=False)
+
+    def settled(self, tracker: SlotTracker) -> None:
+        """One record of a loaded slot is done; delete the file with the last one."""
+        with self._lock:
+            tracker.outstanding -= 1
+            if tracker.outstanding <= 0 and not tracker.deleted:
+                self._delete(tracker)
+
+    def _delete(self, tracker: SlotTracker) -> None:
+        tracker.deleted = True
+        self._trackers.pop((tracker.partition, tracker.second), None)
+        self._store.delete(tracker.partition, tracker.second)
+
+    # -- loader --------------------------------------------------------------------
+    def _horizon(self) -> int:
+        """The last slot second that belongs in memory now."""
+        return int((self._clock() + self._lookahead) // 1)
+
+    def _run(self) -> None:
+        next_expiry = 0.0
+        while not self._stopping.is_set():
+            try:
+                wait = self._load_due_slots()
+                if time.monotonic() >= next_expiry:
+                    next_expiry = time.monotonic() + EXPIRE_EVERY_S
+                    self._expire_cancels()
+                self._wake.wait(min(wait, EXPIRE_EVERY_S) if wait is not None else EXPIRE_EVERY_S)
+                self._wake.clear()
+            except Exception:
+                log.exception("precise loader: unexpected error; continuing")
+                self._stopping.wait(1.0)
+
+    def _load_due_slots(self) -> float | None:
+        """Load every slot within the look-ahead; seconds until the next one is."""
+        while not self._stopping.is_set():
+            with self._lock:
+                if not self._unloaded:
+                    return None
+                second, partition = self._unloaded[0]
+                wait = second - self._horizon()
+                if wait > 0:
+                    return float(wait)
+                heapq.heappop(self._unloaded)
+                self._unloaded_set.discard((partition, second))
+                records, cancelled = self._load(partition, second)
+            if cancelled:
+                self._outcomes.cancelled("cancelled", cancelled)
+            if records:
+                self.buffer.schedule_many(records)
+        return None
+
+    def _load(self, partition: int, second: int) -> tuple[list[tuple[HeldRecord, float]], int]:
+        """Read a slot into memory (the caller holds the lock, so no append interleaves)."""
+        tracker = SlotTracker(partition, second)
+        stored = self._store.read(partition, second)
+        seen: set[int] = set()
+        out: list[tuple[HeldRecord, float]] = []
+        cancelled = 0
+        for item in stored:
+            if item.offset in seen:
+                continue  # written twice: re-read after a crash between write and commit
+            seen.add(item.offset)
+            if item.message_id in self._cancels:
+                self._cancels.matched(item.message_id)
+                cancelled += 1
+                continue
+            record = held(item, tracker, partition)
+            self._in_memory.add(item.message_id)
+            fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
+            out.append((record, fire))
+        tracker.outstanding = len(out)
+        if out:
+            self._trackers[(partition, second)] = tracker
+        else:
+            self._store.delete(partition, second)
+        if stored:
+            log.debug("loaded slot %d of partition %d: %d records", second, partition, len(out))
+        return out, cancelled
+
+    def _expire_cancels(self) -> None:
+        expired = self._cancels.expire(int(self._clock() * 1000))
+        if expired:
+            self._outcomes.cancelled("unmatched", len(expired))
+
+
+def held(item: StoredRecord, tracker: SlotTracker, partition: int) -> HeldRecord:
+    """A stored record back in the shape the forwarder sends."""
+    headers: Headers = list(item.headers)
+    return HeldRecord(
+        tracker,
+        partition,
+        item.offset,
+        item.key,
+        item.value,
+        headers,
+        record_size(item.key, item.value, headers),
+        Envelope(item.target, item.delay_ms, item.message_id, item.target_partition),
+        item.due_ms,
+    )
