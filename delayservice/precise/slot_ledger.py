@@ -18,7 +18,7 @@ from delayservice.worker.ledger import LevelLedger, PartitionLedger
 class SlotTracker(PartitionLedger):
     """The in-memory side of one loaded slot file; held records point back to it."""
 
-    __slots__ = ("deleted", "outstanding", "second")
+    __slots__ = ("deleted", "loading", "outstanding", "second")
 
     def __init__(self, partition: int, second: int) -> None:
         super().__init__(partition)
@@ -26,6 +26,8 @@ class SlotTracker(PartitionLedger):
         self.outstanding = 0
         """Records of the slot not yet forwarded, dead-lettered, cancelled or cleaned."""
         self.deleted = False
+        self.loading = False
+        """Its file is being read: not to be deleted, even when nothing is outstanding."""
 
 
 class PreciseLedger(LevelLedger):

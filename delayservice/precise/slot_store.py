@@ -298,13 +298,18 @@ class SlotStore:
                 self._sorted = sorted((second, partition) for partition, second in self._sizes)
             return list(self._sorted)
 
-    def read(self, partition: int, second: int) -> list[StoredRecord]:
-        """The whole records of a slot; [] when it does not exist."""
-        key = (partition, second)
-        path = self._path(partition, second)
+    def size(self, partition: int, second: int) -> int | None:
+        """Bytes appended to a slot so far, or None when it does not exist."""
         with self._lock:
             self._check_open()
-            size = self._sizes.get(key)
+            return self._sizes.get((partition, second))
+
+    def read(self, partition: int, second: int, size: int | None = None) -> list[StoredRecord]:
+        """The whole records of a slot (of its first `size` bytes when given: a snapshot
+        taken earlier by `size()`); [] when it does not exist."""
+        path = self._path(partition, second)
+        if size is None:
+            size = self.size(partition, second)
         if size is None:
             return []
         try:

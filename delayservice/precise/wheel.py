@@ -235,7 +235,7 @@ class Wheel:
         """One record of a loaded slot is done; delete the file with the last one."""
         with self._lock:
             tracker.outstanding -= 1
-            if tracker.outstanding <= 0 and not tracker.deleted:
+            if tracker.outstanding <= 0 and not tracker.deleted and not tracker.loading:
                 self._delete(tracker)
 
     def _delete(self, tracker: SlotTracker) -> None:
@@ -274,37 +274,49 @@ class Wheel:
                     return float(wait)
                 heapq.heappop(self._unloaded)
                 self._unloaded_set.discard((partition, second))
-                records, cancelled = self._load(partition, second)
+                # From here on appends to the slot go to memory by the intake; the
+                # file's size now marks what the read below covers.
+                tracker = self._trackers[(partition, second)] = SlotTracker(partition, second)
+                tracker.loading = True
+                size = self._store.size(partition, second)
+            records, cancelled = self._load(tracker, size)
             if cancelled:
                 self._outcomes.cancelled("cancelled", cancelled)
             if records:
                 self.buffer.schedule_many(records)
         return None
 
-    def _load(self, partition: int, second: int) -> tuple[list[tuple[HeldRecord, float]], int]:
-        """Read a slot into memory (the caller holds the lock, so no append interleaves)."""
-        tracker = SlotTracker(partition, second)
-        stored = self._store.read(partition, second)
+    def _load(
+        self, tracker: SlotTracker, size: int | None
+    ) -> tuple[list[tuple[HeldRecord, float]], int]:
+        """Read a slot into memory. Decoding a big slot (a burst due in one second) takes
+        seconds, so it runs without the lock; the intake keeps appending meanwhile."""
+        partition, second = tracker.partition, tracker.second
+        stored = self._store.read(partition, second, size) if size else []
         seen: set[int] = set()
-        out: list[tuple[HeldRecord, float]] = []
-        cancelled = 0
+        loaded: list[tuple[HeldRecord, float]] = []
         for item in stored:
             if item.offset in seen:
                 continue  # written twice: re-read after a crash between write and commit
             seen.add(item.offset)
-            if item.message_id in self._cancels:
-                self._cancels.matched(item.message_id)
-                cancelled += 1
-                continue
-            record = held(item, tracker, partition)
-            self._in_memory.add(item.message_id)
             fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
-            out.append((record, fire))
-        tracker.outstanding = len(out)
-        if out:
-            self._trackers[(partition, second)] = tracker
-        else:
-            self._store.delete(partition, second)
+            loaded.append((held(item, tracker, partition), fire))
+        out: list[tuple[HeldRecord, float]] = []
+        cancelled = 0
+        with self._lock:
+            cancels, in_memory = self._cancels, self._in_memory
+            for entry in loaded:
+                message_id = entry[0].envelope.id  # type: ignore[union-attr]  # held() sets it
+                if message_id in cancels:
+                    cancels.matched(message_id)
+                    cancelled += 1
+                    continue
+                in_memory.add(message_id)
+                out.append(entry)
+            tracker.outstanding += len(out)
+            tracker.loading = False
+            if tracker.outstanding <= 0:
+                self._delete(tracker)
         if stored:
             log.debug("loaded slot %d of partition %d: %d records", second, partition, len(out))
         return out, cancelled
