@@ -222,6 +222,11 @@ class Settings(BaseSettings):
             raise ConfigError(
                 "replicas", "2 copies need at least 2 instances: set precise_members >= 2"
             )
+        if self.precise and self.processes > 1:
+            # Every worker process would be the same member over the same data directory.
+            raise ConfigError(
+                "processes", "precise mode runs in one process: set processes = 1 with precise"
+            )
         return self
 
     @property

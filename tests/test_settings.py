@@ -297,6 +297,13 @@ def test_two_replicas_need_two_members():
     assert load_settings(replicas=2, precise_members=2).replicas == 2
 
 
+def test_precise_mode_runs_in_one_process():
+    """Worker processes would all be the same member over one data directory."""
+    with pytest.raises(ConfigError, match="processes: precise mode runs in one process"):
+        load_settings(precise=True, processes=2)
+    assert load_settings(precise=False, processes=2).processes == 2
+
+
 @pytest.mark.parametrize(
     ("name", "problem"),
     [
