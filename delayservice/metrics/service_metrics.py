@@ -170,7 +170,7 @@ class ServiceMetrics:
             "delayservice_precise_cancels",
             "Cancel markers by outcome: cancelled (the message will not be delivered), "
             "too_late (it was already sent), unmatched (expired without finding it), "
-            "refused (the cancel log is full).",
+            "refused (no id, or the cancel log is full).",
             ["outcome"],
             registry=registry,
         )

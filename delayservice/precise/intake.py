@@ -158,6 +158,14 @@ class Intake:
                 self._commit()
                 self._forwarder.publish_counts()
                 self.after_batch()
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (isinstance(error, KafkaError) and error.retriable()):
+                    self._m_loop_errors.inc()
+                    log.exception("intake of %s: Kafka error; continuing", self.topic)
+                elif self._throttle.allow(("retriable", error.code())) is not None:
+                    log.warning("intake of %s: %s; retrying", self.topic, error.str())
+                self._stopping.wait(ERROR_PAUSE_S)
             except Exception:
                 self._m_loop_errors.inc()
                 log.exception("intake of %s: unexpected error; continuing", self.topic)
@@ -277,7 +285,8 @@ class Intake:
 
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
         if not message_id:
-            log.warning("%s: a cancel marker without an id; ignored", self.topic)
+            if self._throttle.allow("cancel without id") is not None:
+                log.warning("%s: cancel markers without an id are ignored", self.topic)
             self._m_cancels.labels("refused").inc()
             return
         _, appended = message.timestamp()
@@ -285,10 +294,8 @@ class Intake:
         outcome = self._wheel.cancel(message_id, base + self._max_delay_ms + CANCEL_GRACE_MS)
         if outcome != "pending":
             self._m_cancels.labels(outcome).inc()
-            if outcome == "refused":
-                log.warning(
-                    "%s: cancel of %r refused: the cancel log is full", self.topic, message_id
-                )
+            if outcome == "refused" and self._throttle.allow("cancel log full") is not None:
+                log.warning("%s: cancels refused: the cancel log is full", self.topic)
 
     def _dead_letter(
         self, message: Message, ledger: PartitionLedger, now_ms: int, why: str

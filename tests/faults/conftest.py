@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from delayservice.producer import Precision
 from tests.faults.harness import Fleet, Reader, SentLog, Traffic, wait_until
 from tests.faults.measure import Report, Source, Topology, evaluate
 
@@ -37,7 +38,8 @@ RECOVERY_NOTE = (
     "again, by target append time; the worst fault of the scenario (2: a restart killed "
     "again before it forwarded counts until a later one does). 6: from re-creation to "
     "the first record on the re-created target. Lateness: target append time - due, "
-    "first copy; due = level-topic append time + max(level delay, delay-ms)."
+    "first copy; due = level-topic append time + max(level delay, delay-ms); in precise "
+    "mode, precise-topic append time + delay-ms, or delay-due-ms when that is later."
 )
 _ROWS = pytest.StashKey[list[dict[str, str]]]()
 
@@ -96,8 +98,10 @@ class FaultRun:
     def topology(self) -> Topology:
         return Topology.of(self.settings, self.target_partitions)
 
-    def traffic(self, targets: list[str], rate: float, seed: int) -> Traffic:
-        traffic = Traffic(self.bootstrap, self.settings, targets, rate, seed, self.sent)
+    def traffic(
+        self, targets: list[str], rate: float, seed: int, precision: Precision = "level"
+    ) -> Traffic:
+        traffic = Traffic(self.bootstrap, self.settings, targets, rate, seed, self.sent, precision)
         self._traffic.append(traffic.start())
         return traffic
 

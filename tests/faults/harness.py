@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from delayservice.kafka.local_broker import free_port
-from delayservice.producer import DelayProducer
+from delayservice.producer import DelayProducer, Precision
 from delayservice.settings import settings_env
 
 
@@ -157,10 +157,11 @@ class Fleet:
             **self.extra_env,
         }
 
-    def spawn(self, instance: str) -> DaemonProcess:
+    def spawn(self, instance: str, env: dict[str, str] | None = None) -> DaemonProcess:
+        """`env`: settings of this daemon alone (a precise member's index and data dir)."""
         port = free_port()
         log = self.log_dir / f"daemon-{len(self.daemons)}-{instance}.log"
-        daemon = DaemonProcess(instance, self.env(instance, port), log, port)
+        daemon = DaemonProcess(instance, {**self.env(instance, port), **(env or {})}, log, port)
         self.daemons.append(daemon.start())
         return daemon
 
@@ -235,11 +236,16 @@ class Traffic:
         rate: float,
         seed: int,
         log: SentLog,
+        precision: Precision = "level",
     ) -> None:
+        """`precision="exact"`: every record goes to the precise topic, with a random
+        delay up to the top level."""
         self._producer: DelayProducer | None = DelayProducer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True},
             settings=settings,
+            precision=precision,
         )
+        self._exact = precision == "exact"
         self._levels = [level.delay_ms for level in settings.level_set()]
         self._targets = list(targets)
         self._rate = rate
@@ -260,6 +266,8 @@ class Traffic:
 
     def _delay_ms(self) -> int:
         """A delay that selects a random level: above the level below it, at most its own."""
+        if self._exact:
+            return self._rng.randint(1, self._levels[-1])
         index = self._rng.randrange(len(self._levels))
         low = self._levels[index - 1] if index else 0
         return self._rng.randint(low + 1, self._levels[index])

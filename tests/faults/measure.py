@@ -36,6 +36,8 @@ class Topology:
     dead_letter_topic: str
     targets: dict[str, int]  # plain target topic -> partitions
     partitions: int  # of the level and dead-letter topics
+    precise: str | None = None  # the precise topic, when precise mode is on
+    max_delay_ms: int = 0  # precise mode's longest delay
 
     @classmethod
     def of(cls, settings: Any, targets: dict[str, int]) -> Topology:
@@ -44,21 +46,27 @@ class Topology:
             settings.dead_letter_topic,
             dict(targets),
             settings.partitions,
+            settings.precise_topic if settings.precise else None,
+            settings.max_delay_ms if settings.precise else 0,
         )
 
     @property
     def top_ms(self) -> int:
-        return max(self.levels.values())
+        return max(*self.levels.values(), self.max_delay_ms)
+
+    def sources(self) -> list[str]:
+        """Topics whose records are delayed messages: the levels and the precise topic."""
+        return [*self.levels, *([self.precise] if self.precise else [])]
 
     def existing(self) -> dict[str, int]:
         """Every topic a valid envelope may name: targets, levels and the dead-letter topic."""
-        out = dict.fromkeys(self.levels, self.partitions)
+        out = dict.fromkeys(self.sources(), self.partitions)
         out[self.dead_letter_topic] = self.partitions
         out.update(self.targets)
         return out
 
     def reads(self) -> list[str]:
-        return [*self.levels, self.dead_letter_topic, *self.targets]
+        return [*self.sources(), self.dead_letter_topic, *self.targets]
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,7 @@ class Expectation:
     target: str | None = None
     partition: int | None = None
     delay_ms: int = 0
+    due_ms: int | None = None
 
 
 def _number(raw: bytes | None) -> int | None:
@@ -114,7 +123,8 @@ def expect(rec: Rec, topology: Topology) -> Expectation:
         partition = _number(env["delay-partition"])
         if partition is None:
             return dead(f"delay-partition is {env['delay-partition']!r}")
-    if "delay-due-ms" in env and _number(env["delay-due-ms"]) is None:
+    due_ms = _number(env["delay-due-ms"]) if "delay-due-ms" in env else None
+    if "delay-due-ms" in env and due_ms is None:
         return dead(f"delay-due-ms is {env['delay-due-ms']!r}")
     if delay_ms > LONG_MAX:
         return dead(f"delay-ms {delay_ms} does not fit a long")
@@ -125,7 +135,7 @@ def expect(rec: Rec, topology: Topology) -> Expectation:
         return dead(f"partition {partition} of {target} does not exist")
     plain = target in topology.targets and delay_ms <= topology.top_ms and _size(rec) < LARGE_BYTES
     return Expectation(
-        "forward" if plain else "either", "valid", message_id, target, partition, delay_ms
+        "forward" if plain else "either", "valid", message_id, target, partition, delay_ms, due_ms
     )
 
 
@@ -299,14 +309,16 @@ def evaluate(
     for topic, records in reader.records.items():
         for rec in records:
             position = (rec.topic, rec.partition, rec.offset)
-            if topic in topology.levels:
+            if topic == topology.precise and rec.has("delay-cancel"):
+                continue  # a cancel marker: the cancel tests judge those
+            if topic in topology.levels or topic == topology.precise:
                 produced = sent.get(position)
                 exp = expect(rec, topology)
-                due = (
-                    rec.ts + max(topology.levels[topic], exp.delay_ms)
-                    if exp.kind != "dead"
-                    else None
-                )
+                due = None
+                if exp.kind != "dead":
+                    due = rec.ts + max(topology.levels.get(topic, 0), exp.delay_ms)
+                    if topic == topology.precise and exp.due_ms is not None:
+                        due = max(due, exp.due_ms)  # an absolute due time is a floor
                 # Not ours and no envelope: the daemon forwarded into a level topic (a
                 # hostile target). That is a delivery, and a new source to dead-letter.
                 echo = produced is None and not rec.has("delay-v")

@@ -1,0 +1,236 @@
+"""The wheel's bookkeeping on a real slot directory, driven by an injected clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from delayservice.envelope import Envelope
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.placement import Placement
+from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
+from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.wheel import Wheel, WheelBuffer
+from delayservice.worker.record import HeldRecord
+
+NOW = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def cancelled(self, outcome: str, count: int = 1) -> None:
+        self.counts[outcome] += count
+
+    def cleaned(self) -> None:
+        self.counts["cleaned"] += 1
+
+    def took_over(self) -> None:
+        self.counts["took_over"] += 1
+
+
+class Coverage:
+    def __init__(self) -> None:
+        self.done: set[int] = set()
+
+    def covers(self, partition: int, offset: int, due_ms: int) -> bool:
+        return offset in self.done
+
+
+class Rig:
+    def __init__(self, root: Path, placement: Placement | None = None) -> None:
+        self.clock = Clock()
+        self.store = SlotStore(root / "slots")
+        self.cancels = CancelLog(root / "cancels.log")
+        self.outcomes = Outcomes()
+        self.coverage = Coverage()
+        self.wheel = self.new_wheel(placement or Placement(1, 0, 1))
+
+    def new_wheel(self, placement: Placement) -> Wheel:
+        return Wheel(
+            self.store,
+            self.cancels,
+            WheelBuffer(self.clock),
+            placement,
+            self.outcomes,
+            lookahead_s=5.0,
+            takeover_s=3.0,
+            coverage=self.coverage,
+            clock=self.clock,
+        )
+
+    def stored(self, offset: int, due_ms: int, replica: bool = False) -> StoredRecord:
+        return StoredRecord(
+            offset, due_ms, replica, f"id-{offset}", "target", None, 0, b"k", b"v", [("h", b"1")]
+        )
+
+    def append(self, offset: int, due_ms: int, partition: int = 0, replica: bool = False) -> None:
+        """What the intake does for one record, including the buffering after the sync."""
+        stored = self.stored(offset, due_ms, replica)
+        fire_ms = due_ms + (3000 if replica else 0)
+        tracker = self.wheel.append(partition, fire_ms, encode(stored))
+        self.store.sync()
+        if tracker is not None:
+            record = HeldRecord(
+                tracker,
+                partition,
+                offset,
+                b"k",
+                b"v",
+                [("h", b"1")],
+                1,
+                Envelope("target", 0, f"id-{offset}"),
+                due_ms,
+            )
+            self.wheel.admit([(record, fire_ms / 1000)])
+
+    def take(self) -> list[int]:
+        """Offsets the forwarder would send now; each is settled as if acknowledged."""
+        records = self.wheel.buffer.take_expired(0)
+        for record in records:
+            assert isinstance(record.ledger, SlotTracker)
+            self.wheel.settled(record.ledger)
+        return [r.offset for r in records]
+
+    def files(self) -> int:
+        return len(self.store.slots())
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Rig:
+    return Rig(tmp_path)
+
+
+def ms(seconds: float) -> int:
+    return int((NOW + seconds) * 1000)
+
+
+def test_far_slots_stay_on_disk_until_the_pointer_comes_near(rig):
+    rig.append(1, ms(60))
+    rig.append(2, ms(2))
+    assert len(rig.wheel.buffer) == 1  # only the near one is in memory
+    assert rig.wheel.disk_slots == 2
+    assert rig.wheel.loaded_slots == 1
+    rig.clock.now = NOW + 56
+    assert rig.wheel._load_due_slots() is None  # the loader's step
+    assert len(rig.wheel.buffer) == 2
+
+
+def test_records_leave_in_due_order_never_early_and_the_file_goes_with_the_last(rig):
+    rig.append(1, ms(1.5))
+    rig.append(2, ms(1.2))
+    rig.append(3, ms(1.9))
+    rig.clock.now = NOW + 1.3
+    assert rig.take() == [2]
+    assert rig.files() == 1
+    rig.clock.now = NOW + 2
+    assert rig.take() == [1, 3]
+    assert rig.files() == 0
+
+
+def test_a_slot_read_back_after_a_restart_drops_offsets_written_twice(rig, tmp_path):
+    for offset in (1, 2, 2, 3, 1):  # re-read after a crash between write and commit
+        rig.append(offset, ms(30))
+    rig.store.close()
+    rig.cancels.close()
+    again = Rig(tmp_path)
+    again.clock.now = NOW + 30
+    again.wheel._load_due_slots()
+    assert again.take() == [1, 2, 3]
+    assert again.files() == 0
+
+
+def test_a_cancel_of_a_loaded_record_stops_it_and_is_counted(rig):
+    rig.append(1, ms(2))
+    assert rig.wheel.cancel("id-1", ms(100)) == "pending"
+    rig.clock.now = NOW + 3
+    assert rig.take() == []
+    assert rig.outcomes.counts["cancelled"] == 1
+    assert "id-1" not in rig.cancels  # it did its job
+    assert rig.files() == 0
+
+
+def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
+    rig.append(1, ms(60))
+    rig.append(2, ms(60))
+    assert rig.wheel.cancel("id-1", ms(1000)) == "pending"
+    rig.clock.now = NOW + 60
+    rig.wheel._load_due_slots()
+    assert rig.take() == [2]
+    assert rig.outcomes.counts["cancelled"] == 1
+
+
+def test_a_cancel_after_the_record_was_sent_is_too_late(rig):
+    rig.append(1, ms(1))
+    rig.clock.now = NOW + 1
+    assert rig.take() == [1]
+    assert rig.wheel.cancel("id-1", ms(100)) == "too_late"
+    assert "id-1" not in rig.cancels
+
+
+def test_a_cancel_that_finds_nothing_expires_as_unmatched(rig):
+    assert rig.wheel.cancel("nobody", ms(10)) == "pending"
+    rig.clock.now = NOW + 11
+    rig.wheel._expire_cancels()
+    assert rig.outcomes.counts["unmatched"] == 1
+
+
+def test_a_replica_copy_is_cleaned_when_reported_and_taken_over_when_not(tmp_path):
+    rig = Rig(tmp_path, Placement(2, 1, 2))  # member 1 is the replica of partition 0
+    rig.append(1, ms(1), partition=0, replica=True)
+    rig.append(2, ms(1), partition=0, replica=True)
+    rig.coverage.done.add(1)  # the owner reported offset 1 done
+    rig.clock.now = NOW + 3.5
+    assert rig.take() == []  # not before due + takeover delay
+    rig.clock.now = NOW + 4
+    assert rig.take() == [2]
+    assert rig.outcomes.counts == Counter({"cleaned": 1, "took_over": 1})
+    assert rig.files() == 0
+
+
+def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig):
+    rig.append(1, ms(30))
+    rig.clock.now = NOW + 28
+    # The loader has claimed the slot (size snapshot) when the intake appends to it.
+    with rig.wheel._lock:
+        key = (0, int(ms(30) // 1000))
+        rig.wheel._unloaded.remove((key[1], key[0]))
+        rig.wheel._unloaded_set.discard(key)
+        tracker = rig.wheel._trackers[key] = SlotTracker(*key)
+        tracker.loading = True
+        size = rig.store.size(*key)
+    rig.append(2, ms(29.5))  # same slot second, goes to memory
+    rig.clock.now = NOW + 29.6
+    assert rig.take() == [2]
+    assert rig.files() == 1  # the older record is still on disk, not yet in memory
+    loaded, _ = rig.wheel._load(tracker, size)
+    rig.wheel.buffer.schedule_many(loaded)
+    rig.clock.now = NOW + 30
+    assert rig.take() == [1]
+    assert rig.files() == 0
+
+
+def test_the_precise_ledger_settles_slots_and_intake_offsets_apart():
+    settled: list[SlotTracker] = []
+    ledger = PreciseLedger(settled.append)
+    intake = ledger.assign(0)
+    ledger.track(intake, 7, 0)
+    tracker = SlotTracker(0, 123)
+    ledger.settle(tracker, 5, 1, forwarded=True)
+    assert settled == [tracker]
+    assert ledger.forwarded == 1
+    assert ledger.to_commit() == [(0, 7)]  # the intake record is not settled by that
+    ledger.settle(intake, 7, 0)  # its dead letter was acknowledged
+    assert ledger.to_commit() == [(0, 8)]
