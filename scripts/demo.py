@@ -2,8 +2,9 @@
 
 Starts a local Apache Kafka (KRaft) unless --bootstrap names one, creates the level
 topics, runs the daemon in this process, sends messages with delays across several
-levels and prints each delivery with its lateness. Exits non-zero if any message
-arrives early or not at all.
+levels and a few with exact delays (precise mode, one of them cancelled), and prints
+each delivery with its lateness. Exits non-zero if any message arrives early or not at
+all, or if the cancelled one arrives.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import contextlib
 import logging
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from delayservice.settings import load_settings
 
 LEVELS = "1s,2s,5s,10s"
 DELAYS = [0.5, 1, 1.5, 2, 3, 4.5, 5, 7, 10]
+EXACT = [1.3, 2.75, 6.2]
 
 
 @contextlib.contextmanager
@@ -47,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
-    with broker(args.bootstrap) as bootstrap:
+    with broker(args.bootstrap) as bootstrap, tempfile.TemporaryDirectory() as data_dir:
         run_id = uuid.uuid4().hex[:6]
         settings = load_settings(
             bootstrap_servers=bootstrap,
@@ -57,6 +60,9 @@ def main() -> int:
             topic_prefix=f"demo_{run_id}_delay_",
             group_id=f"demo-{run_id}",
             dead_letter_topic=f"demo_{run_id}_dlq",
+            precise=True,
+            precise_topic=f"demo_{run_id}_precise",
+            data_dir=data_dir,
         )
         admin = AdminClient({"bootstrap.servers": bootstrap})
         for spec, outcome in topics.create(admin, settings):
@@ -88,9 +94,25 @@ def main() -> int:
                     delay=delay,
                 )
                 sent[mid] = (time.time(), delay, level.name)
+        for round_no in range(args.rounds):
+            for delay in EXACT:
+                mid = producer.produce(
+                    target,
+                    f"reminder {round_no}-{delay}".encode(),
+                    key=f"customer-{round_no}".encode(),
+                    delay=delay,
+                    precision="exact",
+                )
+                sent[mid] = (time.time(), delay, "exact")
+        withdrawn = producer.produce(target, b"withdrawn", delay=3, precision="exact")
+        producer.flush(10)
+        producer.cancel(withdrawn)
         producer.flush(10)
         producer.close()
-        print(f"sent {len(sent)} messages with delays {DELAYS} s\n")
+        print(
+            f"sent {len(sent)} messages with delays {DELAYS} s on levels and {EXACT} s exact, "
+            "and one exact message cancelled before its time\n"
+        )
         print(f"{'message':30} {'asked':>6} {'level':>6} {'waited':>7} {'late':>7}  partition")
 
         consumer = Consumer(
@@ -111,6 +133,10 @@ def main() -> int:
                 continue
             headers = dict(message.headers() or [])
             mid = headers["delay-id"].decode()
+            if mid == withdrawn:
+                print("the cancelled message arrived", flush=True)
+                early += 1  # a broken promise all the same
+                continue
             due = int(headers["delay-due-ms"]) / 1000
             forwarded = message.timestamp()[1] / 1000
             sent_at, asked, level_name = sent[mid]
