@@ -33,7 +33,12 @@ LABEL org.opencontainers.image.title="delayservice" \
 
 RUN groupadd --system --gid 10001 delayservice \
     && useradd --system --uid 10001 --gid delayservice --no-create-home \
-       --home-dir /nonexistent --shell /usr/sbin/nologin delayservice
+       --home-dir /nonexistent --shell /usr/sbin/nologin delayservice \
+    && install -d -o 10001 -g 10001 -m 0750 /var/lib/delayservice
+
+# Precise mode's slot files (settings.data_dir); keep them on a volume, they are the
+# only copy of what the wheel holds.
+VOLUME ["/var/lib/delayservice"]
 
 COPY --from=build /opt/delayservice /opt/delayservice
 
