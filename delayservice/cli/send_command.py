@@ -37,10 +37,18 @@ def send(
         list[str] | None,
         typer.Option("--header", "-H", help="name=value, repeatable.", show_default=False),
     ] = None,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Precise mode: deliver at exactly the delay asked (cancellable by its id), "
+            "not at the level that holds it.",
+        ),
+    ] = False,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
-    """Send one message with a delay and print its id."""
+    """Send one message with a delay and print its id (for `delayservice cancel`)."""
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     headers: Headers = []
     for item in header or []:
@@ -73,6 +81,7 @@ def send(
             headers=headers,
             delay=delay_s,
             deliver_at=deliver_at,
+            precision="exact" if exact else "level",
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from None

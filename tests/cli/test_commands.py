@@ -67,6 +67,30 @@ def test_send_delivers_one_delayed_message(testbed):
     assert (record.key(), record.value()) == (b"k1", b"hello")
 
 
+@pytest.mark.kafka
+def test_send_exact_goes_to_the_precise_topic_with_its_own_delay(testbed):
+    from delayservice.producer import precise_partition
+
+    settings = testbed.settings(levels="1s", precise=True, precise_topic=f"dp-{testbed.tag}")
+    testbed.create_delay_topics(settings)
+    env = {
+        "DELAYSERVICE_LEVELS": settings.levels,
+        "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
+        "DELAYSERVICE_PRECISE_TOPIC": settings.precise_topic,
+    }
+    result = _cli(
+        "send", "orders", "hello", "--delay", "1700ms", "--exact", "-b", testbed.bootstrap,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    message_id = result.stdout.strip()
+    (record,) = testbed.collect(settings.precise_topic, 1)
+    headers = dict(record.headers())
+    assert headers["delay-id"].decode() == message_id
+    assert headers["delay-ms"] == b"1700"
+    assert record.partition() == precise_partition(message_id, settings.partitions)
+
+
 def test_cancel_refuses_an_empty_id_with_exit_2():
     result = _cli("cancel", "")
     assert result.returncode == 2
