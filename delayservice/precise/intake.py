@@ -189,10 +189,15 @@ class Intake:
             for tp in positions:
                 if tp.error is not None:
                     raise KafkaException(tp.error)
-                if tp.offset < 0:
+            for tp in positions:
+                ledger = self.ledger.assign(tp.partition)
+                if tp.offset >= 0:
+                    # Durable up to here already: progress reports may say so at once,
+                    # and a fresh data directory holds records from here on.
+                    ledger.last_committed = ledger.next_offset = tp.offset
+                    self._check_origin(tp.partition, tp.offset)
+                else:
                     tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
-            for p in new:
-                self.ledger.assign(p)
             self._consumer.incremental_assign(positions)
             self.roles.update(roles)
             self._m_assigned.set(len(self.roles))
