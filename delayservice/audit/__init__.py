@@ -9,10 +9,16 @@ extra installed.
 
 from __future__ import annotations
 
+from delayservice.envelope import H_CANCEL
 from delayservice.errors import DelayServiceError
 
-H_CANCEL = "delay-cancel"
-"""Header of a cancel marker on a delay topic; its value is the `delay-id` to cancel."""
+__all__ = ["EXIT_OK", "EXIT_VIOLATIONS", "H_CANCEL", "PRECISE_LEVEL", "AuditError"]
+
+
+PRECISE_LEVEL = "exact"
+"""The level name of the precise topic's messages, the label the daemon's metrics give
+precise mode (`delayservice.precise.precise_worker.LEVEL_NAME`), so the audit's rows line
+up with the dashboards. No level can be called that: level names are durations."""
 
 EXIT_OK = 0
 EXIT_VIOLATIONS = 3

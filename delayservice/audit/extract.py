@@ -6,6 +6,10 @@ plot would otherwise see three different versions of a live topic and could repo
 message as missing in one output and delivered in another. Pinning also fixes the
 audit's "as of" instant: a message counts as missing only if its due time plus the
 grace period had passed before the end offsets were taken.
+
+The delay side is the level topics and, with precise mode on, the precise topic, pinned
+and windowed alike: all of them use LogAppendTime, so `--since` and `--until` mean the
+broker's acceptance time on each, and an offset range names them all the same way.
 """
 
 from __future__ import annotations
@@ -262,6 +266,19 @@ def empty_kafka_frame(spark: SparkSession) -> DataFrame:
     return spark.createDataFrame([], kafka_schema())
 
 
+def precise_topic(settings: Settings) -> str | None:
+    """The precise topic when precise mode is on. Off, it is not read even if it exists:
+    the settings say no daemon forwards from it, so its messages would all be missing."""
+    return settings.precise_topic if settings.precise else None
+
+
+def delay_topics(settings: Settings) -> list[str]:
+    """Every topic that accepts delayed messages: the levels', then the precise topic."""
+    topics = [level.topic for level in settings.level_set()]
+    precise = precise_topic(settings)
+    return [*topics, precise] if precise is not None else topics
+
+
 def extract(
     spark: SparkSession,
     settings: Settings,
@@ -277,17 +294,19 @@ def extract(
     try:
         as_of_ms = int(time.time() * 1000)
         delay_ranges = resolver.ranges(
-            [level.topic for level in levels],
+            delay_topics(settings),
             start=parse_offsets(window.starting_offsets, EARLIEST),
             end=parse_offsets(window.ending_offsets, LATEST),
             since_ms=window.since_ms,
             until_ms=window.until_ms,
         )
         if not delay_ranges:
-            raise AuditError(
-                f"none of the delay topics {levels.levels[0].topic}..{levels.levels[-1].topic} "
-                "exists; check the levels and topic_prefix settings"
-            )
+            names = f"{levels.levels[0].topic}..{levels.levels[-1].topic}"
+            check = "levels and topic_prefix"
+            precise = precise_topic(settings)
+            if precise is not None:
+                names, check = f"{names} or {precise}", "levels, topic_prefix and precise_topic"
+            raise AuditError(f"none of the delay topics {names} exists; check the {check} settings")
         progress(
             f"delay topics: {record_count(delay_ranges)} records in "
             f"{sum(len(p) for p in delay_ranges.values())} partitions"

@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, transform
-from delayservice.audit.extract import Extracted, Progress, Window, extract, record_count
+from delayservice.audit.extract import (
+    Extracted,
+    Progress,
+    Window,
+    extract,
+    precise_topic,
+    record_count,
+)
 from delayservice.audit.kafka_options import describe, spark_options
 from delayservice.audit.transform import SummaryRow
 from delayservice.settings import Settings
@@ -124,11 +131,14 @@ def audit(
         progress=progress,
     )
     try:
-        accepted = transform.accepted(data.delay_records, levels, options.targets)
+        precise = precise_topic(settings)
+        accepted = transform.accepted(
+            data.delay_records, levels, options.targets, precise_topic=precise
+        )
         delivered = transform.deliveries(data.target_records)
         messages = transform.reconcile(
             accepted,
-            transform.cancels(data.delay_records),
+            transform.cancels(data.delay_records, precise),
             delivered,
             as_of_ms=data.as_of_ms,
             grace_ms=options.grace_ms,
@@ -178,6 +188,7 @@ def _document(
         "grace_ms": options.grace_ms,
         "levels": settings.level_set().spec(),
         "topic_prefix": settings.topic_prefix,
+        "precise_topic": precise_topic(settings),
         "window": asdict(options.window),
         "targets": data.targets,
         "records_read": {

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from delayservice.audit import PRECISE_LEVEL
 from delayservice.audit.transform import COUNTS, SummaryRow
 
 if TYPE_CHECKING:
@@ -86,7 +87,8 @@ def plot_lateness(
     rows: Sequence[SummaryRow],
     out_dir: Path,
 ) -> Path:
-    """One histogram per level, with its p50/p95/p99 marked and 'due' at zero."""
+    """One histogram per level (the precise topic's `exact` last), with its p50/p95/p99
+    marked and 'due' at zero."""
     # A bare Figure renders with Agg and leaves pyplot's global state (and backend) alone.
     from matplotlib.figure import Figure  # optional extra, heavy: import only when auditing
 
@@ -146,8 +148,10 @@ def _panel(
     ax.axvline(0, color="#c44e52", linewidth=1)
     ax.set_ylabel("messages")
     faults = "".join(f", {row.counts[k]} {k}" for k in ("missing", "early") if row.counts[k])
+    # The precise topic's index only sorts it last; it is no level number.
+    name = "precise topic" if row.level == PRECISE_LEVEL else f"level {row.level_index}"
     ax.set_title(
-        f"level {row.level_index} ({row.level}): {row.counts['delivered']} delivered{faults}, "
+        f"{name} ({row.level}): {row.counts['delivered']} delivered{faults}, "
         f"max {human_ms(row.lateness_ms['max'])}",
         fontsize=9,
         loc="left",

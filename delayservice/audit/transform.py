@@ -3,15 +3,33 @@
 Nothing here talks to Kafka, so every rule can be tested on a handful of rows built in
 the test. The rules:
 
-- accepted: a delay-topic record with a valid version-1 envelope. Its due time is the
-  record's timestamp (LogAppendTime, the broker's clock) plus its level's delay, the
-  same rule the daemon follows, recomputed here rather than trusted from the daemon.
-  An id accepted twice counts once, from its first acceptance.
+- accepted: a delay-topic record with a valid version-1 envelope. Its due time follows
+  the daemon's rule (`worker/admission.py`), recomputed here rather than trusted from the
+  daemon, from the record's timestamp (LogAppendTime, the broker's clock):
+  on a level topic, append time + max(level delay, `delay-ms`), and never before
+  `delay-due-ms` when the envelope carries one, since the envelope only ever asks for
+  more; on the precise topic (precise mode, shown as level `exact`), which has no level
+  delay, max(append time + `delay-ms`, `delay-due-ms`). An id accepted twice counts
+  once, from its first acceptance.
 - delivered: a target-topic record carrying that `delay-id`; lateness is its first
   delivery's timestamp minus the due time.
 - duplicated: delivered more than once. early: first delivered before it was due.
-- cancelled: a `delay-cancel: <id>` marker reached a delay topic before the id was due;
-  a cancel that arrives after the due time is too late and changes nothing.
+- cancelled: a `delay-cancel: <id>` marker was appended before the id was due (before
+  or after the message itself); a marker that arrives after the due time is too late
+  and changes nothing, except in precise mode, where the daemon still calls off a
+  message it has not sent yet (it was running late): a precise message with its marker
+  in place and no delivery counts as cancelled, not missing. Where the marker counts
+  follows where the daemon can read it:
+  for a precise message, only on the precise-topic partition that holds the message
+  (where `DelayProducer.cancel` sends it, and the only partition the instance holding
+  the message is sure to read); for a level message, on any level topic, the rule from
+  before cancel existed, kept as it was. A marker on the precise topic never cancels a
+  level message: the daemon cannot call one off.
+- delivered wins over cancelled, and the two are not exclusive: a message delivered
+  although its cancel came in time (the daemon read the marker after forwarding; a
+  cancel races the forward) has status `delivered` with both flags set, and counts as
+  both delivered and cancelled, so it stays visible without failing the audit. Hence
+  accepted = delivered + missing + pending + (cancelled and not delivered).
 - missing: not delivered, not cancelled, and due plus the grace period had passed when
   the audit pinned its input. Not yet that old: pending, judged by a later audit.
 """
@@ -22,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from delayservice.audit import H_CANCEL
+from delayservice.audit import H_CANCEL, PRECISE_LEVEL
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_TARGET, H_VERSION, VERSION
 from delayservice.levels import LevelSet
 
@@ -67,6 +85,8 @@ def _parsed_delay_side(delay_records: DataFrame) -> DataFrame:
         header(H_ID).alias("id"),
         header(H_TARGET).alias("target"),
         header(H_DELAY_MS).try_cast("bigint").alias("delay_ms"),
+        header(H_DUE_MS).alias("due_text"),
+        header(H_DUE_MS).try_cast("bigint").alias("requested_due_ms"),
         header(H_CANCEL).alias("cancel_id"),
     )
 
@@ -91,43 +111,63 @@ def _valid(parsed: DataFrame) -> DataFrame:
         & (F.length("id") > 0)
         & (F.length("target") > 0)
         & (F.col("delay_ms") >= 0)
+        # The daemon dead-letters a malformed delay-due-ms; only an absent one is optional.
+        & (F.col("due_text").isNull() | (F.col("requested_due_ms") >= 0))
     )
 
 
 def accepted(
-    delay_records: DataFrame, levels: LevelSet, targets: list[str] | None = None
+    delay_records: DataFrame,
+    levels: LevelSet,
+    targets: list[str] | None = None,
+    *,
+    precise_topic: str | None = None,
 ) -> DataFrame:
     """One row per accepted id: level, requested delay, append time and due time.
 
     With `targets`, only messages bound for those topics: the others' deliveries are not
-    read, and counting them would report every one of them as missing.
+    read, and counting them would report every one of them as missing. With
+    `precise_topic` (precise mode on), its messages count too, as level `exact`, indexed
+    after the last level so tables and plots show it last; its level delay is null.
     """
     F = _functions()  # noqa: N806
     spark = delay_records.sparkSession
+    topics: list[tuple[str, int, str, int | None]] = [
+        (lv.topic, lv.index, lv.name, lv.delay_ms) for lv in levels
+    ]
+    if precise_topic is not None:
+        topics.append((precise_topic, len(levels) + 1, PRECISE_LEVEL, None))
     level_rows = spark.createDataFrame(
-        [(lv.topic, lv.index, lv.name, lv.delay_ms) for lv in levels],
-        "topic string, level_index int, level string, level_delay_ms bigint",
+        topics, "topic string, level_index int, level string, level_delay_ms bigint"
     )
     valid = _valid(_parsed_delay_side(delay_records)).join(F.broadcast(level_rows), "topic")
     if targets is not None:
         valid = valid.where(F.col("target").isin(targets))
     first = F.min_by(F.struct(*[c for c in valid.columns if c != "id"]), "append_ms")
+    held_ms = F.greatest(F.coalesce("level_delay_ms", F.lit(0)), F.col("delay_ms"))
+    due_ms = F.greatest(F.col("append_ms") + held_ms, F.coalesce("requested_due_ms", F.lit(0)))
     return (
         valid.groupBy("id")
         .agg(first.alias("r"), F.count("*").alias("accepted_copies"))
         .select("id", "r.*", "accepted_copies")
-        .drop("version", "cancel_id")
-        .withColumn("due_ms", F.col("append_ms") + F.col("level_delay_ms"))
+        .drop("version", "cancel_id", "due_text")
+        .withColumn("due_ms", due_ms)
     )
 
 
-def cancels(delay_records: DataFrame) -> DataFrame:
-    """The earliest cancel marker per id."""
+def cancels(delay_records: DataFrame, precise_topic: str | None = None) -> DataFrame:
+    """The earliest cancel marker per id and place: `cancel_partition` is the partition
+    of a marker on `precise_topic`, null for one on a level topic (see the module's rules
+    for which place counts for which message)."""
     F = _functions()  # noqa: N806
+    parsed = _parsed_delay_side(delay_records)
+    on_precise = F.lit(False) if precise_topic is None else F.col("topic") == precise_topic
     return (
-        _parsed_delay_side(delay_records)
-        .where(F.length("cancel_id") > 0)
-        .groupBy(F.col("cancel_id").alias("id"))
+        parsed.where(F.length("cancel_id") > 0)
+        .groupBy(
+            F.col("cancel_id").alias("id"),
+            F.when(on_precise, F.col("partition")).alias("cancel_partition"),
+        )
         .agg(F.min("append_ms").alias("cancel_ms"))
     )
 
@@ -170,13 +210,24 @@ def reconcile(
         .select("*", "d.*")
         .drop("d")
     )
+    joined = accepted_ids.join(per_id, "id", "left").withColumn(
+        "cancel_key", F.when(F.col("level") == PRECISE_LEVEL, F.col("partition"))
+    )
+    marks = cancel_marks.withColumnRenamed("id", "cancel_id")
+    same_place = joined["cancel_key"].eqNullSafe(marks["cancel_partition"])
     m = (
-        accepted_ids.join(per_id, "id", "left")
-        .join(cancel_marks, "id", "left")
+        joined.join(marks, (joined["id"] == marks["cancel_id"]) & same_place, "left")
+        .drop("cancel_key", "cancel_id", "cancel_partition")
         .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
     )
     is_delivered = F.col("deliveries") > 0
-    is_cancelled = F.coalesce(F.col("cancel_ms") < F.col("due_ms"), F.lit(False))
+    in_time = F.col("cancel_ms") < F.col("due_ms")
+    # Precise mode calls off a message it has not sent yet even after its due time (a
+    # late daemon): not delivered with a marker in place is a cancel honoured, not a loss.
+    honoured_late = (
+        (F.col("level") == PRECISE_LEVEL) & F.col("cancel_ms").isNotNull() & ~is_delivered
+    )
+    is_cancelled = F.coalesce(in_time | honoured_late, F.lit(False))
     overdue = F.col("due_ms") + F.lit(grace_ms) <= F.lit(as_of_ms)
     return (
         m.withColumn("delivered", is_delivered)

@@ -174,6 +174,9 @@ def audit(
     """Reconcile the delay topics with the target topics on Spark; exit 3 if any message is
     missing or early.
 
+    With precise = true in the settings the precise topic is read too; its messages show
+    as level exact, and a cancel marker counts for them only on their own partition.
+
     Spark reads Kafka with the same settings as the daemon: the settings file's kafka and
     consumer keys are translated from librdkafka to the Java client. security.protocol
     passes through; sasl.mechanisms with sasl.username and sasl.password (PLAIN,

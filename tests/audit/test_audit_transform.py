@@ -17,6 +17,24 @@ level 3s -> orders
   m13 delivered 1000 ms late
 noise: a record without envelope, one with envelope version 2, a target record without
 delay-id, and one delivery of an id nobody accepted (unmatched).
+
+Precise mode, a second story on the same levels plus the precise topic `dp` (level
+`exact`, due = max(append + delay-ms, delay-due-ms), no level delay):
+  p1  delay-ms 1300, delivered 5 ms late
+  p2  delay-ms 0 with delay-due-ms 2.5 s after append: the later due wins
+  p3  delay-ms 1000 with an earlier delay-due-ms, delivered before append + 1 s (early)
+  p4  cancel marker on its partition before due, never delivered      (cancelled)
+  p5  cancel marker after due, never delivered: honoured late         (cancelled)
+  p6  cancel marker after due, delivered                              (delivered)
+  p7  cancel markers before due, but on another partition and on a level topic,
+      where its holder does not read them; never delivered           (missing)
+  p8  cancel marker before the message, delivered anyway             (delivered, cancelled)
+  p9  due after as_of - grace                                         (pending)
+  l1  level 1s; a cancel marker on the precise topic cannot call it off (missing)
+  l2  level 1s with delay-due-ms 1.8 s after append, delivered at 1.5 s (early)
+  l3  level 1s with delay-ms 1500 (held past the level), delivered at 1.2 s (early)
+  l4  level 2s with an earlier delay-due-ms, delivered at append + 2 s (on time)
+noise: a precise record whose delay-due-ms is not a number (the daemon dead-letters it).
 """
 
 from __future__ import annotations
@@ -264,3 +282,159 @@ def test_outputs_parquet_json_png_and_table(messages, summary, spark, tmp_path):
     assert table[0].split()[:3] == ["ACCEPTED", "DELIVERED", "MISSING"]
     assert [line.split()[0] for line in table[2:5]] == ["1s", "2s", "3s"]
     assert table[-1].split()[:4] == ["total", "13", "9", "2"]
+
+
+PRECISE = "dp"
+
+
+def precise_envelope(
+    mid: str, target: str, delay_ms: int, due_ms: int | None = None
+) -> dict[str, str]:
+    headers = envelope(mid, target, delay_ms)
+    return headers if due_ms is None else {**headers, "delay-due-ms": str(due_ms)}
+
+
+@pytest.fixture(scope="module")
+def precise_sides(spark):
+    def exact(ms, mid, delay_ms, due_ms=None, partition=0):
+        headers = precise_envelope(mid, "orders", delay_ms, due_ms)
+        return record(PRECISE, ms, headers, partition=partition)
+
+    def cancel(topic, ms, mid, partition=0):
+        return record(topic, ms, {"delay-v": "1", "delay-cancel": mid}, partition=partition)
+
+    delay = [
+        exact(T0, "p1", 1300),
+        exact(T0 + 10, "p2", 0, due_ms=T0 + 2500),
+        exact(T0, "p3", 1000, due_ms=T0 + 200),
+        exact(T0, "p4", 3000, partition=1),
+        cancel(PRECISE, T0 + 1000, "p4", partition=1),
+        exact(T0, "p5", 1000),
+        cancel(PRECISE, T0 + 1500, "p5"),
+        exact(T0, "p6", 1000),
+        cancel(PRECISE, T0 + 1500, "p6"),
+        exact(T0, "p7", 1000),
+        cancel(PRECISE, T0 + 100, "p7", partition=1),
+        cancel("dt_1", T0 + 100, "p7"),
+        cancel(PRECISE, T0, "p8", partition=1),
+        exact(T0 + 5, "p8", 1000, partition=1),
+        exact(T0 + 55_000, "p9", 1000),
+        record(PRECISE, T0, {**envelope("bad", "orders", 1000), "delay-due-ms": "soon"}),
+        record("dt_1", T0, envelope("l1", "orders", 1000)),
+        cancel(PRECISE, T0 + 100, "l1"),
+        record("dt_1", T0, precise_envelope("l2", "orders", 1000, due_ms=T0 + 1800)),
+        record("dt_1", T0, envelope("l3", "orders", 1500)),
+        record("dt_2", T0, precise_envelope("l4", "payments", 2000, due_ms=T0 + 500)),
+    ]
+    target = [
+        record("orders", T0 + 1305, forwarded("p1", T0 + 1300)),
+        record("orders", T0 + 2502, forwarded("p2", T0 + 2500)),
+        record("orders", T0 + 600, forwarded("p3", T0 + 600)),
+        record("orders", T0 + 1010, forwarded("p6", T0 + 1000)),
+        record("orders", T0 + 1007, forwarded("p8", T0 + 1005)),
+        record("orders", T0 + 1500, forwarded("l2", T0 + 1800)),
+        record("orders", T0 + 1200, forwarded("l3", T0 + 1500)),
+        record("payments", T0 + 2000, forwarded("l4", T0 + 2000)),
+    ]
+    return frame(spark, delay), frame(spark, target)
+
+
+def _precise_messages(sides, precise_topic):
+    delay, target = sides
+    return transform.reconcile(
+        transform.accepted(delay, LEVELS, precise_topic=precise_topic),
+        transform.cancels(delay, precise_topic),
+        transform.deliveries(target),
+        as_of_ms=AS_OF,
+        grace_ms=GRACE,
+    )
+
+
+@pytest.fixture(scope="module")
+def precise_messages(precise_sides):
+    return _precise_messages(precise_sides, PRECISE).cache()
+
+
+@pytest.fixture(scope="module")
+def precise_by_id(precise_messages):
+    return {r["id"]: r for r in precise_messages.collect()}
+
+
+def test_precise_due_is_append_plus_delay_ms_or_the_later_delay_due_ms(precise_by_id):
+    p1, p2, p3 = (precise_by_id[i] for i in ("p1", "p2", "p3"))
+    assert (p1["level"], p1["level_delay_ms"], p1["level_index"]) == ("exact", None, 4)
+    assert p1["due_ms"] == T0 + 1300  # not rounded up to a level
+    assert (p1["status"], p1["lateness_ms"], p1["early"]) == ("delivered", 5, False)
+    assert p2["requested_due_ms"] == T0 + 2500
+    assert p2["due_ms"] == T0 + 2500  # deliver_at: the absolute due time is later, it wins
+    assert (p2["lateness_ms"], p2["early"]) == (2, False)
+    assert p3["due_ms"] == T0 + 1000  # an earlier delay-due-ms does not make it due sooner
+    assert (p3["lateness_ms"], p3["early"]) == (-400, True)
+    assert "bad" not in precise_by_id
+
+
+def test_precise_cancels_count_before_due_on_the_messages_own_partition(precise_by_id):
+    status = {i: precise_by_id[i]["status"] for i in ("p4", "p5", "p6", "p7", "p8", "p9")}
+    assert status == {
+        "p4": "cancelled",
+        "p5": "cancelled",  # after due, but the daemon had not sent it yet: honoured
+        "p6": "delivered",
+        "p7": "missing",  # markers its holder never reads do not count
+        "p8": "delivered",
+        "p9": "pending",
+    }
+    assert precise_by_id["p4"]["cancel_ms"] == T0 + 1000
+    assert not precise_by_id["p4"]["missing"]
+    assert precise_by_id["p5"]["cancelled"]
+    assert not precise_by_id["p5"]["missing"]
+    assert not precise_by_id["p6"]["cancelled"]
+    assert precise_by_id["p7"]["cancel_ms"] is None
+    # Cancelled in time and delivered anyway: shown as both, not hidden as cancelled.
+    p8 = precise_by_id["p8"]
+    assert (p8["delivered"], p8["cancelled"], p8["cancel_ms"]) == (True, True, T0)
+
+
+def test_level_due_honours_delay_ms_and_delay_due_ms_as_floors(precise_by_id):
+    l1, l2, l3, l4 = (precise_by_id[i] for i in ("l1", "l2", "l3", "l4"))
+    assert (l1["status"], l1["cancel_ms"]) == ("missing", None)  # precise cancels: exact only
+    assert (l2["level"], l2["due_ms"], l2["early"], l2["lateness_ms"]) == (
+        "1s",
+        T0 + 1800,
+        True,
+        -300,
+    )
+    assert (l3["level_delay_ms"], l3["due_ms"], l3["early"]) == (1000, T0 + 1500, True)
+    assert (l4["due_ms"], l4["early"], l4["lateness_ms"]) == (T0 + 2000, False, 0)
+
+
+def test_precise_mode_off_accepts_only_the_levels(precise_sides):
+    ids = {r["id"] for r in _precise_messages(precise_sides, None).collect()}
+    assert ids == {"l1", "l2", "l3", "l4"}
+
+
+def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, tmp_path):
+    rows = transform.collect_summary(transform.summarize(precise_messages))
+    by_level = {r.level: r for r in rows if r.scope == "level"}
+    assert list(by_level) == ["1s", "2s", "exact"]
+    exact = by_level["exact"]
+    assert exact.counts == {
+        "accepted": 9,
+        "delivered": 5,
+        "missing": 1,
+        "duplicated": 0,
+        "early": 1,
+        "cancelled": 3,
+        "pending": 1,
+    }
+    assert exact.lateness_ms["max"] == 10.0
+    assert exact.as_dict()["level_delay_ms"] is None
+    assert by_level["1s"].counts["early"] == 2
+    total = next(r for r in rows if r.scope == "total")
+    assert (total.counts["accepted"], total.counts["early"]) == (13, 3)
+    table = load.console_table(rows).splitlines()
+    assert [line.split()[0] for line in table[2:5]] == ["1s", "2s", "exact"]
+    assert table[4].split()[1:8] == ["9", "5", "1", "0", "1", "3", "1"]
+    histogram = transform.lateness_histogram(precise_messages)
+    assert {level for _, level, _, _ in histogram[1]} == {"1s", "2s", "exact"}
+    plot = load.plot_lateness(histogram, rows, tmp_path)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

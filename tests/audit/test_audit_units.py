@@ -5,11 +5,19 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from delayservice.audit import AuditError, jars, load, session
-from delayservice.audit.extract import EARLIEST, LATEST, Window, _pick, parse_offsets
+from delayservice.audit import PRECISE_LEVEL, AuditError, jars, load, session
+from delayservice.audit.extract import (
+    EARLIEST,
+    LATEST,
+    Window,
+    _pick,
+    delay_topics,
+    parse_offsets,
+)
 from delayservice.audit.transform import COUNTS, SummaryRow, bin_width
 from delayservice.cli.app import app
 from delayservice.cli.audit_command import parse_instant
+from delayservice.settings import Settings
 
 NOW = 1_700_000_000_000
 
@@ -48,6 +56,18 @@ def test_instants_as_iso_epoch_or_duration_ago():
     assert parse_instant("2023-11-14T23:13:20+01:00", 0) == NOW
     with pytest.raises(ValueError, match="duration ago"):
         parse_instant("last tuesday", NOW)
+
+
+def test_the_precise_topic_is_a_delay_topic_only_in_precise_mode():
+    base = {"levels": "1s,2s", "topic_prefix": "dt_", "precise_topic": "dp"}
+    assert delay_topics(Settings(**base, precise=False)) == ["dt_1", "dt_2"]
+    assert delay_topics(Settings(**base, precise=True)) == ["dt_1", "dt_2", "dp"]
+
+
+def test_exact_is_the_daemons_own_label_for_precise_mode():
+    from delayservice.precise.precise_worker import LEVEL_NAME
+
+    assert PRECISE_LEVEL == LEVEL_NAME
 
 
 def test_only_jars_pyspark_lacks_are_kept():
