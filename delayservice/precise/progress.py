@@ -62,7 +62,7 @@ class Progress:
         make_consumer: Callable[[dict[str, Any]], ConsumerClient],
         committed: Callable[[int], int | None],
         origin: Callable[[int], int | None],
-        earliest_unsettled_ms: Callable[[int], int | None],
+        earliest_unsettled_ms: Callable[[], dict[int, int]],
     ) -> None:
         self._topic = done_topic
         self._placement = placement
@@ -96,19 +96,18 @@ class Progress:
         if now < self._next_report:
             return
         self._next_report = now + REPORT_EVERY_S
-        for partition, role in self.roles.items():
-            if role is not Role.OWNER:
-                continue
-            through = self._committed(partition)  # read first: see the module docstring
+        # `through` is read before the slots: see the module docstring.
+        throughs = {p: self._committed(p) for p, role in self.roles.items() if role is Role.OWNER}
+        earliest = self._earliest()
+        for partition, through in throughs.items():
             start = self._origin(partition)
             if through is None or start is None:
                 continue
-            earliest = self._earliest(partition)
             report = Report(
                 self._placement.member,
                 start,
                 through,
-                FAR_FUTURE_MS if earliest is None else earliest,
+                earliest.get(partition, FAR_FUTURE_MS),
             )
             if self._sent.get(partition) == report:
                 continue

@@ -128,13 +128,17 @@ class Wheel:
     def disk_slots(self) -> int:
         return len(self._unloaded_set) + len(self._trackers)
 
-    def earliest_unsettled_ms(self, partition: int) -> int | None:
-        """Start of the earliest slot of `partition` that still has a file (loaded or
-        not): every record of the partition due before it has been settled."""
+    def earliest_unsettled_ms(self) -> dict[int, int]:
+        """Per partition, the start of its earliest slot that still has a file (loaded or
+        not): every record of the partition due before it has been settled. One pass for
+        all partitions, since a backlog of days is hundreds of thousands of slots."""
+        earliest: dict[int, int] = {}
         with self._lock:
-            seconds = [s for (p, s) in self._trackers if p == partition]
-            seconds += [s for (p, s) in self._unloaded_set if p == partition]
-        return min(seconds) * 1000 if seconds else None
+            for keys in (self._trackers, self._unloaded_set):
+                for partition, second in keys:
+                    if second < earliest.get(partition, second + 1):
+                        earliest[partition] = second
+        return {partition: second * 1000 for partition, second in earliest.items()}
 
     # -- intake side ---------------------------------------------------------------
     def append(self, partition: int, fire_ms: int, frame: bytes) -> SlotTracker | None:

@@ -38,7 +38,7 @@ def _progress(member: int = 1, **state) -> tuple[Progress, FakeProducer]:
         lambda _callbacks: None,  # the reader thread is not started here
         committed=lambda p: state.get("through", {}).get(p),
         origin=lambda p: state.get("origin", {}).get(p),
-        earliest_unsettled_ms=lambda p: state.get("earliest", {}).get(p),
+        earliest_unsettled_ms=lambda: state.get("earliest", {}),
     )
     return progress, producer
 
@@ -89,7 +89,7 @@ def test_an_older_report_of_the_same_disk_does_not_move_coverage_back():
 
 
 def test_the_owner_reports_what_is_durable_and_settled_only_when_it_moves():
-    progress, producer = _progress(member=0, through={0: 50}, origin={0: 10}, earliest={0: None})
+    progress, producer = _progress(member=0, through={0: 50}, origin={0: 10}, earliest={1: 7_000})
     progress.roles = {0: Role.OWNER, 1: Role.REPLICA}
     progress.report()
     assert [(t, k) for t, k, _ in producer.sent] == [("done", b"0")]

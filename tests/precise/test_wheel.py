@@ -120,8 +120,10 @@ def ms(seconds: float) -> int:
 def test_far_slots_stay_on_disk_until_the_pointer_comes_near(rig):
     rig.append(1, ms(60))
     rig.append(2, ms(2))
+    rig.append(3, ms(90), partition=1)
+    assert rig.wheel.earliest_unsettled_ms() == {0: ms(2) // 1000 * 1000, 1: ms(90) // 1000 * 1000}
     assert len(rig.wheel.buffer) == 1  # only the near one is in memory
-    assert rig.wheel.disk_slots == 2
+    assert rig.wheel.disk_slots == 3
     assert rig.wheel.loaded_slots == 1
     rig.clock.now = NOW + 56
     assert rig.wheel._load_due_slots() is None  # the loader's step
