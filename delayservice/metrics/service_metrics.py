@@ -182,7 +182,9 @@ class ServiceMetrics:
         )
         self.precise_cleaned = Counter(
             "delayservice_precise_replica_cleaned",
-            "Replica copies dropped because the owner reported them forwarded.",
+            "Copies dropped because the partition's other holder reported them settled: "
+            "a replica's once the owner forwarded them, an owner's overdue ones once the "
+            "replica took them over.",
             registry=registry,
         )
         self.precise_slot_files = Gauge(

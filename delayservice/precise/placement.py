@@ -36,6 +36,10 @@ class Placement:
             return Role.REPLICA
         return None
 
+    def holder(self, partition: int, member: int) -> Role | None:
+        """The role `member` has for `partition`, if any."""
+        return Placement(self.members, member, self.replicas).role(partition)
+
     def mine(self, partitions: int) -> dict[int, Role]:
         """This member's partitions of a topic with `partitions` partitions."""
         roles = {p: self.role(p) for p in range(partitions)}

@@ -158,6 +158,7 @@ class PreciseWorker:
                 self.intake.committed,
                 self.store.origin,
                 self.wheel.earliest_unsettled_ms,
+                int(takeover_s * 1000),
             )
             progress.roles = self.intake.roles  # the same dict: filled as partitions come
             self.wheel.coverage = progress

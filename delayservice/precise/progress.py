@@ -1,17 +1,22 @@
-"""Replicas: owners report what they have forwarded, replicas clean and take over by it.
+"""Replicas: both holders of a partition report what they settled, and each consults
+the other's reports before sending what the other may have sent.
 
 Each message of a partition is held by its owner and, with two replicas, by one more
-member. The owner reports per partition, on a compacted topic keyed by partition:
-"every record with offset in [from, through) and due before `due_before` is settled".
-`through` is its confirmed commit (all below it is on its disk or settled), `due_before`
-the start of its earliest slot that still has a file (all due before it is settled),
-and `from` the first offset its current data directory holds: an owner whose disk was
-lost and replaced claims nothing that went with the old one.
+member. Every holder reports per partition, on a compacted topic keyed by partition
+and member: "every record with offset in [from, through) and due before `due_before`
+is settled". `through` is its confirmed commit (all below it is on its disk or
+settled), `due_before` comes from its earliest slot that still has a file (all due
+before it is settled), and `from` is the first offset its current data directory
+holds: a member whose disk was lost and replaced claims nothing that went with the
+old one, and the reports of the old one stay valid for what it did send.
 
 A replica's copy fires at its due time plus the takeover delay. By then the owner has
 normally reported it, and the copy is dropped (cleaned); if not, the owner is gone or
-far behind and the replica forwards it. The worst case is a duplicate carrying its
-`delay-id`, never a loss. No liveness protocol is needed: every copy is its own timer.
+far behind and the replica forwards it (takes over). An owner that comes back and
+finds records overdue by more than the takeover delay sends only those its replica has
+not reported, so a restart after a take-over does not send everything twice. The worst
+case is a duplicate carrying its `delay-id`, never a loss. No liveness protocol is
+needed: every copy is its own timer.
 """
 
 from __future__ import annotations
@@ -32,9 +37,13 @@ log = logging.getLogger(__name__)
 
 REPORT_EVERY_S: Final = 1.0
 FAR_FUTURE_MS: Final = 2**62
+KEPT_DIRECTORIES: Final = 8
+"""Reports kept per partition, one per data directory of either holder; the one that
+reached least far goes first."""
 
 
 class Report(NamedTuple):
+    partition: int
     member: int
     start: int
     through: int
@@ -42,15 +51,31 @@ class Report(NamedTuple):
 
 
 def parse_report(raw: bytes | None) -> Report | None:
-    """A report from the done topic, or None for anything malformed (never raises)."""
+    """A report from the progress topic, or None for anything malformed (never raises)."""
     try:
         data = json.loads(raw or b"")
         report = Report(
-            int(data["member"]), int(data["from"]), int(data["through"]), int(data["due_before"])
+            int(data["partition"]),
+            int(data["member"]),
+            int(data["from"]),
+            int(data["through"]),
+            int(data["due_before"]),
         )
     except Exception:
         return None
     return report
+
+
+def encode_report(report: Report) -> bytes:
+    return json.dumps(
+        {
+            "partition": report.partition,
+            "member": report.member,
+            "from": report.start,
+            "through": report.through,
+            "due_before": report.due_before,
+        }
+    ).encode()
 
 
 class Progress:
@@ -63,7 +88,10 @@ class Progress:
         committed: Callable[[int], int | None],
         origin: Callable[[int], int | None],
         earliest_unsettled_ms: Callable[[], dict[int, int]],
+        takeover_ms: int,
     ) -> None:
+        """`earliest_unsettled_ms`: per partition, the earliest slot start with a file,
+        in fire time (a replica's copies fire `takeover_ms` after their due time)."""
         self._topic = done_topic
         self._placement = placement
         self._producer = producer
@@ -71,10 +99,13 @@ class Progress:
         self._committed = committed
         self._origin = origin
         self._earliest = earliest_unsettled_ms
-        self._reports: dict[int, Report] = {}
+        self._takeover_ms = takeover_ms
+        self._reports: dict[int, dict[tuple[int, int], Report]] = {}
+        """partition -> (member, first offset of its data directory) -> latest report"""
         self._sent: dict[int, Report] = {}
         self._next_report = 0.0
         self.roles: dict[int, Role] = {}
+        self._caught_up = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._read, name="precise-progress", daemon=True)
 
@@ -88,48 +119,48 @@ class Progress:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    # -- owner side ----------------------------------------------------------------
+    # -- reporting -----------------------------------------------------------------
     def report(self) -> None:
-        """Publish each owned partition's progress, at most once a second, only when it
+        """Publish each held partition's progress, at most once a second, only when it
         moved. Called from the intake thread."""
         now = time.monotonic()
         if now < self._next_report:
             return
         self._next_report = now + REPORT_EVERY_S
         # `through` is read before the slots: see the module docstring.
-        throughs = {p: self._committed(p) for p, role in self.roles.items() if role is Role.OWNER}
+        throughs = {p: self._committed(p) for p in self.roles}
         earliest = self._earliest()
         for partition, through in throughs.items():
             start = self._origin(partition)
             if through is None or start is None:
                 continue
-            report = Report(
-                self._placement.member,
-                start,
-                through,
-                earliest.get(partition, FAR_FUTURE_MS),
-            )
+            fire = earliest.get(partition)
+            due_before = FAR_FUTURE_MS
+            if fire is not None:  # a replica's copies fire the takeover delay after due
+                due_before = fire - (
+                    self._takeover_ms if self.roles[partition] is Role.REPLICA else 0
+                )
+            report = Report(partition, self._placement.member, start, through, due_before)
             if self._sent.get(partition) == report:
                 continue
-            value = json.dumps(
-                {
-                    "member": report.member,
-                    "from": report.start,
-                    "through": report.through,
-                    "due_before": report.due_before,
-                }
-            ).encode()
-            self._producer.produce(self._topic, value, str(partition).encode())
+            key = f"{partition}:{report.member}".encode()
+            self._producer.produce(self._topic, encode_report(report), key)
             self._sent[partition] = report
 
-    # -- replica side --------------------------------------------------------------
+    # -- consulting ----------------------------------------------------------------
     def covers(self, partition: int, offset: int, due_ms: int) -> bool:
-        report = self._reports.get(partition)
-        return (
-            report is not None
-            and report.start <= offset < report.through
-            and due_ms < report.due_before
+        """Whether the partition's other holder reported this record settled, by any of
+        its data directories: one lost with its disk still vouches for what it sent."""
+        return any(
+            report.start <= offset < report.through and due_ms < report.due_before
+            for report in self._reports.get(partition, {}).values()
         )
+
+    @property
+    def ready(self) -> bool:
+        """Whether every report written before this process started has been read.
+        Until then a copy that depends on the other holder's word is not judged."""
+        return self._caught_up.is_set()
 
     def _read(self) -> None:
         try:
@@ -138,15 +169,24 @@ class Progress:
         except Exception:
             log.exception("progress reader for %s could not start", self._topic)
             return
+        end: int | None = None
         while not self._stopping.is_set():
             try:
+                if end is None:
+                    low, end = consumer.get_watermark_offsets(
+                        TopicPartition(self._topic, 0), timeout=10.0
+                    )
+                    if end <= low:
+                        self._caught_up.set()
                 for message in consumer.consume(500, 0.5):
                     error = message.error()
                     if error is not None:
                         if error.code() != KafkaError._PARTITION_EOF:
                             log.info("%s: %s", self._topic, error.str())
                         continue
-                    self._take(message.key(), message.value())
+                    self._take(message.value())
+                    if (message.offset() or 0) + 1 >= end:
+                        self._caught_up.set()
             except Exception:
                 log.exception("progress reader for %s: unexpected error; continuing", self._topic)
                 self._stopping.wait(1.0)
@@ -155,15 +195,17 @@ class Progress:
         except Exception:
             log.exception("closing the progress reader failed")
 
-    def _take(self, key: str | bytes | None, value: str | bytes | None) -> None:
-        try:
-            partition = int(key or b"")
-        except ValueError:
-            return
+    def _take(self, value: str | bytes | None) -> None:
         raw = value.encode() if isinstance(value, str) else value
         report = parse_report(raw)
-        if report is None or partition % self._placement.members != report.member:
-            return  # malformed, or not from the partition's owner
-        previous = self._reports.get(partition)
-        if previous is None or report.start != previous.start or report.through >= previous.through:
-            self._reports[partition] = report
+        if report is None or report.member == self._placement.member:
+            return  # malformed, or this member's own
+        if self._placement.holder(report.partition, report.member) is None:
+            return  # not from a member that holds the partition
+        by_directory = self._reports.setdefault(report.partition, {})
+        key = (report.member, report.start)
+        previous = by_directory.get(key)
+        if previous is None or report.through >= previous.through:
+            by_directory[key] = report
+        if len(by_directory) > KEPT_DIRECTORIES:
+            del by_directory[min(by_directory, key=lambda k: by_directory[k].through)]

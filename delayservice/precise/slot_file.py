@@ -13,6 +13,12 @@ UTF-8), key and value (i32 length, -1 = None, + bytes), header count u32, then p
 header a name (u32 length + UTF-8) and a value (i32 length, -1 = None, + bytes).
 The message id gets a u32 length because `delay-id` is an ordinary header value and
 Kafka puts no cap on it; topic names are capped at 249 characters, so u16 is plenty.
+
+A second kind of frame, magic 0xD6 with an 8-byte body (offset i64), marks the record
+with that offset as settled. The wheel appends one when a record of a slot is forwarded
+and acknowledged while others in the slot are still waiting, so a process killed before
+the slot is deleted does not send the settled ones again: the write sits in the page
+cache, which outlives the process. Records read back from a file leave out the settled.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Final, NamedTuple
 from delayservice.errors import DelayServiceError
 
 MAGIC: Final = 0xD5
+SETTLED_MAGIC: Final = 0xD6
 _FLAG_REPLICA: Final = 0x01
 
 _FRAME = struct.Struct("<BII")  # magic, body length, crc32 of body
@@ -31,6 +38,7 @@ _FIXED = struct.Struct("<qqqiBI")  # offset, due_ms, delay_ms, partition, flags,
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
+_I64 = struct.Struct("<q")
 
 FRAME_OVERHEAD: Final = _FRAME.size
 _MAX_U16: Final = 0xFFFF
@@ -178,8 +186,15 @@ def _parse(body: memoryview) -> StoredRecord:
     )
 
 
+def encode_settled(offset: int) -> bytes:
+    """Frame the mark that the record with `offset` is settled."""
+    body = _I64.pack(offset)
+    return _FRAME.pack(SETTLED_MAGIC, len(body), zlib.crc32(body)) + body
+
+
 def decode(data: bytes | memoryview) -> tuple[list[StoredRecord], int]:
-    """Records of the longest valid prefix of `data`, and that prefix's length.
+    """Records of the longest valid prefix of `data` that no settled mark names, and
+    that prefix's length.
 
     Never raises on any input: whatever follows the last whole, checksummed,
     parseable frame is a torn tail, and the caller decides what to do with it.
@@ -188,19 +203,28 @@ def decode(data: bytes | memoryview) -> tuple[list[StoredRecord], int]:
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
     records: list[StoredRecord] = []
+    settled: set[int] = set()
     end = len(view)
     pos = 0
     while pos + FRAME_OVERHEAD <= end:
         magic, length, crc = _FRAME.unpack_from(view, pos)
         body_end = pos + FRAME_OVERHEAD + length
-        if magic != MAGIC or body_end > end:
+        if magic not in (MAGIC, SETTLED_MAGIC) or body_end > end:
             break
         body = view[pos + FRAME_OVERHEAD : body_end]
         if zlib.crc32(body) != crc:
             break
+        if magic == SETTLED_MAGIC:
+            if length != _I64.size:
+                break
+            settled.add(_I64.unpack_from(body)[0])
+            pos = body_end
+            continue
         try:
             records.append(_parse(body))
         except (struct.error, ValueError):  # UnicodeDecodeError is a ValueError
             break
         pos = body_end
+    if settled:
+        records = [r for r in records if r.offset not in settled]
     return records, pos

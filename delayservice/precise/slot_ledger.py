@@ -31,7 +31,7 @@ class SlotTracker(PartitionLedger):
 
 
 class PreciseLedger(LevelLedger):
-    def __init__(self, on_slot_settled: Callable[[SlotTracker], None]) -> None:
+    def __init__(self, on_slot_settled: Callable[[SlotTracker, int], None]) -> None:
         super().__init__(budget=None)
         self._on_slot_settled = on_slot_settled
 
@@ -41,6 +41,6 @@ class PreciseLedger(LevelLedger):
         if isinstance(ledger, SlotTracker):
             with self.lock:
                 self.forwarded += forwarded
-            self._on_slot_settled(ledger)
+            self._on_slot_settled(ledger, offset)
             return
         super().settle(ledger, offset, size, forwarded=forwarded)

@@ -28,7 +28,7 @@ from typing import Final, Protocol
 from delayservice.envelope import Envelope, Headers
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.slot_file import StoredRecord
+from delayservice.precise.slot_file import StoredRecord, encode_settled
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_store import SlotStore
 from delayservice.timers.base import Clock
@@ -43,9 +43,16 @@ EXPIRE_EVERY_S: Final = 60.0
 
 
 class Coverage(Protocol):
-    """What the owner of a partition has reported done (replicas only)."""
+    """What the other holder of a partition has reported settled (replicas only)."""
+
+    @property
+    def ready(self) -> bool: ...
 
     def covers(self, partition: int, offset: int, due_ms: int) -> bool: ...
+
+
+NOT_READY_RETRY_S: Final = 0.5
+"""How soon a copy waiting for the other holder's reports to be read is looked at again."""
 
 
 class Outcomes(Protocol):
@@ -196,8 +203,10 @@ class Wheel:
         if not records:
             return records
         out: list[HeldRecord] = []
-        settled: list[SlotTracker] = []
+        settled: list[tuple[SlotTracker, int]] = []
+        deferred: list[tuple[HeldRecord, float]] = []
         cancelled = 0
+        now_ms = self._clock() * 1000
         with self._lock:
             for record in records:
                 envelope = record.envelope
@@ -211,22 +220,31 @@ class Wheel:
                     self._cancelled_in_memory.discard(message_id)
                     self._cancels.matched(message_id)
                     cancelled += 1
-                    settled.append(tracker)
+                    settled.append((tracker, record.offset))
                     continue
-                if self._placement.role(record.partition) is Role.REPLICA:
-                    if self.coverage is not None and self.coverage.covers(
-                        record.partition, record.offset, record.due_ms
-                    ):
-                        self._outcomes.cleaned()
-                        settled.append(tracker)
+                replica = self._placement.role(record.partition) is Role.REPLICA
+                # An owner's record this overdue may have been taken over meanwhile.
+                overdue = now_ms - record.due_ms > self._takeover * 1000
+                coverage = self.coverage
+                if (replica or overdue) and coverage is not None:
+                    if not coverage.ready:  # just started: the other's word is not read yet
+                        deferred.append((record, now_ms / 1000 + NOT_READY_RETRY_S))
+                        self._in_memory.add(message_id)
                         continue
+                    if coverage.covers(record.partition, record.offset, record.due_ms):
+                        self._outcomes.cleaned()
+                        settled.append((tracker, record.offset))
+                        continue
+                if replica:
                     self._outcomes.took_over()
                 self._remember(message_id)
                 out.append(record)
         if cancelled:
             self._outcomes.cancelled("cancelled", cancelled)
-        for tracker in settled:
-            self.settled(tracker)
+        for tracker, offset in settled:
+            self.settled(tracker, offset)
+        if deferred:
+            self.buffer.schedule_many(deferred)
         return out
 
     def _remember(self, message_id: str) -> None:
@@ -235,12 +253,17 @@ class Wheel:
         if len(recent) > RECENTLY_FORWARDED:
             recent.popitem(last=False)
 
-    def settled(self, tracker: SlotTracker) -> None:
-        """One record of a loaded slot is done; delete the file with the last one."""
+    def settled(self, tracker: SlotTracker, offset: int) -> None:
+        """One record of a loaded slot is done: delete the file with the last one, and
+        until then mark the record settled in it, so a restart does not send it again."""
         with self._lock:
             tracker.outstanding -= 1
-            if tracker.outstanding <= 0 and not tracker.deleted and not tracker.loading:
+            if tracker.deleted:
+                return
+            if tracker.outstanding <= 0 and not tracker.loading:
                 self._delete(tracker)
+            else:
+                self._store.append(tracker.partition, tracker.second, encode_settled(offset))
 
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.progress import FAR_FUTURE_MS, Progress, Report, parse_report
+from delayservice.precise.progress import (
+    FAR_FUTURE_MS,
+    Progress,
+    Report,
+    encode_report,
+    parse_report,
+)
 
 
 class FakeProducer:
@@ -29,24 +33,23 @@ class FakeProducer:
         raise NotImplementedError
 
 
-def _progress(member: int = 1, **state) -> tuple[Progress, FakeProducer]:
+def _progress(member: int = 1, members: int = 2, **state) -> tuple[Progress, FakeProducer]:
     producer = FakeProducer()
     progress = Progress(
         "done",
-        Placement(2, member, 2),
+        Placement(members, member, 2),
         producer,
         lambda _callbacks: None,  # the reader thread is not started here
         committed=lambda p: state.get("through", {}).get(p),
         origin=lambda p: state.get("origin", {}).get(p),
         earliest_unsettled_ms=lambda: state.get("earliest", {}),
+        takeover_ms=3_000,
     )
     return progress, producer
 
 
-def _report(member: int, start: int, through: int, due_before: int) -> bytes:
-    return json.dumps(
-        {"member": member, "from": start, "through": through, "due_before": due_before}
-    ).encode()
+def _report(partition: int, member: int, start: int, through: int, due_before: int) -> bytes:
+    return encode_report(Report(partition, member, start, through, due_before))
 
 
 @given(st.binary(max_size=200))
@@ -56,15 +59,16 @@ def test_any_bytes_parse_to_a_report_or_to_none(raw):
 
 
 @pytest.mark.parametrize(
-    "raw", [None, b"", b"{}", b"[]", b'{"member": "x"}', b"\xff", b'{"member":0,"from":1}']
+    "raw",
+    [None, b"", b"{}", b"[]", b'{"member": "x"}', b"\xff", b'{"partition":0,"member":0,"from":1}'],
 )
 def test_malformed_reports_are_ignored(raw):
     assert parse_report(raw) is None
 
 
 def test_a_report_covers_offsets_from_its_data_directory_and_due_before_its_pointer():
-    progress, _ = _progress()
-    progress._take(b"0", _report(0, 100, 200, 5_000))  # what the reader does
+    progress, _ = _progress(member=1)
+    progress._take(_report(0, 0, 100, 200, 5_000))  # what the reader does
     assert progress.covers(0, 150, 4_999)
     assert not progress.covers(0, 150, 5_000)  # due at or after its earliest open slot
     assert not progress.covers(0, 99, 10)  # before this data directory: lost with the old one
@@ -72,29 +76,37 @@ def test_a_report_covers_offsets_from_its_data_directory_and_due_before_its_poin
     assert not progress.covers(1, 150, 10)  # another partition
 
 
-def test_reports_from_a_member_that_does_not_own_the_partition_are_ignored():
-    progress, _ = _progress()
-    progress._take(b"0", _report(1, 0, 200, FAR_FUTURE_MS))
-    progress._take(b"x", _report(0, 0, 200, FAR_FUTURE_MS))
+def test_only_the_other_holder_of_a_partition_is_believed():
+    progress, _ = _progress(member=1, members=3)  # partition 0: owner 0, replica 1
+    progress._take(_report(0, 2, 0, 200, FAR_FUTURE_MS))  # member 2 holds nothing of it
+    progress._take(_report(0, 1, 0, 200, FAR_FUTURE_MS))  # its own report, read back
     assert not progress.covers(0, 10, 10)
+    progress._take(_report(0, 0, 0, 200, FAR_FUTURE_MS))
+    assert progress.covers(0, 10, 10)
 
 
-def test_an_older_report_of_the_same_disk_does_not_move_coverage_back():
+def test_coverage_never_moves_back_and_outlives_a_lost_disk():
     progress, _ = _progress()
-    progress._take(b"0", _report(0, 0, 300, 9_000))
-    progress._take(b"0", _report(0, 0, 200, 5_000))
+    progress._take(_report(0, 0, 0, 300, 9_000))
+    progress._take(_report(0, 0, 0, 200, 5_000))
     assert progress.covers(0, 250, 8_000)
-    progress._take(b"0", _report(0, 280, 290, 9_000))  # a new disk
-    assert not progress.covers(0, 250, 8_000)
+    progress._take(_report(0, 0, 300, 310, 9_000))  # a new disk, from the old commit on
+    assert progress.covers(0, 250, 8_000)  # the lost disk's reports still vouch for it
+    assert progress.covers(0, 305, 8_000)
+    assert not progress.covers(0, 315, 8_000)  # not yet committed by the new one
 
 
-def test_the_owner_reports_what_is_durable_and_settled_only_when_it_moves():
-    progress, producer = _progress(member=0, through={0: 50}, origin={0: 10}, earliest={1: 7_000})
+def test_each_holder_reports_what_is_durable_and_settled_only_when_it_moves():
+    progress, producer = _progress(
+        member=0, through={0: 50, 1: 70}, origin={0: 10, 1: 20}, earliest={1: 7_000}
+    )
     progress.roles = {0: Role.OWNER, 1: Role.REPLICA}
     progress.report()
-    assert [(t, k) for t, k, _ in producer.sent] == [("done", b"0")]
-    sent = parse_report(producer.sent[0][2])
-    assert sent == Report(0, 10, 50, FAR_FUTURE_MS)
+    assert sorted(k for _, k, _ in producer.sent) == [b"0:0", b"1:0"]
+    sent = {r.partition: r for r in (parse_report(v) for _, _, v in producer.sent) if r}
+    assert sent[0] == Report(0, 0, 10, 50, FAR_FUTURE_MS)
+    # A replica's slots are in fire time, the takeover delay after due.
+    assert sent[1] == Report(1, 0, 20, 70, 4_000)
     progress._next_report = 0  # the next second
     progress.report()
-    assert len(producer.sent) == 1  # nothing moved, nothing sent
+    assert len(producer.sent) == 2  # nothing moved, nothing sent

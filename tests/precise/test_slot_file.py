@@ -18,6 +18,7 @@ from delayservice.precise.slot_file import (
     StoredRecord,
     decode,
     encode,
+    encode_settled,
 )
 
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -170,3 +171,26 @@ def test_flip_in_a_random_record_never_raises(record: StoredRecord, pos: int, bi
     found, _ = decode(bytes(data))
     assert all(r == record for r in found)
     assert len(found) < 2
+
+
+def test_settled_marks_leave_their_records_out_wherever_they_stand() -> None:
+    batch = [sample(n) for n in range(4)]
+    data = b"".join(
+        [
+            encode(batch[0]),
+            encode_settled(batch[2].offset),  # a mark may come before its record's copy
+            encode(batch[1]),
+            encode(batch[2]),
+            encode_settled(batch[0].offset),
+            encode(batch[3]),
+            encode_settled(999_999),  # names nothing here
+        ]
+    )
+    assert decode(data) == ([batch[1], batch[3]], len(data))
+
+
+def test_a_torn_settled_mark_ends_the_valid_prefix_and_keeps_its_record() -> None:
+    record = sample(1)
+    data = encode(record) + encode_settled(record.offset)
+    for cut in range(len(encode(record)), len(data)):
+        assert decode(data[:cut]) == ([record], len(encode(record))), cut

@@ -44,6 +44,7 @@ class Outcomes:
 class Coverage:
     def __init__(self) -> None:
         self.done: set[int] = set()
+        self.ready = True
 
     def covers(self, partition: int, offset: int, due_ms: int) -> bool:
         return offset in self.done
@@ -101,7 +102,7 @@ class Rig:
         records = self.wheel.buffer.take_expired(0)
         for record in records:
             assert isinstance(record.ledger, SlotTracker)
-            self.wheel.settled(record.ledger)
+            self.wheel.settled(record.ledger, record.offset)
         return [r.offset for r in records]
 
     def files(self) -> int:
@@ -155,6 +156,21 @@ def test_a_slot_read_back_after_a_restart_drops_offsets_written_twice(rig, tmp_p
     assert again.files() == 0
 
 
+def test_a_restart_does_not_resend_what_a_half_forwarded_slot_already_sent(rig, tmp_path):
+    for offset, due in ((1, 1.1), (2, 1.5), (3, 1.9)):
+        rig.append(offset, ms(due))
+    rig.clock.now = NOW + 1.6
+    assert rig.take() == [1, 2]  # acknowledged; the slot still waits for 3
+    assert rig.files() == 1
+    rig.store.close()  # the process dies here: the file stays as it is
+    rig.cancels.close()
+    again = Rig(tmp_path)
+    again.clock.now = NOW + 2
+    again.wheel._load_due_slots()
+    assert again.take() == [3]
+    assert again.files() == 0
+
+
 def test_a_cancel_of_a_loaded_record_stops_it_and_is_counted(rig):
     rig.append(1, ms(2))
     assert rig.wheel.cancel("id-1", ms(100)) == "pending"
@@ -203,6 +219,34 @@ def test_a_replica_copy_is_cleaned_when_reported_and_taken_over_when_not(tmp_pat
     assert rig.files() == 0
 
 
+def test_an_owner_sends_overdue_records_only_if_its_replica_has_not_reported_them(rig):
+    rig.append(1, ms(1))
+    rig.append(2, ms(1.5))
+    rig.append(3, ms(9))
+    rig.coverage.done.update({1, 3})  # the replica took 1 over; 3 is its own business
+    rig.clock.now = NOW + 5  # back after an outage: 1 and 2 are overdue past the takeover
+    rig.wheel._load_due_slots()
+    assert rig.take() == [2]
+    assert rig.outcomes.counts == Counter({"cleaned": 1})
+    rig.clock.now = NOW + 9
+    assert rig.take() == [3]  # on time: sent, whatever the replica says
+
+
+def test_copies_that_need_the_other_holders_word_wait_until_it_is_read(tmp_path):
+    rig = Rig(tmp_path, Placement(2, 1, 2))
+    rig.append(1, ms(1), partition=0, replica=True)
+    rig.coverage.ready = False
+    rig.coverage.done.add(1)
+    rig.clock.now = NOW + 4
+    assert rig.take() == []  # not taken over, not dropped: asked again shortly
+    assert len(rig.wheel.buffer) == 1
+    rig.coverage.ready = True
+    rig.clock.now = NOW + 4.5
+    assert rig.take() == []
+    assert rig.outcomes.counts == Counter({"cleaned": 1})
+    assert rig.files() == 0
+
+
 def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig):
     rig.append(1, ms(30))
     rig.clock.now = NOW + 28
@@ -226,13 +270,13 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
 
 
 def test_the_precise_ledger_settles_slots_and_intake_offsets_apart():
-    settled: list[SlotTracker] = []
-    ledger = PreciseLedger(settled.append)
+    settled: list[tuple[SlotTracker, int]] = []
+    ledger = PreciseLedger(lambda tracker, offset: settled.append((tracker, offset)))
     intake = ledger.assign(0)
     ledger.track(intake, 7, 0)
     tracker = SlotTracker(0, 123)
     ledger.settle(tracker, 5, 1, forwarded=True)
-    assert settled == [tracker]
+    assert settled == [(tracker, 5)]
     assert ledger.forwarded == 1
     assert ledger.to_commit() == [(0, 7)]  # the intake record is not settled by that
     ledger.settle(intake, 7, 0)  # its dead letter was acknowledged
