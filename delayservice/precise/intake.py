@@ -54,6 +54,24 @@ CANCEL_GRACE_MS: Final = 60_000
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 
+_COORDINATOR_MOVES: Final = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError._WAIT_COORD,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+def _passing(error: KafkaError) -> bool:
+    """Errors that go away by themselves (a coordinator moving or loading, a broker
+    away); librdkafka does not flag all of them retriable when an offset fetch fails."""
+    return bool(error.retriable()) or error.code() in _COORDINATOR_MOVES
+
 
 def cancel_target(headers: Headers) -> str | None:
     """The id a cancel marker names, or None when the record is not one."""
@@ -160,7 +178,7 @@ class Intake:
                 self.after_batch()
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                if not (isinstance(error, KafkaError) and error.retriable()):
+                if not (isinstance(error, KafkaError) and _passing(error)):
                     self._m_loop_errors.inc()
                     log.exception("intake of %s: Kafka error; continuing", self.topic)
                 elif self._throttle.allow(("retriable", error.code())) is not None:

@@ -97,7 +97,7 @@ class PreciseWorker:
         root = settings.data_dir / topic
         self._lock = lock_data_dir(root)
         self.store = SlotStore(root)
-        self.cancels = CancelLog(root / "cancels.log")
+        self.cancels = CancelLog(settings.data_dir / f"{topic}.cancels.log")
         self.placement = Placement(
             settings.precise_members, settings.precise_member, settings.replicas
         )

@@ -196,10 +196,10 @@ class DelayQueue(Generic[T]):
             row[3].fired = True
         return row[2]
 
-    def _pop_due(self, now: float) -> list[T]:
+    def _pop_due(self, now: float, limit: int | None = None) -> list[T]:
         out: list[T] = []
         heap = self._heap
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and (limit is None or len(out) < limit):
             row = heapq.heappop(heap)
             entry = row[3]
             if entry is not None:
