@@ -39,6 +39,7 @@ from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Wheel
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.admission import Admission
+from delayservice.worker.consumer_loop import unread_records
 from delayservice.worker.forwarder import Forwarder
 from delayservice.worker.ledger import PartitionLedger
 from delayservice.worker.record import HeldRecord
@@ -49,6 +50,7 @@ BATCH: Final = 2000
 POLL_TIMEOUT_S: Final = 0.2
 ERROR_PAUSE_S: Final = 0.5
 METADATA_EVERY_S: Final = 30.0
+LAG_EVERY_S: Final = 5.0
 CANCEL_GRACE_MS: Final = 60_000
 """A cancel is kept until max_delay after it was appended, plus this much for clocks."""
 
@@ -125,6 +127,7 @@ class Intake:
         self._m_commits = metrics.commits.labels(level_name)
         self._m_commit_failures = metrics.commit_failures.labels(level_name)
         self._m_assigned = metrics.assigned_partitions.labels(level_name)
+        self._m_lag = metrics.consumer_lag.labels(level_name)
         self._m_loop_errors = metrics.loop_errors.labels(level_name, "intake")
         self._m_cancels = metrics.precise_cancels
         self.broker_down = False
@@ -163,7 +166,7 @@ class Intake:
             log.exception("consumer of %s could not be created", self.topic)
             self._on_fatal(f"consumer of {self.topic} could not be created: {exc}")
             return
-        next_metadata = 0.0
+        next_metadata = next_lag = 0.0
         while not self._stopping.is_set():
             try:
                 if time.monotonic() >= next_metadata:
@@ -176,6 +179,9 @@ class Intake:
                 self._commit()
                 self._forwarder.publish_counts()
                 self.after_batch()
+                if time.monotonic() >= next_lag:
+                    next_lag = time.monotonic() + LAG_EVERY_S
+                    self._m_lag.set(unread_records(self._consumer, self.topic, list(self.roles)))
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 if not (isinstance(error, KafkaError) and _passing(error)):

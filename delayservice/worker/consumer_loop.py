@@ -50,6 +50,21 @@ MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
 
 
+def unread_records(consumer: ConsumerClient, topic: str, partitions: list[int]) -> int:
+    """Records on `partitions` past the consumer's position, from cached watermarks."""
+    tps = [TopicPartition(topic, p) for p in partitions]
+    if not tps:
+        return 0
+    total = 0
+    for tp in consumer.position(tps):
+        low, high = consumer.get_watermark_offsets(tp, cached=True)
+        if high < 0:
+            continue
+        position = tp.offset if tp.offset >= 0 else low
+        total += max(0, high - position)
+    return total
+
+
 class ConsumerLoop:
     def __init__(
         self,
@@ -544,17 +559,7 @@ class ConsumerLoop:
             self._m_lag.set(self._lag())
 
     def _lag(self) -> int:
-        tps = [TopicPartition(self.level.topic, p) for p in list(self._ledger.partitions)]
-        if not tps:
-            return 0
-        total = 0
-        for tp in self._consumer.position(tps):
-            low, high = self._consumer.get_watermark_offsets(tp, cached=True)
-            if high < 0:
-                continue
-            position = tp.offset if tp.offset >= 0 else low
-            total += max(0, high - position)
-        return total
+        return unread_records(self._consumer, self.level.topic, list(self._ledger.partitions))
 
     def _probe_broker(self) -> None:
         try:

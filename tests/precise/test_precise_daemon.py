@@ -88,6 +88,7 @@ def test_each_message_is_forwarded_at_its_own_due_millisecond(testbed, tmp_path)
     testbed.wait_for(
         lambda: sample("delayservice_forwarded_total", forwarded) == len(delays), 10, "counts"
     )
+    assert sample("delayservice_assigned_partitions", forwarded) == settings.partitions
 
 
 def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
