@@ -110,16 +110,17 @@ class Daemon:
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
         producer = Producer(client_config.producer(self.settings, client_id))
         targets = TargetTopics(producer)
-        for level in self.settings.level_set():
-            self.workers.append(
-                LevelWorker(
-                    level, self.settings, self.metrics, self.budget, self.fail, producer, targets
-                )
+        # Built in full before any starts: a worker that cannot be built (a data directory
+        # in use) must not leave unstarted ones behind for `stop` to join.
+        workers: list[Worker] = [
+            LevelWorker(
+                level, self.settings, self.metrics, self.budget, self.fail, producer, targets
             )
+            for level in self.settings.level_set()
+        ]
         if self.settings.precise:
-            self.workers.append(
-                PreciseWorker(self.settings, self.metrics, producer, targets, self.fail)
-            )
+            workers.append(PreciseWorker(self.settings, self.metrics, producer, targets, self.fail))
+        self.workers = workers
         for worker in self.workers:
             worker.start()
         self._phase = "running"

@@ -164,3 +164,16 @@ def test_a_cancelled_message_is_never_delivered_even_across_a_restart(testbed, t
     assert len(records) == 1
     worker = _precise_worker(again)
     testbed.wait_for(lambda: worker.wheel.disk_slots == 0, 10, "every slot file deleted")
+
+
+def test_a_data_directory_in_use_refuses_the_second_daemon_in_one_line(testbed, tmp_path):
+    from delayservice.errors import ConfigError
+
+    settings = _precise(testbed, tmp_path)
+    first = testbed.start_daemon(settings)
+    testbed.wait_assigned(first, partitions=settings.partitions)
+    with pytest.raises(ConfigError, match=r"data_dir: .* is in use by another process"):
+        testbed.start_daemon(settings)
+    second = testbed._daemons[-1]
+    assert second.stop() == 0  # nothing half-built is left to stop
+    assert first.readiness()[0]
