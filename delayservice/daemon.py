@@ -104,21 +104,18 @@ class Daemon:
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; run `delayservice topics create` / `topics describe`"
             )
-        # One producer for every level: librdkafka batches per target partition
-        # whichever level a record comes from, and each producer costs threads and a
-        # connection per broker.
-        client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
-        producer = Producer(client_config.producer(self.settings, client_id))
-        targets = TargetTopics(producer)
         # Built in full before any starts: a worker that cannot be built (a data directory
-        # in use) must not leave unstarted ones behind for `stop` to join.
+        # in use) must not leave unstarted ones behind for `stop` to join. Each level
+        # forwards through a producer of its own (its commit point flushes, or commits
+        # the transaction of, what that level sent); precise mode has its own.
         workers: list[Worker] = [
-            LevelWorker(
-                level, self.settings, self.metrics, self.budget, self.fail, producer, targets
-            )
+            LevelWorker(level, self.settings, self.metrics, self.budget, self.fail)
             for level in self.settings.level_set()
         ]
         if self.settings.precise:
+            client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
+            producer = Producer(client_config.producer(self.settings, client_id))
+            targets = TargetTopics(producer)
             workers.append(PreciseWorker(self.settings, self.metrics, producer, targets, self.fail))
         self.workers = workers
         for worker in self.workers:

@@ -94,7 +94,18 @@ class Settings(BaseSettings):
         description="A record that keeps failing while its target accepts others is "
         "dead-lettered (retries_exhausted) after this long.",
     )
-    commit_interval_s: float = Field(1.0, gt=0, description="How often safe offsets are committed.")
+    guarantee: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once",
+        description="Level mode's delivery promise: at-least-once (flush, then commit) or "
+        "exactly-once (forwards and offsets in one Kafka transaction, for read_committed "
+        "consumers of the target).",
+    )
+    commit_interval_s: float | None = Field(
+        None,
+        gt=0,
+        description="How often level mode makes what it sent durable and commits; "
+        "default 1 s at-least-once, 0.1 s exactly-once.",
+    )
     retry_backoff_s: float = Field(1.0, gt=0, description="First retry delay of a failed forward.")
     retry_backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay.")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="Longest graceful stop.")
@@ -239,6 +250,12 @@ class Settings(BaseSettings):
         so replicas know what to clean and what to take over."""
         return f"{self.precise_topic}_done"
 
+    def commit_interval(self) -> float:
+        """The commit interval in force: exactly-once readers wait for it, so it is short."""
+        if self.commit_interval_s is not None:
+            return self.commit_interval_s
+        return 0.1 if self.guarantee == "exactly-once" else 1.0
+
     def level_set(self) -> LevelSet:
         return LevelSet.parse(self.levels, self.topic_prefix)
 
@@ -329,6 +346,8 @@ def settings_env(settings: Settings, **changes: Any) -> dict[str, str]:
     values = {**settings.model_dump(), **changes}
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
     for name, value in values.items():
+        if value is None:
+            continue  # unset: the default follows from the others (commit_interval_s)
         text = json.dumps(value) if isinstance(value, dict) else str(value)
         env[f"{ENV_PREFIX}{name.upper()}"] = text
     return env

@@ -163,7 +163,7 @@ class Testbed:
             levels = {w.level.topic for d in daemons for w in d.workers}
             return all(
                 sum(
-                    len(w.ledger.partitions)
+                    len(w.loop.owned() if hasattr(w, "loop") else w.ledger.partitions)
                     for d in daemons
                     for w in d.workers
                     if w.level.topic == t

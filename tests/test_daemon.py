@@ -10,9 +10,9 @@ import pytest
 pytestmark = pytest.mark.kafka
 
 
-@pytest.fixture(params=["heap", "wheel"])
-def scheduler(request) -> str:
-    """Every daemon test runs with both per-level buffers."""
+@pytest.fixture(params=["at-least-once", "exactly-once"])
+def guarantee(request) -> str:
+    """Every daemon test that takes this runs under both guarantees."""
     return request.param
 
 
@@ -20,8 +20,8 @@ def _headers(message) -> dict[str, bytes]:
     return dict(message.headers() or [])
 
 
-def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(testbed, scheduler):
-    settings = testbed.settings(scheduler=scheduler)
+def test_delivery_at_three_levels_is_never_early_and_within_the_level_policy(testbed, guarantee):
+    settings = testbed.settings(guarantee=guarantee)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"orders-{testbed.tag}")
     daemon = testbed.start_daemon(settings)
@@ -78,8 +78,8 @@ def test_a_message_without_delay_goes_straight_to_its_topic(testbed):
     assert "delay-id" not in _headers(record)
 
 
-def test_key_order_is_kept_within_a_level(testbed, scheduler):
-    settings = testbed.settings(levels="1s", scheduler=scheduler)
+def test_key_order_is_kept_within_a_level(testbed, guarantee):
+    settings = testbed.settings(levels="1s", guarantee=guarantee)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"ordered-{testbed.tag}", partitions=3)
     daemon = testbed.start_daemon(settings)
@@ -96,10 +96,10 @@ def test_key_order_is_kept_within_a_level(testbed, scheduler):
         assert values == sorted(values), f"{key!r} out of order"
 
 
-def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testbed, scheduler):
+def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testbed, guarantee):
     total, high = 50_000, 200
     settings = testbed.settings(
-        levels="1s", pause_high_water=high, pause_low_water=50, scheduler=scheduler
+        levels="1s", pause_high_water=high, pause_low_water=50, guarantee=guarantee
     )
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"backlog-{testbed.tag}")
@@ -113,19 +113,19 @@ def test_a_backlog_drains_without_the_buffer_exceeding_the_pause_threshold(testb
     daemon = testbed.start_daemon(settings)
     testbed.collect(target, total, timeout=240)
     worker = daemon.workers[0]
-    testbed.wait_for(lambda: worker.ledger.total_buffered == 0, 30, "the buffer to empty")
-    assert 0 < worker.ledger.peak_partition_buffered <= high
+    testbed.wait_for(lambda: worker.group.total_buffered == 0, 30, "the buffer to empty")
+    assert 0 < worker.group.peak_partition_buffered <= high
     assert worker.loop.paused == set()
 
 
-def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed, scheduler):
-    settings = testbed.settings(levels="1s,2s", partitions=4, scheduler=scheduler)
+def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed, guarantee):
+    settings = testbed.settings(levels="1s,2s", partitions=4, guarantee=guarantee)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"shared-{testbed.tag}")
     first, second = testbed.start_daemon(settings), testbed.start_daemon(settings)
     testbed.wait_assigned(first, second, partitions=4)
     testbed.wait_for(
-        lambda: all(len(w.ledger.partitions) > 0 for d in (first, second) for w in d.workers),
+        lambda: all(w.loop.owned() for d in (first, second) for w in d.workers),
         60,
         "both daemons to own a share of every level",
     )
@@ -147,9 +147,9 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
 
 
 def test_forwarded_messages_land_where_a_java_client_would_put_them(
-    testbed, java_partitions, scheduler
+    testbed, java_partitions, guarantee
 ):
-    settings = testbed.settings(levels="1s", scheduler=scheduler)
+    settings = testbed.settings(levels="1s", guarantee=guarantee)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"partitioned-{testbed.tag}", partitions=7)
     daemon = testbed.start_daemon(settings)

@@ -73,6 +73,38 @@ def producer(settings: Settings, client_id: str) -> dict[str, Any]:
     }
 
 
+TRANSACTION_TIMEOUT_MS = 10_000
+"""A transaction left open by a dead instance pins read_committed readers at the last
+stable offset until the broker aborts it: keep that short. librdkafka requires
+`message.timeout.ms` to be at most this."""
+
+
+def level_producer(
+    settings: Settings, client_id: str, transactional_id: str | None = None
+) -> dict[str, Any]:
+    """A level's forwarding producer: only failures come back as delivery reports (the
+    forwarder commits after a flush or a transaction, not per record). With a
+    `transactional_id` it forwards exactly once: the id is stable per instance and
+    level, so a restarted instance fences its predecessor's open transaction."""
+    config = producer(settings, client_id)
+    config["delivery.report.only.error"] = True
+    if transactional_id is not None:
+        config.update(
+            {
+                "transactional.id": transactional_id,
+                "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                "message.timeout.ms": min(
+                    int(config["message.timeout.ms"]), TRANSACTION_TIMEOUT_MS
+                ),
+                # After a commit the coordinator may answer CONCURRENT_TRANSACTIONS to the
+                # next AddOffsetsToTxn; librdkafka retries after this backoff (100 ms by
+                # default, which stalled back-to-back transactions by about 100 ms).
+                "retry.backoff.ms": 10,
+            }
+        )
+    return config
+
+
 def consumer(
     settings: Settings, group_id: str, client_id: str, instance_id: str | None = None
 ) -> dict[str, Any]:

@@ -19,16 +19,15 @@ from typing import Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
-from delayservice.envelope import Envelope, Headers, preview, unwrap
+from delayservice.envelope import Envelope, Headers, unwrap
 from delayservice.errors import EnvelopeError
-from delayservice.kafka.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
-from delayservice.kafka.topic_names import invalid_reason
 from delayservice.levels import Level, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.ledger import PartitionLedger
 from delayservice.worker.record import HeldRecord, record_size
+from delayservice.worker.target_names import TargetNames
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +64,7 @@ class Admission:
         self._throttle = Throttle(_WARN_EVERY_S)
         self._m_clock = metrics.clock_offset
         self._read_delay_min = _INF
-        self._valid_targets: dict[str, str | None] = {}
+        self.names = TargetNames(reserved_targets)
 
     def hold(
         self, message: Message, ledger: PartitionLedger, now_ms: int | None = None
@@ -105,7 +104,7 @@ class Admission:
         size = header_bytes + (len(key_b) if key_b else 0) + (len(value_b) if value_b else 0)
         due_ms, problem = self._due_ms(message, envelope, now_ms)
         if problem is None:
-            problem = self._target_problem(envelope.target)
+            problem = self.names.problem(envelope.target)
         return HeldRecord(
             ledger, partition, offset, key_b, value_b, user_headers, size, envelope, due_ms,
             dead_letter=problem,
@@ -144,18 +143,6 @@ class Admission:
                 )
             due = envelope.due_ms  # an absolute due time is a floor too
         return due, None
-
-    def _target_problem(self, target: str) -> tuple[str, str] | None:
-        cached = self._valid_targets.get(target, "")
-        if cached == "":
-            cached = invalid_reason(target, self._reserved)
-            if len(target) <= MAX_TOPIC_NAME:  # a longer one is refused by its length alone
-                if len(self._valid_targets) >= 10_000:
-                    self._valid_targets.clear()
-                self._valid_targets[target] = cached
-        if cached is None:
-            return None
-        return dl.REASON_INVALID_TARGET, f"target {preview(target)}: {cached}"
 
     def _mismatch(self, kind: str, what: str) -> None:
         self._mismatches[kind].inc()

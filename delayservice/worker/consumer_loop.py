@@ -1,16 +1,19 @@
 """The consumer thread: the only code that touches the level's consumer.
 
-It polls, admits records into the buffer under flow control, pauses and resumes
-partitions, serves the producer's delivery reports, and commits the offsets the
-ledger says are safe once the broker confirms them. Rebalances run their callbacks on
-this thread too: on revoke it drops the partitions' buffered records and commits what
-is safe; on loss it drops them without committing. librdkafka keeps a partition's
-pause state across re-assignment, so newly assigned partitions are resumed explicitly
-and the paused set is tracked here rather than trusted to the client.
+It polls, appends records to the level's per-partition queues under flow control,
+pauses and resumes partitions, and (at-least-once) commits the offsets the forwarder
+reports durable, counting them committed once the broker confirms. In exactly-once
+mode it commits nothing itself: it hands the forwarder its group metadata and the
+offsets travel in the forwarder's transactions. Rebalances run their callbacks on this
+thread too: on revoke the forwarder first reaches a commit point for the partitions
+(flush and commit, or commit the transaction) and lets them go; on loss they are
+dropped without committing. librdkafka keeps a partition's pause state across
+re-assignment, so newly assigned partitions are resumed explicitly and the paused set
+is tracked here rather than trusted to the client.
 
-Nothing a single record carries may stop this thread: every record is either admitted
-(and later forwarded or dead-lettered) or refused by flow control and re-read, and an
-unexpected exception is logged, counted and survived.
+Nothing a single record carries may stop this thread: it only appends records (the
+forwarder reads their envelopes), and an unexpected exception is logged, counted and
+survived.
 """
 
 from __future__ import annotations
@@ -24,20 +27,18 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
+from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.timers.base import Scheduler
-from delayservice.worker.admission import Admission
 from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.ledger import LevelLedger
-from delayservice.worker.record import HeldRecord
+from delayservice.worker.level_forwarder import LevelForwarder
+from delayservice.worker.memory_budget import RECORD_OVERHEAD
+from delayservice.worker.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup
 
 log = logging.getLogger(__name__)
 
-BATCH = 500
+BATCH = 1000
 POLL_TIMEOUT_S = 0.2
 LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
@@ -45,6 +46,8 @@ ERROR_PAUSE_S = 0.5
 REBUILDS_ALLOWED = 5
 REBUILD_WINDOW_S = 300.0
 CLOSE_WAIT_S = 5.0
+PAUSED_POLL_S = 0.05
+COMMIT_RETRY_S = 1.0
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
@@ -70,17 +73,13 @@ class ConsumerLoop:
         self,
         level: Level,
         make_consumer: MakeConsumer,
-        producer: ProducerClient,
-        scheduler: Scheduler[HeldRecord],
-        ledger: LevelLedger,
+        group: PartitionGroup,
         flow: FlowControl,
-        forwarder: Forwarder,
-        admission: Admission,
+        forwarder: LevelForwarder,
         metrics: ServiceMetrics,
-        commit_interval_s: float,
-        flush_timeout_s: float,
         on_fatal: Callable[[str], None],
         rejoin_timeout_s: float = 30.0,
+        stop_timeout_s: float = 20.0,
     ) -> None:
         """`rejoin_timeout_s`: how long a level may go without an assignment after losing
         its partitions before its consumer is taken as wedged and replaced."""
@@ -94,17 +93,21 @@ class ConsumerLoop:
         self._consumer_failed: str | None = None
         self._rebuilds: deque[float] = deque()
         self._throttle = Throttle()
-        self._flush_timeout = flush_timeout_s
-        self._producer = producer
-        self._scheduler = scheduler
-        self._ledger = ledger
+        self._stop_timeout = stop_timeout_s
+        self._group = group
         self._flow = flow
         self._forwarder = forwarder
-        self._admission = admission
-        self._commit_interval = commit_interval_s
+        self._exactly_once = forwarder.transactional
         self._on_fatal = on_fatal
+        self.owned_partitions: set[int] = set()
+        self.confirmed: dict[int, int] = {}
+        """partition -> the last offset the broker confirmed as committed."""
+        self._wanted: dict[int, int] = {}  # durable offsets not confirmed yet
+        self._asked: dict[int, int] = {}  # of those, asked for and not answered
+        self._paused_since: dict[int, float] = {}
         name = level.name
         self._m_consumed = metrics.consumed.labels(name)
+        self._m_not_append = metrics.level_mismatches.labels(name, "not_append_time")
         self._m_buffered = metrics.buffered_messages.labels(name)
         self._m_bytes = metrics.buffered_bytes.labels(name)
         self._m_paused = metrics.paused_partitions.labels(name)
@@ -142,7 +145,11 @@ class ConsumerLoop:
         return self._thread.is_alive()
 
     def owned(self) -> list[int]:
-        return sorted(self._ledger.partitions)
+        return sorted(self.owned_partitions)
+
+    def uncommitted(self) -> dict[int, int]:
+        """Offsets made durable but not yet confirmed committed (at-least-once)."""
+        return dict(self._wanted)
 
     def _new_consumer(self) -> ConsumerClient:
         """Callbacks are bound to this client: a replaced one that still reports while
@@ -247,7 +254,7 @@ class ConsumerLoop:
         self._rebuilds.append(now)
         self._m_rebuilds.inc()
         log.error("%s: consumer failed (%s); joining the group again with a new one", topic, why)
-        self._drop([TopicPartition(topic, p) for p in list(self._ledger.partitions)])
+        self._let_go(set(self.owned_partitions), commit=False)
         self._to_resume_on_assign.clear()
         self.first_assignment.clear()
         self.unassigned_since = None
@@ -282,25 +289,26 @@ class ConsumerLoop:
         if self._to_resume_on_assign:
             self._resume_fresh()
         if messages:
-            due: list[tuple[HeldRecord, float]] = []
-            ready: list[HeldRecord] = []
-            admitted = self._admit_batch(messages, due, ready)
-            if due:
-                self._scheduler.schedule_many(due)
+            admitted = self._admit_batch(messages)
             if admitted:
                 self._m_consumed.inc(admitted)
-                self._forwarder.forward_now(ready)
         if self._rewind:
             self._apply_rewinds()
-        self._producer.poll(0)
         self._resume_drained()
         now = time.monotonic()
-        if now >= next_commit:
-            self._commit(asynchronous=True)
-            next_commit = now + self._commit_interval
+        if self._exactly_once:
+            self._forwarder.group_metadata = self._consumer.consumer_group_metadata()
+        else:
+            durable = self._forwarder.take_durable()
+            if durable:
+                self._wanted.update(
+                    {p: o for p, o in durable.items() if p in self.owned_partitions}
+                )
+            if self._wanted and (durable or now >= next_commit):
+                self._commit(asynchronous=True)
+                next_commit = now + COMMIT_RETRY_S
         self._update_gauges(lag=now >= next_lag)
         if now >= next_lag:
-            self._admission.publish()
             next_lag = now + LAG_INTERVAL_S
         if (
             self.unassigned_since is not None
@@ -326,106 +334,108 @@ class ConsumerLoop:
         messages = self._consumer.consume(BATCH, 0)
         if messages:
             return messages
-        if self.paused and len(self.paused) >= len(self._ledger.partitions):
-            # Nothing can be read: wait for the acknowledgements that free the buffer
-            # and resume partitions, rather than for records.
-            self._producer.poll(POLL_TIMEOUT_S)
-            return []
+        if self.paused and len(self.paused) >= len(self.owned_partitions):
+            # Nothing can be read until the forwarder drains a partition.
+            return self._consumer.consume(1, PAUSED_POLL_S)
         return self._consumer.consume(1, POLL_TIMEOUT_S)
 
     def _shutdown(self) -> None:
-        """Runs after the loop: stop forwarding, wait for acks, commit, leave the group."""
-        self._forwarder.stop(timeout=5.0)
-        remaining = self._producer.flush(self._flush_timeout)
-        self._forwarder.publish_counts()
-        if remaining:
-            log.warning(
-                "%s: %d forwards unacknowledged at shutdown; they will be re-read",
-                self.level.topic,
-                remaining,
+        """Runs after the loop: the forwarder's last commit point, then the last commit,
+        then leave the group."""
+        self._forwarder.stop(timeout=self._stop_timeout)
+        if not self._exactly_once:
+            self._wanted.update(
+                {
+                    p: o
+                    for p, o in self._forwarder.take_durable().items()
+                    if p in self.owned_partitions
+                }
             )
-        try:
-            self._commit(asynchronous=False)
-        except KafkaException as exc:
-            log.warning(
-                "%s: final commit failed (%s); records will be re-read", self.level.topic, exc
-            )
+            try:
+                self._commit(asynchronous=False)
+            except KafkaException as exc:
+                log.warning(
+                    "%s: final commit failed (%s); records will be re-read", self.level.topic, exc
+                )
         self._consumer.close()
 
     # -- admitting records ---------------------------------------------------------
-    def _admit_batch(
-        self,
-        messages: list[Message],
-        due: list[tuple[HeldRecord, float]],
-        ready: list[HeldRecord],
-    ) -> int:
-        """Hold each record; collect those due later into `due` and those already due
-        when read into `ready`, which skip the buffer."""
+    def _admit_batch(self, messages: list[Message]) -> int:
+        """Append each record to its partition's queue while flow control admits it."""
         admitted = 0
         read_ms = int(time.time() * 1000)  # after consume() returned: after every append
+        runs: dict[int, list[Message]] = {}
+        sizes: dict[int, int] = {}
+        group, flow, paused, rewind = self._group, self._flow, self.paused, self._rewind
+        counts = group.counts
+        level_buffered = group.total_buffered
+        batch_bytes = 0
         for message in messages:
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     self.on_error(error)
                 continue
-            self.broker_down = False
-            partition, offset = message.partition(), message.offset()
-            if partition is None or offset is None:
+            partition = message.partition()
+            if partition is None or partition in paused or partition in rewind:
+                if partition is not None:
+                    rewind.setdefault(partition, message.offset() or 0)
                 continue
-            if partition in self.paused or partition in self._rewind:
-                self._rewind.setdefault(partition, offset)
-                continue
-            ledger = self._ledger.partitions.get(partition)
-            if ledger is None:
-                continue  # not ours any more; the new owner reads it
-            record = self._admission.hold(message, ledger, read_ms)
-            if not self._flow.admits(self._ledger, ledger, record.size):
+            run = runs.get(partition)
+            if run is None:
+                if partition not in self.owned_partitions:
+                    continue  # not ours any more; the new owner reads it
+                run = runs[partition] = []
+                sizes[partition] = 0
+            size = len(message) + RECORD_KEY_ALLOWANCE
+            if not flow.admits(
+                counts.get(partition, 0) + len(run), level_buffered, size, batch_bytes
+            ):
                 self._pause(partition)
-                self._rewind[partition] = offset
+                rewind[partition] = message.offset() or 0
                 continue
-            self._ledger.track(ledger, offset, record.size)
-            admitted += 1
-            if record.dead_letter is not None:
-                self._forwarder.submit(record)
-            elif record.due_ms <= read_ms:
-                ready.append(record)
-            else:
-                due.append((record, record.due_ms / 1000))
+            run.append(message)
+            sizes[partition] += size
+            level_buffered += 1
+            batch_bytes += size + RECORD_OVERHEAD
+        self.broker_down = self.broker_down and not runs
+        for partition, run in runs.items():
+            if run:
+                late = group.add(partition, run, sizes[partition], read_ms)
+                if late:
+                    self._m_not_append.inc(late)
+                admitted += len(run)
         return admitted
 
     def _pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.level.topic, partition)])
         self.paused.add(partition)
-        ledger = self._ledger.partitions.get(partition)
-        if ledger is not None and ledger.paused_since is None:
-            ledger.paused_since = time.monotonic()
+        self._paused_since.setdefault(partition, time.monotonic())
         log.debug("%s[%d] paused", self.level.topic, partition)
 
     def _apply_rewinds(self) -> None:
         rewinds, self._rewind = self._rewind, {}
         for partition, offset in rewinds.items():
-            if partition in self._ledger.partitions:
+            if partition in self.owned_partitions:
                 self._consumer.seek(TopicPartition(self.level.topic, partition, offset))
 
     def _resume_drained(self) -> None:
         if not self.paused:
             return
-        ready = []
-        for partition in self.paused:
-            ledger = self._ledger.partitions.get(partition)
-            if ledger is None or self._flow.may_resume(self._ledger, ledger):
-                ready.append(partition)
+        counts = self._group.counts
+        ready = [
+            p
+            for p in self.paused
+            if p not in self.owned_partitions or self._flow.may_resume(counts.get(p, 0))
+        ]
         if not ready:
             return
-        live = [p for p in ready if p in self._ledger.partitions]
+        live = [p for p in ready if p in self.owned_partitions]
         if live:
             self._consumer.resume([TopicPartition(self.level.topic, p) for p in live])
         for partition in ready:
             self.paused.discard(partition)
-            ledger = self._ledger.partitions.get(partition)
-            if ledger is not None:
-                ledger.paused_since = None
+            self._paused_since.pop(partition, None)
 
     # -- rebalancing ---------------------------------------------------------------
     def _guarded(
@@ -447,7 +457,8 @@ class ConsumerLoop:
 
     def _assigned(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self._ledger.assign(tp.partition)
+            self._group.assign(tp.partition)
+            self.owned_partitions.add(tp.partition)
             self.paused.discard(tp.partition)
             self._rewind.pop(tp.partition, None)
             self._to_resume_on_assign.append(tp.partition)
@@ -459,22 +470,23 @@ class ConsumerLoop:
         tps = [
             TopicPartition(self.level.topic, p)
             for p in self._to_resume_on_assign
-            if p in self._ledger.partitions and p not in self.paused
+            if p in self.owned_partitions and p not in self.paused
         ]
         self._to_resume_on_assign.clear()
         if tps:
             self._consumer.resume(tps)
 
     def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        safe = []
-        for tp in partitions:
-            ledger = self._ledger.partitions.get(tp.partition)
-            if ledger is not None:
-                offset = ledger.committable()
-                if offset is not None and offset != ledger.last_committed:
-                    safe.append(TopicPartition(self.level.topic, tp.partition, offset))
-        self._drop(partitions)
-        if safe:
+        gone = {tp.partition for tp in partitions}
+        if self._exactly_once:
+            self._forwarder.group_metadata = consumer.consumer_group_metadata()
+        durable = self._let_go(gone, commit=True)
+        safe = [
+            TopicPartition(self.level.topic, p, o)
+            for p, o in (durable or {}).items()
+            if self.confirmed.get(p) != o
+        ]
+        if safe and not self._exactly_once:
             try:
                 results = consumer.commit(offsets=safe, asynchronous=False)
                 self._count_commit(None, results)
@@ -485,34 +497,45 @@ class ConsumerLoop:
                     self.level.topic,
                     exc,
                 )
-        log.info("%s: revoked %s", self.level.topic, sorted(tp.partition for tp in partitions))
+        for partition in gone:
+            self.confirmed.pop(partition, None)
+        log.info("%s: revoked %s", self.level.topic, sorted(gone))
 
     def _lost(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        self._drop(partitions)
-        if not self._ledger.partitions and self.unassigned_since is None:
-            self.unassigned_since = time.monotonic()
-        log.warning("%s: lost %s", self.level.topic, sorted(tp.partition for tp in partitions))
-
-    def _drop(self, partitions: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in partitions}
-        ledgers = {id(ledger) for p in gone if (ledger := self._ledger.revoke(p)) is not None}
-        self._scheduler.remove_where(lambda record: id(record.ledger) in ledgers)
+        self._let_go(gone, commit=False)
+        for partition in gone:
+            self.confirmed.pop(partition, None)
+        if not self.owned_partitions and self.unassigned_since is None:
+            self.unassigned_since = time.monotonic()
+        log.warning("%s: lost %s", self.level.topic, sorted(gone))
+
+    def _let_go(self, gone: set[int], *, commit: bool) -> dict[int, int] | None:
+        """The forwarder commits (or drops) what it holds of `gone`, then they are
+        forgotten here too; returns what it made durable for them (at-least-once)."""
+        durable = self._forwarder.handover(gone, commit=commit)
+        self._group.drop(gone)
+        self.owned_partitions -= gone
         self.paused -= gone
         for partition in gone:
             self._rewind.pop(partition, None)
+            self._paused_since.pop(partition, None)
+            self._wanted.pop(partition, None)
+            self._asked.pop(partition, None)
+        return durable
 
     # -- commits and gauges --------------------------------------------------------
     def _commit(self, *, asynchronous: bool) -> None:
-        """Ask the broker to commit what is safe; the ledger moves on its confirmation.
-
-        An unconfirmed or failed commit leaves `last_committed` where it was, so the
-        same offsets are asked for again at the next interval.
-        """
-        pairs = self._ledger.to_commit()
-        if not pairs:
+        """Ask the broker to commit what the forwarder made durable; an offset counts as
+        committed only once the broker confirms it, and is asked for again otherwise."""
+        wanted = {p: o for p, o in self._wanted.items() if self.confirmed.get(p) != o}
+        self._wanted = wanted
+        ask = {p: o for p, o in wanted.items() if asynchronous is False or self._asked.get(p) != o}
+        if not ask:
             return
-        offsets = [TopicPartition(self.level.topic, p, o) for p, o in pairs]
+        offsets = [TopicPartition(self.level.topic, p, o) for p, o in ask.items()]
         if asynchronous:
+            self._asked.update(ask)
             self._consumer.commit(offsets=offsets, asynchronous=True)
         else:
             self._confirm(None, self._consumer.commit(offsets=offsets, asynchronous=False))
@@ -526,6 +549,7 @@ class ConsumerLoop:
         self, error: KafkaError | None, partitions: list[TopicPartition] | None
     ) -> None:
         if error is not None:
+            self._asked.clear()
             self._m_commit_failures.inc()
             log.warning("%s: commit failed (%s); retrying", self.level.topic, error.str())
             return
@@ -535,8 +559,14 @@ class ConsumerLoop:
             if tp.error is None and tp.topic == self.level.topic
         ]
         failed = [tp for tp in partitions or [] if tp.error is not None]
+        for partition, offset in done:
+            self.confirmed[partition] = offset
+            self._asked.pop(partition, None)
+            if self._wanted.get(partition) == offset:
+                del self._wanted[partition]
+        for tp in failed:
+            self._asked.pop(tp.partition, None)
         if done:
-            self._ledger.committed(done)
             self._m_commits.inc()
         if failed:
             self._m_commit_failures.inc()
@@ -548,18 +578,18 @@ class ConsumerLoop:
             )
 
     def _update_gauges(self, *, lag: bool) -> None:
-        self._forwarder.publish_counts()
-        ledger = self._ledger
-        self._m_buffered.set(ledger.total_buffered)
-        self._m_bytes.set(ledger.total_bytes)
+        group = self._group
+        self._m_buffered.set(group.total_buffered)
+        self._m_bytes.set(group.total_bytes)
         self._m_paused.set(len(self.paused))
-        self._m_longest_pause.set(ledger.longest_pause())
-        self._m_assigned.set(len(ledger.partitions))
+        now = time.monotonic()
+        self._m_longest_pause.set(max((now - s for s in self._paused_since.values()), default=0.0))
+        self._m_assigned.set(len(self.owned_partitions))
         if lag:
             self._m_lag.set(self._lag())
 
     def _lag(self) -> int:
-        return unread_records(self._consumer, self.level.topic, list(self._ledger.partitions))
+        return unread_records(self._consumer, self.level.topic, sorted(self.owned_partitions))
 
     def _probe_broker(self) -> None:
         try:

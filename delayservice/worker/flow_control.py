@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Final
 
-from delayservice.worker.ledger import LevelLedger, PartitionLedger
 from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
 
 RECHECK_EVERY: Final = 64
@@ -33,22 +32,27 @@ class FlowControl:
         self._room = 0  # this level's estimate of the budget's free bytes
         self._until_recheck = 0
 
-    def admits(self, level: LevelLedger, partition: PartitionLedger, size: int) -> bool:
-        if partition.buffered >= self.high_water:
+    def admits(
+        self, partition_buffered: int, level_buffered: int, size: int, unaccounted: int = 0
+    ) -> bool:
+        """Whether one more record of `size` bytes fits, its partition holding
+        `partition_buffered` and its level `level_buffered` records already, of which
+        `unaccounted` bytes (admitted from the same batch) are not in the buffer yet."""
+        if partition_buffered >= self.high_water:
             return False
         # A level holding nothing always admits one record, however large, so no level
         # can wedge behind the others: the cap may be passed by one record per level.
-        if level.total_buffered == 0:
+        if level_buffered == 0:
             return True
         cost = size + RECORD_OVERHEAD
         self._room -= cost
         self._until_recheck -= 1
         if self._room >= 0 and self._until_recheck > 0:
             return True
-        # Summing every level's ledger per record cost a sixth of the consumer thread.
-        self._room = self.budget.max_bytes - self.budget.used - cost
+        # Summing every level's holdings per record cost a sixth of the consumer thread.
+        self._room = self.budget.max_bytes - self.budget.used - unaccounted - cost
         self._until_recheck = RECHECK_EVERY
         return self._room >= 0
 
-    def may_resume(self, level: LevelLedger, partition: PartitionLedger) -> bool:
-        return partition.buffered <= self.low_water and self.budget.below_low_water()
+    def may_resume(self, partition_buffered: int) -> bool:
+        return partition_buffered <= self.low_water and self.budget.below_low_water()

@@ -41,29 +41,14 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
 from delayservice.timers.base import Scheduler
 from delayservice.worker import dead_letter as dl
+from delayservice.worker.failures import TOO_LARGE, UNKNOWN_TARGET, permanent_reason
 from delayservice.worker.ledger import LevelLedger
 from delayservice.worker.record import HeldRecord
 
 log = logging.getLogger(__name__)
 
-_TOO_LARGE = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE}
-_PERMANENT: dict[int, str] = {
-    KafkaError.UNKNOWN_TOPIC_OR_PART: dl.REASON_UNKNOWN_TOPIC,
-    KafkaError._UNKNOWN_TOPIC: dl.REASON_UNKNOWN_TOPIC,
-    KafkaError._UNKNOWN_PARTITION: dl.REASON_UNKNOWN_PARTITION,
-    KafkaError.MSG_SIZE_TOO_LARGE: dl.REASON_TOO_LARGE,
-    KafkaError.RECORD_LIST_TOO_LARGE: dl.REASON_TOO_LARGE,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED: dl.REASON_NOT_AUTHORIZED,
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED: dl.REASON_NOT_AUTHORIZED,
-    KafkaError.TOPIC_EXCEPTION: dl.REASON_INVALID_TARGET,
-    KafkaError.INVALID_RECORD: dl.REASON_REJECTED,
-    KafkaError.POLICY_VIOLATION: dl.REASON_REJECTED,
-    KafkaError.INVALID_MSG: dl.REASON_REJECTED,
-    KafkaError.INVALID_TIMESTAMP: dl.REASON_REJECTED,
-    KafkaError.INVALID_REQUIRED_ACKS: dl.REASON_REJECTED,
-    KafkaError._INVALID_ARG: dl.REASON_REJECTED,
-}
-_UNKNOWN = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+_TOO_LARGE = TOO_LARGE
+_UNKNOWN = UNKNOWN_TARGET
 QUEUE_FULL_WAIT_S: Final = 1.0
 """How long a send waits for room in the producer's queue before handing its records back."""
 _ACK_MEMORY: Final = 10_000
@@ -77,11 +62,6 @@ def _confirmed(msg: Message) -> bool:
     """Whether a successful delivery report carries the offset the broker assigned."""
     offset = msg.offset()
     return offset is not None and offset >= 0
-
-
-def permanent_reason(error: KafkaError) -> str | None:
-    """The dead-letter reason for an error no retry can fix, else None."""
-    return _PERMANENT.get(error.code())
 
 
 class QueueFullError(DelayServiceError):
@@ -394,7 +374,10 @@ class Forwarder:
         """Fold delivery outcomes into the metrics in batches, off the per-ack path.
 
         Called from the consumer thread only, the single reader of the lateness queue.
+        It serves the producer's delivery reports too: this forwarder's producer is its
+        own, and nothing else polls it between sends.
         """
+        self._producer.poll(0)
         lateness = self._lateness
         if lateness:
             popped = [lateness.popleft() for _ in range(len(lateness))]

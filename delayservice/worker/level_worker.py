@@ -9,25 +9,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from delayservice.kafka import client_config
-from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
+from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
-from delayservice.timers.base import Scheduler
-from delayservice.timers.factory import make_scheduler
-from delayservice.worker.admission import Admission
 from delayservice.worker.consumer_loop import ConsumerLoop
 from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.level_forwarder import LevelForwarder, Routes
 from delayservice.worker.memory_budget import MemoryBudget
-from delayservice.worker.record import HeldRecord
+from delayservice.worker.partition_group import PartitionGroup
 
 log = logging.getLogger(__name__)
+
+
+def transactional_id(settings: Settings, level: Level) -> str:
+    """Stable per instance and level: a restarted instance fences its predecessor."""
+    return f"{settings.group_id}-{settings.instance_name}-{level.topic}"
 
 
 class LevelWorker:
@@ -38,42 +39,66 @@ class LevelWorker:
         metrics: ServiceMetrics,
         budget: MemoryBudget,
         on_fatal: Callable[[str], None],
-        producer: ProducerClient,
-        targets: TargetTopics,
+        make_producer: Callable[[dict[str, Any]], Any] = Producer,
     ) -> None:
-        """`producer` and `targets` (its metadata cache) are the process's, shared by
-        every level."""
+        """Each level has its own producer: a commit point flushes (or commits the
+        transaction of) exactly what this level sent."""
         self.level = level
-        self.ledger = LevelLedger(budget)
-        self.scheduler: Scheduler[HeldRecord] = make_scheduler(settings.scheduler, clock=time.time)
+        self.group = PartitionGroup(level.delay_ms, time.time)
+        budget.register(self.group)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
-        self.producer = producer
-        self.forwarder = Forwarder.configured(
-            level, self.scheduler, self.ledger, producer, targets, settings, metrics, on_fatal
+        exactly_once = settings.guarantee == "exactly-once"
+        levels = settings.level_set()
+        previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
+        routes = Routes(
+            levels,
+            settings.precise_topic if settings.precise else None,
+            settings.dead_letter_topic,
+            settings.internal_topics(),
+            previous,
         )
-        group = f"{settings.group_id}-{level.topic}"
+        forwarder_box: list[LevelForwarder] = []
+
+        def on_report(error: Any, message: Any) -> None:
+            forwarder_box[0].on_report(error, message)
+
+        config = client_config.level_producer(
+            settings, client_id, transactional_id(settings, level) if exactly_once else None
+        )
+        self.producer = make_producer({**config, "on_delivery": on_report})
+        interval = settings.commit_interval()
+        self.forwarder = LevelForwarder(
+            level,
+            self.group,
+            self.producer,
+            TargetTopics(self.producer),
+            routes,
+            metrics,
+            on_fatal,
+            transactional=exactly_once,
+            commit_interval_s=interval,
+            flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
+            backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),
+            give_up_s=settings.retry_give_up_s,
+        )
+        forwarder_box.append(self.forwarder)
+        group_id = f"{settings.group_id}-{level.topic}"
         instance_id = f"{settings.instance_name}-{level.topic}"
 
         def make_consumer(callbacks: dict[str, Any]) -> ConsumerClient:
-            config = client_config.consumer(settings, group, client_id, instance_id)
+            config = client_config.consumer(settings, group_id, client_id, instance_id)
             return Consumer({**config, **callbacks})
 
-        levels = settings.level_set()
-        previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
         self.loop = ConsumerLoop(
             level,
             make_consumer,
-            self.producer,
-            self.scheduler,
-            self.ledger,
+            self.group,
             FlowControl(settings.pause_high_water, settings.pause_low_water, budget),
             self.forwarder,
-            Admission(level, previous, levels.max_delay_ms, settings.internal_topics(), metrics),
             metrics,
-            settings.commit_interval_s,
-            flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
             on_fatal=on_fatal,
             rejoin_timeout_s=max(10.0, 2 * settings.session_timeout_s),
+            stop_timeout_s=max(1.0, settings.shutdown_timeout_s - 5.0),
         )
         metrics.level_delay.labels(level.name, level.topic).set(level.delay_ms / 1000)
 

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
 from delayservice.kafka.target_topics import TargetTopics
-from delayservice.levels import Level
+from delayservice.levels import Level, LevelSet
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.timers.factory import make_scheduler
 from delayservice.worker.admission import Admission
@@ -45,7 +45,9 @@ from delayservice.worker.consumer_loop import ConsumerLoop
 from delayservice.worker.flow_control import FlowControl
 from delayservice.worker.forwarder import Forwarder
 from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.level_forwarder import LevelForwarder, Routes
 from delayservice.worker.memory_budget import MemoryBudget
+from delayservice.worker.partition_group import PartitionGroup
 
 LEVEL_TOPIC = "delay_topic_2"
 LEVEL = Level(2, 5_000, LEVEL_TOPIC)
@@ -272,6 +274,9 @@ class FakeConsumer:
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         return SimpleNamespace(topics={self.topic: SimpleNamespace(partitions={}, error=None)})
 
+    def consumer_group_metadata(self) -> Any:
+        return ("group-metadata", self.topic)
+
     def close(self) -> None:
         self.closed = True
 
@@ -378,7 +383,21 @@ class FakeProducer:
         self,
         topics: dict[str, int] | None = None,
         clock: FakeClock | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
+        self.config = dict(config or {})
+        self.dr_cb: Callable[[Any, Any], None] | None = self.config.get("on_delivery")
+        self.only_error = bool(self.config.get("delivery.report.only.error"))
+        self.transactional = "transactional.id" in self.config
+        self.txn_open = False
+        self.txn_inits = 0
+        self.txn_sent: list[Sent] = []  # produced inside the open transaction
+        self.committed_txns: list[tuple[list[Sent], list[tuple[int, int]]]] = []
+        self.aborted: list[Sent] = []
+        self.txn_offsets: list[tuple[int, int]] = []
+        self.commit_txn_raises: KafkaException | None = None
+        self.send_offsets_raises: KafkaException | None = None
+        self.flush_leaves: int = 0  # reports a flush leaves unserved (a flush timeout)
         self.topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
         self.clock = clock
         self.sent: list[Sent] = []
@@ -420,9 +439,58 @@ class FakeProducer:
         if self.on_produce is not None:
             self.on_produce(sent)
         with self._cond:
+            if self.transactional:
+                assert self.txn_open, "produce outside a transaction"
+                self.txn_sent.append(sent)
             self.sent.append(sent)
             self._pending.append(sent)
             self._cond.notify_all()
+
+    # -- transactions --------------------------------------------------------------------
+    def init_transactions(self, timeout: float = -1) -> None:
+        self.txn_inits += 1
+
+    def begin_transaction(self) -> None:
+        assert self.txn_inits, "begin before init_transactions"
+        assert not self.txn_open, "a transaction is open already"
+        self.txn_open = True
+
+    def send_offsets_to_transaction(
+        self, offsets: list[TopicPartition], metadata: Any, timeout: float = -1
+    ) -> None:
+        assert self.txn_open
+        assert metadata is not None
+        if self.send_offsets_raises is not None:
+            raise self.send_offsets_raises
+        self.txn_offsets = [(tp.partition, tp.offset) for tp in offsets]
+
+    def commit_transaction(self, timeout: float = -1) -> None:
+        assert self.txn_open
+        self.flush()
+        if self.commit_txn_raises is not None:
+            raise self.commit_txn_raises
+        failed = [s for s in self.txn_sent if s.result is not None]
+        if failed:
+            raise KafkaException(
+                KafkaError(KafkaError._INCONSISTENT, "a delivery failed", txn_requires_abort=True)
+            )
+        self.committed_txns.append((self.txn_sent, self.txn_offsets))
+        self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
+
+    def abort_transaction(self, timeout: float = -1) -> None:
+        assert self.txn_open
+        with self._cond:
+            self._pending.clear()
+        self.aborted.extend(self.txn_sent)
+        self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
+
+    def visible(self, topic: str | None = None) -> list[Sent]:
+        """What a read_committed reader of `topic` sees, in order."""
+        if self.transactional:
+            out = [s for sent, _ in self.committed_txns for s in sent]
+        else:
+            out = [s for s in self.reports if s.result is None]
+        return [s for s in out if topic is None or s.topic == topic]
 
     def poll(self, timeout: float = 0) -> int:
         served = 0 if self.hold_reports else self._serve(None)
@@ -436,7 +504,9 @@ class FakeProducer:
 
     def flush(self, timeout: float = -1) -> int:
         if not self.hold_reports:
-            self._serve(None)
+            with self._cond:
+                keep = min(self.flush_leaves, len(self._pending))
+            self._serve(None if not keep else self.pending - keep)
         with self._cond:
             return len(self._pending)
 
@@ -503,8 +573,9 @@ class FakeProducer:
             )
             with self._cond:
                 self.reports.append(sent)
-            if sent.on_delivery is not None:
-                sent.on_delivery(sent.result, report)
+            callback = sent.on_delivery or self.dr_cb
+            if callback is not None and not (self.only_error and sent.result is None):
+                callback(sent.result, report)
             served += 1
         return served
 
@@ -515,20 +586,14 @@ def kafka_error(code: int, *, retriable: bool = False, fatal: bool = False) -> K
 
 # -- the rig ------------------------------------------------------------------------
 @dataclass
-class Rig:
+class _Fakes:
+    """What every rig has: the fake clients, the metrics and the clock."""
+
     registry: CollectorRegistry
     metrics: ServiceMetrics
     clock: FakeClock | None
     consumer: FakeConsumer
     producer: FakeProducer
-    scheduler: Any
-    budget: MemoryBudget
-    ledger: LevelLedger
-    flow: FlowControl
-    admission: Admission
-    forwarder: Forwarder
-    loop: ConsumerLoop
-    fatal: list[str]
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, {"level": LEVEL.name, **labels})
@@ -536,6 +601,19 @@ class Rig:
 
     def now_ms(self) -> int:
         return self.clock.ms() if self.clock is not None else int(time.time() * 1000)
+
+
+@dataclass
+class Rig(_Fakes):
+    """The per-record forwarder (precise mode's) on fakes."""
+
+    scheduler: Any
+    budget: MemoryBudget
+    ledger: LevelLedger
+    flow: FlowControl
+    admission: Admission
+    forwarder: Forwarder
+    fatal: list[str]
 
 
 def make_rig(
@@ -575,23 +653,93 @@ def make_rig(
     admission = Admission(
         LEVEL, PREVIOUS_DELAY_MS, MAX_DELAY_MS, frozenset({LEVEL_TOPIC, DLQ}), metrics
     )
-    loop = ConsumerLoop(
-        LEVEL,
-        consumer.make,
-        producer,
-        scheduler,
-        ledger,
-        flow,
-        forwarder,
-        admission,
-        metrics,
-        commit_interval_s,
-        flush_timeout_s=1.0,
-        on_fatal=fatal.append,
-    )
     return Rig(
         registry, metrics, clock, consumer, producer, scheduler, budget, ledger, flow,
-        admission, forwarder, loop, fatal,
+        admission, forwarder, fatal,
+    )  # fmt: skip
+
+
+# -- the level worker's rig -----------------------------------------------------------
+@dataclass
+class LevelRig(_Fakes):
+    """A level worker (consumer loop, partition group, forwarder) on fakes."""
+
+    group: PartitionGroup
+    budget: MemoryBudget
+    flow: FlowControl
+    forwarder: LevelForwarder
+    loop: ConsumerLoop
+    fatal: list[str]
+
+
+LEVELS = LevelSet([PREVIOUS_DELAY_MS, LEVEL.delay_ms, 20_000, MAX_DELAY_MS], "delay_topic_")
+
+
+def make_level_rig(
+    *,
+    clock: FakeClock | None = None,
+    exactly_once: bool = False,
+    high_water: int = 1_000,
+    low_water: int = 10,
+    max_bytes: int = 2**40,
+    backoff: tuple[float, float] = (1.0, 8.0),
+    give_up_s: float = 60.0,
+    commit_interval_s: float = 1.0,
+    topics: dict[str, int] | None = None,
+    precise_topic: str | None = None,
+) -> LevelRig:
+    """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it."""
+    registry = CollectorRegistry()
+    metrics = ServiceMetrics(registry)
+    consumer = FakeConsumer()
+    box: list[LevelForwarder] = []
+    config: dict[str, Any] = {
+        "delivery.report.only.error": True,
+        "on_delivery": lambda error, msg: box[0].on_report(error, msg),  # noqa: PLW0108  # bound later
+    }
+    if exactly_once:
+        config["transactional.id"] = "delayservice-test-delay_topic_2"
+    all_topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
+    for level in LEVELS:
+        all_topics.setdefault(level.topic, 3)
+    if precise_topic is not None:
+        all_topics.setdefault(precise_topic, 3)
+    producer = FakeProducer(all_topics, clock, config)
+    group = PartitionGroup(LEVEL.delay_ms, clock.time if clock is not None else time.time)
+    budget = MemoryBudget(max_bytes)
+    budget.register(group)
+    flow = FlowControl(high_water, low_water, budget)
+    fatal: list[str] = []
+    routes = Routes(
+        LEVELS,
+        precise_topic,
+        DLQ,
+        frozenset({*(lv.topic for lv in LEVELS), DLQ}),
+        PREVIOUS_DELAY_MS,
+    )
+    forwarder = LevelForwarder(
+        LEVEL,
+        group,
+        producer,
+        TargetTopics(producer),
+        routes,
+        metrics,
+        fatal.append,
+        transactional=exactly_once,
+        commit_interval_s=commit_interval_s,
+        flush_timeout_s=1.0,
+        backoff=backoff,
+        give_up_s=give_up_s,
+        clock=clock if clock is not None else time,
+    )
+    box.append(forwarder)
+    loop = ConsumerLoop(
+        LEVEL, consumer.make, group, flow, forwarder, metrics, on_fatal=fatal.append,
+        stop_timeout_s=2.0,
+    )  # fmt: skip
+    return LevelRig(
+        registry, metrics, clock, consumer, producer, group, budget, flow, forwarder, loop,
+        fatal,
     )  # fmt: skip
 
 

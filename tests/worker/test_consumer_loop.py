@@ -1,10 +1,11 @@
-"""The consumer loop on fakes: due times, seek-back, rebalances, commits, stops, bad input.
+"""The level worker on fakes: due times, seek-back, rebalances, commits, stops, bad input.
 
-Most tests drive one loop iteration at a time from the test's thread, the way the
-loop's own thread would (rebalance callbacks and commit results are served from inside
-the fake's consume(), as librdkafka serves them from poll), with a fake clock patched
-into the forwarder, admission and dead-letter modules. `try_drain` stands in for the
-forwarder thread. The last tests start both threads and wait on conditions.
+Most tests drive one pass of each thread at a time from the test's thread: `step` is
+one iteration of the consumer loop (rebalance callbacks and commit results are served
+from inside the fake's consume(), as librdkafka serves them from poll), `forward` one
+pass of the forwarder (`commit=True` makes it a commit point). A fake clock drives the
+buffer, the forwarder and the loop. The last tests start both threads and wait on
+conditions.
 """
 
 from __future__ import annotations
@@ -14,23 +15,20 @@ import time
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
-from delayservice.worker import admission as admission_module
 from delayservice.worker import consumer_loop as consumer_loop_module
 from delayservice.worker import dead_letter as dead_letter_module
-from delayservice.worker import forwarder as forwarder_module
 from tests.worker.fakes import (
     DLQ,
     LEVEL,
     LEVEL_TOPIC,
-    MAX_DELAY_MS,
     TARGET,
     ErrorTopicPartition,
     FakeClock,
-    Rig,
+    LevelRig,
     Sent,
     envelope_headers,
     kafka_error,
-    make_rig,
+    make_level_rig,
     message,
     wait_for,
 )
@@ -42,12 +40,12 @@ DELAY = LEVEL.delay_ms
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
-    for module in (forwarder_module, admission_module, dead_letter_module, consumer_loop_module):
+    for module in (dead_letter_module, consumer_loop_module):
         monkeypatch.setattr(module, "time", clock)
     return clock
 
 
-def subscribed(rig: Rig) -> Rig:
+def subscribed(rig: LevelRig) -> LevelRig:
     """Subscribe as the loop's thread does before its first iteration."""
     rig.loop._subscribe()
     rig.consumer.blocking = False
@@ -55,22 +53,31 @@ def subscribed(rig: Rig) -> Rig:
 
 
 @pytest.fixture
-def rig(clock: FakeClock) -> Rig:
-    return subscribed(make_rig(clock=clock))
+def rig(clock: FakeClock) -> LevelRig:
+    return subscribed(make_level_rig(clock=clock))
 
 
-def step(rig: Rig, *, commit: bool = False) -> None:
-    """One pass of the loop; commits only when asked."""
+def step(rig: LevelRig, *, commit: bool = False) -> None:
+    """One pass of the consumer loop; `commit`: a commit is due (a retry of one)."""
     rig.loop._iteration(0.0 if commit else INF, INF, INF)
 
 
-def forward(rig: Rig) -> None:
-    """What the forwarder thread does when woken."""
-    rig.forwarder.try_drain()
+def forward(rig: LevelRig, *, commit: bool = False) -> None:
+    """One pass of the forwarder thread; a commit point when `commit`."""
+    rig.forwarder.step(commit=commit)
+
+
+def cycle(rig: LevelRig, times: int = 1) -> None:
+    """Read, forward and commit, and let the commit's confirmation come back."""
+    for _ in range(times):
+        step(rig)
+        forward(rig, commit=True)
+        step(rig)
+        step(rig)
 
 
 def append(
-    rig: Rig, partition: int, count: int = 1, *, age_ms: int = DELAY, **kwargs: object
+    rig: LevelRig, partition: int, count: int = 1, *, age_ms: int = DELAY, **kwargs: object
 ) -> list[int]:
     """Append records to the fake log; by default each is due at once."""
     first = rig.consumer.next_offset(partition)
@@ -85,79 +92,116 @@ def ids(sent: list[Sent]) -> list[str]:
     return [s.delay_id or "" for s in sent]
 
 
-def forwarded(rig: Rig) -> list[str]:
-    return [s.delay_id or "" for s in rig.producer.reports if s.topic == TARGET and not s.result]
+def forwarded(rig: LevelRig) -> list[str]:
+    """Ids a reader of the target sees (read_committed in exactly-once)."""
+    return ids(rig.producer.visible(TARGET))
 
 
-def dead(rig: Rig) -> dict[int, str]:
-    """origin offset -> reason, of acknowledged dead letters."""
+def dead(rig: LevelRig) -> dict[int, str]:
+    """origin offset -> reason, of dead letters a reader sees."""
     return {
         int(s.header("dlq-origin-offset")): s.header("dlq-reason").decode()
-        for s in rig.producer.reports
-        if s.topic == DLQ and s.result is None
+        for s in rig.producer.visible(DLQ)
     }
 
 
-def async_commits(rig: Rig) -> list[list[tuple[int, int]]]:
+def async_commits(rig: LevelRig) -> list[list[tuple[int, int]]]:
     return [offsets for asynchronous, offsets in rig.consumer.commits if asynchronous]
 
 
-def sync_commits(rig: Rig) -> list[list[tuple[int, int]]]:
+def sync_commits(rig: LevelRig) -> list[list[tuple[int, int]]]:
     return [offsets for asynchronous, offsets in rig.consumer.commits if not asynchronous]
 
 
 # -- due times ---------------------------------------------------------------------------
-def test_records_are_held_to_their_due_time_and_committed_only_once_acked(rig, clock):
+def test_records_are_held_to_their_due_time_and_committed_only_once_flushed(rig, clock):
     rig.consumer.queue_rebalance("assign", 0, 1)
     append(rig, 0, 2, age_ms=0)
     append(rig, 1, 1, age_ms=0)
-    rig.producer.hold_reports = True
-    step(rig, commit=True)
+    step(rig)
     assert rig.loop.first_assignment.is_set()
     assert rig.loop.owned() == [0, 1]
     assert rig.metric("delayservice_consumed_total") == 3
-    assert rig.ledger.total_buffered == 3
+    assert rig.group.total_buffered == 3
 
     clock.advance(DELAY / 1000 - 0.001)
     forward(rig)
     step(rig)
     assert rig.producer.attempts == []
     clock.advance(0.001)
+    rig.producer.hold_reports = True
     forward(rig)
     assert sorted(ids(rig.producer.to(TARGET))) == ["id-0-0", "id-0-1", "id-1-0"]
     assert all(s.at * 1000 >= int(s.header("delay-due-ms")) for s in rig.producer.sent)
+    assert all(s.on_delivery is None for s in rig.producer.sent)  # no callback per record
 
-    step(rig, commit=True)  # forwarded but not acknowledged: nothing new to commit
-    assert all(offsets in ([(0, 0), (1, 0)], []) for offsets in async_commits(rig))
-    rig.producer.deliver()
-    step(rig, commit=True)
+    forward(rig, commit=True)  # the flush times out: nothing is durable yet
+    step(rig)
+    assert async_commits(rig) == []
+    assert rig.metric("delayservice_commit_failures_total") >= 1
+    rig.producer.hold_reports = False
+    forward(rig, commit=True)
+    step(rig)
     assert async_commits(rig)[-1] == [(0, 2), (1, 1)]
     step(rig)  # the broker's confirmation is served from consume()
-    assert rig.ledger.to_commit() == []
+    assert rig.loop.confirmed == {0: 2, 1: 1}
     assert rig.metric("delayservice_commits_total") >= 1
+    assert rig.metric("delayservice_forwarded_total") == 3
     assert rig.consumer.committed == {0: 2, 1: 1}
 
 
-def test_an_envelope_asking_more_than_its_level_is_held_to_its_own_delay(rig, clock):
+def test_a_record_is_never_sent_before_its_due_time_whatever_its_neighbours(rig, clock):
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, age_ms=DELAY - 100)
+    append(rig, 1, age_ms=DELAY - 50)
+    step(rig)
+    assert rig.group.next_due_ms() == clock.ms() + 50
+    forward(rig)
+    assert rig.producer.sent == []
+    clock.advance(0.05)
+    forward(rig)
+    assert ids(rig.producer.sent) == ["id-1-0"]
+    clock.advance(0.05)
+    forward(rig)
+    assert ids(rig.producer.sent) == ["id-1-0", "id-0-0"]
+
+
+def test_an_envelope_asking_more_than_its_level_is_re_published_where_it_fits(rig, clock):
     rig.consumer.queue_rebalance("assign", 0)
     append_ms = clock.ms()
     append(rig, 0, age_ms=0, headers=envelope_headers(message_id="long", delay_ms=30_000))
     append(rig, 0, age_ms=0, headers=envelope_headers(message_id="huge", delay_ms=120_000))
+    append(rig, 0, age_ms=0)
+    step(rig)
+    clock.advance(DELAY / 1000)
+    forward(rig, commit=True)
     step(rig)
     assert rig.metric("delayservice_level_mismatches_total", kind="delay_above_level") == 1
     assert dead(rig) == {1: "delay_out_of_range"}  # above the top level: never held early
+    assert forwarded(rig) == ["id-0-2"]  # the partition moved on
+    (copy,) = rig.producer.to("delay_topic_4")  # 25 s remain: the 60 s level holds them
+    assert copy.header("delay-due-ms") == str(append_ms + 30_000).encode()
+    assert copy.header("delay-id") == b"long"
+    assert int(copy.header("delay-ms")) == 30_000 - DELAY
+    assert async_commits(rig)[-1] == [(0, 3)]
 
-    clock.advance(DELAY / 1000)  # the level's own delay is not enough
-    forward(rig)
-    clock.advance(30 - DELAY / 1000 - 0.001)
-    forward(rig)
-    assert rig.producer.to(TARGET) == []
-    clock.advance(0.001)
-    forward(rig)
-    (sent,) = rig.producer.to(TARGET)
-    assert sent.header("delay-due-ms") == str(append_ms + 30_000).encode()
-    assert sent.at * 1000 >= append_ms + 30_000
-    assert MAX_DELAY_MS < 120_000
+
+def test_a_re_published_record_goes_to_the_precise_topic_when_precise_mode_runs(clock):
+    rig = subscribed(make_level_rig(clock=clock, precise_topic="delay_precise"))
+    rig.consumer.queue_rebalance("assign", 0)
+    due = clock.ms() + 12_345
+    append(
+        rig,
+        0,
+        age_ms=0,
+        headers=[*envelope_headers(message_id="x"), ("delay-due-ms", str(due).encode())],
+    )
+    step(rig)
+    clock.advance(DELAY / 1000)
+    forward(rig, commit=True)
+    (copy,) = rig.producer.to("delay_precise")
+    assert copy.header("delay-due-ms") == str(due).encode()
+    assert clock.ms() + int(copy.header("delay-ms")) == due
 
 
 def test_a_create_time_record_is_due_a_level_after_it_was_read(rig, clock):
@@ -179,87 +223,78 @@ def test_a_create_time_record_is_due_a_level_after_it_was_read(rig, clock):
 
 # -- flow control ------------------------------------------------------------------------
 def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_draining(clock):
-    rig = subscribed(make_rig(clock=clock, high_water=3, low_water=1))
+    rig = subscribed(make_level_rig(clock=clock, high_water=3, low_water=1))
     rig.consumer.queue_rebalance("assign", 0, 1)
-    append(rig, 0, 6)
-    append(rig, 1, 1)
-    rig.producer.hold_reports = True
+    append(rig, 0, 6, age_ms=0)
+    append(rig, 1, 1, age_ms=0)
     step(rig)
     assert rig.consumer.pauses == [[0]]
     assert rig.consumer.seeks == [(0, 3)]  # back to the refused record
     assert rig.loop.paused == {0}
-    assert rig.ledger.partitions[0].buffered == 3
-    assert rig.ledger.partitions[1].buffered == 1
-
+    assert rig.group.counts == {0: 3, 1: 1}
     step(rig)
-    assert rig.ledger.partitions[0].next_offset == 3  # nothing read while paused
-    rig.producer.deliver(1)
-    step(rig)
-    assert rig.loop.paused == {0}  # 2 buffered: above the low-water mark
+    assert rig.group.counts[0] == 3  # nothing read while paused
     assert rig.consumer.resumes == [[0, 1]]  # only the resume of the fresh assignment
-    rig.producer.deliver(1)
+
+    clock.advance(DELAY / 1000)
+    forward(rig)
     step(rig)
     assert rig.loop.paused == set()
     assert rig.consumer.resumes[-1] == [0]
-
-    for _ in range(10):
+    for _ in range(4):
         step(rig)
         forward(rig)
-        rig.producer.deliver()
     # Every record once, in order, none skipped by the pause.
+    forward(rig, commit=True)
+    step(rig)
     assert [i for i in forwarded(rig) if i.startswith("id-0-")] == [f"id-0-{o}" for o in range(6)]
-    step(rig, commit=True)
-    assert async_commits(rig)[-1] == [(0, 6), (1, 1)]
-    assert len(rig.consumer.pauses) >= 2  # the second batch filled it again
+    step(rig)
+    assert rig.consumer.committed == {0: 6, 1: 1}
 
 
 def test_the_memory_budget_pauses_too_and_an_empty_level_still_takes_one_record(clock):
-    rig = subscribed(make_rig(clock=clock, max_bytes=4096))
+    rig = subscribed(make_level_rig(clock=clock, max_bytes=4096))
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 3, value=b"x" * 3000)
-    rig.producer.hold_reports = True
     step(rig)
-    assert rig.ledger.partitions[0].buffered == 1  # one oversized record is let in
+    assert rig.group.counts[0] == 1  # one oversized record is let in
     assert rig.consumer.seeks == [(0, 1)]
-    rig.producer.deliver()
     for _ in range(6):
+        forward(rig)
         step(rig)
-        rig.producer.deliver()
+    forward(rig, commit=True)
     assert forwarded(rig) == ["id-0-0", "id-0-1", "id-0-2"]
     assert rig.budget.used == 0
 
 
 # -- rebalancing -------------------------------------------------------------------------
-def prepare_two_partitions(rig: Rig) -> None:
-    """p0: offset 0 acknowledged, 1 in flight, 2 not yet due; p1: offset 0 not yet due."""
+def prepare_two_partitions(rig: LevelRig) -> None:
+    """p0: offsets 0 and 1 sent in the open interval, 2 not yet due; p1: 0 not yet due."""
     rig.consumer.queue_rebalance("assign", 0, 1)
     append(rig, 0, 2)
     append(rig, 0, age_ms=0)
     append(rig, 1, age_ms=0)
-    rig.producer.hold_reports = True
     step(rig)
+    forward(rig)
     assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1"]
-    rig.producer.deliver(1)
-    assert rig.ledger.partitions[0].committable() == 1
+    assert rig.consumer.commits == []
 
 
-def test_a_revoke_drops_the_partition_commits_what_is_safe_and_ignores_late_reports(rig, clock):
+def test_a_revoke_mid_interval_flushes_commits_what_was_sent_and_drops_the_rest(rig, clock):
     prepare_two_partitions(rig)
+    rig.producer.hold_reports = True
     rig.consumer.queue_rebalance("revoke", 0)
+    rig.producer.hold_reports = False
     step(rig)
-    assert sync_commits(rig) == [[(0, 1)]]  # synchronously, only the safe offset
+    assert sync_commits(rig) == [[(0, 2)]]  # synchronously, what the flush made durable
     assert async_commits(rig) == []
     assert rig.loop.owned() == [1]
-    assert len(rig.scheduler) == 1  # p0's not-yet-due record is gone from the buffer
-    assert rig.ledger.total_buffered == 1
+    assert rig.group.total_buffered == 1  # p0's not-yet-due record is gone from the buffer
 
-    rig.producer.deliver()  # the in-flight record's ack arrives after the revoke
-    assert rig.ledger.total_buffered == 1
     clock.advance(DELAY / 1000)
-    forward(rig)
-    rig.producer.deliver()
-    assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1", "id-1-0"]
-    step(rig, commit=True)
+    forward(rig, commit=True)
+    step(rig)
+    assert forwarded(rig) == ["id-0-0", "id-0-1", "id-1-0"]
     assert async_commits(rig) == [[(1, 1)]]
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
 
@@ -281,11 +316,11 @@ def test_a_failed_commit_on_revoke_is_counted_and_survived(rig, failure):
         )
     rig.consumer.queue_rebalance("revoke", 0)
     step(rig)
-    assert sync_commits(rig) == [[(0, 1)]]
+    assert sync_commits(rig) == [[(0, 2)]]
     assert rig.consumer.committed == {}
     assert rig.loop.owned() == [1]
     assert rig.metric("delayservice_commit_failures_total") == 1
-    assert rig.metric("delayservice_commits_total") == 0
+    assert rig.metric("delayservice_commits_total") == 1  # the forwarder's commit point
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
 
 
@@ -295,19 +330,15 @@ def test_a_lost_partition_is_dropped_without_a_commit(rig, clock):
     step(rig)
     assert rig.consumer.commits == []
     assert rig.loop.owned() == [1]
-    assert len(rig.scheduler) == 1
-    rig.producer.deliver()  # late ack of p0's in-flight record
-    assert rig.ledger.total_buffered == 1
+    assert rig.group.total_buffered == 1
     clock.advance(DELAY / 1000)
-    forward(rig)
-    assert ids(rig.producer.to(TARGET)) == ["id-0-0", "id-0-1", "id-1-0"]
-    rig.producer.deliver()
-    step(rig, commit=True)
+    forward(rig, commit=True)
+    step(rig)
     assert [p for offsets in async_commits(rig) for p, _o in offsets] == [1]
 
 
 def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause(clock):
-    rig = subscribed(make_rig(clock=clock, high_water=2, low_water=0))
+    rig = subscribed(make_level_rig(clock=clock, high_water=2, low_water=0))
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 4, age_ms=0)
     step(rig)
@@ -320,47 +351,45 @@ def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause
     step(rig)
     step(rig)
     assert rig.consumer.paused == {0}  # filled up again, from the committed offset
-    assert rig.ledger.partitions[0].buffered == 2
-    assert rig.ledger.partitions[0].next_offset == 2
+    assert rig.group.counts[0] == 2
     assert [0] in rig.consumer.resumes
 
 
 # -- commit results -----------------------------------------------------------------------
-def settled_on_two_partitions(rig: Rig) -> None:
+def sent_on_two_partitions(rig: LevelRig) -> None:
     rig.consumer.queue_rebalance("assign", 0, 1)
     append(rig, 0, 2)
     append(rig, 1, 1)
     step(rig)
-    assert rig.ledger.total_buffered == 0
+    forward(rig, commit=True)
 
 
 def test_a_confirmed_commit_counts_and_is_not_asked_again(rig):
-    settled_on_two_partitions(rig)
-    step(rig, commit=True)
+    sent_on_two_partitions(rig)
     step(rig)
-    assert rig.metric("delayservice_commits_total") == 1
+    step(rig)
+    assert rig.metric("delayservice_commits_total") == 2  # the commit point and the commit
     assert rig.metric("delayservice_commit_failures_total") == 0
-    step(rig, commit=True)
+    step(rig)
     assert async_commits(rig) == [[(0, 2), (1, 1)]]
 
 
-def test_a_commit_failing_as_a_whole_counts_nothing_and_is_asked_again(rig):
-    settled_on_two_partitions(rig)
+def test_a_commit_failing_as_a_whole_counts_nothing_and_is_asked_again(rig, clock):
+    sent_on_two_partitions(rig)
     rig.consumer.commit_outcome = lambda offsets: (
         kafka_error(KafkaError.REBALANCE_IN_PROGRESS),
         list(offsets),
     )
-    step(rig, commit=True)
+    step(rig)
     step(rig)
     assert rig.metric("delayservice_commit_failures_total") == 1
-    assert rig.metric("delayservice_commits_total") == 0
-    assert rig.ledger.to_commit() == [(0, 2), (1, 1)]
+    assert rig.consumer.committed == {}
     step(rig, commit=True)
     assert async_commits(rig) == [[(0, 2), (1, 1)], [(0, 2), (1, 1)]]
 
 
-def test_a_partition_failing_in_a_commit_is_asked_again_alone(rig):
-    settled_on_two_partitions(rig)
+def test_a_partition_failing_in_a_commit_is_asked_again_alone(rig, clock):
+    sent_on_two_partitions(rig)
 
     def half(offsets):
         return None, [
@@ -373,9 +402,8 @@ def test_a_partition_failing_in_a_commit_is_asked_again_alone(rig):
         ]
 
     rig.consumer.commit_outcome = half
-    step(rig, commit=True)
     step(rig)
-    assert rig.metric("delayservice_commits_total") == 1
+    step(rig)
     assert rig.metric("delayservice_commit_failures_total") == 1
     step(rig, commit=True)
     assert async_commits(rig)[-1] == [(1, 1)]
@@ -443,15 +471,13 @@ def test_hostile_headers_never_stop_the_loop_and_every_offset_commits(rig):
             expected[offset] = outcome
         else:
             good.append(offset)
-    for _ in range(3):
-        step(rig)
-        forward(rig)
-    step(rig, commit=True)
+    cycle(rig, 3)
 
     assert dead(rig) == expected
     assert len(forwarded(rig)) == len(good)
     assert async_commits(rig)[-1] == [(0, 2 * len(HOSTILE))]
-    assert rig.ledger.total_buffered == 0
+    assert rig.group.total_buffered == 0
+    assert rig.metric("delayservice_dead_lettered_total", reason="invalid_envelope") == 15
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
     assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 0
 
@@ -464,37 +490,40 @@ def test_an_unexpected_produce_exception_dead_letters_that_record_and_the_loop_g
     rig.producer.on_produce = on_produce
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 3)
-    step(rig)
+    cycle(rig)
     append(rig, 0, 2)
-    step(rig, commit=True)
+    cycle(rig)
     assert forwarded(rig) == ["id-0-0", "id-0-2", "id-0-3", "id-0-4"]
     assert dead(rig) == {1: "internal_error"}
     assert async_commits(rig)[-1] == [(0, 5)]
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
 
 
-def test_an_exception_in_a_dead_letter_produce_costs_no_other_record_of_the_batch(rig):
+def test_an_exception_in_a_dead_letter_produce_costs_no_other_record(rig, clock):
     """Invariant 7: one record's exception never escapes to the thread's loop. Here a
     record bound for the dead-letter topic (no envelope) makes every produce raise."""
 
     def on_produce(sent: Sent) -> None:
-        if sent.key == b"cursed":
+        if sent.topic == DLQ:  # the copy and the stub alike
             raise RuntimeError("boom")
 
     rig.producer.on_produce = on_produce
-    rig.consumer.queue_rebalance("assign", 0)
+    rig.consumer.queue_rebalance("assign", 0, 1)
     append(rig, 0)
     append(rig, 0, key=b"cursed", headers=[("no", b"envelope")])
     append(rig, 0, 2)
-    try:
-        step(rig)
-    finally:
-        for _ in range(3):
-            step(rig)
-            forward(rig)
-    assert forwarded(rig) == ["id-0-0", "id-0-2", "id-0-3"]
-    # The cursed record stays unsettled (or is dead-lettered): never committed past unsent.
-    assert rig.ledger.partitions[0].committable() in (1, 4)
+    append(rig, 1, 2)
+    cycle(rig, 2)
+    # The cursed record waits (its partition from it on), never committed past unsent;
+    # the other partition goes on.
+    assert forwarded(rig) == ["id-0-0", "id-1-0", "id-1-1"]
+    assert rig.consumer.committed == {0: 1, 1: 2}
+    rig.producer.on_produce = None
+    clock.advance(2.0)
+    cycle(rig, 2)
+    assert forwarded(rig)[-2:] == ["id-0-2", "id-0-3"]
+    assert dead(rig) == {1: "invalid_envelope"}
+    assert rig.consumer.committed == {0: 4, 1: 2}
 
 
 def test_consume_errors_are_reported_and_survived(rig):
@@ -514,41 +543,51 @@ def test_consume_errors_are_reported_and_survived(rig):
     step(rig)
     assert rig.fatal == []  # a fatal consumer error is the client's: it gets replaced
     assert rig.loop._consumer_failed is not None
+    forward(rig, commit=True)
     assert forwarded(rig) == ["id-0-0"]
 
 
 # -- the loop's own thread --------------------------------------------------------------
-def start(rig: Rig) -> None:
+def start(rig: LevelRig) -> None:
     rig.forwarder.start()
     rig.loop.start()
 
 
-def stop(rig: Rig, timeout: float = 5.0) -> bool:
+def stop(rig: LevelRig, timeout: float = 5.0) -> bool:
     rig.loop.request_stop()
     stopped = rig.loop.join(timeout)
     rig.forwarder.stop(timeout=1.0)
     return stopped
 
 
-def test_the_threads_forward_on_time_commit_and_stop_cleanly():
-    rig = make_rig(commit_interval_s=0.02)
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_the_threads_forward_on_time_commit_and_stop_cleanly(exactly_once):
+    rig = make_level_rig(commit_interval_s=0.05, exactly_once=exactly_once)
     rig.consumer.queue_rebalance("assign", 0, 1)
     start(rig)
     try:
         wait_for(rig.loop.first_assignment.is_set, "the first assignment")
         for p in (0, 1):
             append(rig, p, 5, age_ms=DELAY - 150)  # due in 150 ms
-        wait_for(lambda: rig.consumer.committed == {0: 5, 1: 5}, "every offset committed")
-        assert rig.consumer.consume_calls > 0
+        if exactly_once:
+            wait_for(lambda: len(forwarded(rig)) == 10, "every record committed")
+        else:
+            wait_for(lambda: rig.consumer.committed == {0: 5, 1: 5}, "every offset committed")
         rig.consumer.queue_rebalance("revoke", 1)
         wait_for(lambda: rig.loop.owned() == [0], "the revoke")
     finally:
         assert stop(rig)
     assert rig.consumer.closed
     assert not rig.forwarder.is_alive()
-    assert len(forwarded(rig)) == 10
+    assert sorted(forwarded(rig)) == sorted(f"id-{p}-{o}" for p in (0, 1) for o in range(5))
     for sent in rig.producer.to(TARGET):
         assert sent.at * 1000 >= int(sent.header("delay-due-ms"))
+    assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 0
+    if exactly_once:
+        assert sorted(o for _sent, offsets in rig.producer.committed_txns for o in offsets)[
+            -2:
+        ] == [(0, 5), (1, 5)]
+        assert rig.consumer.commits == []  # the offsets travel in the transactions
     assert rig.fatal == []
 
 
@@ -556,9 +595,8 @@ def full_queue(_sent: Sent) -> None:
     raise BufferError("Local: Queue full")
 
 
-def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent(monkeypatch):
-    monkeypatch.setattr(forwarder_module, "QUEUE_FULL_WAIT_S", 0.2)
-    rig = make_rig(commit_interval_s=0.02)
+def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent():
+    rig = make_level_rig(commit_interval_s=0.02)
     rig.producer.on_produce = full_queue
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 3)
@@ -576,29 +614,6 @@ def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent(monkeypatch):
     assert rig.consumer.committed.get(0, 0) == 0
 
 
-def test_a_stop_is_not_held_up_by_a_batch_of_dead_letters_and_a_full_queue():
-    """The forwarder's queue-full wait ends at a stop, but the consumer thread sends
-    dead letters through `submit` and its stop does not reach that wait: each record of
-    the batch then waits QUEUE_FULL_WAIT_S (1 s) in turn."""
-    rig = make_rig(commit_interval_s=0.02)
-    rig.producer.on_produce = full_queue
-    rig.consumer.queue_rebalance("assign", 0)
-    for _ in range(8):
-        append(rig, 0, headers=[("no", b"envelope")])
-    start(rig)
-    try:
-        wait_for(lambda: len(rig.producer.attempts) >= 1, "the full queue to be hit")
-        started = time.monotonic()
-        rig.loop.request_stop()
-        stopped = rig.loop.join(2.0)
-        elapsed = time.monotonic() - started
-    finally:
-        rig.producer.on_produce = None  # let a stuck thread finish quickly
-        stop(rig)
-    assert stopped, f"the consumer thread was still busy {elapsed:.1f}s after the stop"
-    assert all(offset == 0 for _a, offsets in rig.consumer.commits for _p, offset in offsets)
-
-
 # -- a consumer that hit a fatal error -----------------------------------------------------
 def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     """After a coordinator failover librdkafka can fence a static member's commit; the
@@ -612,13 +627,10 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     assert rig.consumer.closed
     assert rig.loop.owned() == []
     assert not rig.loop.first_assignment.is_set()  # not ready until assigned again
-    assert len(rig.scheduler) == 0
-    assert rig.ledger.total_buffered == 0
-    assert rig.consumer.commits == []  # nothing committed past what was forwarded
+    assert rig.group.total_buffered == 0
+    assert rig.consumer.commits == []  # nothing committed past what was made durable
     assert rig.metric("delayservice_consumer_rebuilds_total") == 1
     assert rig.fatal == []
-    rig.producer.deliver()  # a late ack of the dropped in-flight record is ignored
-    assert rig.ledger.total_buffered == 0
 
     for _ in range(REBUILDS_ALLOWED - 1):
         rig.loop.on_error(fenced)
@@ -628,15 +640,9 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     assert "instance_name" in rig.fatal[0]
 
 
-def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_consumer(
-    rig, monkeypatch
-):
+def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_consumer(rig, clock):
     """After a broker freeze librdkafka can lose the assignment and never rejoin; the
     loop notices (and reports not ready) and replaces the client."""
-    from delayservice.worker import consumer_loop as consumer_loop_module
-
-    clock = FakeClock()
-    monkeypatch.setattr(consumer_loop_module, "time", clock)
     prepare_two_partitions(rig)
     rig.consumer.queue_rebalance("lost", 0, 1)
     step(rig)
@@ -656,13 +662,9 @@ def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_co
     assert rig.fatal == []
 
 
-def test_an_empty_assignment_is_not_taken_for_a_lost_one(rig, monkeypatch):
+def test_an_empty_assignment_is_not_taken_for_a_lost_one(rig, clock):
     """An instance the group gives nothing (more instances than partitions) is idle by
     design and must not rejoin over and over."""
-    from delayservice.worker import consumer_loop as consumer_loop_module
-
-    clock = FakeClock()
-    monkeypatch.setattr(consumer_loop_module, "time", clock)
     rig.consumer.queue_rebalance("assign")
     step(rig)
     assert rig.loop.first_assignment.is_set()

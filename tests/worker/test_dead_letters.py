@@ -70,7 +70,7 @@ def test_each_bad_input_kind_is_dead_lettered_and_good_messages_keep_flowing(tes
 
     # Counted per reason, and every offset committed: nothing is left buffered.
     worker = daemon.workers[0]
-    testbed.wait_for(lambda: worker.ledger.total_buffered == 0, 15, "the level to settle")
+    testbed.wait_for(lambda: worker.group.total_buffered == 0, 15, "the level to settle")
     metric = daemon.registry.get_sample_value
     for reason, count in {
         "invalid_envelope": 8,
@@ -81,4 +81,4 @@ def test_each_bad_input_kind_is_dead_lettered_and_good_messages_keep_flowing(tes
         assert (
             metric("delayservice_dead_lettered_total", {"level": "1s", "reason": reason}) == count
         )
-    testbed.wait_for(lambda: worker.ledger.to_commit() == [], 10, "safe offsets to be committed")
+    testbed.wait_for(lambda: worker.loop.uncommitted() == {}, 10, "safe offsets to be committed")

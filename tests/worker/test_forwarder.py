@@ -390,7 +390,7 @@ def test_huge_target_names_are_dead_lettered_without_being_remembered(rig):
         record = admit(rig, f"h{i}", target=f"{i}-" + "t" * 100_000)
         assert record.dead_letter is not None
         assert record.dead_letter[0] == "invalid_target"
-    assert all(len(name) <= 249 for name in rig.admission._valid_targets)
+    assert all(len(name) <= 249 for name in rig.admission.names._memo)
 
 
 # -- giving up ---------------------------------------------------------------------

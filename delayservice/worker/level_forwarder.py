@@ -1,0 +1,580 @@
+"""The forwarder thread of a level: sends due records, and commits like Kafka Streams.
+
+It sleeps on the buffer's condition until the earliest partition head is due or the
+next commit point, and is woken early when an earlier head arrives. Each due record is
+sent as it is (key, value, the user's headers plus `delay-id` and `delay-due-ms`),
+with no delivery callback of its own: the level's producer reports only failures.
+
+At each commit point (every `commit_interval`, sooner once nothing is due, but never
+more often than `floor`) the forwarder makes what it sent durable, then moves each
+partition's committable offset to the one after the last record sent:
+
+- at-least-once: flush the producer; the offsets go to the consumer thread, which
+  commits them (the consumer is that thread's alone);
+- exactly-once: the records went inside a transaction; the offsets join it with
+  `send_offsets_to_transaction` (the consumer thread hands over its group metadata)
+  and the transaction commits. One thread owns the producer, so nothing is produced
+  while a commit is in flight.
+
+A refusal makes the interval's partitions go again from the failed record
+(`failures.Failures` decides doom or retry); in exactly-once the transaction is
+aborted first and everything it held goes again, so a read_committed reader sees each
+record once. A record whose envelope asks for more than its level is re-published
+once, with its absolute due time, to where it fits (the precise topic when precise mode
+runs, else the smallest level that holds what remains) and its partition moves on.
+
+No exception from one record escapes a send; the loop survives anything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.levels import Level
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.worker import dead_letter as dl
+from delayservice.worker.failures import UNKNOWN_TARGET, Failures, Key, Runs
+from delayservice.worker.partition_group import PartitionGroup
+from delayservice.worker.sender import (
+    ForwarderFatalError,
+    RecordSender,
+    Routes,
+)
+
+__all__ = ["ForwarderFatalError", "LevelForwarder", "Routes", "commit_floor"]
+
+log = logging.getLogger(__name__)
+
+TAKE: Final = 5_000
+"""Records taken per pass: a burst goes out while the rest still waits in the buffer."""
+TXN_TIMEOUT_S: Final = 10.0
+GUARD_SLACK_S: Final = 5.0
+HANDOVER_WAIT_S: Final = 20.0
+
+
+def commit_floor(interval_s: float) -> float:
+    """How soon after the last commit an idle forwarder may commit again: a fifth of the
+    interval, within 10 to 200 ms. Committing while idle shortens what read_committed
+    readers wait (exactly-once) and what is re-read after a crash, at no cost to
+    throughput (nothing is due); the floor keeps a trickle of records from turning
+    into a commit per record (each commit is a flush and one or two round trips)."""
+    return min(0.2, max(0.01, interval_s / 5))
+
+
+@dataclass
+class _Request:
+    partitions: set[int]
+    commit: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    offsets: dict[int, int] = field(default_factory=dict)
+    ok: bool = False
+
+
+class LevelForwarder:
+    def __init__(
+        self,
+        level: Level,
+        group: PartitionGroup,
+        producer: Any,
+        targets: TargetTopics,
+        routes: Routes,
+        metrics: ServiceMetrics,
+        on_fatal: Callable[[str], None],
+        *,
+        transactional: bool,
+        commit_interval_s: float,
+        flush_timeout_s: float,
+        backoff: tuple[float, float] = (1.0, 30.0),
+        give_up_s: float = 300.0,
+        clock: Any = time,
+    ) -> None:
+        """`producer` is this level's own, built with `on_delivery=self.on_report` and
+        `delivery.report.only.error` (and a `transactional.id` when `transactional`)."""
+        self.level = level
+        self.group = group
+        self._producer = producer
+        self._targets = targets
+        self._routes = routes
+        self._on_fatal = on_fatal
+        self.transactional = transactional
+        self._interval = commit_interval_s
+        self._floor = commit_floor(commit_interval_s)
+        self._flush_timeout = flush_timeout_s
+        self._clock = clock
+        name = level.name
+        self._m_forwarded = metrics.forwarded.labels(name)
+        self._m_lateness = metrics.lateness
+        metrics.lateness.labels(name)
+        self._m_dead = metrics.dead_lettered
+        for reason in dl.REASONS:
+            self._m_dead.labels(name, reason)
+        self._m_stubs = metrics.dead_letter_stubs.labels(name)
+        self._m_errors = metrics.forward_errors
+        self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
+        self._m_commits = metrics.commits.labels(name)
+        self._m_commit_failures = metrics.commit_failures.labels(name)
+        self.failures = Failures(
+            routes.dead_letter_topic,
+            backoff,
+            give_up_s,
+            lambda error: self._m_errors.labels(name, error).inc(),
+            clock.monotonic,
+        )
+        self._stopping = threading.Event()
+        self.sender = RecordSender(
+            level, group, producer, targets, routes, metrics, self.failures, self._stopping, clock
+        )
+        self.on_report = self.sender.on_report
+        """The producer's delivery callback (`on_delivery`): failures only."""
+        # The open interval: what was sent since the last commit point.
+        self._runs: Runs = []
+        self._sent_through: dict[int, int] = {}
+        self._waiting: dict[int, dict[int, tuple[int, Message]]] = {}
+        """At-least-once: partition -> offset -> (not before, epoch ms; record), for
+        records that failed and go again on their own."""
+        self._committed: dict[int, int] = {}
+        self._in_txn = False
+        self._txn_ready = False
+        self._last_commit = clock.monotonic()
+        # Shared with the consumer thread.
+        self._lock = threading.Lock()
+        self._durable: dict[int, int] = {}
+        self._requests: list[_Request] = []
+        self.group_metadata: Any = None
+        """The consumer's group metadata, handed over by the consumer thread (exactly-once)."""
+        self._thread = threading.Thread(
+            target=self._main, name=f"forwarder-{level.topic}", daemon=True
+        )
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self.group.wake()
+
+    def stop(self, timeout: float) -> None:
+        """Stop after a last commit point; what could not be committed is re-read."""
+        self.request_stop()
+        self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- the consumer thread's side --------------------------------------------------
+    def take_durable(self) -> dict[int, int]:
+        """Offsets made durable since the last call (at-least-once), for the consumer
+        thread to commit."""
+        with self._lock:
+            durable, self._durable = self._durable, {}
+        return durable
+
+    def handover(self, partitions: set[int], *, commit: bool) -> dict[int, int] | None:
+        """Called by the consumer thread on revoke (`commit`) or loss: the forwarder
+        reaches a commit point (or drops without one) and lets `partitions` go. Returns
+        the offsets now durable for them (at-least-once: the caller commits them; in
+        exactly-once they are committed already), None when that failed."""
+        request = _Request(set(partitions), commit)
+        if self._thread.is_alive():
+            with self._lock:
+                self._requests.append(request)
+            self.group.wake()
+            deadline = time.monotonic() + HANDOVER_WAIT_S
+            while not request.done.wait(0.05):
+                if not self._thread.is_alive():
+                    with self._lock:
+                        mine = request in self._requests
+                        if mine:
+                            self._requests.remove(request)
+                    if mine:
+                        self._serve(request)  # the thread ended before it saw the request
+                    break
+                if time.monotonic() > deadline:
+                    log.warning("%s: the forwarder did not hand over in time", self.level.topic)
+                    return None
+        else:
+            self._serve(request)  # the forwarder thread is gone: its state is ours now
+        return request.offsets if request.ok else None
+
+    # -- the loop ------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._run()
+        except ForwarderFatalError as exc:
+            self._on_fatal(str(exc))
+            return
+        try:
+            self._commit_point()
+        except ForwarderFatalError as exc:
+            self._on_fatal(str(exc))
+        except Exception:
+            log.exception("%s: last commit failed; records will be re-read", self.level.topic)
+        with self._lock:
+            requests, self._requests = self._requests, []
+        for request in requests:
+            self._serve(request)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.step(wait=True)
+            except ForwarderFatalError:
+                raise
+            except Exception:
+                self._m_loop_errors.inc()
+                log.exception("forwarder of %s: unexpected error; continuing", self.level.topic)
+                self._stopping.wait(0.5)
+
+    def step(self, *, wait: bool = False, commit: bool = False) -> None:
+        """One pass of the loop: sleep until something is due (`wait`), send what is due,
+        and reach a commit point when one is due (or when `commit`, for tests)."""
+        clock = self._clock
+        self._serve_requests()
+        if wait:
+            deadline = self._last_commit + self._floor if self._runs else float("inf")
+            until = clock.time() + max(0.0, deadline - clock.monotonic())
+            if self._waiting:
+                earliest = min(u for held in self._waiting.values() for u, _ in held.values())
+                until = min(until, earliest / 1000)
+            self.group.wait(until)
+            if self._stopping.is_set():
+                return
+            self._serve_requests()
+        if self._waiting:
+            self._send_waiting()
+        runs = self.group.take(TAKE)
+        if runs:
+            self._send_runs(runs)
+            self._producer.poll(0)
+        since = clock.monotonic() - self._last_commit
+        if commit or (
+            self._runs
+            and (
+                since >= self._interval
+                or self.sender.reports
+                or (since >= self._floor and not runs and self._idle())
+            )
+        ):
+            self._commit_point()
+
+    def _idle(self) -> bool:
+        head = self.group.next_due_ms()
+        return head is None or head > self._clock.time() * 1000
+
+    def _serve_requests(self) -> None:
+        if not self._requests:
+            return
+        with self._lock:
+            requests, self._requests = self._requests, []
+        for request in requests:
+            self._serve(request)
+
+    def _serve(self, request: _Request) -> None:
+        try:
+            if request.commit:
+                request.ok = self._commit_point()
+            else:
+                self._abandon(request.partitions)
+                request.ok = True
+            request.offsets = {p: o for p, o in self._committed.items() if p in request.partitions}
+            self._forget(request.partitions)
+        except ForwarderFatalError as exc:
+            self._on_fatal(str(exc))
+        except Exception:
+            self._m_loop_errors.inc()
+            log.exception("%s: handing over %s failed", self.level.topic, request.partitions)
+            self._forget(request.partitions)
+        finally:
+            request.done.set()
+
+    def _forget(self, partitions: set[int]) -> None:
+        self.group.drop(partitions)
+        self.failures.forget(partitions)
+        for table in (self._sent_through, self._committed, self._waiting):
+            for partition in partitions:
+                table.pop(partition, None)
+        with self._lock:
+            for partition in partitions:
+                self._durable.pop(partition, None)
+
+    def _abandon(self, partitions: set[int]) -> None:
+        """Lost partitions: nothing of theirs may commit. In exactly-once the open
+        transaction holds their records, so it is aborted and the others go again."""
+        if self.transactional and self._in_txn:
+            self._abort()
+            self._requeue({})
+        else:
+            self._runs = [(p, r) for p, r in self._runs if p not in partitions]
+
+    # -- sending -------------------------------------------------------------------
+    def _send_runs(self, runs: Runs) -> None:
+        if self.transactional and not self._in_txn:
+            self._begin()
+        for index, (partition, taken) in enumerate(runs):
+            sent = self.sender.send_run(partition, taken)
+            records = taken
+            if sent < len(taken):
+                # The rest of this partition waits (metadata unreachable, or a stop while
+                # the producer's queue is full); a stop hands back every later run too.
+                hold = 0 if self._stopping.is_set() else self._retry_hold_ms()
+                self.group.put_back(partition, taken[sent:], hold)
+                records = taken[:sent]
+            if records:
+                self._runs.append((partition, records))
+                self._sent_through[partition] = (records[-1].offset() or 0) + 1
+            if sent < len(taken) and self._stopping.is_set():
+                for later, rest in runs[index + 1 :]:
+                    self.group.put_back(later, rest)
+                return
+
+    def _retry_hold_ms(self) -> int:
+        return int(self._clock.time() * 1000) + self.failures.backoff_ms(1)
+
+    # -- commit points -------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self._txn_ready:
+            self._guarded("init_transactions", self._producer.init_transactions, TXN_TIMEOUT_S)
+            self._txn_ready = True
+        self._producer.begin_transaction()
+        self._in_txn = True
+
+    def _commit_point(self) -> bool:
+        """Make the interval durable and move the committable offsets; False when it
+        could not (it is tried again, or sent again, from the same offsets)."""
+        self._last_commit = self._clock.monotonic()
+        if not self._runs and not self._in_txn:
+            return True
+        remaining = self._producer.flush(self._flush_timeout)
+        if remaining:
+            self._m_commit_failures.inc()
+            log.warning(
+                "%s: %d forwards unacknowledged after %.0fs; not committing yet",
+                self.level.topic,
+                remaining,
+                self._flush_timeout,
+            )
+            if self.transactional:
+                self._abort()
+                self._requeue({})
+            return False
+        if self.sender.reports:
+            again, backoff_ms = self._place_reports()
+            if self.transactional:
+                self._abort()
+                self._requeue(self._holds(again, backoff_ms))
+                return False
+            self._set_aside(again, backoff_ms)
+        offsets = self._committable()
+        if self.transactional:
+            if not self._commit_transaction(offsets):
+                return False
+        else:
+            with self._lock:
+                self._durable.update(offsets)
+        self._committed.update(offsets)
+        self._settled()
+        return True
+
+    def _committable(self) -> dict[int, int]:
+        """Per partition, the offset after the last record sent, but never past a record
+        still waiting to go again (at-least-once), where it moved since the last commit."""
+        out: dict[int, int] = {}
+        waiting = self._waiting
+        for partition, sent_through in self._sent_through.items():
+            held = waiting.get(partition)
+            offset = min(sent_through, *held) if held else sent_through
+            if self._committed.get(partition) != offset:
+                out[partition] = offset
+        return out
+
+    def _settled(self) -> None:
+        runs, self._runs = self._runs, []
+        dead = self.failures.dead_sent
+        forwarded = sum(len(r) for _, r in runs) - len(dead) - len(self.sender.rerouted)
+        for doom in dead.values():
+            self._m_dead.labels(self.level.name, doom.reason).inc()
+            if doom.stub:
+                self._m_stubs.inc()
+        self.failures.committed(runs)
+        self.sender.rerouted.clear()
+        if forwarded > 0:
+            self._m_forwarded.inc(forwarded)
+        if self.sender.lateness:
+            lateness, self.sender.lateness = self.sender.lateness, []
+            self._m_lateness.observe_many(self.level.name, [max(0, ms) / 1000 for ms in lateness])
+        self._m_commits.inc()
+
+    def _commit_transaction(self, offsets: dict[int, int]) -> bool:
+        producer = self._producer
+        try:
+            if offsets:
+                self._send_offsets(offsets)
+            for attempt in range(3):
+                try:
+                    producer.commit_transaction(TXN_TIMEOUT_S)
+                    break
+                except KafkaException as exc:
+                    error = exc.args[0]
+                    if attempt < 2 and error.retriable() and not error.txn_requires_abort():
+                        continue
+                    raise
+            self._in_txn = False
+            return True
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            self._m_commit_failures.inc()
+            if isinstance(error, KafkaError) and (
+                error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
+            ):
+                raise ForwarderFatalError(
+                    f"producer of {self.level.topic} is fenced or failed ({error.str()}); "
+                    "another live process may use the same instance_name"
+                ) from exc
+            log.warning(
+                "%s: transaction could not commit (%s); sending it again",
+                self.level.topic,
+                error.str() if isinstance(error, KafkaError) else exc,
+            )
+            self._abort()
+            self._requeue({})
+            return False
+
+    def _send_offsets(self, offsets: dict[int, int]) -> None:
+        metadata = self.group_metadata
+        if metadata is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, "no group metadata yet"))
+        tps = [TopicPartition(self.level.topic, p, o) for p, o in offsets.items()]
+        producer = self._producer
+        self._guarded(
+            "send_offsets_to_transaction",
+            lambda: producer.send_offsets_to_transaction(tps, metadata, TXN_TIMEOUT_S),
+            TXN_TIMEOUT_S,
+        )
+
+    def _guarded(self, what: str, call: Callable[[], Any], timeout: float) -> Any:
+        """Run a transaction call that can block past its own timeout (librdkafka #5456,
+        a group coordinator that is down): a stuck one means the producer cannot be
+        trusted any more, which only a restart repairs."""
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, call()))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append((False, exc))
+
+        helper = threading.Thread(target=run, name=f"{what}-{self.level.topic}", daemon=True)
+        helper.start()
+        helper.join(timeout + GUARD_SLACK_S)
+        if not outcome:
+            raise ForwarderFatalError(
+                f"{self.level.topic}: {what} did not return in {timeout:.0f}s"
+            )
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    def _abort(self) -> None:
+        if not self._in_txn:
+            return
+        try:
+            self._producer.abort_transaction(TXN_TIMEOUT_S)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.fatal():
+                raise ForwarderFatalError(
+                    f"producer of {self.level.topic} failed while aborting: {error.str()}"
+                ) from exc
+            raise
+        finally:
+            self._in_txn = False
+
+    def _place_reports(self) -> tuple[set[Key], int]:
+        reports, self.sender.reports = self.sender.reports, []
+        for error, _, _ in reports:
+            if error.fatal():
+                raise ForwarderFatalError(
+                    f"producer of {self.level.topic} hit a fatal error: {error.str()}"
+                )
+        for error, report, _ in reports:
+            if error.code() in UNKNOWN_TARGET and report.topic():
+                self._targets.forget(report.topic() or "")
+        return self.failures.place(reports, self._runs, self.sender.rerouted)
+
+    def _holds(self, again: set[Key], backoff_ms: int) -> dict[int, int]:
+        """Partitions to hold back, until when (epoch ms): those with a record retried."""
+        if not backoff_ms:
+            return {}
+        until = int(self._clock.time() * 1000) + backoff_ms
+        failing = self.failures.failing
+        return {partition: until for partition, offset in again if (partition, offset) in failing}
+
+    def _requeue(self, holds: dict[int, int]) -> None:
+        """The transaction was aborted: everything it held goes back to the front of its
+        partition's queue, in order, and is sent again (`holds`: after a backoff)."""
+        runs, self._runs = self._runs, []
+        again: dict[int, list[Message]] = {}
+        for partition, records in runs:
+            again.setdefault(partition, []).extend(records)
+        for partition, records in again.items():
+            committed = self._committed.get(partition)
+            if committed is None:
+                self._sent_through.pop(partition, None)
+            else:
+                self._sent_through[partition] = committed
+            self.group.put_back(partition, records, holds.get(partition, 0))
+        self.failures.dead_sent.clear()
+        self.sender.rerouted.clear()
+        self.sender.lateness = []
+
+    def _set_aside(self, again: set[Key], backoff_ms: int) -> None:
+        """At-least-once: the records to send again leave the interval and wait on their
+        own (the rest of their partition goes on; its commits stop below them)."""
+        until = int(self._clock.time() * 1000)
+        failing = self.failures.failing
+        kept: Runs = []
+        for partition, records in self._runs:
+            stay = []
+            for record in records:
+                spot = (partition, record.offset() or 0)
+                if spot in again:
+                    wait = backoff_ms if spot in failing else 0
+                    self._waiting.setdefault(partition, {})[spot[1]] = (until + wait, record)
+                    self.failures.dead_sent.pop(spot, None)
+                    self.sender.rerouted.pop(spot, None)
+                else:
+                    stay.append(record)
+            if stay:
+                kept.append((partition, stay))
+        self._runs = kept
+
+    def _send_waiting(self) -> None:
+        """At-least-once: send the records set aside whose backoff is over."""
+        now_ms = int(self._clock.time() * 1000)
+        due = sorted(
+            (partition, offset)
+            for partition, held in self._waiting.items()
+            for offset, (until, _) in held.items()
+            if until <= now_ms
+        )
+        if not due:
+            return
+        for partition, offset in due:
+            held = self._waiting[partition]
+            _, record = held.pop(offset)
+            if self.sender.send_run(partition, [record]) == 1:
+                self._runs.append((partition, [record]))
+                if not held:
+                    del self._waiting[partition]
+            else:
+                held[offset] = (self._retry_hold_ms(), record)

@@ -1,0 +1,463 @@
+"""The forwarder's commit path on fakes, under both guarantees.
+
+Refusals arrive only as error reports (or as an abortable transaction): a record that
+failed is sent again from it on, after a backoff, or dead-lettered; what was made
+durable commits, and in exactly-once a read_committed reader sees each record once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from delayservice.worker import consumer_loop as consumer_loop_module
+from delayservice.worker import dead_letter as dead_letter_module
+from delayservice.worker import level_forwarder as level_forwarder_module
+from tests.worker.fakes import (
+    DLQ,
+    LEVEL,
+    TARGET,
+    FakeClock,
+    LevelRig,
+    Sent,
+    envelope_headers,
+    kafka_error,
+    make_level_rig,
+)
+from tests.worker.test_consumer_loop import (
+    append,
+    dead,
+    forward,
+    forwarded,
+    step,
+    subscribed,
+)
+
+GUARANTEES = [False, True]
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
+    for module in (dead_letter_module, consumer_loop_module):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
+def rig_for(clock: FakeClock, exactly_once: bool, **kwargs: object) -> LevelRig:
+    return subscribed(make_level_rig(clock=clock, exactly_once=exactly_once, **kwargs))  # type: ignore[arg-type]
+
+
+def committed(rig: LevelRig) -> dict[int, int]:
+    """Offsets committed for the level: by the consumer, or inside transactions."""
+    if rig.forwarder.transactional:
+        out: dict[int, int] = {}
+        for _sent, offsets in rig.producer.committed_txns:
+            out.update(dict(offsets))
+        return out
+    return dict(rig.consumer.committed)
+
+
+def run(rig: LevelRig, clock: FakeClock, seconds: float = 0.0, passes: int = 3) -> None:
+    """Let time pass, then read, forward and commit a few times."""
+    clock.advance(seconds)
+    for _ in range(passes):
+        step(rig)
+        forward(rig, commit=True)
+        step(rig)
+        step(rig)
+
+
+def fail_ids(*failing: str, code: int = KafkaError._MSG_TIMED_OUT, times: int = 1):
+    """An outcome that refuses the records with these ids, `times` times each."""
+    left = dict.fromkeys(failing, times)
+
+    def outcome(sent: Sent) -> KafkaError | None:
+        if sent.topic == TARGET and left.get(sent.delay_id or "", 0) > 0:
+            left[sent.delay_id or ""] -= 1
+            return kafka_error(code, retriable=code == KafkaError._MSG_TIMED_OUT)
+        return None
+
+    return outcome
+
+
+def duplicates(rig: LevelRig) -> int:
+    seen = forwarded(rig)
+    return len(seen) - len(set(seen))
+
+
+# -- an error report in the middle of an interval -------------------------------------
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_an_error_report_mid_interval_sends_its_partition_again_from_the_record(
+    clock, exactly_once
+):
+    rig = rig_for(clock, exactly_once, backoff=(1.0, 8.0))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    rig.producer.outcome = fail_ids("id-0-1", times=2)
+    append(rig, 0, 3)
+    append(rig, 1, 2)
+    # The records' contents are alike: the second pass names the record (and, in
+    # exactly-once, the third sends the other partition without it).
+    run(rig, clock, passes=3 if exactly_once else 2)
+    # Held back for the backoff; its partition commits stop below it.
+    assert committed(rig) == ({1: 2} if exactly_once else {0: 1, 1: 2})
+    assert rig.metric("delayservice_forward_errors_total", error="_MSG_TIMED_OUT") == 1
+    run(rig, clock, 0.5)
+    assert "id-0-1" not in forwarded(rig)  # still within the backoff
+    run(rig, clock, 0.6)
+    assert sorted(set(forwarded(rig))) == ["id-0-0", "id-0-1", "id-0-2", "id-1-0", "id-1-1"]
+    assert committed(rig) == {0: 3, 1: 2}
+    assert dead(rig) == {}
+    if exactly_once:
+        assert duplicates(rig) == 0  # the aborted attempts are invisible to read_committed
+        assert rig.producer.aborted
+        # The partition waited for the record: its order holds.
+        assert [i for i in forwarded(rig) if i.startswith("id-0-")] == [
+            "id-0-0",
+            "id-0-1",
+            "id-0-2",
+        ]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (KafkaError.MSG_SIZE_TOO_LARGE, "too_large"),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, "not_authorized"),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, "unknown_topic"),
+        (KafkaError.POLICY_VIOLATION, "rejected"),
+    ],
+)
+def test_a_permanent_refusal_dead_letters_the_record_with_its_origin(
+    clock, exactly_once, code, reason
+):
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.outcome = fail_ids("id-0-1", code=code, times=99)
+    append(rig, 0, 3, key=b"k")
+    run(rig, clock)
+    assert dead(rig) == {1: reason}
+    (letter,) = rig.producer.visible(DLQ)
+    assert letter.header("dlq-origin-topic") == LEVEL.topic.encode()
+    assert letter.header("dlq-origin-partition") == b"0"
+    assert letter.header("delay-id") == b"id-0-1"
+    assert letter.value == b"v"
+    assert sorted(set(forwarded(rig))) == ["id-0-0", "id-0-2"]
+    assert committed(rig) == {0: 3}
+    assert rig.metric("delayservice_dead_lettered_total", reason=reason) == 1
+    if exactly_once:
+        assert duplicates(rig) == 0
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_dead_letter_too_large_for_its_topic_goes_as_a_stub(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0)
+
+    def outcome(sent: Sent) -> KafkaError | None:
+        if sent.value == b"x" * 5000:  # too large for its target and for the DLQ
+            return kafka_error(KafkaError.MSG_SIZE_TOO_LARGE)
+        return None
+
+    rig.producer.outcome = outcome
+    append(rig, 0, value=b"x" * 5000)
+    append(rig, 0)
+    run(rig, clock, passes=4)
+    (stub,) = rig.producer.visible(DLQ)
+    assert stub.value is None
+    assert stub.header("dlq-stub") == b"1"
+    assert stub.header("dlq-reason") == b"too_large"
+    assert stub.header("dlq-original-value-bytes") == b"5000"
+    assert forwarded(rig) == ["id-0-1"]
+    assert committed(rig) == {0: 2}
+    assert rig.metric("delayservice_dead_letter_stubs_total") == 1
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_failing_dead_letter_topic_keeps_the_record_uncommitted_and_retries(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0)
+    down = [True]
+
+    def outcome(sent: Sent) -> KafkaError | None:
+        if sent.topic == DLQ and down[0]:
+            return kafka_error(KafkaError.NOT_ENOUGH_REPLICAS, retriable=True)
+        return None
+
+    rig.producer.outcome = outcome
+    append(rig, 0, headers=[("no", b"envelope")])
+    append(rig, 0)
+    run(rig, clock, passes=2)
+    assert committed(rig).get(0, 0) == 0
+    assert dead(rig) == {}
+    down[0] = False
+    run(rig, clock, 10.0)
+    assert dead(rig) == {0: "invalid_envelope"}
+    assert committed(rig) == {0: 2}
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_an_outage_that_refuses_everything_dead_letters_nothing_and_loses_nothing(
+    clock, exactly_once
+):
+    rig = rig_for(clock, exactly_once, give_up_s=60.0, backoff=(1.0, 8.0))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    outage = [True]
+    rig.producer.outcome = lambda sent: (
+        kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True) if outage[0] else None
+    )
+    append(rig, 0, 3)
+    append(rig, 1, 3)
+    for _ in range(40):  # ten minutes of refusals, far past give_up_s
+        run(rig, clock, 15.0, passes=1)
+    assert dead(rig) == {}
+    assert all(offset == 0 for offset in committed(rig).values())
+    assert rig.metric("delayservice_dead_lettered_total", reason="retries_exhausted") == 0
+    outage[0] = False
+    run(rig, clock, 10.0)
+    assert sorted(set(forwarded(rig))) == sorted(f"id-{p}-{o}" for p in (0, 1) for o in range(3))
+    assert committed(rig) == {0: 3, 1: 3}
+    if exactly_once:
+        assert duplicates(rig) == 0
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_record_failing_while_its_target_accepts_others_is_given_up(clock, exactly_once):
+    rig = rig_for(clock, exactly_once, give_up_s=60.0, backoff=(1.0, 8.0))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    rig.producer.outcome = fail_ids("id-0-0", times=10_000)
+    append(rig, 0, 2)
+    for _ in range(12):
+        append(rig, 1)  # the target keeps accepting other records
+        run(rig, clock, 9.0, passes=3)
+    assert dead(rig) == {0: "retries_exhausted"}
+    run(rig, clock, 9.0)
+    assert "id-0-1" in forwarded(rig)
+    assert committed(rig)[0] == 2
+    assert "failing for" in rig.producer.visible(DLQ)[0].header("dlq-detail").decode()
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_report_that_matches_nothing_sent_sends_the_interval_again(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    step(rig)
+    forward(rig)
+    from tests.worker.fakes import message
+
+    stray = message(0, 99, 0, key=b"other", value=b"other", topic=TARGET)
+    rig.forwarder.on_report(kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True), stray)
+    forward(rig, commit=True)
+    assert committed(rig) == {}
+    run(rig, clock, 2.0)
+    assert committed(rig) == {0: 2}
+    assert sorted(set(forwarded(rig))) == ["id-0-0", "id-0-1"]
+    if exactly_once:
+        assert duplicates(rig) == 0
+
+
+def test_metadata_that_cannot_be_fetched_holds_the_partition_instead_of_dead_lettering(clock):
+    rig = rig_for(clock, False, topics={DLQ: 1})  # the target is not cached: must be asked
+    rig.producer.metadata_error = KafkaException(kafka_error(KafkaError._TRANSPORT, retriable=True))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    run(rig, clock)
+    assert dead(rig) == {}
+    assert rig.producer.sent == []
+    assert committed(rig) == {}
+    rig.producer.metadata_error = None
+    rig.producer.topics[TARGET] = 3
+    run(rig, clock, 5.0)
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert committed(rig) == {0: 2}
+
+
+# -- transactions ----------------------------------------------------------------------
+def test_exactly_once_commits_offsets_inside_the_transaction_never_through_the_consumer(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    run(rig, clock)
+    ((sent, offsets),) = rig.producer.committed_txns
+    assert sorted(offsets) == [(0, 2), (1, 1)]
+    assert sorted(s.delay_id or "" for s in sent) == ["id-0-0", "id-0-1", "id-1-0"]
+    assert rig.consumer.commits == []
+    assert rig.producer.txn_inits == 1
+    assert rig.metric("delayservice_forwarded_total") == 3
+
+
+def test_a_revoke_mid_transaction_commits_it_before_the_partition_goes(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 0, age_ms=0)  # not yet due: dropped with the partition
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    assert rig.producer.txn_open
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    ((_sent, offsets),) = rig.producer.committed_txns
+    assert sorted(offsets) == [(0, 2), (1, 1)]
+    assert rig.loop.owned() == [1]
+    assert rig.group.total_buffered == 0
+    assert rig.consumer.commits == []
+
+
+def test_a_loss_mid_transaction_aborts_it_and_sends_the_others_again(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    rig.consumer.queue_rebalance("lost", 0)
+    step(rig)
+    assert rig.producer.committed_txns == []
+    assert len(rig.producer.aborted) == 3
+    run(rig, clock)
+    assert forwarded(rig) == ["id-1-0"]
+    assert committed(rig) == {1: 1}
+
+
+def test_a_flush_timeout_aborts_and_the_transaction_goes_again(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    step(rig)
+    rig.producer.hold_reports = True
+    forward(rig, commit=True)
+    assert rig.producer.committed_txns == []
+    assert rig.metric("delayservice_commit_failures_total") == 1
+    rig.producer.hold_reports = False
+    run(rig, clock)
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert committed(rig) == {0: 2}
+
+
+def test_a_fenced_producer_stops_the_daemon_and_commits_nothing(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    rig.producer.commit_txn_raises = KafkaException(
+        KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    )
+    step(rig)
+    with pytest.raises(level_forwarder_module.ForwarderFatalError):
+        forward(rig, commit=True)
+    assert rig.producer.committed_txns == []
+    assert forwarded(rig) == []
+
+
+def test_a_fenced_producer_on_its_thread_reports_fatal_once():
+    rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
+    rig.producer.commit_txn_raises = KafkaException(
+        KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+    )
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    rig.forwarder.start()
+    rig.loop.start()
+    try:
+        from tests.worker.fakes import wait_for
+
+        wait_for(lambda: rig.fatal != [], "the fatal report")
+    finally:
+        rig.loop.request_stop()
+        rig.loop.join(5.0)
+    assert "instance_name" in rig.fatal[0]
+    assert forwarded(rig) == []
+
+
+def test_a_retriable_failure_sending_offsets_aborts_and_goes_again(clock):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    rig.producer.send_offsets_raises = KafkaException(
+        KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "moving", retriable=True)
+    )
+    run(rig, clock, passes=1)
+    assert rig.producer.committed_txns == []
+    rig.producer.send_offsets_raises = None
+    run(rig, clock, 1.0)
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert committed(rig) == {0: 2}
+
+
+def test_a_send_offsets_call_that_hangs_past_its_timeout_is_fatal(clock, monkeypatch):
+    monkeypatch.setattr(level_forwarder_module, "TXN_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(level_forwarder_module, "GUARD_SLACK_S", 0.05)
+    rig = rig_for(clock, True)
+    release = threading.Event()
+    rig.producer.send_offsets_to_transaction = lambda *a, **k: release.wait(5)  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 1)
+    step(rig)
+    try:
+        with pytest.raises(level_forwarder_module.ForwarderFatalError, match="did not return"):
+            forward(rig, commit=True)
+    finally:
+        release.set()
+    assert forwarded(rig) == []
+
+
+def test_nothing_is_produced_while_a_transaction_commits(clock):
+    """One thread owns the transactional producer: a produce during the commit would be
+    refused by librdkafka; the fake records any that happens."""
+    rig = rig_for(clock, True)
+    during: list[str] = []
+    commit = rig.producer.commit_transaction
+
+    def committing(timeout: float = -1) -> None:
+        rig.producer.on_produce = lambda sent: during.append(sent.delay_id or "")
+        try:
+            commit(timeout)
+        finally:
+            rig.producer.on_produce = None
+
+    rig.producer.commit_transaction = committing  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("assign", 0)
+    for _ in range(5):
+        append(rig, 0, 3)
+        run(rig, clock, 0.2, passes=1)
+    assert during == []
+    assert len(forwarded(rig)) == 15
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_stop_mid_interval_makes_what_was_sent_durable(exactly_once):
+    rig = make_level_rig(exactly_once=exactly_once, commit_interval_s=30.0)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 4)
+    rig.forwarder.start()
+    rig.loop.start()
+    from tests.worker.fakes import wait_for
+
+    wait_for(lambda: len(rig.producer.sent) == 4, "the records to be sent")
+    rig.loop.request_stop()
+    assert rig.loop.join(5.0)
+    assert forwarded(rig) == ["id-0-0", "id-0-1", "id-0-2", "id-0-3"]
+    if exactly_once:
+        assert rig.producer.committed_txns[-1][1] == [(0, 4)]
+    else:
+        assert rig.consumer.committed == {0: 4}
+
+
+def test_the_precise_topic_copy_and_the_level_copy_keep_the_user_headers(clock):
+    rig = rig_for(clock, False)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(
+        rig,
+        0,
+        age_ms=0,
+        headers=envelope_headers(message_id="long", delay_ms=15_000, user=[("trace", b"t1")]),
+    )
+    run(rig, clock, LEVEL.delay_ms / 1000)
+    (copy,) = rig.producer.to("delay_topic_3")
+    assert copy.header("trace") == b"t1"
+    assert copy.header("delay-target") == TARGET.encode()
