@@ -33,7 +33,6 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker.flow_control import FlowControl
 from delayservice.worker.level_forwarder import LevelForwarder
-from delayservice.worker.memory_budget import RECORD_OVERHEAD
 from delayservice.worker.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup
 
 log = logging.getLogger(__name__)
@@ -361,47 +360,46 @@ class ConsumerLoop:
 
     # -- admitting records ---------------------------------------------------------
     def _admit_batch(self, messages: list[Message]) -> int:
-        """Append each record to its partition's queue while flow control admits it."""
-        admitted = 0
+        """Append each partition's records to its queue, as many as flow control admits;
+        the first refused record pauses its partition and is read again later."""
         read_ms = int(time.time() * 1000)  # after consume() returned: after every append
         runs: dict[int, list[Message]] = {}
-        sizes: dict[int, int] = {}
-        group, flow, paused, rewind = self._group, self._flow, self.paused, self._rewind
-        counts = group.counts
-        level_buffered = group.total_buffered
-        batch_bytes = 0
+        paused, rewind, owned = self.paused, self._rewind, self.owned_partitions
         for message in messages:
+            partition = message.partition()
+            run = runs.get(partition)  # type: ignore[arg-type]
+            if run is not None and message.error() is None:
+                run.append(message)
+                continue
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
                     self.on_error(error)
                 continue
-            partition = message.partition()
             if partition is None or partition in paused or partition in rewind:
                 if partition is not None:
                     rewind.setdefault(partition, message.offset() or 0)
                 continue
-            run = runs.get(partition)
-            if run is None:
-                if partition not in self.owned_partitions:
-                    continue  # not ours any more; the new owner reads it
-                run = runs[partition] = []
-                sizes[partition] = 0
-            size = len(message) + RECORD_KEY_ALLOWANCE
-            if not flow.admits(
-                counts.get(partition, 0) + len(run), level_buffered, size, batch_bytes
-            ):
-                self._pause(partition)
-                rewind[partition] = message.offset() or 0
-                continue
-            run.append(message)
-            sizes[partition] += size
-            level_buffered += 1
-            batch_bytes += size + RECORD_OVERHEAD
+            if partition not in owned:
+                continue  # not ours any more; the new owner reads it
+            runs[partition] = [message]
         self.broker_down = self.broker_down and not runs
+        admitted = 0
+        group = self._group
         for partition, run in runs.items():
+            take = self._flow.admit_many(
+                group.counts.get(partition, 0),
+                group.total_buffered,
+                run,
+                RECORD_KEY_ALLOWANCE,
+            )
+            if take < len(run):
+                self._pause(partition)
+                rewind[partition] = run[take].offset() or 0
+                del run[take:]
             if run:
-                late = group.add(partition, run, sizes[partition], read_ms)
+                size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
+                late = group.add(partition, run, size, read_ms)
                 if late:
                     self._m_not_append.inc(late)
                 admitted += len(run)

@@ -10,6 +10,7 @@ never holds a due record behind one that is not yet due.
 
 from __future__ import annotations
 
+from collections.abc import Sequence, Sized
 from typing import Final
 
 from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
@@ -53,6 +54,29 @@ class FlowControl:
         self._room = self.budget.max_bytes - self.budget.used - unaccounted - cost
         self._until_recheck = RECHECK_EVERY
         return self._room >= 0
+
+    def admit_many(
+        self, partition_buffered: int, level_buffered: int, records: Sequence[Sized], allowance: int
+    ) -> int:
+        """How many of `records` (in order; each costs its `len` plus `allowance` bytes)
+        are admitted. One sum of the budget per batch while it has room; record by
+        record (`admits`) once it is tight."""
+        fits = max(0, min(len(records), self.high_water - partition_buffered))
+        if fits == 0:
+            return 0
+        cost = sum(map(len, records[:fits])) + fits * (allowance + RECORD_OVERHEAD)
+        if level_buffered > 0 and self.budget.used + cost <= self.budget.max_bytes:
+            self._room = 0  # the next `admits` sums again
+            return fits
+        taken = pending = 0
+        self._room = 0  # tight: the first record sums the budget again
+        for record in records[:fits]:
+            size = len(record) + allowance
+            if not self.admits(partition_buffered + taken, level_buffered + taken, size, pending):
+                break
+            taken += 1
+            pending += size + RECORD_OVERHEAD
+        return taken
 
     def may_resume(self, partition_buffered: int) -> bool:
         return partition_buffered <= self.low_water and self.budget.below_low_water()

@@ -112,3 +112,15 @@ def test_each_level_sees_the_others_admissions_within_the_recheck_window():
         extra += 1
     assert extra == 2  # room freed by A is found
     assert budget.used <= budget.max_bytes
+
+
+def test_a_batch_is_admitted_at_once_while_the_budget_has_room_and_record_by_record_after():
+    per_record = 100 + RECORD_OVERHEAD
+    flow, budget = _flow(5, 1, 8 * per_record)
+    level = Level(budget)
+    batch = [b"x" * 90] * 7  # 90 bytes of value + a 10-byte allowance = 100
+    assert flow.admit_many(0, 0, batch, 10) == 5  # the partition's high-water mark
+    for _ in range(6):
+        level.hold(100)
+    assert flow.admit_many(0, level.total_buffered, batch, 10) == 2  # the budget's room
+    assert flow.admit_many(5, level.total_buffered, batch, 10) == 0
