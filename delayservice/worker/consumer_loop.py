@@ -296,7 +296,7 @@ class ConsumerLoop:
         self._resume_drained()
         now = time.monotonic()
         if self._exactly_once:
-            self._forwarder.group_metadata = self._consumer.consumer_group_metadata()
+            self._hand_metadata(self._consumer)
         else:
             durable = self._forwarder.take_durable()
             if durable:
@@ -477,7 +477,7 @@ class ConsumerLoop:
     def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         gone = {tp.partition for tp in partitions}
         if self._exactly_once:
-            self._forwarder.group_metadata = consumer.consumer_group_metadata()
+            self._hand_metadata(consumer)
         durable = self._let_go(gone, commit=True)
         safe = [
             TopicPartition(self.level.topic, p, o)
@@ -507,6 +507,14 @@ class ConsumerLoop:
         if not self.owned_partitions and self.unassigned_since is None:
             self.unassigned_since = time.monotonic()
         log.warning("%s: lost %s", self.level.topic, sorted(gone))
+
+    def _hand_metadata(self, consumer: ConsumerClient) -> None:
+        """Give the forwarder the group metadata its transactions commit offsets with;
+        while the client has none (closing, between generations) it keeps the last."""
+        try:
+            self._forwarder.group_metadata = consumer.consumer_group_metadata()
+        except (RuntimeError, KafkaException) as exc:
+            log.debug("%s: no group metadata now: %s", self.level.topic, exc)
 
     def _let_go(self, gone: set[int], *, commit: bool) -> dict[int, int] | None:
         """The forwarder commits (or drops) what it holds of `gone`, then they are

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -39,14 +40,18 @@ from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
+from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.failures import UNKNOWN_TARGET, Failures, Key, Runs
 from delayservice.worker.partition_group import PartitionGroup
 from delayservice.worker.sender import (
+    FENCED,
     ForwarderFatalError,
     RecordSender,
     Routes,
+    SendLaterError,
+    producer_failed,
 )
 
 __all__ = ["ForwarderFatalError", "LevelForwarder", "Routes", "commit_floor"]
@@ -58,6 +63,8 @@ TAKE: Final = 5_000
 TXN_TIMEOUT_S: Final = 10.0
 GUARD_SLACK_S: Final = 5.0
 HANDOVER_WAIT_S: Final = 20.0
+REBUILDS: Final = 5
+REBUILD_WINDOW_S: Final = 300.0
 
 
 def commit_floor(interval_s: float) -> float:
@@ -95,13 +102,15 @@ class LevelForwarder:
         backoff: tuple[float, float] = (1.0, 30.0),
         give_up_s: float = 300.0,
         clock: Any = time,
+        make_producer: Callable[[], Any] | None = None,
     ) -> None:
         """`producer` is this level's own, built with `on_delivery=self.on_report` and
         `delivery.report.only.error` (and a `transactional.id` when `transactional`)."""
         self.level = level
         self.group = group
         self._producer = producer
-        self._targets = targets
+        self._make_producer = make_producer
+        self._rebuilds: deque[float] = deque()
         self._routes = routes
         self._on_fatal = on_fatal
         self.transactional = transactional
@@ -144,6 +153,7 @@ class LevelForwarder:
         self._in_txn = False
         self._txn_ready = False
         self._last_commit = clock.monotonic()
+        self._throttle = Throttle()
         # Shared with the consumer thread.
         self._lock = threading.Lock()
         self._durable: dict[int, int] = {}
@@ -229,6 +239,10 @@ class LevelForwarder:
                 self.step(wait=True)
             except ForwarderFatalError:
                 raise
+            except SendLaterError as exc:  # the transaction coordinator is not there yet
+                if self._throttle.allow("later") is not None:
+                    log.warning("%s: %s; trying again", self.level.topic, exc)
+                self._stopping.wait(0.5)
             except Exception:
                 self._m_loop_errors.inc()
                 log.exception("forwarder of %s: unexpected error; continuing", self.level.topic)
@@ -236,7 +250,14 @@ class LevelForwarder:
 
     def step(self, *, wait: bool = False, commit: bool = False) -> None:
         """One pass of the loop: sleep until something is due (`wait`), send what is due,
-        and reach a commit point when one is due (or when `commit`, for tests)."""
+        and reach a commit point when one is due (or when `commit`, for tests). A
+        producer that failed for good is replaced here (`rebuild_producer`)."""
+        try:
+            self._step(wait=wait, commit=commit)
+        except ForwarderFatalError as exc:
+            self.rebuild_producer(exc)
+
+    def _step(self, *, wait: bool, commit: bool) -> None:
         clock = self._clock
         self._serve_requests()
         if wait:
@@ -288,7 +309,10 @@ class LevelForwarder:
             request.offsets = {p: o for p, o in self._committed.items() if p in request.partitions}
             self._forget(request.partitions)
         except ForwarderFatalError as exc:
-            self._on_fatal(str(exc))
+            try:
+                self.rebuild_producer(exc)  # what was not committed goes again, elsewhere
+            except ForwarderFatalError as final:
+                self._on_fatal(str(final))
         except Exception:
             self._m_loop_errors.inc()
             log.exception("%s: handing over %s failed", self.level.topic, request.partitions)
@@ -306,6 +330,31 @@ class LevelForwarder:
             for partition in partitions:
                 self._durable.pop(partition, None)
 
+    def rebuild_producer(self, failure: ForwarderFatalError) -> None:
+        """Replace a producer that failed for good: everything sent since the last
+        commit goes back to the buffer and is sent again through a new one (whose
+        init_transactions ends the old one's transaction). Raises `failure` when the
+        producer was fenced (another live instance has this transactional id), when
+        no new one can be made, or when it keeps happening."""
+        now = self._clock.monotonic()
+        while self._rebuilds and now - self._rebuilds[0] > REBUILD_WINDOW_S:
+            self._rebuilds.popleft()
+        if failure.fenced or self._make_producer is None or len(self._rebuilds) >= REBUILDS:
+            raise failure
+        self._rebuilds.append(now)
+        log.error("%s: %s; replacing the producer", self.level.topic, failure)
+        self.sender.reports.clear()
+        self._in_txn = False
+        self._requeue({})
+        old = self._producer
+        try:
+            old.purge()
+        except Exception as exc:  # a failed client may refuse even this
+            log.warning("%s: purging the failed producer: %s", self.level.topic, exc)
+        self._producer = self._make_producer()
+        self.sender.replace_producer(self._producer)
+        self._txn_ready = False
+
     def _abandon(self, partitions: set[int]) -> None:
         """Lost partitions: nothing of theirs may commit. In exactly-once the open
         transaction holds their records, so it is aborted and the others go again."""
@@ -318,7 +367,12 @@ class LevelForwarder:
     # -- sending -------------------------------------------------------------------
     def _send_runs(self, runs: Runs) -> None:
         if self.transactional and not self._in_txn:
-            self._begin()
+            try:
+                self._begin()
+            except BaseException:
+                for partition, records in runs:  # taken, never sent: back where they were
+                    self.group.put_back(partition, records)
+                raise
         for index, (partition, taken) in enumerate(runs):
             sent = self.sender.send_run(partition, taken)
             records = taken
@@ -342,7 +396,18 @@ class LevelForwarder:
     # -- commit points -------------------------------------------------------------
     def _begin(self) -> None:
         if not self._txn_ready:
-            self._guarded("init_transactions", self._producer.init_transactions, TXN_TIMEOUT_S)
+            producer = self._producer
+            try:
+                self._guarded(
+                    "init_transactions",
+                    lambda: producer.init_transactions(TXN_TIMEOUT_S),
+                    TXN_TIMEOUT_S,
+                )
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.fatal():
+                    raise producer_failed(error, f"{self.level.topic}: init_transactions") from exc
+                raise SendLaterError(f"init_transactions: {exc}") from exc
             self._txn_ready = True
         self._producer.begin_transaction()
         self._in_txn = True
@@ -432,13 +497,8 @@ class LevelForwarder:
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
             self._m_commit_failures.inc()
-            if isinstance(error, KafkaError) and (
-                error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
-            ):
-                raise ForwarderFatalError(
-                    f"producer of {self.level.topic} is fenced or failed ({error.str()}); "
-                    "another live process may use the same instance_name"
-                ) from exc
+            if isinstance(error, KafkaError) and (error.fatal() or error.code() in FENCED):
+                raise producer_failed(error, f"{self.level.topic}: commit_transaction") from exc
             log.warning(
                 "%s: transaction could not commit (%s); sending it again",
                 self.level.topic,
@@ -490,12 +550,10 @@ class LevelForwarder:
         try:
             self._producer.abort_transaction(TXN_TIMEOUT_S)
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.fatal():
-                raise ForwarderFatalError(
-                    f"producer of {self.level.topic} failed while aborting: {error.str()}"
-                ) from exc
-            raise
+            # Whatever the transaction's state now, it is not ours to continue: a new
+            # producer's init_transactions ends it, and the interval goes again.
+            error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
+            raise producer_failed(error, f"{self.level.topic}: abort_transaction") from exc
         finally:
             self._in_txn = False
 
@@ -503,12 +561,10 @@ class LevelForwarder:
         reports, self.sender.reports = self.sender.reports, []
         for error, _, _ in reports:
             if error.fatal():
-                raise ForwarderFatalError(
-                    f"producer of {self.level.topic} hit a fatal error: {error.str()}"
-                )
+                raise producer_failed(error, f"{self.level.topic}: delivery")
         for error, report, _ in reports:
             if error.code() in UNKNOWN_TARGET and report.topic():
-                self._targets.forget(report.topic() or "")
+                self.sender.forget_target(report.topic() or "")
         return self.failures.place(reports, self._runs, self.sender.rerouted)
 
     def _holds(self, again: set[Key], backoff_ms: int) -> dict[int, int]:

@@ -65,7 +65,11 @@ class LevelWorker:
         config = client_config.level_producer(
             settings, client_id, transactional_id(settings, level) if exactly_once else None
         )
-        self.producer = make_producer({**config, "on_delivery": on_report})
+
+        def new_producer() -> Any:
+            return make_producer({**config, "on_delivery": on_report})
+
+        self.producer = new_producer()
         interval = settings.commit_interval()
         self.forwarder = LevelForwarder(
             level,
@@ -80,6 +84,7 @@ class LevelWorker:
             flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
             backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),
             give_up_s=settings.retry_give_up_s,
+            make_producer=new_producer,
         )
         forwarder_box.append(self.forwarder)
         group_id = f"{settings.group_id}-{level.topic}"

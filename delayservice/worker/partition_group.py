@@ -163,21 +163,23 @@ class PartitionGroup:
                 if queue is None or not queue:
                     self._in_heap.discard(partition)
                     continue
-                run: list[Message] = []
-                size = 0
                 overrides = self.overrides.get(partition)
-                while queue and taken < limit:
-                    head = queue[0]
-                    kind, stamp = head.timestamp()
-                    if kind == TIMESTAMP_LOG_APPEND_TIME:
-                        due = stamp + delay
-                    else:
-                        due = overrides.get(head.offset() or 0, 0) if overrides else 0
-                    if due > now_ms:
-                        break
-                    run.append(queue.popleft())
-                    size += len(head) + RECORD_KEY_ALLOWANCE
-                    taken += 1
+                run: list[Message] = []
+                if self._due(partition, queue[-1]) <= now_ms:  # a backlog: all of it is due
+                    pop = queue.popleft
+                    run = [pop() for _ in range(min(len(queue), limit - taken))]
+                else:
+                    while queue and taken + len(run) < limit:
+                        kind, stamp = queue[0].timestamp()
+                        if kind == TIMESTAMP_LOG_APPEND_TIME:
+                            due = stamp + delay
+                        else:
+                            due = overrides.get(queue[0].offset() or 0, 0) if overrides else 0
+                        if due > now_ms:
+                            break
+                        run.append(queue.popleft())
+                taken += len(run)
+                size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 if run:
                     out.append((partition, run))
                     self.counts[partition] -= len(run)

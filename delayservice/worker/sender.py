@@ -70,7 +70,22 @@ class Routes:
 
 
 class ForwarderFatalError(DelayServiceError):
-    """The producer cannot go on (fenced, fatal error): the daemon must stop."""
+    """The producer cannot go on: a new one replaces it, or (`fenced`: another live
+    instance has its transactional id, or failures keep coming) the daemon stops."""
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+
+
+FENCED: Final = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
+
+
+def producer_failed(error: KafkaError, what: str) -> ForwarderFatalError:
+    """The error for a producer that hit `error` (fatal) while doing `what`."""
+    fenced = error.code() in FENCED
+    hint = "; another live process may use the same instance_name" if fenced else ""
+    return ForwarderFatalError(f"{what}: {error.str()}{hint}", fenced=fenced)
 
 
 class SendLaterError(DelayServiceError):
@@ -118,6 +133,15 @@ class RecordSender:
         """Records of the open interval re-published to another delay topic."""
         self.lateness: list[int] = []
         """ms between due time and send of each forward in the open interval."""
+
+    def replace_producer(self, producer: Any) -> None:
+        """Send through `producer` from now on (the old one failed)."""
+        self._producer = producer
+        self._targets = TargetTopics(producer)
+
+    def forget_target(self, topic: str) -> None:
+        """The broker says `topic` does not exist: ask again next time."""
+        self._targets.forget(topic)
 
     def on_report(self, error: KafkaError | None, message: Message) -> None:
         """librdkafka's delivery report, failures only; served on the forwarder's thread."""
@@ -252,6 +276,17 @@ class RecordSender:
             if type(headers) is not list:  # the client gives a list, or None
                 headers = list(headers.items()) if isinstance(headers, dict) else None
             envelope, user, _ = unwrap(headers)
+            target = envelope.target
+            problem = self._names.problem(target) or self._out_of_range(envelope, due)
+            if problem is None:
+                count = self._targets.partitions(target)
+                if type(count) is not int or (
+                    envelope.partition is not None and envelope.partition >= count
+                ):
+                    problem = self._partition_problem(envelope, count)
+            if problem is not None:  # decided here, where it was read, not after a re-publish
+                self._dead_letter(partition, record, Doom(*problem))
+                return
             if envelope.delay_ms > self.level.delay_ms or (
                 envelope.due_ms is not None and envelope.due_ms > due
             ):
@@ -259,17 +294,6 @@ class RecordSender:
                 return
             if envelope.delay_ms <= self._routes.previous_delay_ms:
                 self._mismatch(BELOW_LEVEL)
-            target = envelope.target
-            problem = self._names.problem(target)
-            if problem is None:
-                count = self._targets.partitions(target)
-                if type(count) is not int or (
-                    envelope.partition is not None and envelope.partition >= count
-                ):
-                    problem = self._partition_problem(envelope, count)
-            if problem is not None:
-                self._dead_letter(partition, record, Doom(*problem))
-                return
             user.append((H_ID, envelope.id.encode()))
             user.append((H_DUE_MS, str(due).encode()))
             if spot in self.failures.suspects:
@@ -385,42 +409,42 @@ class RecordSender:
                 else "ask for more than the level; re-published where they fit",
             )
 
-    def _reroute(self, partition: int, record: Message, envelope: Envelope, due: int) -> None:
-        """Re-publish a record whose envelope's floor is later than its level's due time,
-        once, with its absolute due time, to where the rest of its wait fits."""
+    def _out_of_range(self, envelope: Envelope, due: int) -> tuple[str, str] | None:
+        """A delay longer than the longest level: no level may hold it (never early)."""
+        longest = self._routes.levels.max_delay_ms
         base = due - self.level.delay_ms
-        target_due = max(base + envelope.delay_ms, envelope.due_ms or 0, due)
-        routes = self._routes
-        longest = routes.levels.max_delay_ms
         if envelope.delay_ms > longest or (
             envelope.due_ms is not None and envelope.due_ms > base + longest
         ):
-            self._dead_letter(
-                partition,
-                record,
-                Doom(
-                    dl.REASON_DELAY_OUT_OF_RANGE,
-                    f"delay-ms {envelope.delay_ms} / delay-due-ms {envelope.due_ms} is beyond "
-                    f"the longest delay held here ({format_duration_ms(longest)})",
-                ),
+            return (
+                dl.REASON_DELAY_OUT_OF_RANGE,
+                f"delay-ms {envelope.delay_ms} / delay-due-ms {envelope.due_ms} is beyond "
+                f"the longest delay held here ({format_duration_ms(longest)})",
             )
-            return
+        return None
+
+    def _reroute(self, partition: int, record: Message, envelope: Envelope, due: int) -> None:
+        """Re-publish a record whose envelope's floor is later than its level's due time,
+        once, with its absolute due time, to where the rest of its wait fits: the
+        precise topic (delay-ms 0, so the absolute due time alone decides: exact), or
+        the smallest level that holds what remains (delay-ms is what remains: never
+        early, late by at most the gap between two levels)."""
+        base = due - self.level.delay_ms
+        target_due = max(base + envelope.delay_ms, envelope.due_ms or 0, due)
+        routes = self._routes
         self._mismatch(ABOVE_LEVEL)
         remaining = max(0, target_due - int(self._clock.time() * 1000))
         if routes.precise_topic is not None:
-            topic = routes.precise_topic
+            topic, delay_ms = routes.precise_topic, 0
         else:
-            topic = routes.levels.select(max(1, remaining)).topic
+            topic, delay_ms = routes.levels.select(max(1, remaining)).topic, remaining
         raw = record.headers()
         headers = [
             (n, v)
             for n, v in (raw if isinstance(raw, list) else [])
             if n not in (H_DUE_MS, H_DELAY_MS)
         ]
-        # delay-ms becomes what remains (a floor counted from the new append), and the
-        # absolute due time rides along: the copy is never early, and late by at most
-        # the gap between two levels.
-        headers.append((H_DELAY_MS, str(remaining).encode()))
+        headers.append((H_DELAY_MS, str(delay_ms).encode()))
         headers.append((H_DUE_MS, str(target_due).encode()))
         self._produce(self._producer.produce, topic, record.value(), record.key(), headers, None)
         self.rerouted[(partition, record.offset() or 0)] = topic
@@ -479,9 +503,7 @@ class RecordSender:
         if not isinstance(error, KafkaError):
             raise SendLaterError(str(exc))
         if error.fatal():
-            raise ForwarderFatalError(
-                f"producer of {self.level.topic} hit a fatal error: {error.str()}"
-            )
+            raise producer_failed(error, f"{self.level.topic}: produce")
         reason = permanent_reason(error)
         if reason is None:
             self._m_errors.labels(self.level.name, error.name()).inc()

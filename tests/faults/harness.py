@@ -32,6 +32,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def scenario_name(scenario: str, guarantee: str) -> str:
+    """A scenario's row in the table; exactly-once rows are marked."""
+    return f"{scenario} (exactly-once)" if guarantee == "exactly-once" else scenario
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
     """True once `condition` holds, False at the deadline: for drains, where the test
     still wants the numbers when something never arrives."""
@@ -346,6 +351,9 @@ class Reader:
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
+                # What an exactly-once consumer of the targets sees: the duplicates
+                # column counts copies that committed, not aborted attempts.
+                "isolation.level": "read_committed",
             }
         )
         self.records: dict[str, list[Rec]] = {}

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from delayservice.kafka.local_broker import LocalBroker
-from tests.faults.harness import now_ms
+from tests.faults.harness import now_ms, scenario_name
 from tests.faults.measure import recovery_s
 
 pytestmark = pytest.mark.kafka
@@ -45,8 +45,10 @@ def own_broker(unavailable):
         broker.stop()
 
 
-def _run_with_traffic(own_broker, fault_run, session_timeout_s: int | None = None):
-    run = fault_run(own_broker.bootstrap)
+def _run_with_traffic(
+    own_broker, fault_run, session_timeout_s: int | None = None, guarantee: str = "at-least-once"
+):
+    run = fault_run(own_broker.bootstrap, guarantee=guarantee)
     if session_timeout_s is not None:
         run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(session_timeout_s)
     target = run.target("broker")
@@ -67,17 +69,23 @@ def _verdict(run, report, back_ms: int, fault_summary) -> None:
     assert report.recovery_s is not None, "nothing was forwarded after the fault"
 
 
-def test_broker_restart_under_traffic_loses_nothing(own_broker, fault_run, fault_summary):
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_broker_restart_under_traffic_loses_nothing(
+    own_broker, fault_run, fault_summary, guarantee
+):
+    """Exactly-once: transactions open when the broker died are aborted and sent again."""
     # own_broker first: fixtures tear down in reverse, so the daemons stop before the broker.
-    run = _run_with_traffic(own_broker, fault_run)
+    run = _run_with_traffic(own_broker, fault_run, guarantee=guarantee)
     own_broker.kill()
     time.sleep(OUTAGE_S)  # holding the outage; records fall due meanwhile
     own_broker.restart()
     back = now_ms()
     time.sleep(8)
-    report = run.drain("3. broker restart", timeout=60)
+    report = run.drain(scenario_name("3. broker restart", guarantee), timeout=60)
     report.notes.append(f"broker down {OUTAGE_S:.0f} s + restart")
     _verdict(run, report, back, fault_summary)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 def test_broker_frozen_past_the_session_timeout_loses_nothing(own_broker, fault_run, fault_summary):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.faults.harness import now_ms
+from tests.faults.harness import now_ms, scenario_name
 from tests.faults.measure import recovery_s
 
 pytestmark = pytest.mark.kafka
@@ -24,11 +24,14 @@ SESSION_TIMEOUT_S = 6  # how long a killed member's partitions wait; the broker'
 SCENARIO = "5. group 2-3-1 x3"
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
-    fault_run, kafka_bootstrap, fault_summary
+    fault_run, kafka_bootstrap, fault_summary, guarantee
 ):
+    """Exactly-once: a revoked partition's transaction commits before it moves, and a
+    lost one's is aborted (or fenced by the broker), so nothing shows twice."""
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap)
+    run = fault_run(kafka_bootstrap, guarantee=guarantee)
     run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
     target = run.target("churn")
     names = (f"m{i}-{run.testbed.tag}" for i in itertools.count())
@@ -64,7 +67,7 @@ def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
             live.append(newcomer)
     time.sleep(SESSION_TIMEOUT_S + 4)  # the killed member's partitions move meanwhile
 
-    report = run.drain(SCENARIO, timeout=60)
+    report = run.drain(scenario_name(SCENARIO, guarantee), timeout=60)
     resumed = [r for r in recovery_s(report, left) if r is not None]
     report.recovery_s = max(resumed, default=None)
     report.notes.append(f"session timeout {SESSION_TIMEOUT_S} s; SIGTERM exits {sigterm_exits}")
@@ -74,4 +77,6 @@ def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
     assert not report.lost, report.problems()
     assert not report.early, report.problems()
     assert not report.wrong, report.problems()
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
     assert sigterm_exits == [0] * ROUNDS, f"SIGTERM exit codes {sigterm_exits} (None: overran)"

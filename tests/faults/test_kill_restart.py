@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.faults.harness import now_ms
+from tests.faults.harness import now_ms, scenario_name
 from tests.faults.measure import percentile, recovery_s
 
 pytestmark = pytest.mark.kafka
@@ -26,11 +26,14 @@ RESUME_BOUND_S = 20.0
 SCENARIO = "2. kill -9 x20 + restart"
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_kill_9_then_restart_under_the_same_name_loses_nothing_and_resumes_at_once(
-    fault_run, kafka_bootstrap, fault_summary
+    fault_run, kafka_bootstrap, fault_summary, guarantee
 ):
+    """Exactly-once: the restarted instance's transactional id fences the killed one's
+    open transaction, so a read_committed reader sees no duplicate either."""
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap)
+    run = fault_run(kafka_bootstrap, guarantee=guarantee)
     target = run.target("kill9")
     run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
     name = f"kill9-{run.testbed.tag}"
@@ -50,7 +53,7 @@ def test_kill_9_then_restart_under_the_same_name_loses_nothing_and_resumes_at_on
         run.assert_alive()
     time.sleep(5)  # traffic goes on after the last restart
 
-    report = run.drain(SCENARIO, timeout=60)
+    report = run.drain(scenario_name(SCENARIO, guarantee), timeout=60)
     resumed = recovery_s(report, restarts)
     windows = list(zip(restarts, [*kills[1:], math.inf], strict=True))
     # Records produced after a restart and due before the next kill: what a restarted
@@ -75,5 +78,7 @@ def test_kill_9_then_restart_under_the_same_name_loses_nothing_and_resumes_at_on
     assert not report.lost, report.problems()
     assert not report.early, report.problems()
     assert not report.wrong, report.problems()
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
     slow = [(i, r) for i, r in enumerate(resumed) if r is None or r > RESUME_BOUND_S]
     assert not slow, f"restarts (index, seconds) that did not resume in {RESUME_BOUND_S}s: {slow}"

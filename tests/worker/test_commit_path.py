@@ -461,3 +461,81 @@ def test_the_precise_topic_copy_and_the_level_copy_keep_the_user_headers(clock):
     (copy,) = rig.producer.to("delay_topic_3")
     assert copy.header("trace") == b"t1"
     assert copy.header("delay-target") == TARGET.encode()
+
+
+def test_transactions_that_cannot_start_yet_leave_the_records_in_the_buffer(clock):
+    rig = rig_for(clock, True)
+    attempts = []
+
+    def not_yet(timeout: float = -1) -> None:
+        attempts.append(timeout)
+        if len(attempts) == 1:
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "coordinator loading", retriable=True)
+            )
+
+    rig.producer.init_transactions = not_yet  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    step(rig)
+    with pytest.raises(level_forwarder_module.SendLaterError):
+        forward(rig)
+    assert rig.group.counts[0] == 2
+    rig.producer.txn_inits = 1
+    run(rig, clock)
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert committed(rig) == {0: 2}
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again(
+    clock, exactly_once
+):
+    """After a broker restart librdkafka can refuse to end a transaction (invalid state,
+    fatal): a new producer takes over, its init_transactions ends the old transaction,
+    and what was not committed is sent again through it."""
+    from tests.worker.fakes import FakeProducer
+
+    rig = rig_for(clock, exactly_once)
+    second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+    rig.forwarder._make_producer = lambda: second
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    run(rig, clock)
+    append(rig, 0, 2)
+    failed = KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True))
+    if exactly_once:
+        rig.producer.commit_txn_raises = failed
+    else:
+        rig.producer.outcome = lambda sent: kafka_error(KafkaError._FATAL, fatal=True)
+    run(rig, clock, passes=1)
+    assert rig.forwarder._producer is second
+    run(rig, clock)
+    assert rig.fatal == []
+    seen = forwarded(rig) + [s.delay_id or "" for s in second.visible(TARGET)]
+    assert sorted(set(seen)) == [f"id-0-{o}" for o in range(4)]
+    if exactly_once:
+        assert len(seen) == 4  # no duplicate for read_committed
+        assert second.committed_txns[-1][1] == [(0, 4)]
+    else:
+        assert rig.consumer.committed == {0: 4}
+
+
+def test_a_revoke_while_the_group_metadata_is_unavailable_still_hands_the_partition_over(
+    clock,
+):
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    step(rig)
+    forward(rig)
+
+    def unavailable() -> None:
+        raise RuntimeError("Consumer group metadata not available")
+
+    rig.consumer.consumer_group_metadata = unavailable  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert rig.loop.owned() == [1]
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
+    assert committed(rig) == {0: 2}  # with the metadata handed over before
