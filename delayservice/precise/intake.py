@@ -122,6 +122,7 @@ class Intake:
         self.after_batch = after_batch
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
+        self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._throttle = Throttle()
         self._m_consumed = metrics.consumed.labels(level_name)
         self._m_commits = metrics.commits.labels(level_name)
@@ -262,8 +263,21 @@ class Intake:
         for ledger, offset in durable:
             self.ledger.settle(ledger, offset, 0)
         self._commit()
+        if self._matched_at:
+            self._retire_matched()
         if in_memory:
             self._wheel.admit(in_memory)
+
+    def _retire_matched(self) -> None:
+        """Drop the cancels whose messages' offsets are now committed."""
+        waiting: list[tuple[int, int, str]] = []
+        for partition, offset, message_id in self._matched_at:
+            committed = self.committed(partition)
+            if committed is not None and committed > offset:
+                self._cancels.matched(message_id)
+            elif partition in self.ledger.partitions:
+                waiting.append((partition, offset, message_id))
+        self._matched_at = waiting
 
     def _one(
         self,
@@ -289,7 +303,9 @@ class Intake:
                 return False
             return True  # the owner dead-letters it
         if envelope.id in self._cancels:  # the cancel came first
-            self._cancels.matched(envelope.id)
+            # Retired only once this offset is committed: a crash before would read
+            # the message again and must still find its cancel.
+            self._matched_at.append((partition, offset, envelope.id))
             self._m_cancels.labels("cancelled").inc()
             return True
         replica = role is Role.REPLICA

@@ -128,6 +128,11 @@ class Wheel:
         heapq.heapify(self._unloaded)
         self._near: list[tuple[int, int]] = []  # unloaded, taken off the heap: due soon
         self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
+        # Cancels that removed their message, by the slot that held it: a cancel leaves
+        # the cancel log only once the message's settled mark (or the slot's deletion)
+        # is durable, so no crash can find the message on disk and its cancel gone.
+        self._matches: dict[SlotTracker, list[str]] = {}
+        self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
         self._in_memory: set[str] = set()  # ids loaded and not yet taken
         self._cancelled_in_memory: set[str] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -238,9 +243,11 @@ class Wheel:
                 self._in_memory.discard(message_id)
                 if message_id in self._cancelled_in_memory:
                     self._cancelled_in_memory.discard(message_id)
-                    self._cancels.matched(message_id)
+                    # Match and mark under one hold of the lock, so no write of marks
+                    # in between can retire the cancel before its message's mark.
+                    self._matches.setdefault(tracker, []).append(message_id)
+                    self._settle_locked(tracker, record.offset)
                     cancelled += 1
-                    settled.append((tracker, record.offset))
                     continue
                 replica = self._placement.role(record.partition) is Role.REPLICA
                 # An owner's record this overdue may have been taken over meanwhile.
@@ -278,26 +285,48 @@ class Wheel:
         until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
         so a restart does not send it again."""
         with self._lock:
-            tracker.outstanding -= 1
-            if tracker.deleted:
-                return
-            if tracker.outstanding <= 0 and not tracker.loading:
-                self._delete(tracker)
-            else:
-                self._marks.setdefault(tracker, []).append(offset)
+            self._settle_locked(tracker, offset)
+
+    def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
+        tracker.outstanding -= 1
+        if tracker.deleted:
+            return
+        if tracker.outstanding <= 0 and not tracker.loading:
+            self._delete(tracker)
+        else:
+            self._marks.setdefault(tracker, []).append(offset)
 
     def write_marks(self) -> None:
-        """Append the settled marks gathered since the last call, one write per slot."""
+        """Append the settled marks gathered since the last call, one write per slot;
+        then retire the cancels whose messages those marks (or deletions) settled."""
         with self._lock:
             marks, self._marks = self._marks, {}
             for tracker, offsets in marks.items():
                 if not tracker.deleted:
                     frames = b"".join(map(encode_settled, offsets))
                     self._store.append(tracker.partition, tracker.second, frames)
+                self._matches_durable.extend(self._matches.pop(tracker, ()))
+            retire, self._matches_durable = self._matches_durable, []
+        if retire:
+            self._retire(retire)
+
+    def _retire(self, message_ids: list[str]) -> None:
+        """Drop matched cancels from the log once the marks or deletions that settled
+        their messages are durable. A failed sync keeps them: a kept cancel only waits
+        for its expiry, a dropped one could let its message out after a restart."""
+        try:
+            self._store.sync()
+        except Exception:
+            with self._lock:
+                self._matches_durable.extend(message_ids)
+            raise
+        for message_id in message_ids:
+            self._cancels.matched(message_id)
 
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True
         self._marks.pop(tracker, None)
+        self._matches_durable.extend(self._matches.pop(tracker, ()))
         self._trackers.pop((tracker.partition, tracker.second), None)
         self._store.delete(tracker.partition, tracker.second)
 
@@ -384,7 +413,8 @@ class Wheel:
             for entry in loaded:
                 message_id = entry[0].envelope.id  # type: ignore[union-attr]  # held() sets it
                 if message_id in cancels:
-                    cancels.matched(message_id)
+                    self._matches.setdefault(tracker, []).append(message_id)
+                    self._marks.setdefault(tracker, []).append(entry[0].offset)
                     cancelled += 1
                     continue
                 in_memory.add(message_id)

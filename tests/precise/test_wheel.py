@@ -211,8 +211,10 @@ def test_a_cancel_of_a_loaded_record_stops_it_and_is_counted(rig):
     rig.clock.now = NOW + 3
     assert rig.take() == []
     assert rig.outcomes.counts["cancelled"] == 1
-    assert "id-1" not in rig.cancels  # it did its job
     assert rig.files() == 0
+    assert "id-1" in rig.cancels  # until the deletion is known durable
+    rig.wheel.write_marks()  # the loader's next round syncs, then retires it
+    assert "id-1" not in rig.cancels  # it did its job
 
 
 def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
@@ -223,6 +225,48 @@ def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
     rig.wheel._load_due_slots()
     assert rig.take() == [2]
     assert rig.outcomes.counts["cancelled"] == 1
+
+
+def _restart(rig: Rig, tmp_path: Path, now: float) -> Rig:
+    """The process dies: files stay as they are, nothing more is written."""
+    rig.store.close()
+    rig.cancels.close()
+    again = Rig(tmp_path)
+    again.clock.now = now
+    again.wheel._load_due_slots()
+    return again
+
+
+@pytest.mark.parametrize("marks_written", [False, True])
+def test_a_cancel_matched_as_its_slot_loads_survives_a_kill(rig, tmp_path, marks_written):
+    for offset in (1, 2, 3):
+        rig.append(offset, ms(60))
+    assert rig.wheel.cancel("id-2", ms(1000)) == "pending"
+    rig.cancels.sync()
+    rig.clock.now = NOW + 56
+    rig.wheel._load_due_slots()  # matched in memory; the slot still waits for 1 and 3
+    if marks_written:
+        rig.wheel.write_marks()
+        assert "id-2" not in rig.cancels  # the mark is durable: the cancel may go
+    again = _restart(rig, tmp_path, NOW + 61)
+    assert again.take() == [1, 3]
+    assert again.files() == 0
+
+
+@pytest.mark.parametrize("marks_written", [False, True])
+def test_a_cancel_of_a_record_in_memory_survives_a_kill(rig, tmp_path, marks_written):
+    for offset, due in ((1, 1.2), (2, 1.5), (3, 1.9)):
+        rig.append(offset, ms(due))
+    assert rig.wheel.cancel("id-2", ms(1000)) == "pending"
+    rig.cancels.sync()
+    rig.clock.now = NOW + 1.6
+    assert rig.take() == [1]  # 2 is called off; the slot still waits for 3
+    if marks_written:
+        rig.wheel.write_marks()
+    again = _restart(rig, tmp_path, NOW + 2)
+    # Without its mark, 1 goes again (a duplicate, never a loss); 2 never does.
+    assert again.take() == ([3] if marks_written else [1, 3])
+    assert again.files() == 0
 
 
 def test_a_cancel_after_the_record_was_sent_is_too_late(rig):
