@@ -15,6 +15,11 @@ What a record carries decides its fate, and nothing it carries stops this thread
 - a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
 - anything else is dead-lettered with a reason by the partition's owner (a replica
   leaves that to the owner); its offset commits once the dead letter is acknowledged.
+
+A fault of the disk is not a record's: a full disk, a failed write or fsync, or a data
+directory gone (`storage_fault`) stops this thread and the daemon through `on_fatal`,
+with nothing dead-lettered and nothing committed past what is durable, so every record
+not yet synced is read again after the restart.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_ledger import PreciseLedger
 from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.admission import Admission
@@ -104,8 +110,11 @@ class Intake:
         max_delay_ms: int,
         on_fatal: Callable[[str], None],
         after_batch: Callable[[], None] = lambda: None,
+        check_storage: Callable[[], None] = lambda: None,
     ) -> None:
-        """`after_batch` runs on this thread after every iteration (progress reports)."""
+        """`after_batch` runs on this thread after every iteration (progress reports).
+        `check_storage` runs after each sync, before the commit, and raises
+        `StorageError` when the data directory is no longer the one written to."""
         self.topic = topic
         self._make_consumer = make_consumer
         self._consumer: ConsumerClient | None = None
@@ -120,6 +129,7 @@ class Intake:
         self._max_delay_ms = max_delay_ms
         self._on_fatal = on_fatal
         self.after_batch = after_batch
+        self._check_storage = check_storage
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
@@ -191,11 +201,24 @@ class Intake:
                 elif self._throttle.allow(("retriable", error.code())) is not None:
                     log.warning("intake of %s: %s; retrying", self.topic, error.str())
                 self._stopping.wait(ERROR_PAUSE_S)
+            except (StorageError, OSError) as fault:
+                self._storage_fault(fault)
+                break
             except Exception:
                 self._m_loop_errors.inc()
                 log.exception("intake of %s: unexpected error; continuing", self.topic)
                 self._stopping.wait(ERROR_PAUSE_S)
         self._shutdown()
+
+    def _storage_fault(self, fault: Exception) -> None:
+        """Stop reading: every record from here on would fail alike. What was synced is
+        committed on the way out; the rest stays uncommitted, to be read again."""
+        self._stopping.set()
+        self._m_loop_errors.inc()
+        self._on_fatal(
+            f"storage fault in precise mode ({fault}); records of {self.topic} not yet "
+            "on disk stay uncommitted and are read again after a restart"
+        )
 
     def _assign(self) -> None:
         """Assign this member's partitions, and any the topic has gained since."""
@@ -253,6 +276,8 @@ class Intake:
                 self._check_origin(partition, offset)
                 if self._one(message, ledger, now_ms, in_memory):
                     durable.append((ledger, offset))
+            except (StorageError, OSError):
+                raise  # the disk's fault, not the record's: stop, dead-letter nothing
             except Exception as exc:
                 log.exception("%s[%d]@%d: could not store a record", self.topic, partition, offset)
                 self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
@@ -260,6 +285,7 @@ class Intake:
         if durable or in_memory:
             self._store.sync()
             self._cancels.sync()
+            self._check_storage()
         for ledger, offset in durable:
             self.ledger.settle(ledger, offset, 0)
         self._commit()
