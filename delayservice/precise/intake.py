@@ -133,6 +133,7 @@ class Intake:
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
+        self._to_write: list[tuple[int, int, bytes, HeldRecord]] = []  # this batch's records
         self._throttle = Throttle()
         self._m_consumed = metrics.consumed.labels(level_name)
         self._m_commits = metrics.commits.labels(level_name)
@@ -281,6 +282,7 @@ class Intake:
             except Exception as exc:
                 log.exception("%s[%d]@%d: could not store a record", self.topic, partition, offset)
                 self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
+        self._write_batch(in_memory)
         self._m_consumed.inc(consumed)
         if durable or in_memory:
             self._store.sync()
@@ -348,11 +350,19 @@ class Intake:
             [(n, v.encode() if isinstance(v, str) else v) for n, v in record.headers],
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
-        tracker = self._wheel.append(partition, fire_ms, encode(stored))
-        if tracker is not None:
-            record.ledger = tracker
-            in_memory.append((record, fire_ms / 1000))
+        self._to_write.append((partition, fire_ms, encode(stored), record))
         return True
+
+    def _write_batch(self, in_memory: list[tuple[HeldRecord, float]]) -> None:
+        """Write the batch's records, one write per file (`Wheel.append_many`)."""
+        batch, self._to_write = self._to_write, []
+        if not batch:
+            return
+        trackers = self._wheel.append_many([(p, fire, frame) for p, fire, frame, _ in batch])
+        for (_, fire_ms, _, record), tracker in zip(batch, trackers, strict=True):
+            if tracker is not None:
+                record.ledger = tracker
+                in_memory.append((record, fire_ms / 1000))
 
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
         if not message_id:

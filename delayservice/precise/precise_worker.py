@@ -133,6 +133,8 @@ class PreciseWorker:
             outcomes,
             settings.precise_lookahead_s,
             takeover_s=takeover_s,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            horizon_s=settings.precise_horizon_s,
         )
         self.ledger = PreciseLedger(self._settled)
         keep = buffer.keep

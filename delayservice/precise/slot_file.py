@@ -228,3 +228,66 @@ def decode(data: bytes | memoryview) -> tuple[list[StoredRecord], int]:
     if settled:
         records = [r for r in records if r.offset not in settled]
     return records, pos
+
+
+class Frame(NamedTuple):
+    """Where one whole frame sits, and what routing it needs, without parsing its body."""
+
+    start: int  # position of its magic byte
+    end: int  # one past its last byte
+    settled: bool  # a settled mark (then `offset` is the record it names)
+    offset: int
+    fire_ms: int  # due_ms, plus `takeover_ms` for a replica's copy (0 for a mark)
+
+
+def frames(
+    data: bytes | memoryview, takeover_ms: int = 0, start: int = 0
+) -> tuple[list[Frame], int]:
+    """The whole, checksummed frames of `data` from `start`, and where they stop.
+
+    Only the frame header and the body's fixed fields are read, so moving or indexing
+    records costs a checksum and an unpack, not a parse. A frame cut off by the end of
+    `data` stops the walk: a chunked reader continues from the returned position.
+    """
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    out: list[Frame] = []
+    end = len(view)
+    pos = start
+    unpack_frame, crc32, fixed = _FRAME.unpack_from, zlib.crc32, _FIXED.unpack_from
+    while pos + FRAME_OVERHEAD <= end:
+        magic, length, crc = unpack_frame(view, pos)
+        body_end = pos + FRAME_OVERHEAD + length
+        if magic not in (MAGIC, SETTLED_MAGIC) or body_end > end:
+            break
+        body = view[pos + FRAME_OVERHEAD : body_end]
+        if crc32(body) != crc:
+            break
+        if magic == SETTLED_MAGIC:
+            if length != _I64.size:
+                break
+            out.append(Frame(pos, body_end, True, _I64.unpack_from(body)[0], 0))
+        else:
+            if length < _FIXED.size:
+                break
+            offset, due_ms, _delay, _partition, flags, _ = fixed(body, 0)
+            fire_ms = due_ms + (takeover_ms if flags & _FLAG_REPLICA else 0)
+            out.append(Frame(pos, body_end, False, offset, fire_ms))
+        pos = body_end
+    return out, pos
+
+
+def frame_length(data: bytes | memoryview) -> int | None:
+    """The full length of the frame that starts `data` (None: not even a header), so a
+    chunked reader can fetch a frame larger than its chunk in one piece."""
+    if len(data) < FRAME_OVERHEAD:
+        return None
+    _magic, length, _crc = _FRAME.unpack_from(data, 0)
+    return int(FRAME_OVERHEAD + length)
+
+
+def parse_frame(frame: bytes | memoryview) -> StoredRecord:
+    """The record in one whole frame that `frames` found (its checksum already checked)."""
+    view = memoryview(frame)
+    return _parse(view[FRAME_OVERHEAD:])

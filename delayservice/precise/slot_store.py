@@ -1,9 +1,11 @@
-"""The directory of slot files: `root/p{partition}/{second}.slot` plus an `origin` marker.
+"""The directory of slot files: `root/p{partition}/{second}.slot` plus an `origin` marker,
+and span files `root/p{partition}/{start}_{width}.span` for records further out (see
+`tiers`).
 
-The wheel is single-layer so that a file is only ever appended to or deleted whole;
-nothing is rewritten, and a crash can only leave a torn tail, which `slot_file`
-detects. Appends go to the page cache and `sync` makes them durable in one pass, so
-the intake thread can commit Kafka offsets once per batch rather than per record.
+A file, slot or span, is only ever appended to or deleted whole; nothing is
+rewritten, and a crash can only leave a torn tail, which `slot_file` detects. Appends
+go to the page cache and `sync` makes them durable in one pass, so the intake thread
+can commit Kafka offsets once per batch rather than per record.
 
 Two threads share a store: the intake thread appends and syncs, the forwarder reads
 and deletes. State sits behind one lock; the slow parts (fsync, reading a whole slot)
@@ -26,7 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from delayservice.precise.slot_file import StoredRecord, decode
+from delayservice.precise.slot_file import (
+    FRAME_OVERHEAD,
+    StoredRecord,
+    decode,
+    frame_length,
+    frames,
+)
 from delayservice.precise.storage_fault import StorageError, ignore, reported
 
 log = logging.getLogger(__name__)
@@ -34,11 +42,14 @@ log = logging.getLogger(__name__)
 ORIGIN: Final = "origin"
 _ORIGIN_TMP: Final = "origin.tmp"
 _SLOT_RE: Final = re.compile(r"-?[0-9]+\.slot")
+_SPAN_RE: Final = re.compile(r"(-?[0-9]+)_([0-9]+)\.span")
 _PARTITION_RE: Final = re.compile(r"p[0-9]+")
 SYNCFS_ABOVE: Final = 32
 """More touched files than this and one `syncfs` beats an fsync per file."""
 
-Key = tuple[int, int]  # (partition, second)
+Key = tuple[int, int, int]  # (partition, first second, width in seconds; 1: a slot)
+TAIL_CHUNK: Final = 8 * 1024 * 1024
+"""Bytes read at a time when a file's torn tail is looked for."""
 
 
 class SlotStoreError(StorageError):
@@ -115,19 +126,19 @@ class SlotStore:
                 log.warning("ignoring unknown entry %s in the slot directory", entry)
                 continue
             self._partitions.add(partition)
-            for file in entry.iterdir():
+            for file in os.scandir(entry):
                 if file.name in (ORIGIN, _ORIGIN_TMP):
                     continue
-                second = int(file.name[:-5]) if _SLOT_RE.fullmatch(file.name) else None
-                if second is None or file.name != f"{second}.slot" or not file.is_file():
-                    log.warning("ignoring unknown entry %s in the slot directory", file)
+                key = _parse_name(partition, file.name)
+                if key is None or not file.is_file():
+                    log.warning("ignoring unknown entry %s in the slot directory", file.path)
                     continue
                 size = file.stat().st_size
-                self._sizes[(partition, second)] = size
+                self._sizes[key] = size
                 self._bytes += size
 
-    def _path(self, partition: int, second: int) -> Path:
-        return self._root / f"p{partition}" / f"{second}.slot"
+    def _path(self, partition: int, second: int, width: int = 1) -> Path:
+        return self._root / f"p{partition}" / _name(second, width)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -150,11 +161,12 @@ class SlotStore:
 
     def _repair_tail(self, key: Key, fd: int, path: Path) -> None:
         """Cut a torn tail from a file written before this process, so new frames follow
-        the last whole record instead of hiding behind garbage."""
+        the last whole record instead of hiding behind garbage. Frames are walked by
+        their headers and checksums, a chunk at a time: a big span costs a read, not a
+        parse nor its size in memory."""
         size = os.fstat(fd).st_size
         if size:
-            with open(path, "rb") as file:
-                _, valid = decode(file.read(size))
+            valid = _valid_prefix(path, size)
             if valid < size:
                 log.warning("truncating torn tail of %s: %d bytes dropped", path, size - valid)
                 os.ftruncate(fd, valid)
@@ -163,8 +175,8 @@ class SlotStore:
         self._set_size(key, size)
         self._checked.add(key)
 
-    def _handle(self, partition: int, second: int) -> int:
-        key = (partition, second)
+    def _handle(self, partition: int, second: int, width: int = 1) -> int:
+        key = (partition, second, width)
         fd = self._handles.get(key)
         if fd is not None:
             self._handles.move_to_end(key)
@@ -173,7 +185,7 @@ class SlotStore:
             (self._root / f"p{partition}").mkdir(exist_ok=True)
             self._partitions.add(partition)
             self._dirty_root = True
-        path = self._path(partition, second)
+        path = self._path(partition, second, width)
         if key not in self._sizes:
             self._dirty_dirs.add(partition)  # a new directory entry to make durable
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -189,25 +201,44 @@ class SlotStore:
         return fd
 
     @reported
-    def append(self, partition: int, second: int, frames: bytes) -> None:
-        """Add framed records to a slot. Not durable until `sync`."""
+    def append(self, partition: int, second: int, frames: bytes, width: int = 1) -> None:
+        """Add framed records to a slot (or a span of `width` seconds starting at
+        `second`). Not durable until `sync`."""
         if partition < 0:
             raise ValueError(f"partition must be >= 0, got {partition}")
-        key = (partition, second)
         with self._lock:
-            self._check_open()
-            try:
-                fd = self._handle(partition, second)
-            except OSError as exc:
-                raise _fail("open slot", self._path(partition, second), exc) from exc
-            self._dirty.add(key)
-            before = self._sizes[key]
-            try:
-                _write_all(fd, frames)
-            except OSError as exc:
-                self._undo_write(key, fd, before)
-                raise _fail("append to slot", self._path(partition, second), exc) from exc
-            self._set_size(key, before + len(frames))
+            self._append_locked((partition, second, width), frames)
+
+    @reported
+    def append_many(self, writes: dict[Key, list[bytes]]) -> list[Key]:
+        """Append each file's frames in one write per file, under one hold of the lock;
+        returns the files this created. Not durable until `sync`. A failure leaves
+        the files written before it as they are: not yet durable, and the caller
+        commits nothing of the batch."""
+        created: list[Key] = []
+        with self._lock:
+            for key, parts in writes.items():
+                if key[0] < 0:
+                    raise ValueError(f"partition must be >= 0, got {key[0]}")
+                if key not in self._sizes:
+                    created.append(key)
+                self._append_locked(key, b"".join(parts))
+        return created
+
+    def _append_locked(self, key: Key, frames: bytes) -> None:
+        self._check_open()
+        try:
+            fd = self._handle(*key)
+        except OSError as exc:
+            raise _fail("open slot", self._path(*key), exc) from exc
+        self._dirty.add(key)
+        before = self._sizes[key]
+        try:
+            _write_all(fd, frames)
+        except OSError as exc:
+            self._undo_write(key, fd, before)
+            raise _fail("append to slot", self._path(*key), exc) from exc
+        self._set_size(key, before + len(frames))
 
     def _undo_write(self, key: Key, fd: int, before: int) -> None:
         """Take a partial write back, or failing that make the next append re-check."""
@@ -298,14 +329,54 @@ class SlotStore:
         """Every existing slot as (second, partition), earliest first."""
         with self._lock:
             if self._sorted is None:
-                self._sorted = sorted((second, partition) for partition, second in self._sizes)
+                self._sorted = sorted(
+                    (second, partition) for partition, second, width in self._sizes if width == 1
+                )
             return list(self._sorted)
 
-    def size(self, partition: int, second: int) -> int | None:
-        """Bytes appended to a slot so far, or None when it does not exist."""
+    def file_count(self) -> int:
+        """Slot and span files on disk."""
+        with self._lock:
+            return len(self._sizes)
+
+    def spans(self) -> list[Key]:
+        """Every existing span file as (partition, start, width)."""
+        with self._lock:
+            return [key for key in self._sizes if key[2] != 1]
+
+    def earliest(self) -> dict[int, int]:
+        """Per partition, the first second of its earliest file, slot or span. One pass
+        over the files, whose number the tiers bound."""
+        earliest: dict[int, int] = {}
+        with self._lock:
+            for partition, start, _ in self._sizes:
+                if start < earliest.get(partition, start + 1):
+                    earliest[partition] = start
+        return earliest
+
+    def size(self, partition: int, second: int, width: int = 1) -> int | None:
+        """Bytes appended to a file so far, or None when it does not exist."""
         with self._lock:
             self._check_open()
-            return self._sizes.get((partition, second))
+            return self._sizes.get((partition, second, width))
+
+    @reported
+    def read_at(self, key: Key, position: int, length: int) -> bytes:
+        """`length` bytes of a file from `position` (fewer at its end; b"" once it is
+        gone): a chunk of a span being split, or of a slot being loaded."""
+        path = self._path(*key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc
+        try:
+            return os.pread(fd, length, position)
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc
+        finally:
+            os.close(fd)
 
     @reported
     def read(self, partition: int, second: int, size: int | None = None) -> list[StoredRecord]:
@@ -329,10 +400,11 @@ class SlotStore:
         return records
 
     @reported
-    def delete(self, partition: int, second: int) -> None:
-        """Remove a slot whole, once every record in it has been forwarded."""
-        key = (partition, second)
-        path = self._path(partition, second)
+    def delete(self, partition: int, second: int, width: int = 1) -> None:
+        """Remove a file whole: a slot once every record in it has been settled, a span
+        once its records are durable in finer files."""
+        key = (partition, second, width)
+        path = self._path(partition, second, width)
         with self._lock:
             self._check_open()
             if key not in self._sizes:
@@ -406,3 +478,36 @@ class SlotStore:
             self._closed = True
             while self._handles:
                 self._close_handle(next(iter(self._handles)))
+
+
+def _name(start: int, width: int) -> str:
+    return f"{start}.slot" if width == 1 else f"{start}_{width}.span"
+
+
+def _parse_name(partition: int, name: str) -> Key | None:
+    """The file a directory entry is, or None for anything this store never writes."""
+    if _SLOT_RE.fullmatch(name):
+        key = (partition, int(name[:-5]), 1)
+    elif match := _SPAN_RE.fullmatch(name):
+        key = (partition, int(match[1]), int(match[2]))
+        if key[2] < 2:
+            return None
+    else:
+        return None
+    return key if _name(key[1], key[2]) == name else None  # "05.slot" is never written
+
+
+def _valid_prefix(path: Path, size: int) -> int:
+    """Length of the whole frames at the start of a file's first `size` bytes."""
+    valid = 0
+    with open(path, "rb") as file:
+        while valid < size:
+            file.seek(valid)
+            head = file.read(FRAME_OVERHEAD)
+            want = max(TAIL_CHUNK, frame_length(head) or 0)
+            file.seek(valid)
+            _, end = frames(file.read(min(size - valid, want)))
+            if end == 0:
+                break
+            valid += end
+    return valid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from delayservice.envelope import Envelope
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
 from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Wheel, WheelBuffer
@@ -51,12 +53,17 @@ class Coverage:
 
 
 class Rig:
-    def __init__(self, root: Path, placement: Placement | None = None) -> None:
+    def __init__(
+        self, root: Path, placement: Placement | None = None, now: float = NOW, **options: int
+    ) -> None:
+        """`options`: the wheel's `horizon_s` and `max_buffered_bytes`."""
         self.clock = Clock()
+        self.clock.now = now
         self.store = SlotStore(root / "slots")
         self.cancels = CancelLog(root / "cancels.log")
         self.outcomes = Outcomes()
         self.coverage = Coverage()
+        self.options = options
         self.wheel = self.new_wheel(placement or Placement(1, 0, 1))
 
     def new_wheel(self, placement: Placement) -> Wheel:
@@ -70,6 +77,7 @@ class Rig:
             takeover_s=3.0,
             coverage=self.coverage,
             clock=self.clock,
+            **self.options,
         )
 
     def stored(self, offset: int, due_ms: int, replica: bool = False) -> StoredRecord:
@@ -334,7 +342,6 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     with rig.wheel._lock:
         key = (0, int(ms(30) // 1000))
         rig.wheel._near.remove((key[1], key[0]))
-        rig.wheel._unloaded_set.discard(key)
         tracker = rig.wheel._trackers[key] = SlotTracker(*key)
         tracker.loading = True
         size = rig.store.size(*key)
@@ -342,8 +349,9 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     rig.clock.now = NOW + 29.6
     assert rig.take() == [2]
     assert rig.files() == 1  # the older record is still on disk, not yet in memory
-    loaded, _ = rig.wheel._load(tracker, size)
-    rig.wheel.buffer.schedule_many(loaded)
+    read_at = functools.partial(rig.store.read_at, (*key, 1))
+    rig.wheel._loading[tracker] = SlotIndex(read_at, size or 0, key[1], 3000)
+    rig.wheel._fill()
     rig.clock.now = NOW + 30
     assert rig.take() == [1]
     assert rig.files() == 0
