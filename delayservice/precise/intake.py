@@ -11,7 +11,8 @@ rather than subscribed: a rebalance would strand the records on this instance's 
 Its offsets still live under a group id of its own, one per member.
 
 What a record carries decides its fate, and nothing it carries stops this thread:
-- a cancel marker (`delay-cancel`) calls off the message it names;
+- a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
+  another partition (`ids`), where alone that message can be;
 - a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
 - anything else is dead-lettered with a reason by the partition's owner (a replica
   leaves that to the owner); its offset commits once the dead letter is acknowledged.
@@ -37,6 +38,7 @@ from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.ids import named_partition
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_ledger import PreciseLedger
@@ -55,7 +57,9 @@ log = logging.getLogger(__name__)
 BATCH: Final = 2000
 POLL_TIMEOUT_S: Final = 0.2
 ERROR_PAUSE_S: Final = 0.5
-METADATA_EVERY_S: Final = 30.0
+METADATA_EVERY_S: Final = 10.0
+"""How often the partition count is read: partitions added to the precise topic are
+read within this long."""
 LAG_EVERY_S: Final = 5.0
 CANCEL_GRACE_MS: Final = 60_000
 """A cancel is kept until max_delay after it was appended, plus this much for clocks."""
@@ -369,6 +373,12 @@ class Intake:
             if self._throttle.allow("cancel without id") is not None:
                 log.warning("%s: cancel markers without an id are ignored", self.topic)
             self._m_cancels.labels("refused").inc()
+            return
+        named = named_partition(message_id)
+        if named is not None and named != message.partition():
+            # Its message lives on the partition its id names (`ids`): kept here, the
+            # cancel could never match, and would take room for up to max_delay.
+            self._m_cancels.labels("unmatched").inc()
             return
         _, appended = message.timestamp()
         base = appended if appended > 0 else now_ms
