@@ -68,9 +68,12 @@ class StoredRecord(NamedTuple):
     headers: list[tuple[str, bytes | None]]  # the user's headers
 
 
+_NONE: Final = _I32.pack(-1)
+
+
 def _optional_bytes(parts: list[bytes], data: bytes | None) -> None:
     if data is None:
-        parts.append(_I32.pack(-1))
+        parts.append(_NONE)
         return
     if len(data) > _MAX_I32:
         raise SlotFormatError(f"a field of {len(data)} bytes does not fit a slot frame")
@@ -79,40 +82,41 @@ def _optional_bytes(parts: list[bytes], data: bytes | None) -> None:
 
 
 def encode(record: StoredRecord) -> bytes:
-    """Frame one record. Raises `SlotFormatError` for fields the format cannot hold."""
-    partition = record.target_partition
+    """Frame one record. Raises `SlotFormatError` for fields the format cannot hold.
+    Key and value are framed inline: this runs once per record the intake stores."""
+    (offset, due_ms, replica, message_id, target, partition, delay_ms, key, value, headers) = record
     if partition is None:
         partition = -1
     elif partition < 0:
         raise SlotFormatError(f"target partition must be >= 0, got {partition}")
     try:
-        message_id = record.message_id.encode()
-        target = record.target.encode()
-        if len(target) > _MAX_U16:
-            raise SlotFormatError(f"target topic name of {len(target)} bytes is too long")
+        raw_id = message_id.encode()
+        raw_target = target.encode()
+        if len(raw_target) > _MAX_U16:
+            raise SlotFormatError(f"target topic name of {len(raw_target)} bytes is too long")
+        if (key is not None and len(key) > _MAX_I32) or (
+            value is not None and len(value) > _MAX_I32
+        ):
+            raise SlotFormatError("a key or value does not fit a slot frame")
+        flags = _FLAG_REPLICA if replica else 0
         parts = [
-            _FIXED.pack(
-                record.offset,
-                record.due_ms,
-                record.delay_ms,
-                partition,
-                _FLAG_REPLICA if record.replica else 0,
-                len(message_id),
-            ),
-            message_id,
-            _U16.pack(len(target)),
-            target,
+            _FIXED.pack(offset, due_ms, delay_ms, partition, flags, len(raw_id)),
+            raw_id,
+            _U16.pack(len(raw_target)),
+            raw_target,
+            _NONE if key is None else _I32.pack(len(key)),
+            key or b"",
+            _NONE if value is None else _I32.pack(len(value)),
+            value or b"",
+            _U32.pack(len(headers)),
         ]
-        _optional_bytes(parts, record.key)
-        _optional_bytes(parts, record.value)
-        parts.append(_U32.pack(len(record.headers)))
-        for name, value in record.headers:
+        for name, header_value in headers:
             raw_name = name.encode()
             parts.append(_U32.pack(len(raw_name)))
             parts.append(raw_name)
-            _optional_bytes(parts, value)
+            _optional_bytes(parts, header_value)
     except (struct.error, UnicodeEncodeError) as exc:
-        raise SlotFormatError(f"record {record.message_id!r} cannot be framed: {exc}") from exc
+        raise SlotFormatError(f"record {message_id!r} cannot be framed: {exc}") from exc
     body = b"".join(parts)
     return _FRAME.pack(MAGIC, len(body), zlib.crc32(body)) + body
 

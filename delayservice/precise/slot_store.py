@@ -44,6 +44,9 @@ _ORIGIN_TMP: Final = "origin.tmp"
 _SLOT_RE: Final = re.compile(r"-?[0-9]+\.slot")
 _SPAN_RE: Final = re.compile(r"(-?[0-9]+)_([0-9]+)\.span")
 _PARTITION_RE: Final = re.compile(r"p[0-9]+")
+OPEN_FILES: Final = 512
+"""Append descriptors kept open: at least the span files a batch of far-future records
+touches (the tiers bound them at about 125 per partition), so a batch reopens few."""
 SYNCFS_ABOVE: Final = 32
 """More touched files than this and one `syncfs` beats an fsync per file."""
 
@@ -91,7 +94,7 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
 
 
 class SlotStore:
-    def __init__(self, root: Path, open_files: int = 64) -> None:
+    def __init__(self, root: Path, open_files: int = OPEN_FILES) -> None:
         if open_files < 1:
             raise ValueError(f"open_files must be >= 1, got {open_files}")
         self._root = root
@@ -261,6 +264,8 @@ class SlotStore:
         from the last committed offset is safe.
         """
         with self._sync_lock:
+            if self._sync_many():
+                return
             fds, paths, dirs = self._take_dirty()
             try:
                 if len(fds) + len(paths) > SYNCFS_ABOVE and self._syncfs_all():
@@ -278,6 +283,19 @@ class SlotStore:
             finally:
                 for fd, _ in fds:
                     os.close(fd)
+
+    def _sync_many(self) -> bool:
+        """Many touched files (a batch of far-future records): one `syncfs`, without
+        a descriptor per file. False when there are few, or no `syncfs`."""
+        with self._lock:
+            if len(self._dirty) <= SYNCFS_ABOVE or _syncfs() is None:
+                return False
+            self._dirty.clear()
+            self._dirty_dirs.clear()
+            self._dirty_root = False
+        if not self._syncfs_all():
+            os.sync()  # no syncfs after all: every file system, still durable
+        return True
 
     def _take_dirty(self) -> tuple[list[tuple[int, Path]], list[Path], list[Path]]:
         """Swap out the dirty sets: duplicates of open descriptors (so eviction cannot
