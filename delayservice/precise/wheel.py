@@ -469,9 +469,11 @@ class Wheel:
 
     def _fill(self) -> bool:
         """Bring records of the slots being loaded into memory, earliest slot first and
-        in due order within it, while the records held stay under the budget; a record
-        already due is read even above it, so the wheel never stalls on its own
-        memory. True: stopped after `FILL_SLICE_S` with more to read now."""
+        in due order within it, while the records held stay under the budget; records
+        already due are read even above it when the forwarder is about to run dry, so
+        the wheel never stalls on its own memory (records in flight to their targets
+        count until acknowledged). True: stopped after `FILL_SLICE_S` with more to read
+        now."""
         until = time.monotonic() + FILL_SLICE_S
         while self._loading and not self._stopping.is_set():
             if time.monotonic() >= until:
@@ -482,9 +484,10 @@ class Wheel:
             room = self._budget - self._held
             cost = self._cost.get(tracker, RECORD_OVERHEAD)
             if millisecond is not None and room < cost:
-                if tracker.second * 1000 + millisecond > self._clock() * 1000:
+                due = tracker.second * 1000 + millisecond <= self._clock() * 1000
+                if not due or len(self.buffer) >= LOAD_AT_MOST:
                     return False  # over budget: wait for records to leave
-                room = cost * LOAD_AT_MOST // 10
+                room = cost * LOAD_AT_MOST // 10  # the forwarder would run dry
             count = min(LOAD_AT_MOST, max(1, room // cost))
             stored = index.take(count) if millisecond is not None else []
             records, cancelled = self._admit_loaded(tracker, stored, finished=not index)
