@@ -32,6 +32,7 @@ from typing import Final, Protocol
 
 from delayservice.envelope import Envelope, Headers
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode_settled
 from delayservice.precise.slot_index import SlotIndex
@@ -62,6 +63,7 @@ key, value and header objects, its heap row), measured on CPython 3.11."""
 LOAD_AT_MOST: Final = 5_000
 """Records read into memory per step of a slot's loading."""
 SPLIT_EVERY_S: Final = 1.0
+TRIM_EVERY_S: Final = 1.0
 FILL_SLICE_S: Final = 0.1
 """At most this long reading records in at a time, so settled marks keep being written."""
 UNBOUNDED: Final = 2**62
@@ -529,9 +531,14 @@ class Wheel:
 
     # -- splitter ------------------------------------------------------------------
     def _run_splits(self) -> None:
+        """Splits spans as they come near; now and then gives freed heap back."""
+        next_trim = 0.0
         while not self._stopping.is_set():
             try:
                 self.split_due_spans()
+                if time.monotonic() >= next_trim:
+                    next_trim = time.monotonic() + TRIM_EVERY_S
+                    release_free_heap()
             except Exception:
                 log.exception("precise splitter: unexpected error; continuing")
             self._stopping.wait(SPLIT_EVERY_S)
