@@ -24,6 +24,7 @@ its group `{group_id}-precise-0`):
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -122,6 +123,12 @@ def main() -> int:
     parser.add_argument("--near", type=int, default=300, help="due in 2 to 12 s")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of RSS sampling")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--consumer",
+        type=json.loads,
+        default={},
+        help="extra client settings for the daemon's consumers, as JSON (default: none)",
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
     args.from_s, args.to_s = 2 * 3600.0, args.to_days * DAY  # for produce_all
@@ -131,7 +138,9 @@ def main() -> int:
     n = args.messages
     with broker(args.bootstrap) as bootstrap, data_dir("long-delay") as root:
         tag = tag_for("long")
-        settings = precise_settings(bootstrap, tag, root, partitions=args.partitions)
+        settings = precise_settings(
+            bootstrap, tag, root, partitions=args.partitions, consumer=args.consumer
+        )
         topic, target = settings.precise_topic, f"{tag}-target"
         create_topics(settings, [target], 3)
 
@@ -176,12 +185,13 @@ def main() -> int:
     joined = join(dues, arrivals)
     late = joined.lateness
     growth = after - idle
+    consumer = f"; consumer {json.dumps(args.consumer)}" if args.consumer else ""
     on_disk_metric = metrics.get('delayservice_precise_slot_files{state="on_disk"}', -1)
     print(
         f"\n{n:,} pending exact messages of {args.value_bytes} B, due uniformly over now + "
         f"2 h .. now + {args.to_days:g} days, precise topic of {args.partitions} partitions "
         f"(default settings: max_delay {settings.max_delay}, horizon "
-        f"{settings.precise_horizon_s} s); daemon in its own process"
+        f"{settings.precise_horizon_s} s{consumer}); daemon in its own process"
     )
     print(f"produce time           : {produce_s:.0f} s ({n / produce_s:,.0f} msg/s)")
     print(
