@@ -23,6 +23,8 @@ from delayservice.precise.slot_file import StoredRecord, frame_length, frames, p
 
 CHUNK: Final = 4 * 1024 * 1024
 """Bytes read at a time, in either pass."""
+INDEX_BYTES_PER_RECORD: Final = 64
+"""A sort key (a 107-bit int and its list slot) and a position and a length."""
 _SEQ_BITS: Final = 32
 _OFFSET_BITS: Final = 64
 
@@ -69,6 +71,8 @@ class SlotIndex:
         self._last_offset = -1
         self.bytes = sum(self._lengths)
         """Bytes of record frames in the slot (duplicates and settled included)."""
+        self.memory = len(keys) * INDEX_BYTES_PER_RECORD
+        """What the index costs in memory while the slot loads, estimated."""
 
     def __len__(self) -> int:
         """Records (copies included) not yet taken."""

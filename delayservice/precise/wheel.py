@@ -57,9 +57,11 @@ MARKS_EVERY_S: Final = 0.05
 RECENTLY_FORWARDED: Final = 100_000
 """Ids of records lately sent, so a cancel that comes after can be told it is too late."""
 EXPIRE_EVERY_S: Final = 60.0
-RECORD_OVERHEAD: Final = 700
-"""Bytes a held record costs in memory beyond its frame (the record, its envelope, the
-key, value and header objects, its heap row), measured on CPython 3.11."""
+RECORD_OVERHEAD: Final = 900
+"""Bytes a held record costs in memory beyond its frame: the record, its envelope, the
+key, value and header objects and its heap row (about 610 B by tracemalloc on CPython
+3.11), and its share of the client's send buffers while in flight (the rest of the
+1.1 KB per held record a 500,000 burst cost in resident memory)."""
 LOAD_AT_MOST: Final = 5_000
 """Records read into memory per step of a slot's loading."""
 SPLIT_EVERY_S: Final = 1.0
@@ -467,6 +469,7 @@ class Wheel:
             with self._lock:
                 self._cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
                 self._loading[tracker] = index
+                self._held += index.memory
         return 0.0 if self._fill() else wait
 
     def _fill(self) -> bool:
@@ -522,7 +525,9 @@ class Wheel:
             tracker.outstanding += len(out)
             self._held += cost * len(out)
             if finished:
-                self._loading.pop(tracker, None)
+                index = self._loading.pop(tracker, None)
+                if index is not None:
+                    self._held -= index.memory
                 tracker.loading = False
                 if tracker.outstanding <= 0:
                     self._delete(tracker)

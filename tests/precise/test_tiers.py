@@ -180,7 +180,7 @@ def test_one_write_per_file_per_batch(rig, monkeypatch):
 
 def test_a_slot_bigger_than_the_budget_leaves_in_due_order_under_it(tmp_path):
     per_record = len(encode(Rig(tmp_path / "x").stored(0, 0))) + RECORD_OVERHEAD
-    budget = per_record * 1000
+    budget = per_record * 3000  # the index of 12,000 records takes about 800 of it
     rig = Rig(tmp_path / "wheel", max_buffered_bytes=budget)
     rng = random.Random(3)
     order = list(range(12_000))
@@ -191,7 +191,7 @@ def test_a_slot_bigger_than_the_budget_leaves_in_due_order_under_it(tmp_path):
     rig.append(order[0], dues[order[0]], sync=True)  # written twice: sent once
     rig.clock.now = NOW + 25
     rig.wheel._load_due_slots()
-    assert len(rig.wheel.buffer) <= 1000  # the slot is indexed, not read whole
+    assert len(rig.wheel.buffer) <= 3000  # the slot is indexed, not read whole
     assert rig.wheel.held_bytes <= budget
     sent: list[int] = []
     peak = 0
