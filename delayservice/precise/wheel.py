@@ -66,6 +66,9 @@ LOAD_AT_MOST: Final = 5_000
 """Records read into memory per step of a slot's loading."""
 SPLIT_EVERY_S: Final = 1.0
 TRIM_EVERY_S: Final = 1.0
+TRIM_BELOW: Final = 32 * 1024 * 1024
+"""Freed heap is given back only while the wheel holds less than this: while records
+are being forwarded, pages given back would only be faulted in again."""
 FILL_SLICE_S: Final = 0.1
 """At most this long reading records in at a time, so settled marks keep being written."""
 UNBOUNDED: Final = 2**62
@@ -536,12 +539,13 @@ class Wheel:
 
     # -- splitter ------------------------------------------------------------------
     def _run_splits(self) -> None:
-        """Splits spans as they come near; now and then gives freed heap back."""
+        """Splits spans as they come near; now and then, while little is held, gives
+        freed heap back."""
         next_trim = 0.0
         while not self._stopping.is_set():
             try:
                 self.split_due_spans()
-                if time.monotonic() >= next_trim:
+                if time.monotonic() >= next_trim and self._held < TRIM_BELOW:
                     next_trim = time.monotonic() + TRIM_EVERY_S
                     release_free_heap()
             except Exception:
