@@ -14,7 +14,7 @@ how many went out within 1 s of due, the drain rate, and the daemon's peak RSS. 
 issue to compare against: RocketMQ 5 forwarded about 20,000 of a 500,000 burst on time
 and the rest 31 s or more late (apache/rocketmq#6566).
 
-    python benchmarks/precise_burst.py [--messages 500000] [--ahead 75]
+    python benchmarks/precise_burst.py [--messages 500000] [--ahead 75] [--max-buffered-mib 256]
 """
 
 from __future__ import annotations
@@ -114,6 +114,12 @@ def main() -> int:
     parser.add_argument(
         "--lookahead", type=float, default=5.0, help="the daemon's precise_lookahead_s"
     )
+    parser.add_argument(
+        "--max-buffered-mib",
+        type=int,
+        default=None,
+        help="the daemon's max_buffered_bytes, in MiB (default: the setting's default)",
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
 
@@ -127,6 +133,9 @@ def main() -> int:
             root,
             partitions=args.partitions,
             precise_lookahead_s=args.lookahead,
+            **(
+                {"max_buffered_bytes": args.max_buffered_mib * MiB} if args.max_buffered_mib else {}
+            ),
         )
         target = f"{tag}-target"
         create_topics(settings, [target], TARGET_PARTITIONS)
@@ -188,6 +197,11 @@ def main() -> int:
     print(
         f"slot loads (/metrics)     : first record in memory {rel(load_began, at)}, "
         f"99% of the burst {rel(all_loaded, at)}; peak held {peak_held:,.0f}"
+    )
+    cap = settings.max_buffered_bytes
+    print(
+        f"memory cap                : max_buffered_bytes {cap / MiB:.0f} MiB; peak RSS "
+        f"{peak_rss / MiB:.0f} MiB is cap + {(peak_rss - cap) / MiB:.0f} MiB"
     )
     print(
         f"daemon RSS                : idle {idle_rss / MiB:.0f} MiB, "

@@ -313,12 +313,14 @@ class Seen(NamedTuple):
     due_ms: int | None  # the `delay-due-ms` header
 
 
-def read_topic(bootstrap: str, topic: str) -> list[Seen]:
-    """Every record of `topic`, read by assignment to the end offsets of now."""
-    ends = {p: end for p, end in end_offsets(bootstrap, topic).items() if end > 0}
-    total = sum(ends.values())
+def read_topic(bootstrap: str, topic: str, starts: dict[int, int] | None = None) -> list[Seen]:
+    """Every record of `topic` (from `starts` per partition when given), read by
+    assignment to the end offsets of now."""
+    starts = starts or {}
+    ends = {p: end for p, end in end_offsets(bootstrap, topic).items() if end > starts.get(p, 0)}
+    total = sum(end - starts.get(p, 0) for p, end in ends.items())
     consumer = _consumer(bootstrap)
-    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    consumer.assign([TopicPartition(topic, p, starts.get(p, 0)) for p in ends])
     out: list[Seen] = []
     tick = Ticker()
     try:

@@ -144,11 +144,11 @@ def settle_rss(pid: int, seconds: float) -> int:
 
 
 def on_disk(root: Path) -> tuple[int, int]:
-    """(slot files, their bytes) under the data directory."""
+    """(slot and span files, their bytes) under the data directory."""
     files = size = 0
     for directory, _, names in os.walk(root):
         for name in names:
-            if name.endswith(".slot"):
+            if name.endswith((".slot", ".span")):
                 files += 1
                 size += (Path(directory) / name).stat().st_size
     return files, size

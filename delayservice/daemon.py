@@ -29,6 +29,7 @@ from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.precise_worker import PreciseWorker
+from delayservice.precise.storage_fault import check_data_dir
 from delayservice.settings import Settings
 from delayservice.worker.level_worker import LevelWorker
 from delayservice.worker.memory_budget import MemoryBudget
@@ -93,6 +94,8 @@ class Daemon:
             self.registry, self.readiness, self.settings.metrics_host, self.settings.metrics_port
         )
         self._server.start()
+        if self.settings.precise:
+            check_data_dir(self.settings.data_dir)  # before the broker: a setting to fix
         admin = AdminClient(client_config.admin(self.settings))
         statuses = self._wait_for_broker(admin)
         if statuses is None:

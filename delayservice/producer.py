@@ -7,15 +7,17 @@ from the same settings as the daemon, so both sides always agree.
 
 With `precision="exact"` a delayed message goes instead to the one precise topic, where
 the precise-mode daemon forwards it at exactly its due time (any delay up to
-`max_delay`), and `cancel()` can withdraw it before then. Both land on the partition
-`precise_partition()` picks from the message id, the rule the daemon relies on too.
+`max_delay`), and `cancel()` can withdraw it before then. An exact message's id names
+the precise-topic partition it was sent to (`precise_id`), and its cancel goes there
+(`precise_partition`), so the instances holding the message read its cancel however
+many partitions the topic has gained since.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-import zlib
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -34,6 +36,7 @@ from delayservice.envelope import (
 )
 from delayservice.errors import DelayServiceError, DelayTooLongError
 from delayservice.levels import LevelSet, format_duration_ms
+from delayservice.precise.ids import named_partition, precise_id, precise_partition
 from delayservice.settings import Settings, load_settings
 
 DeliveryCallback = Callable[[Any, Any], None]
@@ -43,20 +46,10 @@ precise topic, delivered at the requested time."""
 PRECISIONS: Final = ("level", "exact")
 METADATA_TIMEOUT_S: Final = 10.0
 """How long the first exact send or cancel waits for the precise topic's partition count."""
-
-
-def precise_partition(message_id: str, partitions: int) -> int:
-    """The partition of the precise topic that holds the message with `message_id`.
-
-    The one rule both sides share: the producer sends a message and every later cancel of
-    it to this partition, so the daemon instance holding the message reads the cancel
-    too, after the message when it was sent after it. crc32, not `hash()`, because
-    Python salts string hashes per process. The answer changes with the partition count:
-    adding partitions to the precise topic strands cancels of messages sent before.
-    """
-    if partitions < 1:
-        raise ValueError(f"a topic has at least 1 partition, got {partitions}")
-    return zlib.crc32(message_id.encode()) % partitions
+PARTITIONS_REFRESH_S: Final = 300.0
+"""How often exact sends look for partitions the precise topic has gained (librdkafka's
+own metadata refresh interval), so new partitions take a share of the messages."""
+REFRESH_TIMEOUT_S: Final = 1.0
 
 
 def _epoch_seconds(deliver_at: datetime | float) -> float:
@@ -154,6 +147,7 @@ class DelayProducer:
         self.levels = levels
         self._settings = settings
         self._precise_partitions: int | None = None
+        self._partitions_checked = 0.0  # monotonic time of the last partition count
         self._producer = Producer(config)
 
     def produce(
@@ -177,7 +171,6 @@ class DelayProducer:
         above `max_delay` raises `DelayTooLongError` before anything is sent.
         """
         on_delivery = on_delivery or callback
-        message_id = new_id()
         kwargs: dict[str, Any] = {"timestamp": timestamp}
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
@@ -189,6 +182,8 @@ class DelayProducer:
         if mode == "exact":
             timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
             if timing is not None:
+                precise_topic = self._exact_settings().precise_topic
+                message_id, kwargs["partition"] = precise_id(self._partition_count(refresh=True))
                 envelope = Envelope(
                     topic,
                     timing[0],
@@ -196,12 +191,12 @@ class DelayProducer:
                     partition if partition >= 0 else None,
                     timing[1],
                 )
-                wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers first
-                precise_topic, kwargs["partition"] = self._precise_route(message_id)
+                wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers
                 self._producer.produce(precise_topic, value, key, headers=wrapped, **kwargs)
                 return message_id
         else:
             delay_ms = delay_to_ms(delay, deliver_at)
+        message_id = new_id()
         if delay_ms is None:
             if partition >= 0:
                 kwargs["partition"] = partition
@@ -219,7 +214,9 @@ class DelayProducer:
 
         Sends a cancel marker (no key, no value; headers `delay-v` and `delay-cancel`) to
         the precise-topic partition that holds the message, so the instances holding it
-        read the cancel too. It works whatever this producer's default precision is.
+        read the cancel too: the one its id names (see `precise_partition`), however
+        many partitions the topic has now. It works whatever this producer's default
+        precision is.
         Only messages sent with `precision="exact"` can be cancelled: a level-mode
         message waits in a level topic, and the daemon forwards it regardless. A cancel
         that arrives after the message is due is too late. Like `produce()` this only
@@ -231,7 +228,10 @@ class DelayProducer:
         kwargs: dict[str, Any] = {}
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
-        topic, partition = self._precise_route(message_id)
+        topic = self._exact_settings().precise_topic
+        partition = named_partition(message_id)
+        if partition is None:
+            partition = precise_partition(message_id, self._partition_count())
         self._producer.produce(topic, None, None, partition=partition, headers=headers, **kwargs)
 
     def _exact_settings(self) -> Settings:
@@ -241,19 +241,26 @@ class DelayProducer:
             self._settings = load_settings()
         return self._settings
 
-    def _precise_route(self, message_id: str) -> tuple[str, int]:
-        """The precise topic and the partition that holds `message_id`."""
-        topic = self._exact_settings().precise_topic
+    def _partition_count(self, *, refresh: bool = False) -> int:
+        """The precise topic's partition count: asked at the first need, then (with
+        `refresh`) again every `PARTITIONS_REFRESH_S`. A count known before stays valid
+        (partitions are never removed), so a failed refresh keeps it and sends go on."""
         count = self._precise_partitions
+        now = time.monotonic()
         if count is None:
-            count = self._precise_partitions = self._partition_count(topic)
-        return topic, precise_partition(message_id, count)
+            count = self._read_partition_count(METADATA_TIMEOUT_S)
+        elif refresh and now - self._partitions_checked >= PARTITIONS_REFRESH_S:
+            with contextlib.suppress(DelayServiceError):
+                count = max(count, self._read_partition_count(REFRESH_TIMEOUT_S))
+        else:
+            return count
+        self._precise_partitions, self._partitions_checked = count, now
+        return count
 
-    def _partition_count(self, topic: str) -> int:
-        """Asked once per producer: the count decides where ids live, so it must not
-        change while the producer runs (and the precise topic must never grow)."""
+    def _read_partition_count(self, timeout: float) -> int:
+        topic = self._exact_settings().precise_topic
         try:
-            meta = self._producer.list_topics(topic, timeout=METADATA_TIMEOUT_S)
+            meta = self._producer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
             error = exc.args[0]
             raise DelayServiceError(

@@ -140,7 +140,7 @@ class Settings(BaseSettings):
         1, ge=1, le=2, description="Copies of each precise message, on different instances."
     )
     max_delay: str = Field(
-        "7d", description="Longest precise delay; the wheel holds this much time, in 1 s slots."
+        "366d", description="Longest precise delay, to the millisecond (any length on disk)."
     )
     precise_members: int = Field(
         1,
@@ -157,6 +157,13 @@ class Settings(BaseSettings):
         gt=0,
         description="How long after a due time a replica forwards what the owner has not "
         "reported done.",
+    )
+    precise_horizon_s: int = Field(
+        3600,
+        ge=1,
+        le=86400,
+        description="Precise records due within this long are kept in 1 s slot files; "
+        "further out in span files 1, 24 and 768 horizons wide, split as they come near.",
     )
     precise_lookahead_s: float = Field(
         5.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice import producer as producer_module
 from delayservice.errors import ConfigError, DelayServiceError, DelayTooLongError, EnvelopeError
 from delayservice.levels import LevelSet
-from delayservice.producer import DelayProducer, precise_partition
+from delayservice.producer import DelayProducer, named_partition, precise_partition
 from delayservice.settings import load_settings
 
 PRECISE = "timers"
@@ -242,3 +243,79 @@ def test_a_level_producer_given_only_levels_reads_settings_only_when_it_needs_th
     monkeypatch.delenv("DELAYSERVICE_PRECISE_MEMBER")
     producer.cancel("abc")
     assert fake.sent[-1].topic == "from-env"
+
+
+def test_an_exact_message_id_names_the_partition_it_was_sent_to(fake):
+    producer = _producer()
+    ids = [producer.produce("orders", b"v", delay=10) for _ in range(40)]
+    for mid, record in zip(ids, fake.sent, strict=True):
+        random_part, _, named = mid.partition("-p")
+        assert len(random_part) == 32
+        assert record.partition == int(named) == named_partition(mid)
+    assert {r.partition for r in fake.sent} == set(range(PARTITIONS))
+
+
+def test_a_cancel_after_the_topic_grew_still_goes_to_its_message(fake):
+    """Both ways round: a producer that knows more partitions cancels a message sent
+    when there were fewer, and one that knows fewer cancels a message sent to a
+    partition added since. Neither needs the partition count to cancel."""
+    before = _producer()
+    old = [before.produce("orders", b"v", delay=60) for _ in range(30)]
+    fake.partitions = 12
+    after = _producer()
+    new = [after.produce("orders", b"v", delay=60) for _ in range(60)]
+    sent_to = {r.headers[-1][1].decode(): r.partition for r in fake.sent}
+    assert max(sent_to[mid] for mid in new) >= PARTITIONS  # new partitions are used
+    calls = fake.metadata_calls
+    for mid in old:
+        after.cancel(mid)
+    for mid in new:
+        before.cancel(mid)
+    markers = fake.sent[len(old) + len(new) :]
+    assert [m.partition for m in markers] == [sent_to[mid] for mid in [*old, *new]]
+    assert fake.metadata_calls == calls
+
+
+def test_exact_sends_take_up_partitions_added_while_the_producer_runs(fake, monkeypatch):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(producer_module.time, "monotonic", lambda: clock["now"])
+    producer = _producer()
+    producer.produce("orders", b"v", delay=10)
+    fake.partitions = 40
+    clock["now"] += producer_module.PARTITIONS_REFRESH_S - 1
+    for _ in range(50):
+        producer.produce("orders", b"v", delay=10)
+    assert max(r.partition for r in fake.sent) < PARTITIONS
+    clock["now"] += 1
+    for _ in range(200):
+        producer.produce("orders", b"v", delay=10)
+    assert max(r.partition for r in fake.sent) >= PARTITIONS
+    assert fake.metadata_calls == 2
+
+
+def test_a_failed_refresh_keeps_the_known_count_and_sends_on(fake, monkeypatch):
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(producer_module.time, "monotonic", lambda: clock["now"])
+    producer = _producer()
+    producer.produce("orders", b"v", delay=10)
+    fake.failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    clock["now"] += producer_module.PARTITIONS_REFRESH_S
+    producer.produce("orders", b"v", delay=10)
+    producer.produce("orders", b"v", delay=10)
+    assert len(fake.sent) == 3
+    assert fake.metadata_calls == 2  # not asked again before the next interval
+
+
+@pytest.mark.parametrize(
+    "mid",
+    ["abc", "0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef-p01", "x-p3"],
+)
+def test_an_id_that_names_no_partition_falls_back_to_crc32(fake, mid):
+    assert named_partition(mid) is None
+    _producer().cancel(mid)
+    (marker,) = fake.sent
+    assert (
+        marker.partition
+        == zlib.crc32(mid.encode()) % PARTITIONS
+        == precise_partition(mid, PARTITIONS)
+    )

@@ -218,8 +218,8 @@ def test_precise_settings_defaults(monkeypatch):
     assert settings.precise_done_topic == "delay_precise_done"
     assert settings.data_dir == Path("/var/lib/delayservice")
     assert settings.replicas == 1
-    assert settings.max_delay == "7d"
-    assert settings.max_delay_ms == 7 * 86_400_000
+    assert settings.max_delay == "366d"
+    assert settings.max_delay_ms == 366 * 86_400_000
     assert (settings.precise_members, settings.precise_member) == (1, 0)
     assert settings.takeover_delay_s == 30.0
     assert settings.precise_lookahead_s == 5.0

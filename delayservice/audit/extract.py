@@ -10,6 +10,11 @@ grace period had passed before the end offsets were taken.
 The delay side is the level topics and, with precise mode on, the precise topic, pinned
 and windowed alike: all of them use LogAppendTime, so `--since` and `--until` mean the
 broker's acceptance time on each, and an offset range names them all the same way.
+
+Each side is read at its own isolation level (see isolation.py): the delay topics as the
+daemon reads them, the target topics as the audit was asked to. The pinned end offsets
+come from a consumer at the same level, so a read_committed range ends at the last
+stable offset and never waits on a transaction that is still open.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from delayservice.audit import AuditError, transform
-from delayservice.audit.kafka_options import describe, prefixed
+from delayservice.audit.isolation import DEFAULT, KEY, Isolation, of_daemon
+from delayservice.audit.kafka_options import PREFIX, describe, prefixed
 from delayservice.kafka import client_config
 from delayservice.settings import Settings
 
@@ -85,6 +91,8 @@ class Extracted:
     target_ranges: Ranges
     as_of_ms: int
     targets: list[str] = field(default_factory=list)
+    target_isolation: Isolation = DEFAULT
+    delay_isolation: Isolation = DEFAULT
 
 
 def parse_offsets(text: str | None, default: int) -> dict[str, dict[int, int]] | int:
@@ -109,13 +117,21 @@ def parse_offsets(text: str | None, default: int) -> dict[str, dict[int, int]] |
 
 
 class OffsetResolver:
-    """Turns times and symbolic offsets into concrete ones, with one plain Kafka consumer."""
+    """Turns times and symbolic offsets into concrete ones, with one plain Kafka consumer.
 
-    def __init__(self, settings: Settings, timeout: float = 15.0) -> None:
+    Its isolation level decides what `latest` is: the high watermark for
+    read_uncommitted, the last stable offset (below any open transaction) for
+    read_committed, as the reader of the range will see it.
+    """
+
+    def __init__(
+        self, settings: Settings, isolation: Isolation = DEFAULT, timeout: float = 15.0
+    ) -> None:
         config = {
             **client_config.common(settings),
             "group.id": "delayservice-audit",
             "enable.auto.commit": False,
+            KEY: isolation.value,
         }
         self._consumer = Consumer(config)
         self._timeout = timeout
@@ -200,17 +216,23 @@ def record_count(ranges: Ranges) -> int:
 
 
 def read_kafka(
-    spark: SparkSession, bootstrap: str, ranges: Ranges, kafka_options: Mapping[str, str]
+    spark: SparkSession,
+    bootstrap: str,
+    ranges: Ranges,
+    kafka_options: Mapping[str, str],
+    isolation: Isolation = DEFAULT,
 ) -> DataFrame:
     """A batch DataFrame of exactly these ranges, headers included (Spark's Kafka schema).
 
     `kafka_options` are Java client settings (see kafka_options.spark_options); they are
     applied after the bootstrap servers, so a `bootstrap.servers` among them wins, as it
-    does for the daemon's own clients.
+    does for the daemon's own clients. `isolation` wins over any isolation level among
+    them: it is the audit's choice for this side (the Java client's own default would be
+    read_uncommitted).
     """
     if not ranges or record_count(ranges) == 0:
         return empty_kafka_frame(spark)
-    options = prefixed(kafka_options)
+    options = prefixed(kafka_options) | {f"{PREFIX}{KEY}": isolation.value}
     if log.isEnabledFor(logging.DEBUG):
         log.debug(
             "reading %d records of %s with %s",
@@ -287,10 +309,13 @@ def extract(
     targets: list[str] | None,
     kafka_options: Mapping[str, str],
     progress: Progress,
+    isolation: Isolation = DEFAULT,
 ) -> Extracted:
-    """Pin both sides, read the delay topics, discover targets unless given, read those."""
+    """Pin both sides, read the delay topics, discover targets unless given, read those
+    (the target topics at `isolation`, the delay topics as the daemon reads them)."""
     levels = settings.level_set()
-    resolver = OffsetResolver(settings)
+    daemon_isolation = of_daemon(settings)
+    resolver = OffsetResolver(settings, daemon_isolation)
     try:
         as_of_ms = int(time.time() * 1000)
         delay_ranges = resolver.ranges(
@@ -308,29 +333,47 @@ def extract(
                 names, check = f"{names} or {precise}", "levels, topic_prefix and precise_topic"
             raise AuditError(f"none of the delay topics {names} exists; check the {check} settings")
         progress(
-            f"delay topics: {record_count(delay_ranges)} records in "
-            f"{sum(len(p) for p in delay_ranges.values())} partitions"
+            f"delay topics ({daemon_isolation.value}): {record_count(delay_ranges)} records "
+            f"in {sum(len(p) for p in delay_ranges.values())} partitions"
         )
         delay_records = (
-            read_kafka(spark, settings.bootstrap_servers, delay_ranges, kafka_options)
+            read_kafka(
+                spark, settings.bootstrap_servers, delay_ranges, kafka_options, daemon_isolation
+            )
             .select(*KEPT)
             .persist()
         )
         if targets is None:
             progress("finding the target topics named in the envelopes")
             targets = transform.target_topics(delay_records)
-        target_since = None if window.since_ms is None else window.since_ms - CLOCK_SKEW_MS
-        # Taken after as_of, so a delivery made meanwhile counts: that can only turn
-        # "missing" into "delivered late", never hide a message that was not delivered.
-        target_ranges = resolver.ranges(targets, start=EARLIEST, end=LATEST, since_ms=target_since)
     finally:
         resolver.close()
+    target_since = None if window.since_ms is None else window.since_ms - CLOCK_SKEW_MS
+    # Taken after as_of, so a delivery made meanwhile counts: that can only turn
+    # "missing" into "delivered late", never hide a message that was not delivered.
+    target_resolver = OffsetResolver(settings, isolation)
+    try:
+        target_ranges = target_resolver.ranges(
+            targets, start=EARLIEST, end=LATEST, since_ms=target_since
+        )
+    finally:
+        target_resolver.close()
     progress(
-        f"target topics {', '.join(targets) or '(none)'}: {record_count(target_ranges)} records"
+        f"target topics {', '.join(targets) or '(none)'} ({isolation.value}): "
+        f"{record_count(target_ranges)} offsets"
     )
     target_records = (
-        read_kafka(spark, settings.bootstrap_servers, target_ranges, kafka_options)
+        read_kafka(spark, settings.bootstrap_servers, target_ranges, kafka_options, isolation)
         .select(*KEPT)
         .persist()
     )
-    return Extracted(delay_records, target_records, delay_ranges, target_ranges, as_of_ms, targets)
+    return Extracted(
+        delay_records,
+        target_records,
+        delay_ranges,
+        target_ranges,
+        as_of_ms,
+        targets,
+        target_isolation=isolation,
+        delay_isolation=daemon_isolation,
+    )

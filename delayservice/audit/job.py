@@ -24,6 +24,8 @@ from delayservice.audit.extract import (
     precise_topic,
     record_count,
 )
+from delayservice.audit.isolation import DEFAULT, Isolation, refuse_explicit
+from delayservice.audit.isolation import header as isolation_header
 from delayservice.audit.kafka_options import describe, spark_options
 from delayservice.audit.transform import SummaryRow
 from delayservice.settings import Settings
@@ -41,7 +43,7 @@ class AuditOptions:
     """What one audit run does. `kafka_options` are explicit Java client settings for
     Spark's Kafka source, laid over the settings file's own Kafka settings (translated
     from librdkafka) unless `kafka_settings` is off. They may hold credentials, so they
-    stay out of the repr."""
+    stay out of the repr. `isolation` is how the target topics are read (isolation.py)."""
 
     window: Window = field(default_factory=Window)
     grace_ms: int = DEFAULT_GRACE_MS
@@ -52,6 +54,7 @@ class AuditOptions:
     kafka_options: dict[str, str] = field(default_factory=dict, repr=False)
     spark_progress_bar: bool = False
     kafka_settings: bool = True
+    isolation: Isolation = DEFAULT
 
 
 @dataclass
@@ -59,6 +62,11 @@ class AuditReport:
     rows: list[SummaryRow]
     document: dict[str, Any]
     outputs: dict[str, Path]
+
+    @property
+    def header(self) -> str:
+        """How each side was read, the first line of the report."""
+        return str(self.document["isolation"]["header"])
 
     @property
     def total(self) -> SummaryRow:
@@ -104,7 +112,8 @@ def run(
 def kafka_client_options(settings: Settings, options: AuditOptions) -> dict[str, str]:
     """Spark's Kafka source options: the settings file's `kafka` and `consumer` keys in
     the Java client's terms, so the audit connects as the daemon does, then the explicit
-    options on top."""
+    options on top. The isolation level is not among them: the audit sets it per side."""
+    refuse_explicit(options.kafka_options)
     return spark_options(settings, options.kafka_options, from_settings=options.kafka_settings)
 
 
@@ -129,8 +138,15 @@ def audit(
         targets=options.targets,
         kafka_options=kafka_options,
         progress=progress,
+        isolation=options.isolation,
     )
     try:
+        # Rows, not offsets: at read_committed a range also spans transaction markers
+        # and aborted records the reader skips.
+        records_read = {
+            "delay_topics": data.delay_records.count(),
+            "target_topics": data.target_records.count(),
+        }
         precise = precise_topic(settings)
         accepted = transform.accepted(
             data.delay_records, levels, options.targets, precise_topic=precise
@@ -161,6 +177,7 @@ def audit(
         options,
         data,
         rows=rows,
+        records_read=records_read,
         unmatched=unmatched,
         outputs=outputs,
         seconds=time.monotonic() - started,
@@ -175,6 +192,7 @@ def _document(
     data: Extracted,
     *,
     rows: list[SummaryRow],
+    records_read: dict[str, int],
     unmatched: int,
     outputs: dict[str, Path],
     seconds: float,
@@ -183,6 +201,13 @@ def _document(
     ok = total.counts["missing"] == 0 and total.counts["early"] == 0
     return {
         "ok": ok,
+        # Duplicates are what a reader at this level sees: read_uncommitted counts the
+        # copies aborted transactions left on the target topics, read_committed does not.
+        "isolation": {
+            "target_topics": data.target_isolation.value,
+            "delay_topics": data.delay_isolation.value,
+            "header": isolation_header(data.target_isolation, data.delay_isolation),
+        },
         "as_of": datetime.fromtimestamp(data.as_of_ms / 1000, UTC).isoformat(),
         "as_of_ms": data.as_of_ms,
         "grace_ms": options.grace_ms,
@@ -191,7 +216,8 @@ def _document(
         "precise_topic": precise_topic(settings),
         "window": asdict(options.window),
         "targets": data.targets,
-        "records_read": {
+        "records_read": records_read,
+        "offsets_spanned": {
             "delay_topics": record_count(data.delay_ranges),
             "target_topics": record_count(data.target_ranges),
         },

@@ -17,6 +17,8 @@ from typing import Annotated, Any
 import typer
 
 from delayservice.audit import AuditError
+from delayservice.audit.isolation import DEFAULT as DEFAULT_ISOLATION
+from delayservice.audit.isolation import Isolation
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
@@ -152,6 +154,21 @@ KafkaSettingsOption = Annotated[
         show_default=True,
     ),
 ]
+IsolationOption = Annotated[
+    Isolation,
+    _option(
+        "ISOLATION",
+        "How the target topics are read, as the consumer the audit speaks for reads them. "
+        "read_committed (the default) sees a Kafka transaction's records only once it "
+        "commits: it is what guarantee = exactly-once promises exactly once to, and "
+        "without transactions it sees every record anyway, so it hides nothing then. "
+        "read_uncommitted also sees the copies aborted transactions left behind, and "
+        "counts them as duplicates. The delay topics are always read as the daemon "
+        "reads them.",
+        "--isolation",
+        show_default=True,
+    ),
+]
 
 
 @friendly_errors
@@ -170,6 +187,7 @@ def audit(
     conf: ConfOption = None,
     kafka_option: KafkaOption = None,
     kafka_settings: KafkaSettingsOption = True,
+    isolation: IsolationOption = DEFAULT_ISOLATION,
 ) -> None:
     """Reconcile the delay topics with the target topics on Spark; exit 3 if any message is
     missing or early.
@@ -217,6 +235,7 @@ def audit(
         kafka_options=parse_pairs(kafka_option, "--kafka-option"),
         spark_progress_bar=stderr_is_terminal(),
         kafka_settings=kafka_settings,
+        isolation=isolation,
     )
 
     started = time.monotonic()
@@ -225,6 +244,7 @@ def audit(
         typer.echo(f"audit [{time.monotonic() - started:5.1f}s] {message}", err=True)
 
     report = run(settings, options, progress)
+    typer.echo(report.header)
     typer.echo(console_table(report.rows))
     total = report.total.counts
     typer.echo(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from delayservice.kafka.log_levels import StartupNoise
 from delayservice.log_throttle import RepeatFilter
 from delayservice.settings import Settings
 
@@ -32,8 +33,11 @@ LIBRDKAFKA_LOGGER = "delayservice.librdkafka"
 
 
 def librdkafka_logger() -> logging.Logger:
-    """The logger librdkafka's lines go to, with repeats (reconnect storms) dropped."""
+    """The logger librdkafka's lines go to, with a fresh broker's start-up lowered to
+    INFO and repeats (reconnect storms) dropped."""
     logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(f, StartupNoise) for f in logger.filters):
+        logger.addFilter(StartupNoise())
     if not any(isinstance(f, RepeatFilter) for f in logger.filters):
         logger.addFilter(RepeatFilter())
     return logger

@@ -23,10 +23,11 @@ import heapq
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from delayservice.errors import DelayServiceError
+from delayservice.precise.storage_fault import StorageError, ignore, reported
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ COMPACT_RATIO: Final = 2
 _CODEC: Final = "surrogatepass"  # any Python str round-trips, even lone surrogates
 
 
-class CancelLogError(DelayServiceError):
+class CancelLogError(StorageError):
     """The cancel file could not be read or written; the message names the path."""
 
 
@@ -85,6 +86,7 @@ class CancelLog:
         self._created = False  # the file's directory entry still needs an fsync
         self._dirty = False  # written since the last fsync
         self._fd = -1
+        self.on_fault: Callable[[StorageError], None] = ignore  # see `reported`
         try:
             self._size = self._load()
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -139,6 +141,7 @@ class CancelLog:
         self._lines += text.count("\n")
         self._dirty = True
 
+    @reported
     def add(self, message_id: str, expires_ms: int) -> bool:
         """Remember a cancel. False, storing nothing, when the log is full."""
         with self._lock:
@@ -160,6 +163,7 @@ class CancelLog:
         with self._lock:
             return len(self._entries)
 
+    @reported
     def matched(self, message_id: str) -> None:
         """The cancel removed its message and can never be needed again."""
         with self._lock:
@@ -167,6 +171,7 @@ class CancelLog:
                 self._append(f"- {_hex(message_id)}\n")
                 del self._entries[message_id]
 
+    @reported
     def expire(self, now_ms: int) -> list[str]:
         """Drop and return the cancels whose expiry is before `now_ms`.
 
@@ -187,6 +192,7 @@ class CancelLog:
                 heapq.heapify(self._heap)
             return gone
 
+    @reported
     def sync(self) -> None:
         """Make every add and removal so far durable, then compact the file if it is
         mostly dead lines."""

@@ -11,10 +11,16 @@ rather than subscribed: a rebalance would strand the records on this instance's 
 Its offsets still live under a group id of its own, one per member.
 
 What a record carries decides its fate, and nothing it carries stops this thread:
-- a cancel marker (`delay-cancel`) calls off the message it names;
+- a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
+  another partition (`ids`), where alone that message can be;
 - a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
 - anything else is dead-lettered with a reason by the partition's owner (a replica
   leaves that to the owner); its offset commits once the dead letter is acknowledged.
+
+A fault of the disk is not a record's: a full disk, a failed write or fsync, or a data
+directory gone (`storage_fault`) stops this thread and the daemon through `on_fatal`,
+with nothing dead-lettered and nothing committed past what is durable, so every record
+not yet synced is read again after the restart.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.ids import named_partition
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_ledger import PreciseLedger
 from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.admission import Admission
@@ -49,7 +57,9 @@ log = logging.getLogger(__name__)
 BATCH: Final = 2000
 POLL_TIMEOUT_S: Final = 0.2
 ERROR_PAUSE_S: Final = 0.5
-METADATA_EVERY_S: Final = 30.0
+METADATA_EVERY_S: Final = 10.0
+"""How often the partition count is read: partitions added to the precise topic are
+read within this long."""
 LAG_EVERY_S: Final = 5.0
 CANCEL_GRACE_MS: Final = 60_000
 """A cancel is kept until max_delay after it was appended, plus this much for clocks."""
@@ -104,8 +114,11 @@ class Intake:
         max_delay_ms: int,
         on_fatal: Callable[[str], None],
         after_batch: Callable[[], None] = lambda: None,
+        check_storage: Callable[[], None] = lambda: None,
     ) -> None:
-        """`after_batch` runs on this thread after every iteration (progress reports)."""
+        """`after_batch` runs on this thread after every iteration (progress reports).
+        `check_storage` runs after each sync, before the commit, and raises
+        `StorageError` when the data directory is no longer the one written to."""
         self.topic = topic
         self._make_consumer = make_consumer
         self._consumer: ConsumerClient | None = None
@@ -120,8 +133,11 @@ class Intake:
         self._max_delay_ms = max_delay_ms
         self._on_fatal = on_fatal
         self.after_batch = after_batch
+        self._check_storage = check_storage
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
+        self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
+        self._to_write: list[tuple[int, int, bytes, HeldRecord]] = []  # this batch's records
         self._throttle = Throttle()
         self._m_consumed = metrics.consumed.labels(level_name)
         self._m_commits = metrics.commits.labels(level_name)
@@ -190,11 +206,24 @@ class Intake:
                 elif self._throttle.allow(("retriable", error.code())) is not None:
                     log.warning("intake of %s: %s; retrying", self.topic, error.str())
                 self._stopping.wait(ERROR_PAUSE_S)
+            except (StorageError, OSError) as fault:
+                self._storage_fault(fault)
+                break
             except Exception:
                 self._m_loop_errors.inc()
                 log.exception("intake of %s: unexpected error; continuing", self.topic)
                 self._stopping.wait(ERROR_PAUSE_S)
         self._shutdown()
+
+    def _storage_fault(self, fault: Exception) -> None:
+        """Stop reading: every record from here on would fail alike. What was synced is
+        committed on the way out; the rest stays uncommitted, to be read again."""
+        self._stopping.set()
+        self._m_loop_errors.inc()
+        self._on_fatal(
+            f"storage fault in precise mode ({fault}); records of {self.topic} not yet "
+            "on disk stay uncommitted and are read again after a restart"
+        )
 
     def _assign(self) -> None:
         """Assign this member's partitions, and any the topic has gained since."""
@@ -252,18 +281,35 @@ class Intake:
                 self._check_origin(partition, offset)
                 if self._one(message, ledger, now_ms, in_memory):
                     durable.append((ledger, offset))
+            except (StorageError, OSError):
+                raise  # the disk's fault, not the record's: stop, dead-letter nothing
             except Exception as exc:
                 log.exception("%s[%d]@%d: could not store a record", self.topic, partition, offset)
                 self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
+        self._write_batch(in_memory)
         self._m_consumed.inc(consumed)
         if durable or in_memory:
             self._store.sync()
             self._cancels.sync()
+            self._check_storage()
         for ledger, offset in durable:
             self.ledger.settle(ledger, offset, 0)
         self._commit()
+        if self._matched_at:
+            self._retire_matched()
         if in_memory:
             self._wheel.admit(in_memory)
+
+    def _retire_matched(self) -> None:
+        """Drop the cancels whose messages' offsets are now committed."""
+        waiting: list[tuple[int, int, str]] = []
+        for partition, offset, message_id in self._matched_at:
+            committed = self.committed(partition)
+            if committed is not None and committed > offset:
+                self._cancels.matched(message_id)
+            elif partition in self.ledger.partitions:
+                waiting.append((partition, offset, message_id))
+        self._matched_at = waiting
 
     def _one(
         self,
@@ -289,7 +335,9 @@ class Intake:
                 return False
             return True  # the owner dead-letters it
         if envelope.id in self._cancels:  # the cancel came first
-            self._cancels.matched(envelope.id)
+            # Retired only once this offset is committed: a crash before would read
+            # the message again and must still find its cancel.
+            self._matched_at.append((partition, offset, envelope.id))
             self._m_cancels.labels("cancelled").inc()
             return True
         replica = role is Role.REPLICA
@@ -306,17 +354,31 @@ class Intake:
             [(n, v.encode() if isinstance(v, str) else v) for n, v in record.headers],
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
-        tracker = self._wheel.append(partition, fire_ms, encode(stored))
-        if tracker is not None:
-            record.ledger = tracker
-            in_memory.append((record, fire_ms / 1000))
+        self._to_write.append((partition, fire_ms, encode(stored), record))
         return True
+
+    def _write_batch(self, in_memory: list[tuple[HeldRecord, float]]) -> None:
+        """Write the batch's records, one write per file (`Wheel.append_many`)."""
+        batch, self._to_write = self._to_write, []
+        if not batch:
+            return
+        trackers = self._wheel.append_many([(p, fire, frame) for p, fire, frame, _ in batch])
+        for (_, fire_ms, _, record), tracker in zip(batch, trackers, strict=True):
+            if tracker is not None:
+                record.ledger = tracker
+                in_memory.append((record, fire_ms / 1000))
 
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
         if not message_id:
             if self._throttle.allow("cancel without id") is not None:
                 log.warning("%s: cancel markers without an id are ignored", self.topic)
             self._m_cancels.labels("refused").inc()
+            return
+        named = named_partition(message_id)
+        if named is not None and named != message.partition():
+            # Its message lives on the partition its id names (`ids`): kept here, the
+            # cancel could never match, and would take room for up to max_delay.
+            self._m_cancels.labels("unmatched").inc()
             return
         _, appended = message.timestamp()
         base = appended if appended > 0 else now_ms

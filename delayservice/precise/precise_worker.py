@@ -7,6 +7,7 @@ label `exact`.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -29,8 +30,9 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.progress import Progress
-from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
 from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.storage_fault import DataDirWatch, StorageError, check_data_dir
 from delayservice.precise.wheel import Wheel, WheelBuffer
 from delayservice.settings import Settings
 from delayservice.timers.base import Scheduler
@@ -73,8 +75,11 @@ class _Outcomes:
 def lock_data_dir(root: Path) -> IO[str]:
     """Hold the wheel's directory for this process: two wheels writing one directory
     would each delete the other's slot files. The lock file sits beside it."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    handle = (root.parent / f".{root.name}.lock").open("a")  # held for the process's life
+    check_data_dir(root.parent)
+    try:
+        handle = (root.parent / f".{root.name}.lock").open("a")  # held for the process's life
+    except OSError as exc:
+        raise ConfigError("data_dir", f"{root.parent} is not usable: {exc}") from exc
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -96,8 +101,16 @@ class PreciseWorker:
         self.level = PreciseLevel(0, 0, topic)
         root = settings.data_dir / topic
         self._lock = lock_data_dir(root)
-        self.store = SlotStore(root)
-        self.cancels = CancelLog(settings.data_dir / f"{topic}.cancels.log")
+        cancel_path = settings.data_dir / f"{topic}.cancels.log"
+        try:
+            self.store = SlotStore(root)
+            self.cancels = CancelLog(cancel_path)
+        except StorageError as fault:
+            self._lock.close()
+            raise ConfigError("data_dir", f"{settings.data_dir} is not usable: {fault}") from fault
+        self._on_fatal = on_fatal
+        self._stopping = False
+        self.store.on_fault = self.cancels.on_fault = self._storage_fault
         self.placement = Placement(
             settings.precise_members, settings.precise_member, settings.replicas
         )
@@ -120,8 +133,19 @@ class PreciseWorker:
             outcomes,
             settings.precise_lookahead_s,
             takeover_s=takeover_s,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            horizon_s=settings.precise_horizon_s,
         )
-        self.ledger = PreciseLedger(self.wheel.settled)
+        self.ledger = PreciseLedger(self._settled)
+        keep = buffer.keep
+
+        def keep_or_stop(records: list[HeldRecord]) -> list[HeldRecord]:
+            try:
+                return keep(records)
+            except StorageError:  # reported through `on_fault`; the records stay on disk
+                return []
+
+        buffer.keep = keep_or_stop
         self.forwarder = Forwarder.configured(
             self.level,
             cast(Scheduler[HeldRecord], buffer),  # DelayQueue's own handle type, as in factory
@@ -148,6 +172,7 @@ class PreciseWorker:
             takeover_ms=int(takeover_s * 1000),
             max_delay_ms=settings.max_delay_ms,
             on_fatal=on_fatal,
+            check_storage=DataDirWatch(root, cancel_path).check,
         )
         if settings.replicas == 2:
             progress = Progress(
@@ -183,6 +208,20 @@ class PreciseWorker:
             self.wheel.disk_slots,
         )
 
+    def _storage_fault(self, fault: StorageError) -> None:
+        """A fault of the disk on any thread stops the daemon (see `storage_fault`)."""
+        if not self._stopping:
+            self._on_fatal(
+                f"storage fault in precise mode ({fault}); records not yet on disk stay "
+                "uncommitted and are read again after a restart"
+            )
+
+    def _settled(self, tracker: SlotTracker, offset: int) -> None:
+        """The forwarder settles from delivery reports; a slot file that cannot be marked
+        or deleted stays on disk for the restart the fault is already causing."""
+        with contextlib.suppress(StorageError):  # reported through `on_fault`
+            self.wheel.settled(tracker, offset)
+
     def start(self) -> None:
         self.forwarder.start()
         self.wheel.start()
@@ -191,6 +230,7 @@ class PreciseWorker:
         self.intake.start()
 
     def request_stop(self) -> None:
+        self._stopping = True  # faults met while stopping change no exit code
         self.intake.request_stop()
         self.forwarder.request_stop()
 

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 REPORT_EVERY_S: Final = 1.0
 FAR_FUTURE_MS: Final = 2**62
+MAX_PARTITION: Final = 1 << 14
+"""Reports for partition numbers at or above this are ignored: a precise topic has far
+fewer, and forged reports for partitions that do not exist must not grow memory."""
 KEPT_DIRECTORIES: Final = 8
 """Reports kept per partition, one per data directory of either holder; the one that
 reached least far goes first."""
@@ -184,7 +187,10 @@ class Progress:
                         if error.code() != KafkaError._PARTITION_EOF:
                             log.info("%s: %s", self._topic, error.str())
                         continue
-                    self._take(message.value())
+                    try:
+                        self._take(message.value())
+                    except Exception:  # one record must not cost the rest of the batch
+                        log.exception("%s: skipped a progress record", self._topic)
                     if (message.offset() or 0) + 1 >= end:
                         self._caught_up.set()
             except Exception:
@@ -200,6 +206,10 @@ class Progress:
         report = parse_report(raw)
         if report is None or report.member == self._placement.member:
             return  # malformed, or this member's own
+        if not (
+            0 <= report.member < self._placement.members and 0 <= report.partition < MAX_PARTITION
+        ):
+            return  # no such member, or no such partition
         if self._placement.holder(report.partition, report.member) is None:
             return  # not from a member that holds the partition
         by_directory = self._reports.setdefault(report.partition, {})

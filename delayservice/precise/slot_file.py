@@ -68,9 +68,12 @@ class StoredRecord(NamedTuple):
     headers: list[tuple[str, bytes | None]]  # the user's headers
 
 
+_NONE: Final = _I32.pack(-1)
+
+
 def _optional_bytes(parts: list[bytes], data: bytes | None) -> None:
     if data is None:
-        parts.append(_I32.pack(-1))
+        parts.append(_NONE)
         return
     if len(data) > _MAX_I32:
         raise SlotFormatError(f"a field of {len(data)} bytes does not fit a slot frame")
@@ -79,40 +82,41 @@ def _optional_bytes(parts: list[bytes], data: bytes | None) -> None:
 
 
 def encode(record: StoredRecord) -> bytes:
-    """Frame one record. Raises `SlotFormatError` for fields the format cannot hold."""
-    partition = record.target_partition
+    """Frame one record. Raises `SlotFormatError` for fields the format cannot hold.
+    Key and value are framed inline: this runs once per record the intake stores."""
+    (offset, due_ms, replica, message_id, target, partition, delay_ms, key, value, headers) = record
     if partition is None:
         partition = -1
     elif partition < 0:
         raise SlotFormatError(f"target partition must be >= 0, got {partition}")
     try:
-        message_id = record.message_id.encode()
-        target = record.target.encode()
-        if len(target) > _MAX_U16:
-            raise SlotFormatError(f"target topic name of {len(target)} bytes is too long")
+        raw_id = message_id.encode()
+        raw_target = target.encode()
+        if len(raw_target) > _MAX_U16:
+            raise SlotFormatError(f"target topic name of {len(raw_target)} bytes is too long")
+        if (key is not None and len(key) > _MAX_I32) or (
+            value is not None and len(value) > _MAX_I32
+        ):
+            raise SlotFormatError("a key or value does not fit a slot frame")
+        flags = _FLAG_REPLICA if replica else 0
         parts = [
-            _FIXED.pack(
-                record.offset,
-                record.due_ms,
-                record.delay_ms,
-                partition,
-                _FLAG_REPLICA if record.replica else 0,
-                len(message_id),
-            ),
-            message_id,
-            _U16.pack(len(target)),
-            target,
+            _FIXED.pack(offset, due_ms, delay_ms, partition, flags, len(raw_id)),
+            raw_id,
+            _U16.pack(len(raw_target)),
+            raw_target,
+            _NONE if key is None else _I32.pack(len(key)),
+            key or b"",
+            _NONE if value is None else _I32.pack(len(value)),
+            value or b"",
+            _U32.pack(len(headers)),
         ]
-        _optional_bytes(parts, record.key)
-        _optional_bytes(parts, record.value)
-        parts.append(_U32.pack(len(record.headers)))
-        for name, value in record.headers:
+        for name, header_value in headers:
             raw_name = name.encode()
             parts.append(_U32.pack(len(raw_name)))
             parts.append(raw_name)
-            _optional_bytes(parts, value)
+            _optional_bytes(parts, header_value)
     except (struct.error, UnicodeEncodeError) as exc:
-        raise SlotFormatError(f"record {record.message_id!r} cannot be framed: {exc}") from exc
+        raise SlotFormatError(f"record {message_id!r} cannot be framed: {exc}") from exc
     body = b"".join(parts)
     return _FRAME.pack(MAGIC, len(body), zlib.crc32(body)) + body
 
@@ -228,3 +232,66 @@ def decode(data: bytes | memoryview) -> tuple[list[StoredRecord], int]:
     if settled:
         records = [r for r in records if r.offset not in settled]
     return records, pos
+
+
+class Frame(NamedTuple):
+    """Where one whole frame sits, and what routing it needs, without parsing its body."""
+
+    start: int  # position of its magic byte
+    end: int  # one past its last byte
+    settled: bool  # a settled mark (then `offset` is the record it names)
+    offset: int
+    fire_ms: int  # due_ms, plus `takeover_ms` for a replica's copy (0 for a mark)
+
+
+def frames(
+    data: bytes | memoryview, takeover_ms: int = 0, start: int = 0
+) -> tuple[list[Frame], int]:
+    """The whole, checksummed frames of `data` from `start`, and where they stop.
+
+    Only the frame header and the body's fixed fields are read, so moving or indexing
+    records costs a checksum and an unpack, not a parse. A frame cut off by the end of
+    `data` stops the walk: a chunked reader continues from the returned position.
+    """
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    out: list[Frame] = []
+    end = len(view)
+    pos = start
+    unpack_frame, crc32, fixed = _FRAME.unpack_from, zlib.crc32, _FIXED.unpack_from
+    while pos + FRAME_OVERHEAD <= end:
+        magic, length, crc = unpack_frame(view, pos)
+        body_end = pos + FRAME_OVERHEAD + length
+        if magic not in (MAGIC, SETTLED_MAGIC) or body_end > end:
+            break
+        body = view[pos + FRAME_OVERHEAD : body_end]
+        if crc32(body) != crc:
+            break
+        if magic == SETTLED_MAGIC:
+            if length != _I64.size:
+                break
+            out.append(Frame(pos, body_end, True, _I64.unpack_from(body)[0], 0))
+        else:
+            if length < _FIXED.size:
+                break
+            offset, due_ms, _delay, _partition, flags, _ = fixed(body, 0)
+            fire_ms = due_ms + (takeover_ms if flags & _FLAG_REPLICA else 0)
+            out.append(Frame(pos, body_end, False, offset, fire_ms))
+        pos = body_end
+    return out, pos
+
+
+def frame_length(data: bytes | memoryview) -> int | None:
+    """The full length of the frame that starts `data` (None: not even a header), so a
+    chunked reader can fetch a frame larger than its chunk in one piece."""
+    if len(data) < FRAME_OVERHEAD:
+        return None
+    _magic, length, _crc = _FRAME.unpack_from(data, 0)
+    return int(FRAME_OVERHEAD + length)
+
+
+def parse_frame(frame: bytes | memoryview) -> StoredRecord:
+    """The record in one whole frame that `frames` found (its checksum already checked)."""
+    view = memoryview(frame)
+    return _parse(view[FRAME_OVERHEAD:])

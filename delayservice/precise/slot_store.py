@@ -1,9 +1,11 @@
-"""The directory of slot files: `root/p{partition}/{second}.slot` plus an `origin` marker.
+"""The directory of slot files: `root/p{partition}/{second}.slot` plus an `origin` marker,
+and span files `root/p{partition}/{start}_{width}.span` for records further out (see
+`tiers`).
 
-The wheel is single-layer so that a file is only ever appended to or deleted whole;
-nothing is rewritten, and a crash can only leave a torn tail, which `slot_file`
-detects. Appends go to the page cache and `sync` makes them durable in one pass, so
-the intake thread can commit Kafka offsets once per batch rather than per record.
+A file, slot or span, is only ever appended to or deleted whole; nothing is
+rewritten, and a crash can only leave a torn tail, which `slot_file` detects. Appends
+go to the page cache and `sync` makes them durable in one pass, so the intake thread
+can commit Kafka offsets once per batch rather than per record.
 
 Two threads share a store: the intake thread appends and syncs, the forwarder reads
 and deletes. State sits behind one lock; the slow parts (fsync, reading a whole slot)
@@ -26,22 +28,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from delayservice.errors import DelayServiceError
-from delayservice.precise.slot_file import StoredRecord, decode
+from delayservice.precise.slot_file import (
+    FRAME_OVERHEAD,
+    StoredRecord,
+    decode,
+    frame_length,
+    frames,
+)
+from delayservice.precise.storage_fault import StorageError, ignore, reported
 
 log = logging.getLogger(__name__)
 
 ORIGIN: Final = "origin"
 _ORIGIN_TMP: Final = "origin.tmp"
 _SLOT_RE: Final = re.compile(r"-?[0-9]+\.slot")
+_SPAN_RE: Final = re.compile(r"(-?[0-9]+)_([0-9]+)\.span")
 _PARTITION_RE: Final = re.compile(r"p[0-9]+")
+OPEN_FILES: Final = 512
+"""Append descriptors kept open: at least the span files a batch of far-future records
+touches (the tiers bound them at about 125 per partition), so a batch reopens few."""
 SYNCFS_ABOVE: Final = 32
 """More touched files than this and one `syncfs` beats an fsync per file."""
 
-Key = tuple[int, int]  # (partition, second)
+Key = tuple[int, int, int]  # (partition, first second, width in seconds; 1: a slot)
+TAIL_CHUNK: Final = 8 * 1024 * 1024
+"""Bytes read at a time when a file's torn tail is looked for."""
 
 
-class SlotStoreError(DelayServiceError):
+class SlotStoreError(StorageError):
     """The slot directory could not be read or written; the message names the path."""
 
 
@@ -80,7 +94,7 @@ def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
 
 
 class SlotStore:
-    def __init__(self, root: Path, open_files: int = 64) -> None:
+    def __init__(self, root: Path, open_files: int = OPEN_FILES) -> None:
         if open_files < 1:
             raise ValueError(f"open_files must be >= 1, got {open_files}")
         self._root = root
@@ -98,6 +112,7 @@ class SlotStore:
         self._dirty_dirs: set[int] = set()  # entries added or removed since the last sync
         self._dirty_root = False
         self._closed = False
+        self.on_fault: Callable[[StorageError], None] = ignore  # see `reported`
         try:
             root.mkdir(parents=True, exist_ok=True)
             self._scan()
@@ -114,19 +129,19 @@ class SlotStore:
                 log.warning("ignoring unknown entry %s in the slot directory", entry)
                 continue
             self._partitions.add(partition)
-            for file in entry.iterdir():
+            for file in os.scandir(entry):
                 if file.name in (ORIGIN, _ORIGIN_TMP):
                     continue
-                second = int(file.name[:-5]) if _SLOT_RE.fullmatch(file.name) else None
-                if second is None or file.name != f"{second}.slot" or not file.is_file():
-                    log.warning("ignoring unknown entry %s in the slot directory", file)
+                key = _parse_name(partition, file.name)
+                if key is None or not file.is_file():
+                    log.warning("ignoring unknown entry %s in the slot directory", file.path)
                     continue
                 size = file.stat().st_size
-                self._sizes[(partition, second)] = size
+                self._sizes[key] = size
                 self._bytes += size
 
-    def _path(self, partition: int, second: int) -> Path:
-        return self._root / f"p{partition}" / f"{second}.slot"
+    def _path(self, partition: int, second: int, width: int = 1) -> Path:
+        return self._root / f"p{partition}" / _name(second, width)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -149,11 +164,12 @@ class SlotStore:
 
     def _repair_tail(self, key: Key, fd: int, path: Path) -> None:
         """Cut a torn tail from a file written before this process, so new frames follow
-        the last whole record instead of hiding behind garbage."""
+        the last whole record instead of hiding behind garbage. Frames are walked by
+        their headers and checksums, a chunk at a time: a big span costs a read, not a
+        parse nor its size in memory."""
         size = os.fstat(fd).st_size
         if size:
-            with open(path, "rb") as file:
-                _, valid = decode(file.read(size))
+            valid = _valid_prefix(path, size)
             if valid < size:
                 log.warning("truncating torn tail of %s: %d bytes dropped", path, size - valid)
                 os.ftruncate(fd, valid)
@@ -162,8 +178,8 @@ class SlotStore:
         self._set_size(key, size)
         self._checked.add(key)
 
-    def _handle(self, partition: int, second: int) -> int:
-        key = (partition, second)
+    def _handle(self, partition: int, second: int, width: int = 1) -> int:
+        key = (partition, second, width)
         fd = self._handles.get(key)
         if fd is not None:
             self._handles.move_to_end(key)
@@ -172,7 +188,7 @@ class SlotStore:
             (self._root / f"p{partition}").mkdir(exist_ok=True)
             self._partitions.add(partition)
             self._dirty_root = True
-        path = self._path(partition, second)
+        path = self._path(partition, second, width)
         if key not in self._sizes:
             self._dirty_dirs.add(partition)  # a new directory entry to make durable
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -187,25 +203,45 @@ class SlotStore:
             self._close_handle(next(iter(self._handles)))
         return fd
 
-    def append(self, partition: int, second: int, frames: bytes) -> None:
-        """Add framed records to a slot. Not durable until `sync`."""
+    @reported
+    def append(self, partition: int, second: int, frames: bytes, width: int = 1) -> None:
+        """Add framed records to a slot (or a span of `width` seconds starting at
+        `second`). Not durable until `sync`."""
         if partition < 0:
             raise ValueError(f"partition must be >= 0, got {partition}")
-        key = (partition, second)
         with self._lock:
-            self._check_open()
-            try:
-                fd = self._handle(partition, second)
-            except OSError as exc:
-                raise _fail("open slot", self._path(partition, second), exc) from exc
-            self._dirty.add(key)
-            before = self._sizes[key]
-            try:
-                _write_all(fd, frames)
-            except OSError as exc:
-                self._undo_write(key, fd, before)
-                raise _fail("append to slot", self._path(partition, second), exc) from exc
-            self._set_size(key, before + len(frames))
+            self._append_locked((partition, second, width), frames)
+
+    @reported
+    def append_many(self, writes: dict[Key, list[bytes]]) -> list[Key]:
+        """Append each file's frames in one write per file, under one hold of the lock;
+        returns the files this created. Not durable until `sync`. A failure leaves
+        the files written before it as they are: not yet durable, and the caller
+        commits nothing of the batch."""
+        created: list[Key] = []
+        with self._lock:
+            for key, parts in writes.items():
+                if key[0] < 0:
+                    raise ValueError(f"partition must be >= 0, got {key[0]}")
+                if key not in self._sizes:
+                    created.append(key)
+                self._append_locked(key, b"".join(parts))
+        return created
+
+    def _append_locked(self, key: Key, frames: bytes) -> None:
+        self._check_open()
+        try:
+            fd = self._handle(*key)
+        except OSError as exc:
+            raise _fail("open slot", self._path(*key), exc) from exc
+        self._dirty.add(key)
+        before = self._sizes[key]
+        try:
+            _write_all(fd, frames)
+        except OSError as exc:
+            self._undo_write(key, fd, before)
+            raise _fail("append to slot", self._path(*key), exc) from exc
+        self._set_size(key, before + len(frames))
 
     def _undo_write(self, key: Key, fd: int, before: int) -> None:
         """Take a partial write back, or failing that make the next append re-check."""
@@ -219,6 +255,7 @@ class SlotStore:
         except OSError:
             self._set_size(key, before)
 
+    @reported
     def sync(self) -> None:
         """Make every append since the last sync durable, new directory entries included.
 
@@ -227,6 +264,8 @@ class SlotStore:
         from the last committed offset is safe.
         """
         with self._sync_lock:
+            if self._sync_many():
+                return
             fds, paths, dirs = self._take_dirty()
             try:
                 if len(fds) + len(paths) > SYNCFS_ABOVE and self._syncfs_all():
@@ -244,6 +283,19 @@ class SlotStore:
             finally:
                 for fd, _ in fds:
                     os.close(fd)
+
+    def _sync_many(self) -> bool:
+        """Many touched files (a batch of far-future records): one `syncfs`, without
+        a descriptor per file. False when there are few, or no `syncfs`."""
+        with self._lock:
+            if len(self._dirty) <= SYNCFS_ABOVE or _syncfs() is None:
+                return False
+            self._dirty.clear()
+            self._dirty_dirs.clear()
+            self._dirty_root = False
+        if not self._syncfs_all():
+            os.sync()  # no syncfs after all: every file system, still durable
+        return True
 
     def _take_dirty(self) -> tuple[list[tuple[int, Path]], list[Path], list[Path]]:
         """Swap out the dirty sets: duplicates of open descriptors (so eviction cannot
@@ -295,15 +347,56 @@ class SlotStore:
         """Every existing slot as (second, partition), earliest first."""
         with self._lock:
             if self._sorted is None:
-                self._sorted = sorted((second, partition) for partition, second in self._sizes)
+                self._sorted = sorted(
+                    (second, partition) for partition, second, width in self._sizes if width == 1
+                )
             return list(self._sorted)
 
-    def size(self, partition: int, second: int) -> int | None:
-        """Bytes appended to a slot so far, or None when it does not exist."""
+    def file_count(self) -> int:
+        """Slot and span files on disk."""
+        with self._lock:
+            return len(self._sizes)
+
+    def spans(self) -> list[Key]:
+        """Every existing span file as (partition, start, width)."""
+        with self._lock:
+            return [key for key in self._sizes if key[2] != 1]
+
+    def earliest(self) -> dict[int, int]:
+        """Per partition, the first second of its earliest file, slot or span. One pass
+        over the files, whose number the tiers bound."""
+        earliest: dict[int, int] = {}
+        with self._lock:
+            for partition, start, _ in self._sizes:
+                if start < earliest.get(partition, start + 1):
+                    earliest[partition] = start
+        return earliest
+
+    def size(self, partition: int, second: int, width: int = 1) -> int | None:
+        """Bytes appended to a file so far, or None when it does not exist."""
         with self._lock:
             self._check_open()
-            return self._sizes.get((partition, second))
+            return self._sizes.get((partition, second, width))
 
+    @reported
+    def read_at(self, key: Key, position: int, length: int) -> bytes:
+        """`length` bytes of a file from `position` (fewer at its end; b"" once it is
+        gone): a chunk of a span being split, or of a slot being loaded."""
+        path = self._path(*key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc
+        try:
+            return os.pread(fd, length, position)
+        except OSError as exc:
+            raise _fail("read", path, exc) from exc
+        finally:
+            os.close(fd)
+
+    @reported
     def read(self, partition: int, second: int, size: int | None = None) -> list[StoredRecord]:
         """The whole records of a slot (of its first `size` bytes when given: a snapshot
         taken earlier by `size()`); [] when it does not exist."""
@@ -324,10 +417,12 @@ class SlotStore:
             log.warning("torn tail in %s: %d bytes dropped", path, len(data) - valid)
         return records
 
-    def delete(self, partition: int, second: int) -> None:
-        """Remove a slot whole, once every record in it has been forwarded."""
-        key = (partition, second)
-        path = self._path(partition, second)
+    @reported
+    def delete(self, partition: int, second: int, width: int = 1) -> None:
+        """Remove a file whole: a slot once every record in it has been settled, a span
+        once its records are durable in finer files."""
+        key = (partition, second, width)
+        path = self._path(partition, second, width)
         with self._lock:
             self._check_open()
             if key not in self._sizes:
@@ -342,6 +437,7 @@ class SlotStore:
             self._dirty.discard(key)
             self._dirty_dirs.add(partition)  # so a synced delete stays deleted
 
+    @reported
     def origin(self, partition: int) -> int | None:
         """The offset stored by `set_origin` for a partition, or None if never set."""
         with self._lock:
@@ -362,6 +458,7 @@ class SlotStore:
             self._origins[partition] = value
             return value
 
+    @reported
     def set_origin(self, partition: int, offset: int) -> None:
         """Store a partition's offset durably before returning: write aside, rename over."""
         if partition < 0:
@@ -399,3 +496,36 @@ class SlotStore:
             self._closed = True
             while self._handles:
                 self._close_handle(next(iter(self._handles)))
+
+
+def _name(start: int, width: int) -> str:
+    return f"{start}.slot" if width == 1 else f"{start}_{width}.span"
+
+
+def _parse_name(partition: int, name: str) -> Key | None:
+    """The file a directory entry is, or None for anything this store never writes."""
+    if _SLOT_RE.fullmatch(name):
+        key = (partition, int(name[:-5]), 1)
+    elif match := _SPAN_RE.fullmatch(name):
+        key = (partition, int(match[1]), int(match[2]))
+        if key[2] < 2:
+            return None
+    else:
+        return None
+    return key if _name(key[1], key[2]) == name else None  # "05.slot" is never written
+
+
+def _valid_prefix(path: Path, size: int) -> int:
+    """Length of the whole frames at the start of a file's first `size` bytes."""
+    valid = 0
+    with open(path, "rb") as file:
+        while valid < size:
+            file.seek(valid)
+            head = file.read(FRAME_OVERHEAD)
+            want = max(TAIL_CHUNK, frame_length(head) or 0)
+            file.seek(valid)
+            _, end = frames(file.read(min(size - valid, want)))
+            if end == 0:
+                break
+            valid += end
+    return valid

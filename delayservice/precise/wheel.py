@@ -1,22 +1,27 @@
-"""The single-layer wheel: one file per 1 s slot on disk, the slots near the pointer
-in memory.
+"""The wheel: one file per 1 s slot near the pointer, coarser span files further out,
+the slots about to fire in memory.
 
-The source material keeps it single-layer on purpose: a slot file is only appended to
-or deleted whole, never demoted into a finer wheel, so there is no metadata to keep
-consistent between layers. Memory holds only the slots within the look-ahead of now;
-everything further out is a file with no open handle, so a backlog of days costs disk,
-not RAM. A slot is read whole when the pointer comes near it, its records wait in a
-heap ordered by due millisecond, and its file is deleted once every record in it is
-settled (forwarded, dead-lettered, cancelled or, for a replica's copy, reported done
-by the owner).
+Near the pointer the source material's rule holds: a slot file is only appended to or
+deleted whole. Further out (see `tiers`) records wait in span files, hours, days or
+32 days wide, which are likewise only appended to or deleted whole; a span is split
+into finer files (`splitter`) at least one horizon before its first second. So the
+files on disk, and what the process keeps per file, are bounded whatever the delays,
+and a batch of far-future records costs the intake a few writes, not one per record.
+
+A slot comes into memory when the pointer nears it, through a `SlotIndex` (positions
+and due milliseconds first, payloads a batch at a time) while the records held stay
+under `max_buffered_bytes`: a burst due in one second drains with bounded memory. Its
+file is deleted once every record in it is settled (forwarded, dead-lettered,
+cancelled or, for a replica's copy, reported done by the owner).
 
 Threads: the intake thread appends, the loader thread (here) reads slots in, the
-forwarder takes due records; one lock orders appends against loads and deletes, so a
-record is in memory exactly once.
+splitter thread splits spans, the forwarder takes due records; one lock orders appends
+against loads, splits and deletes, so a record is in memory exactly once.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import logging
 import threading
@@ -27,10 +32,14 @@ from typing import Final, Protocol
 
 from delayservice.envelope import Envelope, Headers
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode_settled
+from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.slot_store import Key, SlotStore
+from delayservice.precise.splitter import split
+from delayservice.precise.tiers import DEFAULT_HORIZON_S, Tiers
 from delayservice.timers.base import Clock
 from delayservice.timers.delay_queue import DelayQueue
 from delayservice.worker.record import HeldRecord, record_size
@@ -48,6 +57,21 @@ MARKS_EVERY_S: Final = 0.05
 RECENTLY_FORWARDED: Final = 100_000
 """Ids of records lately sent, so a cancel that comes after can be told it is too late."""
 EXPIRE_EVERY_S: Final = 60.0
+RECORD_OVERHEAD: Final = 900
+"""Bytes a held record costs in memory beyond its frame: the record, its envelope, the
+key, value and header objects and its heap row (about 610 B by tracemalloc on CPython
+3.11), and its share of the client's send buffers while in flight (the rest of the
+1.1 KB per held record a 500,000 burst cost in resident memory)."""
+LOAD_AT_MOST: Final = 5_000
+"""Records read into memory per step of a slot's loading."""
+SPLIT_EVERY_S: Final = 1.0
+TRIM_EVERY_S: Final = 1.0
+TRIM_BELOW: Final = 32 * 1024 * 1024
+"""Freed heap is given back only while the wheel holds less than this: while records
+are being forwarded, pages given back would only be faulted in again."""
+FILL_SLICE_S: Final = 0.1
+"""At most this long reading records in at a time, so settled marks keep being written."""
+UNBOUNDED: Final = 2**62
 
 
 class Coverage(Protocol):
@@ -107,7 +131,13 @@ class Wheel:
         takeover_s: float = 0.0,
         coverage: Coverage | None = None,
         clock: Clock = time.time,
+        *,
+        max_buffered_bytes: int = UNBOUNDED,
+        horizon_s: int = DEFAULT_HORIZON_S,
     ) -> None:
+        """`max_buffered_bytes` bounds what loading slots brings into memory (records
+        the intake hands straight in come on top); `horizon_s` is how far ahead records
+        are kept in slot files, and sets the tiers' widths."""
         self._store = store
         self._cancels = cancels
         self.buffer = buffer
@@ -119,33 +149,52 @@ class Wheel:
         self.coverage = coverage
         self._clock = clock
         self._lock = threading.Lock()
+        self._tiers = Tiers.for_horizon(horizon_s)
+        self._bounds = self._tiers.boundaries(clock())
+        self._budget = max_buffered_bytes
+        self._held = 0  # estimated bytes of records in memory
+        self._cost: dict[SlotTracker, int] = {}  # estimated bytes per record, by slot
+        self._loading: dict[SlotTracker, SlotIndex] = {}  # slots partly in memory
         self._trackers: dict[tuple[int, int], SlotTracker] = {}
-        self._unloaded: list[tuple[int, int]] = []  # heap of (second, partition) on disk only
-        self._unloaded_set: set[tuple[int, int]] = set()
-        for second, partition in store.slots():
-            self._unloaded.append((second, partition))
-            self._unloaded_set.add((partition, second))
+        self._unloaded = store.slots()  # heap of (second, partition) on disk only
         heapq.heapify(self._unloaded)
         self._near: list[tuple[int, int]] = []  # unloaded, taken off the heap: due soon
+        # Per partition, the first second of its earliest span: slots from there on
+        # wait until that span is split, so a loaded slot never gains records on disk.
+        self._span_floor: dict[int, int] = {}
+        for partition, start, _ in store.spans():
+            self._span_floor[partition] = min(start, self._span_floor.get(partition, start))
         self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
+        # Cancels that removed their message, by the slot that held it: a cancel leaves
+        # the cancel log only once the message's settled mark (or the slot's deletion)
+        # is durable, so no crash can find the message on disk and its cancel gone.
+        self._matches: dict[SlotTracker, list[str]] = {}
+        self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
         self._in_memory: set[str] = set()  # ids loaded and not yet taken
         self._cancelled_in_memory: set[str] = set()
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
+        self._splitter = threading.Thread(
+            target=self._run_splits, name="precise-splitter", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        self._splitter.start()
 
     def stop(self, timeout: float) -> None:
         self._stopping.set()
         self._wake.set()
+        deadline = time.monotonic() + timeout
         self._thread.join(timeout)
+        if self._splitter.is_alive():
+            self._splitter.join(max(0.1, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and self._splitter.is_alive()
 
     @property
     def loaded_slots(self) -> int:
@@ -153,42 +202,68 @@ class Wheel:
 
     @property
     def disk_slots(self) -> int:
-        return len(self._unloaded_set) + len(self._trackers)
+        """Files on disk, slots and spans."""
+        return self._store.file_count()
+
+    @property
+    def held_bytes(self) -> int:
+        """Estimated bytes of the records this wheel holds in memory."""
+        return self._held
 
     def earliest_unsettled_ms(self) -> dict[int, int]:
-        """Per partition, the start of its earliest slot that still has a file (loaded or
-        not): every record of the partition due before it has been settled. One pass for
-        all partitions, since a backlog of days is hundreds of thousands of slots."""
-        earliest: dict[int, int] = {}
-        with self._lock:
-            for keys in (self._trackers, self._unloaded_set):
-                for partition, second in keys:
-                    if second < earliest.get(partition, second + 1):
-                        earliest[partition] = second
-        return {partition: second * 1000 for partition, second in earliest.items()}
+        """Per partition, the start of its earliest file, slot or span, loaded or not:
+        every record of the partition due before it has been settled."""
+        return {partition: second * 1000 for partition, second in self._store.earliest().items()}
 
     # -- intake side ---------------------------------------------------------------
     def append(self, partition: int, fire_ms: int, frame: bytes) -> SlotTracker | None:
-        """Write one framed record into its slot file (durable at the store's next
-        sync). Returns the slot's tracker when the slot is in memory: the caller then
-        buffers the record itself once the write is durable. None: it stays on disk
-        until the loader reads its slot."""
-        second = fire_ms // 1000
-        key = (partition, second)
+        """`append_many` for one record."""
+        return self.append_many([(partition, fire_ms, frame)])[0]
+
+    def append_many(self, records: list[tuple[int, int, bytes]]) -> list[SlotTracker | None]:
+        """Write framed records, (partition, fire_ms, frame) each, into their files, one
+        write per file (durable at the store's next sync). Per record, its slot's
+        tracker when the slot is in memory: the caller then buffers the record itself
+        once the write is durable. None: it stays on disk until its slot is loaded."""
+        out: list[SlotTracker | None] = []
+        writes: dict[Key, list[bytes]] = {}
         with self._lock:
-            self._store.append(partition, second, frame)
-            tracker = self._trackers.get(key)
-            if tracker is None and key not in self._unloaded_set:
-                if second <= self._horizon():
-                    tracker = self._trackers[key] = SlotTracker(partition, second)
-                else:
-                    self._unloaded_set.add(key)
-                    heapq.heappush(self._unloaded, (second, partition))
-                    if self._unloaded[0] == (second, partition):
-                        self._wake.set()  # a new earliest slot: the loader may sleep less
-            if tracker is not None:
-                tracker.outstanding += 1
-            return tracker
+            new: set[tuple[int, int]] = set()
+            place, bounds = self._tiers.place, self._bounds
+            for partition, fire_ms, frame in records:
+                second = fire_ms // 1000
+                start, width = place(second, bounds)
+                writes.setdefault((partition, start, width), []).append(frame)
+                out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
+            self._write(writes)
+        return out
+
+    def _slot_for(
+        self, partition: int, second: int, frame: bytes, new: set[tuple[int, int]]
+    ) -> SlotTracker | None:
+        """The tracker a record of a slot joins, if its slot is in memory (lock held)."""
+        key = (partition, second)
+        tracker = self._trackers.get(key)
+        if tracker is None and key not in new and self._store.size(partition, second) is None:
+            new.add(key)  # a new file: in memory at once if near and no span covers it
+            if second <= self._horizon() and second < self._span_floor.get(partition, UNBOUNDED):
+                tracker = self._trackers[key] = SlotTracker(partition, second)
+                self._cost[tracker] = len(frame) + RECORD_OVERHEAD
+        if tracker is not None:
+            tracker.outstanding += 1
+            self._held += self._cost.get(tracker, RECORD_OVERHEAD)
+        return tracker
+
+    def _write(self, writes: dict[Key, list[bytes]]) -> None:
+        """Append grouped frames; note the files this creates (lock held)."""
+        for partition, start, width in self._store.append_many(writes):
+            if width != 1:
+                floor = self._span_floor.get(partition, UNBOUNDED)
+                self._span_floor[partition] = min(floor, start)
+            elif (partition, start) not in self._trackers:
+                heapq.heappush(self._unloaded, (start, partition))
+                if self._unloaded[0] == (start, partition):
+                    self._wake.set()  # a new earliest slot: the loader may sleep less
 
     def admit(self, records: list[tuple[HeldRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable."""
@@ -238,9 +313,11 @@ class Wheel:
                 self._in_memory.discard(message_id)
                 if message_id in self._cancelled_in_memory:
                     self._cancelled_in_memory.discard(message_id)
-                    self._cancels.matched(message_id)
+                    # Match and mark under one hold of the lock, so no write of marks
+                    # in between can retire the cancel before its message's mark.
+                    self._matches.setdefault(tracker, []).append(message_id)
+                    self._settle_locked(tracker, record.offset)
                     cancelled += 1
-                    settled.append((tracker, record.offset))
                     continue
                 replica = self._placement.role(record.partition) is Role.REPLICA
                 # An owner's record this overdue may have been taken over meanwhile.
@@ -278,27 +355,51 @@ class Wheel:
         until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
         so a restart does not send it again."""
         with self._lock:
-            tracker.outstanding -= 1
-            if tracker.deleted:
-                return
-            if tracker.outstanding <= 0 and not tracker.loading:
-                self._delete(tracker)
-            else:
-                self._marks.setdefault(tracker, []).append(offset)
+            self._settle_locked(tracker, offset)
+
+    def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
+        tracker.outstanding -= 1
+        self._held -= self._cost.get(tracker, RECORD_OVERHEAD)
+        if tracker.deleted:
+            return
+        if tracker.outstanding <= 0 and not tracker.loading:
+            self._delete(tracker)
+        else:
+            self._marks.setdefault(tracker, []).append(offset)
 
     def write_marks(self) -> None:
-        """Append the settled marks gathered since the last call, one write per slot."""
+        """Append the settled marks gathered since the last call, one write per slot;
+        then retire the cancels whose messages those marks (or deletions) settled."""
         with self._lock:
             marks, self._marks = self._marks, {}
             for tracker, offsets in marks.items():
                 if not tracker.deleted:
                     frames = b"".join(map(encode_settled, offsets))
                     self._store.append(tracker.partition, tracker.second, frames)
+                self._matches_durable.extend(self._matches.pop(tracker, ()))
+            retire, self._matches_durable = self._matches_durable, []
+        if retire:
+            self._retire(retire)
+
+    def _retire(self, message_ids: list[str]) -> None:
+        """Drop matched cancels from the log once the marks or deletions that settled
+        their messages are durable. A failed sync keeps them: a kept cancel only waits
+        for its expiry, a dropped one could let its message out after a restart."""
+        try:
+            self._store.sync()
+        except Exception:
+            with self._lock:
+                self._matches_durable.extend(message_ids)
+            raise
+        for message_id in message_ids:
+            self._cancels.matched(message_id)
 
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True
         self._marks.pop(tracker, None)
+        self._matches_durable.extend(self._matches.pop(tracker, ()))
         self._trackers.pop((tracker.partition, tracker.second), None)
+        self._cost.pop(tracker, None)
         self._store.delete(tracker.partition, tracker.second)
 
     # -- loader --------------------------------------------------------------------
@@ -324,13 +425,17 @@ class Wheel:
 
     def _next_to_load(self) -> tuple[int, int] | float | None:
         """The slot to load now, else seconds until one is due to be (None: none on
-        disk). A slot loads `lookahead` before its second, and earlier by its size."""
+        disk). A slot loads `lookahead` before its second, and earlier by its size, but
+        not while a span that may hold more of its records waits to be split."""
         now = self._clock()
         horizon = now + self._lookahead
         while self._unloaded and self._unloaded[0][0] <= horizon + MAX_LEAD_S:
             self._near.append(heapq.heappop(self._unloaded))
         wait: float | None = None
         for index, (second, partition) in enumerate(self._near):
+            if second >= self._span_floor.get(partition, UNBOUNDED):
+                wait = MARKS_EVERY_S if wait is None else min(wait, MARKS_EVERY_S)
+                continue  # its span is being split: asked again shortly
             size = self._store.size(partition, second) or 0
             start = second - self._lookahead - min(MAX_LEAD_S, size / LOAD_BYTES_PER_S)
             if start <= now:
@@ -342,60 +447,150 @@ class Wheel:
         return wait
 
     def _load_due_slots(self) -> float | None:
-        """Load every slot that is due to be; seconds until the next one is."""
+        """Index every slot that is due to be loaded, and bring records of the slots
+        being loaded into memory while the budget allows; seconds until the next slot
+        is due to be (None: none on disk)."""
+        wait: float | None = None
         while not self._stopping.is_set():
             with self._lock:
                 chosen = self._next_to_load()
                 if not isinstance(chosen, tuple):
-                    return chosen
+                    wait = chosen
+                    break
                 second, partition = chosen
-                self._unloaded_set.discard((partition, second))
                 # From here on appends to the slot go to memory by the intake; the
-                # file's size now marks what the read below covers.
+                # file's size now marks what the index below covers.
                 tracker = self._trackers[(partition, second)] = SlotTracker(partition, second)
                 tracker.loading = True
-                size = self._store.size(partition, second)
-            records, cancelled = self._load(tracker, size)
+                size = self._store.size(partition, second) or 0
+            index = SlotIndex(
+                functools.partial(self._store.read_at, (partition, second, 1)),
+                size,
+                second,
+                int(self._takeover * 1000),
+            )
+            with self._lock:
+                self._cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
+                self._loading[tracker] = index
+                self._held += index.memory
+        return 0.0 if self._fill() else wait
+
+    def _fill(self) -> bool:
+        """Bring records of the slots being loaded into memory, earliest slot first and
+        in due order within it, while the records held stay under the budget; records
+        already due are read even above it when the forwarder is about to run dry, so
+        the wheel never stalls on its own memory (records in flight to their targets
+        count until acknowledged). True: stopped after `FILL_SLICE_S` with more to read
+        now."""
+        until = time.monotonic() + FILL_SLICE_S
+        while self._loading and not self._stopping.is_set():
+            if time.monotonic() >= until:
+                return True
+            tracker = min(self._loading, key=lambda t: t.second)
+            index = self._loading[tracker]
+            millisecond = index.next_millisecond()
+            room = self._budget - self._held
+            cost = self._cost.get(tracker, RECORD_OVERHEAD)
+            if millisecond is not None and room < cost:
+                due = tracker.second * 1000 + millisecond <= self._clock() * 1000
+                if not due or len(self.buffer) >= LOAD_AT_MOST:
+                    return False  # over budget: wait for records to leave
+                room = cost * LOAD_AT_MOST // 10  # the forwarder would run dry
+            count = min(LOAD_AT_MOST, max(1, room // cost))
+            stored = index.take(count) if millisecond is not None else []
+            records, cancelled = self._admit_loaded(tracker, stored, finished=not index)
             if cancelled:
                 self._outcomes.cancelled("cancelled", cancelled)
             if records:
                 self.buffer.schedule_many(records)
-        return None
+        return False
 
-    def _load(
-        self, tracker: SlotTracker, size: int | None
+    def _admit_loaded(
+        self, tracker: SlotTracker, stored: list[StoredRecord], finished: bool
     ) -> tuple[list[tuple[HeldRecord, float]], int]:
-        """Read a slot into memory. Decoding a big slot (a burst due in one second) takes
-        seconds, so it runs without the lock; the intake keeps appending meanwhile."""
+        """Records read from a slot, as the forwarder's buffer takes them; drops the
+        cancelled (a settled mark each). With the last of the slot, it stops loading."""
         partition, second = tracker.partition, tracker.second
-        stored = self._store.read(partition, second, size) if size else []
-        seen: set[int] = set()
-        loaded: list[tuple[HeldRecord, float]] = []
-        for item in stored:
-            if item.offset in seen:
-                continue  # written twice: re-read after a crash between write and commit
-            seen.add(item.offset)
-            fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
-            loaded.append((held(item, tracker, partition), fire))
         out: list[tuple[HeldRecord, float]] = []
         cancelled = 0
         with self._lock:
             cancels, in_memory = self._cancels, self._in_memory
-            for entry in loaded:
-                message_id = entry[0].envelope.id  # type: ignore[union-attr]  # held() sets it
-                if message_id in cancels:
-                    cancels.matched(message_id)
+            cost = self._cost.get(tracker, RECORD_OVERHEAD)
+            for item in stored:
+                if item.message_id in cancels:
+                    self._matches.setdefault(tracker, []).append(item.message_id)
+                    self._marks.setdefault(tracker, []).append(item.offset)
                     cancelled += 1
                     continue
-                in_memory.add(message_id)
-                out.append(entry)
+                in_memory.add(item.message_id)
+                fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
+                out.append((held(item, tracker, partition), fire))
             tracker.outstanding += len(out)
-            tracker.loading = False
-            if tracker.outstanding <= 0:
-                self._delete(tracker)
-        if stored:
-            log.debug("loaded slot %d of partition %d: %d records", second, partition, len(out))
+            self._held += cost * len(out)
+            if finished:
+                index = self._loading.pop(tracker, None)
+                if index is not None:
+                    self._held -= index.memory
+                tracker.loading = False
+                if tracker.outstanding <= 0:
+                    self._delete(tracker)
+                log.debug("loaded slot %d of partition %d", second, partition)
         return out, cancelled
+
+    # -- splitter ------------------------------------------------------------------
+    def _run_splits(self) -> None:
+        """Splits spans as they come near; now and then, while little is held, gives
+        freed heap back."""
+        next_trim = 0.0
+        while not self._stopping.is_set():
+            try:
+                self.split_due_spans()
+                if time.monotonic() >= next_trim and self._held < TRIM_BELOW:
+                    next_trim = time.monotonic() + TRIM_EVERY_S
+                    release_free_heap()
+            except Exception:
+                log.exception("precise splitter: unexpected error; continuing")
+            self._stopping.wait(SPLIT_EVERY_S)
+
+    def split_due_spans(self) -> int:
+        """Move the boundaries to now, and split every span they have passed, earliest
+        first, into finer files. Returns the spans split."""
+        done = 0
+        while not self._stopping.is_set():
+            with self._lock:
+                bounds = self._tiers.boundaries(self._clock())
+                self._bounds = tuple(map(max, self._bounds, bounds))
+                due = [
+                    span
+                    for span in self._store.spans()
+                    if self._tiers.due_for_split(span[1], span[2], self._bounds)
+                ]
+                if not due:
+                    return done
+                span = min(due, key=lambda key: (key[1], key[2]))
+                size = self._store.size(*span) or 0  # nothing more is appended to it
+            copied = split(self._store, span, size, int(self._takeover * 1000), self._place)
+            with self._lock:
+                self._span_floor.pop(span[0], None)
+                for partition, start, _ in self._store.spans():
+                    if partition == span[0]:
+                        floor = self._span_floor.get(partition, UNBOUNDED)
+                        self._span_floor[partition] = min(floor, start)
+            log.debug("split span %s: %d records into finer files", span, copied)
+            done += 1
+            self._wake.set()  # its slots may be loadable now
+        return done
+
+    def _place(self, span: Key, by_second: dict[int, list[bytes]]) -> None:
+        """Write one chunk of a span into the files the boundaries give now."""
+        partition = span[0]
+        writes: dict[Key, list[bytes]] = {}
+        with self._lock:
+            place, bounds = self._tiers.place, self._bounds
+            for second, frames in by_second.items():
+                start, width = place(second, bounds)
+                writes.setdefault((partition, start, width), []).extend(frames)
+            self._write(writes)
 
     def _expire_cancels(self) -> None:
         expired = self._cancels.expire(int(self._clock() * 1000))

@@ -547,6 +547,8 @@ def test_the_cli_hands_translated_settings_to_sparks_kafka_reader(fake_spark, tm
         "kafka.ssl.truststore.location": ca,
         "kafka.fetch.max.wait.ms": "100",
         "kafka.client.id": "audit-cli",
+        # the delay topics, read as the daemon reads them
+        "kafka.isolation.level": "read_committed",
     }
     assert seen["includeHeaders"] == "true"
     assert "sasl.jaas.config=***" in result.output  # the progress line, masked
@@ -572,6 +574,7 @@ def test_no_kafka_settings_hands_spark_only_the_explicit_options(fake_spark, tmp
     assert {k for k in fake_spark.read.options if k.startswith("kafka.")} == {
         "kafka.bootstrap.servers",
         "kafka.security.protocol",
+        "kafka.isolation.level",
     }
 
 

@@ -86,6 +86,8 @@ class FaultRun:
         self.target_partitions: dict[str, int] = {}
         self.reader: Reader | None = None
         self._traffic: list[Traffic] = []
+        self.cancelled: set[str] = set()
+        """Ids cancelled in time: judged apart (none may be delivered), not as lost."""
 
     def target(self, name: str, partitions: int = 3) -> str:
         """A target topic stamped with LogAppendTime, so arrival is the broker's clock."""
@@ -127,6 +129,9 @@ class FaultRun:
             scenario, self.read(), self.topology, self.sent.snapshot(), may_dead_letter
         )
         report.logs = [str(d.log_path) for d in self.fleet.daemons]
+        if self.cancelled:
+            report.cancelled = [s for s in report.sources if s.expect.id in self.cancelled]
+            report.sources = [s for s in report.sources if s.expect.id not in self.cancelled]
         return report
 
     def drain(

@@ -192,6 +192,7 @@ class Report:
     recovery_s: float | None = None
     notes: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)  # the daemons' log files, for a failure
+    cancelled: list[Source] = field(default_factory=list)  # withdrawn in time: none may arrive
 
     def __repr__(self) -> str:
         """Short, because pytest prints it in every failed assertion."""
@@ -213,6 +214,11 @@ class Report:
     def lost(self) -> list[str]:
         gone = [s.where() for s in self.sources if not s.deliveries and not s.dead]
         return self.missing + gone
+
+    @property
+    def cancels_leaked(self) -> list[str]:
+        """Messages cancelled in time and delivered all the same."""
+        return [f"{s.where()} ({s.expect.id})" for s in self.cancelled if s.deliveries]
 
     @property
     def duplicates(self) -> int:
@@ -250,6 +256,8 @@ class Report:
     def row(self) -> dict[str, str]:
         late = self.lateness_s
         p99, worst = percentile(late, 0.99), max(late, default=None)
+        leaked = f"{len(self.cancels_leaked)} of {len(self.cancelled)} cancels leaked"
+        cancels = [leaked] if self.cancelled else []
         return {
             "scenario": self.scenario,
             "records": str(len(self.ours)),
@@ -261,14 +269,23 @@ class Report:
             "max lateness": _seconds(worst),
             "recovery": _seconds(self.recovery_s),
             "notes": "; ".join(
-                [*self.notes, *([f"{len(self.wrong)} misrouted/altered"] if self.wrong else [])]
+                [
+                    *cancels,
+                    *self.notes,
+                    *([f"{len(self.wrong)} misrouted/altered"] if self.wrong else []),
+                ]
             ),
         }
 
     def problems(self) -> str:
         """Up to five examples of each kind of violation, for an assertion message."""
         parts = []
-        for kind, items in (("lost", self.lost), ("early", self.early), ("wrong", self.wrong)):
+        for kind, items in (
+            ("lost", self.lost),
+            ("early", self.early),
+            ("wrong", self.wrong),
+            ("cancels leaked", self.cancels_leaked),
+        ):
             if items:
                 parts.append(f"{len(items)} {kind}, e.g.:\n  " + "\n  ".join(items[:5]))
         if parts and self.logs:

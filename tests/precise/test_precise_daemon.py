@@ -109,15 +109,19 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
     (record,) = testbed.collect(target, 1, timeout=30)
     assert _headers(record)["delay-id"].decode() == soon
     assert record.timestamp()[1] >= int(soon_at * 1000)
-    # The far ones are files on disk, one per slot, and nothing of them is in memory.
-    testbed.wait_for(lambda: worker.wheel.disk_slots == 2, 10, "two slot files")
+    # The far ones are files on disk, and nothing of them is in memory: ten minutes out
+    # a slot file, three days out a day-wide span file.
+    testbed.wait_for(lambda: worker.wheel.disk_slots == 2, 10, "two files")
     assert worker.wheel.loaded_slots == 0
     assert len(worker.wheel.buffer) == 0
-    files = sorted(p.name for p in (settings.data_dir / settings.precise_topic).rglob("*.slot"))
-    assert len(files) == 2, files
-    seconds = sorted(int(name.removesuffix(".slot")) for name in files)
-    assert seconds[0] >= int(time.time()) + 590
-    assert seconds[1] >= int(time.time()) + 3 * 86400 - 10
+    root = settings.data_dir / settings.precise_topic
+    (slot,) = [int(p.name.removesuffix(".slot")) for p in root.rglob("*.slot")]
+    assert slot >= int(time.time()) + 590
+    ((start, width),) = [
+        map(int, p.name.removesuffix(".span").split("_")) for p in root.rglob("*.span")
+    ]
+    assert width == 86400
+    assert start <= int(time.time()) + 3 * 86400 < start + width + 10
     assert far[0] != far[1]
 
 

@@ -85,6 +85,18 @@ def test_only_the_other_holder_of_a_partition_is_believed():
     assert progress.covers(0, 10, 10)
 
 
+@pytest.mark.parametrize(
+    ("partition", "member"),
+    [(0, 2), (0, -1), (0, 10**9), (-1, 0), (-2, 0), (1 << 14, 0), (10**12, 0)],
+)
+def test_reports_from_no_such_member_or_for_no_such_partition_change_nothing(partition, member):
+    progress, _ = _progress(member=1)
+    progress._take(_report(partition, member, 0, 2**62, FAR_FUTURE_MS))  # must not raise
+    assert progress._reports == {}
+    progress._take(_report(0, 0, 0, 200, FAR_FUTURE_MS))  # the rightful holder still counts
+    assert progress.covers(0, 10, 10)
+
+
 def test_coverage_never_moves_back_and_outlives_a_lost_disk():
     progress, _ = _progress()
     progress._take(_report(0, 0, 0, 300, 9_000))

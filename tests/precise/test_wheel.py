@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from delayservice.envelope import Envelope
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
 from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Wheel, WheelBuffer
@@ -51,12 +53,17 @@ class Coverage:
 
 
 class Rig:
-    def __init__(self, root: Path, placement: Placement | None = None) -> None:
+    def __init__(
+        self, root: Path, placement: Placement | None = None, now: float = NOW, **options: int
+    ) -> None:
+        """`options`: the wheel's `horizon_s` and `max_buffered_bytes`."""
         self.clock = Clock()
+        self.clock.now = now
         self.store = SlotStore(root / "slots")
         self.cancels = CancelLog(root / "cancels.log")
         self.outcomes = Outcomes()
         self.coverage = Coverage()
+        self.options = options
         self.wheel = self.new_wheel(placement or Placement(1, 0, 1))
 
     def new_wheel(self, placement: Placement) -> Wheel:
@@ -70,6 +77,7 @@ class Rig:
             takeover_s=3.0,
             coverage=self.coverage,
             clock=self.clock,
+            **self.options,
         )
 
     def stored(self, offset: int, due_ms: int, replica: bool = False) -> StoredRecord:
@@ -211,8 +219,10 @@ def test_a_cancel_of_a_loaded_record_stops_it_and_is_counted(rig):
     rig.clock.now = NOW + 3
     assert rig.take() == []
     assert rig.outcomes.counts["cancelled"] == 1
-    assert "id-1" not in rig.cancels  # it did its job
     assert rig.files() == 0
+    assert "id-1" in rig.cancels  # until the deletion is known durable
+    rig.wheel.write_marks()  # the loader's next round syncs, then retires it
+    assert "id-1" not in rig.cancels  # it did its job
 
 
 def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
@@ -223,6 +233,48 @@ def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
     rig.wheel._load_due_slots()
     assert rig.take() == [2]
     assert rig.outcomes.counts["cancelled"] == 1
+
+
+def _restart(rig: Rig, tmp_path: Path, now: float) -> Rig:
+    """The process dies: files stay as they are, nothing more is written."""
+    rig.store.close()
+    rig.cancels.close()
+    again = Rig(tmp_path)
+    again.clock.now = now
+    again.wheel._load_due_slots()
+    return again
+
+
+@pytest.mark.parametrize("marks_written", [False, True])
+def test_a_cancel_matched_as_its_slot_loads_survives_a_kill(rig, tmp_path, marks_written):
+    for offset in (1, 2, 3):
+        rig.append(offset, ms(60))
+    assert rig.wheel.cancel("id-2", ms(1000)) == "pending"
+    rig.cancels.sync()
+    rig.clock.now = NOW + 56
+    rig.wheel._load_due_slots()  # matched in memory; the slot still waits for 1 and 3
+    if marks_written:
+        rig.wheel.write_marks()
+        assert "id-2" not in rig.cancels  # the mark is durable: the cancel may go
+    again = _restart(rig, tmp_path, NOW + 61)
+    assert again.take() == [1, 3]
+    assert again.files() == 0
+
+
+@pytest.mark.parametrize("marks_written", [False, True])
+def test_a_cancel_of_a_record_in_memory_survives_a_kill(rig, tmp_path, marks_written):
+    for offset, due in ((1, 1.2), (2, 1.5), (3, 1.9)):
+        rig.append(offset, ms(due))
+    assert rig.wheel.cancel("id-2", ms(1000)) == "pending"
+    rig.cancels.sync()
+    rig.clock.now = NOW + 1.6
+    assert rig.take() == [1]  # 2 is called off; the slot still waits for 3
+    if marks_written:
+        rig.wheel.write_marks()
+    again = _restart(rig, tmp_path, NOW + 2)
+    # Without its mark, 1 goes again (a duplicate, never a loss); 2 never does.
+    assert again.take() == ([3] if marks_written else [1, 3])
+    assert again.files() == 0
 
 
 def test_a_cancel_after_the_record_was_sent_is_too_late(rig):
@@ -290,7 +342,6 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     with rig.wheel._lock:
         key = (0, int(ms(30) // 1000))
         rig.wheel._near.remove((key[1], key[0]))
-        rig.wheel._unloaded_set.discard(key)
         tracker = rig.wheel._trackers[key] = SlotTracker(*key)
         tracker.loading = True
         size = rig.store.size(*key)
@@ -298,8 +349,9 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     rig.clock.now = NOW + 29.6
     assert rig.take() == [2]
     assert rig.files() == 1  # the older record is still on disk, not yet in memory
-    loaded, _ = rig.wheel._load(tracker, size)
-    rig.wheel.buffer.schedule_many(loaded)
+    read_at = functools.partial(rig.store.read_at, (*key, 1))
+    rig.wheel._loading[tracker] = SlotIndex(read_at, size or 0, key[1], 3000)
+    rig.wheel._fill()
     rig.clock.now = NOW + 30
     assert rig.take() == [1]
     assert rig.files() == 0

@@ -1,0 +1,234 @@
+"""Precise mode, delays up to a year: memory, restart and intake with far-future messages.
+
+One run, the daemon as `python -m delayservice run` in its own process, measured from
+outside (RSS from /proc, readiness from /readyz, progress from the committed offsets of
+its group `{group_id}-precise-0`):
+
+1. started on the empty precise topic: RSS idle; then stopped;
+2. `--messages` exact messages (default 1,000,000) of `--value-bytes`, due uniformly
+   between now + 2 h and now + `--to-days` (default 365), are produced by
+   `--producers` processes with the daemon down;
+3. the daemon is started again: the intake rate is the backlog over the time from its
+   start until its committed offsets reach the topic's end; RSS growth is RSS then
+   (after `--settle` s) minus RSS idle;
+4. it is killed with SIGKILL and started again on the same data directory: the time
+   until /readyz answers, and until the intake has caught up again;
+5. with that daemon running, `--far` (default 200,000) more far-future messages are
+   produced from this process, and right behind them `--near` (default 300) messages
+   due in 2 to 12 s. Their lateness is the target's append time minus their due time
+   (precise-topic append time + delay), joined by `delay-id`.
+
+    python benchmarks/precise_long_delay.py [--messages 1000000] [--producers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from forwarding import broker
+from precise_burst import fast_producer
+from precise_common import (
+    MiB,
+    RssSampler,
+    committed,
+    create_topics,
+    data_dir,
+    due_ms,
+    end_offsets,
+    join,
+    load,
+    logged_daemon,
+    metrics_port,
+    pct,
+    precise_settings,
+    read_topic,
+    report_log,
+    scrape,
+    stderr,
+    tag_for,
+    vm_rss,
+    wait_for_count,
+)
+from precise_memory import on_disk, produce_all, settle_rss
+
+from delayservice.settings import Settings
+
+DAY = 86_400.0
+GOALS = {
+    "rss": "<= 100 MiB",
+    "restart": "<= 30 s",
+    "intake": ">= 50,000 msg/s",
+    "near_p99": "<= 200 ms",
+}
+
+
+def caught_up(settings: Settings, ends: dict[int, int], deadline: float) -> float | None:
+    """Seconds until the daemon's committed offsets reach `ends`, None past `deadline`."""
+    started = time.monotonic()
+    group = f"{settings.group_id}-precise-0"
+    while time.monotonic() < deadline:
+        done = committed(settings.bootstrap_servers, group, settings.precise_topic, ends)
+        if all(done.get(p, 0) >= end for p, end in ends.items()):
+            return time.monotonic() - started
+        time.sleep(0.25)
+    return None
+
+
+def far_then_near(
+    settings: Settings, target: str, args: argparse.Namespace
+) -> tuple[float, dict[bytes, float]]:
+    """`args.far` far-future messages, then right behind them `args.near` due in 2 to
+    12 s; returns the seconds the far ones took to produce, and the near ones' delays."""
+    producer = fast_producer(settings)
+    rng = random.Random(args.seed + 100)
+    value = b"f" * args.value_bytes
+    now = time.time()
+    started = time.monotonic()
+    for i in range(args.far):
+        while True:
+            try:
+                producer.produce(target, value, deliver_at=now + rng.uniform(2 * 3600, 365 * DAY))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    far_s = time.monotonic() - started
+    near: dict[bytes, float] = {}
+    for _ in range(args.near):
+        delay = rng.uniform(2.0, 12.0)
+        near[producer.produce(target, b"near", delay=delay).encode()] = delay
+    if producer.flush(120) != 0:
+        raise SystemExit("the producer could not deliver every message")
+    return far_s, near
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--messages", type=int, default=1_000_000, help="pending messages")
+    parser.add_argument("--to-days", type=float, default=365.0, help="latest due, from now")
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--producers", type=int, default=2, help="producer processes")
+    parser.add_argument("--partitions", type=int, default=3, help="of the precise topic")
+    parser.add_argument("--far", type=int, default=200_000, help="far ones before the near")
+    parser.add_argument("--near", type=int, default=300, help="due in 2 to 12 s")
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds of RSS sampling")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument(
+        "--consumer",
+        type=json.loads,
+        default={},
+        help="extra client settings for the daemon's consumers, as JSON (default: none)",
+    )
+    parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
+    args = parser.parse_args()
+    args.from_s, args.to_s = 2 * 3600.0, args.to_days * DAY  # for produce_all
+
+    log_path = Path(f"/tmp/precise-long-delay-{int(time.time())}.log")
+    stderr(f"start: {load()}; daemon log in {log_path}")
+    n = args.messages
+    with broker(args.bootstrap) as bootstrap, data_dir("long-delay") as root:
+        tag = tag_for("long")
+        settings = precise_settings(
+            bootstrap, tag, root, partitions=args.partitions, consumer=args.consumer
+        )
+        topic, target = settings.precise_topic, f"{tag}-target"
+        create_topics(settings, [target], 3)
+
+        with logged_daemon(settings, tag, log_path) as daemon:
+            idle = settle_rss(daemon.pid, args.settle)
+        stderr(f"idle daemon: {idle / MiB:.0f} MiB RSS; producing {n:,} messages")
+        produce_s = produce_all(settings, target, args)
+        ends = end_offsets(bootstrap, topic)
+        stderr(f"produced {n:,} in {produce_s:.0f} s; starting the daemon for the intake")
+
+        started = time.monotonic()
+        with logged_daemon(settings, tag, log_path, ready_within=300) as daemon:
+            with RssSampler(daemon.pid) as rss:
+                intake_s = caught_up(settings, ends, started + 3600)
+                if intake_s is None:
+                    raise SystemExit("the intake did not finish within an hour")
+                intake_s = time.monotonic() - started
+                after = settle_rss(daemon.pid, args.settle)
+            peak = rss.peak
+            metrics = scrape(metrics_port(daemon.pid))
+            files, size = on_disk(root)
+            stderr(f"intake {n / intake_s:,.0f} msg/s; RSS {after / MiB:.0f} MiB; kill -9")
+            daemon.kill()
+            daemon.wait(30)
+
+        started = time.monotonic()
+        with logged_daemon(settings, tag, log_path, ready_within=300) as daemon:
+            ready_s = time.monotonic() - started
+            again_s = caught_up(settings, ends, started + 600)
+            restarted = settle_rss(daemon.pid, args.settle)
+            stderr(f"ready {ready_s:.1f} s after the restart; far then near ({load()})")
+            starts = end_offsets(bootstrap, topic)
+            far_s, near = far_then_near(settings, target, args)
+            deadline = time.monotonic() + 120
+            arrived = wait_for_count(bootstrap, target, len(near), deadline)
+            stderr(f"{arrived} of {len(near)} near messages arrived")
+            behind_rss = vm_rss(daemon.pid) or 0
+        sources = read_topic(bootstrap, topic, starts)
+        arrivals = read_topic(bootstrap, target)
+
+    dues = {s.message_id: due_ms(s) for s in sources if s.message_id in near}
+    joined = join(dues, arrivals)
+    late = joined.lateness
+    growth = after - idle
+    consumer = f"; consumer {json.dumps(args.consumer)}" if args.consumer else ""
+    on_disk_metric = metrics.get('delayservice_precise_slot_files{state="on_disk"}', -1)
+    print(
+        f"\n{n:,} pending exact messages of {args.value_bytes} B, due uniformly over now + "
+        f"2 h .. now + {args.to_days:g} days, precise topic of {args.partitions} partitions "
+        f"(default settings: max_delay {settings.max_delay}, horizon "
+        f"{settings.precise_horizon_s} s{consumer}); daemon in its own process"
+    )
+    print(f"produce time           : {produce_s:.0f} s ({n / produce_s:,.0f} msg/s)")
+    print(
+        f"intake                 : {intake_s:.1f} s from the daemon's start, "
+        f"{n / intake_s:,.0f} msg/s (goal {GOALS['intake']})"
+    )
+    print(
+        f"RSS                    : idle {idle / MiB:.0f} MiB, after the intake "
+        f"{after / MiB:.0f} MiB (peak {peak / MiB:.0f}); growth {growth / MiB:.0f} MiB "
+        f"(goal {GOALS['rss']})"
+    )
+    print(
+        f"on disk                : {files:,} files, {size / MiB:,.0f} MiB; "
+        f"/metrics files on disk {on_disk_metric:,.0f}"
+    )
+    caught = f"{again_s:.1f} s" if again_s is not None else "not within 600 s"
+    print(
+        f"restart after kill -9  : ready (/readyz) {ready_s:.1f} s (goal {GOALS['restart']}); "
+        f"intake caught up {caught} later; RSS {restarted / MiB:.0f} MiB"
+    )
+    print(
+        f"near behind far        : {args.far:,} far-future produced in {far_s:.1f} s, then "
+        f"{len(near)} due in 2-12 s: {len(late)} arrived (lost {joined.lost}, early "
+        f"{joined.early}, duplicates {joined.duplicates}); lateness p50 / p99 / max "
+        f"{pct(late, 0.5):,.0f} / {pct(late, 0.99):,.0f} / {max(late, default=0):,} ms "
+        f"(goal p99 {GOALS['near_p99']}); RSS then {behind_rss / MiB:.0f} MiB"
+    )
+    problems = report_log(log_path)
+    print(
+        f"\nsummary: {n:,} pending over a year: RSS growth {growth / MiB:.0f} MiB, intake "
+        f"{n / intake_s:,.0f} msg/s, ready {ready_s:.1f} s after kill -9, near behind "
+        f"{args.far:,} far p99 {pct(late, 0.99):,.0f} ms; early {joined.early}, lost "
+        f"{joined.lost}; {problems} daemon log warnings"
+    )
+    stderr(f"end: {load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""A slot file read in two passes, so that a slot never has to fit in memory.
+
+The first pass walks the file a chunk at a time and keeps, per record, only where it
+is and when it fires: a sort key (millisecond within the second, offset, sequence) of
+about 50 bytes and 12 bytes of position and length, against about 1 KB for a record
+held in memory. The second pass (`take`) reads the records back in the order they
+leave, a bounded batch at a time, as the wheel's memory budget allows; runs of records
+that lie next to each other in the file (the usual case: a burst is appended in order)
+are read with one call.
+
+A record written twice (read again after a crash between write and commit, or copied
+twice by a split that was interrupted) sorts next to its copy and is taken once;
+records named by a settled mark are left out.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import Final
+
+from delayservice.precise.slot_file import StoredRecord, frame_length, frames, parse_frame
+
+CHUNK: Final = 4 * 1024 * 1024
+"""Bytes read at a time, in either pass."""
+INDEX_BYTES_PER_RECORD: Final = 64
+"""A sort key (a 107-bit int and its list slot) and a position and a length."""
+_SEQ_BITS: Final = 32
+_OFFSET_BITS: Final = 64
+
+ReadAt = Callable[[int, int], bytes]  # (position, length) -> bytes
+
+
+class SlotIndex:
+    def __init__(self, read_at: ReadAt, size: int, second: int, takeover_ms: int) -> None:
+        self._read_at = read_at
+        self._positions = array("q")
+        self._lengths = array("l")
+        keys: list[int] = []
+        settled: set[int] = set()
+        base_ms = second * 1000
+        position = 0
+        while position < size:
+            want = min(size - position, CHUNK)
+            chunk = read_at(position, want)
+            found, end = frames(chunk, takeover_ms)
+            if end == 0:
+                whole = frame_length(chunk)
+                if whole is None or whole <= len(chunk) or position + whole > size:
+                    break  # a torn tail: nothing whole follows
+                chunk = read_at(position, whole)  # one frame bigger than a chunk
+                found, end = frames(chunk, takeover_ms)
+                if end == 0:
+                    break
+            for frame in found:
+                if frame.settled:
+                    settled.add(frame.offset)
+                    continue
+                millisecond = min(max(frame.fire_ms - base_ms, 0), 1 << 20)
+                seq = len(self._positions)
+                self._positions.append(position + frame.start)
+                self._lengths.append(frame.end - frame.start)
+                keys.append(
+                    (millisecond << (_OFFSET_BITS + _SEQ_BITS)) | (frame.offset << _SEQ_BITS) | seq
+                )
+            position += end
+        keys.sort()
+        self._keys = keys
+        self._settled = settled
+        self._next = 0
+        self._last_offset = -1
+        self.bytes = sum(self._lengths)
+        """Bytes of record frames in the slot (duplicates and settled included)."""
+        self.memory = len(keys) * INDEX_BYTES_PER_RECORD
+        """What the index costs in memory while the slot loads, estimated."""
+
+    def __len__(self) -> int:
+        """Records (copies included) not yet taken."""
+        return len(self._keys) - self._next
+
+    @property
+    def frame_bytes(self) -> int:
+        """Mean size of a record's frame here, for the wheel's memory estimate."""
+        return self.bytes // max(1, len(self._positions))
+
+    def next_millisecond(self) -> int | None:
+        """Millisecond within the second of the next record to take (None: all taken)."""
+        if self._next >= len(self._keys):
+            return None
+        return self._keys[self._next] >> (_OFFSET_BITS + _SEQ_BITS)
+
+    def take(self, count: int) -> list[StoredRecord]:
+        """The next records in leaving order, at most `count` (fewer, even none, when
+        copies or settled records are skipped); reads what they need and no more."""
+        keys = self._keys[self._next : self._next + count]
+        self._next += len(keys)
+        seq_mask = (1 << _SEQ_BITS) - 1
+        offset_mask = (1 << _OFFSET_BITS) - 1
+        wanted: list[int] = []
+        last = self._last_offset
+        for key in keys:
+            offset = (key >> _SEQ_BITS) & offset_mask
+            if offset == last or offset in self._settled:
+                continue  # a second copy sorts right after the first
+            last = offset
+            wanted.append(key & seq_mask)
+        self._last_offset = last
+        if self._next >= len(self._keys):
+            self._keys = []  # all taken: let the index go
+            self._next = 0
+        return self._read(wanted)
+
+    def _read(self, seqs: list[int]) -> list[StoredRecord]:
+        positions, lengths = self._positions, self._lengths
+        out: list[StoredRecord] = []
+        i = 0
+        while i < len(seqs):
+            start = positions[seqs[i]]
+            end = start + lengths[seqs[i]]
+            j = i + 1
+            while j < len(seqs) and positions[seqs[j]] == end and end - start < CHUNK:
+                end += lengths[seqs[j]]
+                j += 1
+            data = memoryview(self._read_at(start, end - start))
+            for seq in seqs[i:j]:
+                position = positions[seq] - start
+                piece = data[position : position + lengths[seq]]
+                if len(piece) == lengths[seq]:  # the file went meanwhile: nothing to send
+                    out.append(parse_frame(piece))
+            i = j
+        return out

@@ -1,0 +1,193 @@
+"""An intake over a real slot directory and cancel log, with a scripted consumer and a
+stand-in for the forwarder that only dead letters reach."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+from confluent_kafka import Message, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from delayservice.envelope import H_CANCEL, H_VERSION, Envelope
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.intake import Intake
+from delayservice.precise.placement import Placement
+from delayservice.precise.precise_worker import PreciseLevel
+from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.storage_fault import DataDirWatch
+from delayservice.precise.wheel import Wheel, WheelBuffer
+from delayservice.worker.admission import Admission
+from delayservice.worker.forwarder import Forwarder
+from delayservice.worker.record import HeldRecord
+from tests.worker.fakes import message
+
+TOPIC = "precise"
+NOW_MS = 1_800_000_000_000
+FAR_MS = 3_600_000  # due in an hour: the record stays on disk
+
+
+def record(
+    offset: int, *, partition: int = 0, cancel: str | None = None, message_id: str | None = None
+) -> Message:
+    """A message due in an hour (id `id-P-O` unless given), or a cancel marker."""
+    if cancel is None:
+        mid = message_id or f"id-{partition}-{offset}"
+        headers = Envelope("orders", FAR_MS, mid).headers()
+        return message(partition, offset, NOW_MS, headers=headers, topic=TOPIC)
+    headers = [(H_VERSION, b"1"), (H_CANCEL, cancel.encode())]
+    return message(partition, offset, NOW_MS, headers=headers, key=None, value=None, topic=TOPIC)
+
+
+class Consumer:
+    """Hands out the queued batches one per consume(), then nothing."""
+
+    def __init__(self, partitions: int = 1) -> None:
+        self.partitions = partitions
+        self.batches: list[list[Message]] = []
+        self.committed_offsets: dict[int, int] = {}
+        self.closed = False
+        self.lock = threading.Lock()
+        self.consumed = threading.Condition(self.lock)
+        self.taken = 0
+
+    def make(self, _config: dict[str, Any]) -> Consumer:
+        return self
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        class Topic:
+            error = None
+            partitions = dict.fromkeys(range(self.partitions))
+
+        return type("Meta", (), {"topics": {TOPIC: Topic}})
+
+    def committed(self, partitions: list[TopicPartition], timeout: float = -1) -> Any:
+        return [TopicPartition(TOPIC, tp.partition, -1001) for tp in partitions]
+
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        pass
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        with self.lock:
+            if self.batches:
+                self.taken += 1
+                self.consumed.notify_all()
+                return self.batches.pop(0)
+        threading.Event().wait(min(timeout, 0.01))
+        with self.lock:
+            self.consumed.notify_all()
+        return []
+
+    def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
+        with self.lock:
+            for tp in offsets:
+                self.committed_offsets[tp.partition] = tp.offset
+        return [TopicPartition(TOPIC, tp.partition, tp.offset) for tp in offsets]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return partitions
+
+    def get_watermark_offsets(self, *_args: Any, **_kwargs: Any) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self) -> None:
+        self.closed = True
+
+    def wait_drained(self, timeout: float = 10) -> None:
+        with self.lock:
+            assert self.consumed.wait_for(lambda: not self.batches, timeout)
+
+
+class DeadLetters:
+    """Stands in for the forwarder: only dead letters reach it from the intake."""
+
+    def __init__(self) -> None:
+        self.submitted: list[HeldRecord] = []
+
+    def submit(self, held: HeldRecord) -> None:
+        self.submitted.append(held)
+
+    def publish_counts(self) -> None:
+        pass
+
+
+class Rig:
+    def __init__(self, root: Path, partitions: int = 1) -> None:
+        self.metrics = metrics = ServiceMetrics(CollectorRegistry())
+        self.root = root
+        self.store = SlotStore(root / "slots")
+        self.cancels = CancelLog(root / "cancels.log")
+        self.fatal: list[str] = []
+        self.store.on_fault = self.cancels.on_fault = lambda f: self.fatal.append(str(f))
+        self.consumer = Consumer(partitions)
+        self.dead = DeadLetters()
+        placement = Placement(1, 0, 1)
+        wheel = Wheel(
+            self.store,
+            self.cancels,
+            WheelBuffer(lambda: NOW_MS / 1000),
+            placement,
+            cast(Any, _Outcomes()),
+            lookahead_s=2.0,
+            clock=lambda: NOW_MS / 1000,
+        )
+        level = PreciseLevel(0, 0, TOPIC)
+        self.intake = Intake(
+            TOPIC,
+            self.consumer.make,
+            wheel,
+            self.store,
+            self.cancels,
+            PreciseLedger(wheel.settled),
+            Admission(level, 0, 86_400_000, frozenset({TOPIC}), metrics, exact=True),
+            cast(Forwarder, self.dead),
+            placement,
+            metrics,
+            level_name="exact",
+            takeover_ms=0,
+            max_delay_ms=86_400_000,
+            on_fatal=self.fatal.append,
+            check_storage=DataDirWatch(root / "slots", root / "cancels.log").check,
+        )
+
+    def feed(self, *batches: list[Message]) -> None:
+        with self.consumer.lock:
+            self.consumer.batches.extend(batches)
+
+    def run_batch(self, batch: list[Message]) -> None:
+        """One batch through the running intake, and the commit after it."""
+        self.feed(batch)
+        self.consumer.wait_drained()
+        assert wait(lambda: not self.intake.is_alive() or self._committed_past(batch))
+
+    def _committed_past(self, batch: list[Message]) -> bool:
+        last = batch[-1]
+        return self.consumer.committed_offsets.get(last.partition() or 0, -1) > (last.offset() or 0)
+
+    def stop(self) -> None:
+        self.intake.request_stop()
+        assert self.intake.join(10)
+
+
+class _Outcomes:
+    def cancelled(self, outcome: str, count: int = 1) -> None:
+        pass
+
+    def cleaned(self) -> None:
+        pass
+
+    def took_over(self) -> None:
+        pass
+
+
+def wait(condition: Callable[[], bool], timeout: float = 10) -> bool:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return True
+        done.wait(0.01)
+    return condition()

@@ -1,0 +1,105 @@
+"""The precise worker's storage-fault wiring: a fault met on any thread stops the
+daemon once, through `on_fatal`, and the loader's and forwarder's calls into the
+store do not raise into threads that would go on."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise import slot_store
+from delayservice.precise.precise_worker import PreciseWorker
+from delayservice.precise.slot_file import StoredRecord
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.wheel import held
+from delayservice.settings import load_settings
+
+
+class NoProducer:
+    """Built into the forwarder; nothing here sends."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the producer was used: {name}")
+
+
+@pytest.fixture
+def worker(tmp_path: Path):
+    settings = load_settings(
+        levels="1s", precise=True, precise_topic="timers", data_dir=tmp_path / "data"
+    )
+    fatal: list[str] = []
+    made = PreciseWorker(
+        settings,
+        ServiceMetrics(CollectorRegistry()),
+        NoProducer(),  # type: ignore[arg-type]
+        TargetTopics(NoProducer()),
+        fatal.append,
+    )
+    made.fatal = fatal  # type: ignore[attr-defined]
+    yield made
+    made.store.close()
+    made.cancels.close()
+    made._lock.close()
+
+
+def _full(*_args: Any, **_kwargs: Any) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_settled_mark_that_cannot_be_written_stops_the_daemon(worker, monkeypatch):
+    worker.store.append(0, 100, b"frame")
+    tracker = SlotTracker(0, 100)
+    tracker.outstanding = 2
+    worker.wheel._trackers[(0, 100)] = tracker
+    worker.ledger.settle(tracker, 7, 0, forwarded=True)  # one of two: a mark to write
+    monkeypatch.setattr(slot_store, "_write_all", _full)
+    with pytest.raises(slot_store.SlotStoreError):
+        worker.wheel.write_marks()  # on the loader thread, which logs and goes on
+    assert len(worker.fatal) == 1
+    assert "storage fault in precise mode" in worker.fatal[0]
+    assert "No space left on device" in worker.fatal[0]
+
+
+def test_a_slot_that_cannot_be_deleted_stops_the_daemon_without_raising_into_the_forwarder(
+    worker, monkeypatch
+):
+    worker.store.append(0, 100, b"frame")
+    tracker = SlotTracker(0, 100)
+    tracker.outstanding = 1
+    worker.wheel._trackers[(0, 100)] = tracker
+    monkeypatch.setattr(Path, "unlink", _full)
+    worker.ledger.settle(tracker, 7, 0, forwarded=True)  # a delivery report: must not raise
+    assert len(worker.fatal) == 1
+    assert "cannot delete slot" in worker.fatal[0]
+    monkeypatch.undo()
+    assert worker.store.size(0, 100) is not None  # still there for the restart
+
+
+def test_a_fault_while_taking_records_stops_the_daemon_and_sends_nothing(worker, monkeypatch):
+    """The forwarder's taker settles a cancelled record: its slot's deletion fails."""
+    worker.store.append(0, 100, b"frame")
+    tracker = SlotTracker(0, 100)
+    tracker.outstanding = 1
+    worker.wheel._trackers[(0, 100)] = tracker
+    stored = StoredRecord(7, 100_000, False, "gone", "orders", None, 0, b"k", b"v", [])
+    worker.wheel._cancelled_in_memory.add("gone")
+    worker.wheel.buffer.schedule_many([(held(stored, tracker, 0), 0.0)])
+    monkeypatch.setattr(Path, "unlink", _full)
+    assert worker.wheel.buffer.take_expired(0) == []  # what the forwarder gets: nothing
+    assert len(worker.fatal) == 1
+    assert "cannot delete slot" in worker.fatal[0]
+
+
+def test_faults_while_stopping_change_nothing(worker, monkeypatch):
+    worker.request_stop()
+    monkeypatch.setattr(slot_store, "_write_all", _full)
+    with pytest.raises(slot_store.SlotStoreError):
+        worker.store.append(0, 100, b"frame")
+    assert worker.fatal == []
