@@ -184,6 +184,7 @@ def run_round(
             guarantee=guarantee,
             pause_high_water=args.pause_high_water,
             pause_low_water=args.pause_high_water // 2,
+            producer=dict(item.split("=", 1) for item in args.producer),
         )
         topics.create(admin, settings)
         out = f"bench-{tag}-{short}-out"
@@ -224,6 +225,13 @@ def main() -> int:
     parser.add_argument("--levels", type=int, default=1, help="levels the backlog spreads over")
     parser.add_argument("--processes", type=int, default=1, help="the daemon's worker processes")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
+    parser.add_argument(
+        "--producer",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting for the daemon's producers (repeatable)",
+    )
     args = parser.parse_args()
 
     pipe_rates: list[float] = []

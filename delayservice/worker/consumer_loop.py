@@ -45,7 +45,9 @@ ERROR_PAUSE_S = 0.5
 REBUILDS_ALLOWED = 5
 REBUILD_WINDOW_S = 300.0
 CLOSE_WAIT_S = 5.0
-PAUSED_POLL_S = 0.05
+PAUSED_POLL_S = 0.01
+BEHIND_WAIT_S = 0.005
+BEHIND_MAX_S = 0.5
 COMMIT_RETRY_S = 1.0
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
@@ -104,6 +106,7 @@ class ConsumerLoop:
         self._wanted: dict[int, int] = {}  # durable offsets not confirmed yet
         self._asked: dict[int, int] = {}  # of those, asked for and not answered
         self._paused_since: dict[int, float] = {}
+        self._last_consume = 0.0
         name = level.name
         self._m_consumed = metrics.consumed.labels(name)
         self._m_not_append = metrics.level_mismatches.labels(name, "not_append_time")
@@ -323,6 +326,19 @@ class ConsumerLoop:
             next_probe = now + PROBE_INTERVAL_S
         return next_commit, next_lag, next_probe
 
+    def _behind(self) -> bool:
+        """A partition near its mark whose head is due: the forwarder is behind on due
+        records (a backlog). Reading waits for it instead of pausing the partition:
+        pausing throws away what the client fetched, and under a backlog the refetch
+        after each resume held forwarding to a third of the bare pipe's rate. Records
+        not yet due still pause their partition, so they never hold others back."""
+        pause_at = self._flow.pause_at
+        group = self._group
+        return any(
+            count >= pause_at and group.head_due(partition)
+            for partition, count in list(group.counts.items())
+        )
+
     def _next_messages(self) -> list[Message]:
         """The next batch, without waiting for a full one.
 
@@ -330,11 +346,18 @@ class ConsumerLoop:
         only for the first record, so a partly fetchable backlog (paused partitions)
         never waits out the timeout per batch.
         """
+        now = time.monotonic()
+        if self._behind() and now - self._last_consume < BEHIND_MAX_S:
+            self._group.wait_drained(self._flow.pause_at, BEHIND_WAIT_S)
+            return []
+        self._last_consume = now  # rebalances are served from consume(): never for long
         messages = self._consumer.consume(BATCH, 0)
         if messages:
             return messages
-        if self.paused and len(self.paused) >= len(self.owned_partitions):
-            # Nothing can be read until the forwarder drains a partition.
+        if self.paused:
+            # A paused partition resumes only between two calls: wait briefly, or the
+            # forwarder drains it and then waits for this thread (up to the timeout,
+            # per pause; forwarding ran at a third of the bare pipe under a backlog).
             return self._consumer.consume(1, PAUSED_POLL_S)
         return self._consumer.consume(1, POLL_TIMEOUT_S)
 
@@ -359,30 +382,32 @@ class ConsumerLoop:
         self._consumer.close()
 
     # -- admitting records ---------------------------------------------------------
+    def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
+        """The batch's records per owned partition, in offset order; errors reported,
+        records of a partition about to be sought back skipped (they are read again)."""
+        runs: dict[int, list[Message]] = {}
+        rewind, owned = self._rewind, self.owned_partitions
+        for message in messages:
+            partition = message.partition()
+            run = runs.get(partition)  # type: ignore[arg-type]
+            error = message.error()
+            if run is not None and error is None:
+                run.append(message)
+            elif error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self.on_error(error)
+            elif partition is not None and partition in rewind:
+                rewind.setdefault(partition, message.offset() or 0)
+            elif partition is not None and partition in owned:
+                runs[partition] = [message]
+        return runs
+
     def _admit_batch(self, messages: list[Message]) -> int:
         """Append each partition's records to its queue, as many as flow control admits;
         the first refused record pauses its partition and is read again later."""
         read_ms = int(time.time() * 1000)  # after consume() returned: after every append
-        runs: dict[int, list[Message]] = {}
-        paused, rewind, owned = self.paused, self._rewind, self.owned_partitions
-        for message in messages:
-            partition = message.partition()
-            run = runs.get(partition)  # type: ignore[arg-type]
-            if run is not None and message.error() is None:
-                run.append(message)
-                continue
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    self.on_error(error)
-                continue
-            if partition is None or partition in paused or partition in rewind:
-                if partition is not None:
-                    rewind.setdefault(partition, message.offset() or 0)
-                continue
-            if partition not in owned:
-                continue  # not ours any more; the new owner reads it
-            runs[partition] = [message]
+        paused, rewind = self.paused, self._rewind
+        runs = self._by_partition(messages)
         self.broker_down = self.broker_down and not runs
         admitted = 0
         group = self._group
@@ -393,8 +418,10 @@ class ConsumerLoop:
                 run,
                 RECORD_KEY_ALLOWANCE,
             )
-            if take < len(run):
-                self._pause(partition)
+            refused = take < len(run)
+            if refused:
+                if partition not in paused:
+                    self._pause(partition)
                 rewind[partition] = run[take].offset() or 0
                 del run[take:]
             if run:
@@ -403,7 +430,21 @@ class ConsumerLoop:
                 if late:
                     self._m_not_append.inc(late)
                 admitted += len(run)
+            if not refused:
+                self._pause_if_near(partition)
         return admitted
+
+    def _pause_if_near(self, partition: int) -> None:
+        """Pause a partition of records not yet due near its mark, before a record is
+        refused: that needs no seek back (the client resumes after the last record it
+        delivered). A backlog of due records is not paused: see `_behind`."""
+        group = self._group
+        if (
+            partition not in self.paused
+            and group.counts.get(partition, 0) >= self._flow.pause_at
+            and not group.head_due(partition)
+        ):
+            self._pause(partition)
 
     def _pause(self, partition: int) -> None:
         self._consumer.pause([TopicPartition(self.level.topic, partition)])

@@ -2,7 +2,8 @@
 
 A record is admitted only while its partition holds fewer than `high_water` records
 and the process-wide memory budget has room for it, so the buffer never exceeds either
-bound; a refused record is re-read later (the consumer seeks back to it). A paused
+bound; a refused record is re-read later (the consumer seeks back to it). A partition
+is paused a quarter before its mark (`pause_at`), so a refusal, and its seek, is rare. A paused
 partition resumes once it has drained to `low_water` and the budget is back under its
 low-water mark. Because each partition's head is its earliest-due record, pausing
 never holds a due record behind one that is not yet due.
@@ -29,6 +30,9 @@ class FlowControl:
             raise ValueError("need 0 <= low_water < high_water")
         self.high_water = high_water
         self.low_water = low_water
+        self.pause_at = max(low_water + 1, high_water - high_water // 4)
+        """A partition is paused from here on, before a record must be refused: what
+        its client delivers meanwhile is still admitted up to `high_water`."""
         self.budget = budget
         self._room = 0  # this level's estimate of the budget's free bytes
         self._until_recheck = 0

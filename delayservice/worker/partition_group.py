@@ -41,7 +41,11 @@ class PartitionGroup:
     def __init__(self, delay_ms: int, clock: Clock = time.time) -> None:
         self.delay_ms = delay_ms
         self._clock = clock
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        """Wakes the forwarder: an earlier head, a stop."""
+        self._drained = threading.Condition(lock)
+        """Wakes the consumer thread: the forwarder took records."""
         self.queues: dict[int, deque[Message]] = {}
         self.overrides: dict[int, dict[int, int]] = {}
         """partition -> offset -> due ms, for records whose timestamp is not the broker's."""
@@ -127,6 +131,22 @@ class PartitionGroup:
             over = self.overrides.get(partition)
             return over.pop(record.offset() or 0, 0) if over else 0
 
+    def head_due(self, partition: int) -> bool:
+        """Whether `partition`'s first record is due (its queue is a backlog)."""
+        queue = self.queues.get(partition)
+        if not queue:
+            return False
+        try:
+            return self._due(partition, queue[0]) <= self._clock() * 1000
+        except IndexError:  # taken meanwhile
+            return False
+
+    def wait_drained(self, below: int, timeout: float) -> None:
+        """Wait up to `timeout` for the forwarder to take records (any partition)."""
+        with self._cond:
+            if any(count >= below for count in self.counts.values()):
+                self._drained.wait(timeout)
+
     def wait(self, deadline: float) -> None:
         """Sleep until the earliest head is due, `deadline` (clock seconds) or `wake`."""
         with self._cond:
@@ -181,6 +201,7 @@ class PartitionGroup:
                 taken += len(run)
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 if run:
+                    self._drained.notify_all()
                     out.append((partition, run))
                     self.counts[partition] -= len(run)
                     self.bytes[partition] = max(0, self.bytes[partition] - size)

@@ -252,6 +252,30 @@ def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_drai
     assert rig.consumer.committed == {0: 6, 1: 1}
 
 
+def test_a_backlog_of_due_records_is_not_paused_reading_waits_for_the_forwarder(clock):
+    rig = subscribed(make_level_rig(clock=clock, high_water=8, low_water=2))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 6)  # due at once; pause_at is 6
+    step(rig)
+    assert rig.consumer.pauses == []  # pausing would throw away what was fetched
+    calls = rig.consumer.consume_calls
+    step(rig)
+    assert rig.consumer.consume_calls == calls  # behind: the forwarder goes first
+    forward(rig)
+    step(rig)
+    assert rig.consumer.consume_calls > calls
+    assert rig.consumer.seeks == []
+
+
+def test_records_not_yet_due_pause_their_partition_near_the_mark_without_a_seek(clock):
+    rig = subscribed(make_level_rig(clock=clock, high_water=8, low_water=2))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 6, age_ms=0)
+    step(rig)
+    assert rig.consumer.pauses == [[0]]
+    assert rig.consumer.seeks == []
+
+
 def test_the_memory_budget_pauses_too_and_an_empty_level_still_takes_one_record(clock):
     rig = subscribed(make_level_rig(clock=clock, max_bytes=4096))
     rig.consumer.queue_rebalance("assign", 0)
