@@ -110,7 +110,10 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, int, bytes 
     consumer.assign([TopicPartition(topic, p, 0) for p in ends])
     out = []
     while ends:
-        for message in consumer.consume(10_000, 1.0):
+        batch = consumer.consume(10_000, 1.0)
+        if not batch:
+            break  # everything up to the snapshot was read (a last commit marker remains)
+        for message in batch:
             if message.error() is not None:
                 continue
             ts_type, ts = message.timestamp()
@@ -118,9 +121,12 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, int, bytes 
                 raise RuntimeError(f"{topic} must use LogAppendTime")
             headers = dict(message.headers() or [])
             out.append((headers.get(H_ID), ts, headers.get(H_DELAY_MS)))
-            partition, offset = message.partition(), message.offset()
-            if partition in ends and offset is not None and offset + 1 >= ends[partition]:
-                del ends[partition]
+        # By position, not by the last record's offset: a transactional topic ends in
+        # a commit marker, which takes an offset but is never returned.
+        positions = consumer.position([TopicPartition(topic, p) for p in ends])
+        for tp in positions:
+            if tp.offset >= ends[tp.partition]:
+                del ends[tp.partition]
     consumer.close()
     return out
 
