@@ -68,12 +68,20 @@ GOALS = {
 }
 
 
-def caught_up(settings: Settings, ends: dict[int, int], deadline: float) -> float | None:
-    """Seconds until the daemon's committed offsets reach `ends`, None past `deadline`."""
+def caught_up(
+    settings: Settings, ends: dict[int, int], deadline: float, marks: dict[int, float] | None = None
+) -> float | None:
+    """Seconds until the daemon's committed offsets reach `ends`, None past `deadline`;
+    `marks` gets the monotonic time each tenth of the way was first seen."""
     started = time.monotonic()
     group = f"{settings.group_id}-precise-0"
+    total = max(1, sum(ends.values()))
     while time.monotonic() < deadline:
         done = committed(settings.bootstrap_servers, group, settings.precise_topic, ends)
+        if marks is not None:
+            share = sum(min(done.get(p, 0), end) for p, end in ends.items()) * 10 // total
+            for tenth in range(1, share + 1):
+                marks.setdefault(tenth, time.monotonic())
         if all(done.get(p, 0) >= end for p, end in ends.items()):
             return time.monotonic() - started
         time.sleep(0.25)
@@ -154,7 +162,8 @@ def main() -> int:
         started = time.monotonic()
         with logged_daemon(settings, tag, log_path, ready_within=300) as daemon:
             with RssSampler(daemon.pid) as rss:
-                intake_s = caught_up(settings, ends, started + 3600)
+                marks: dict[int, float] = {}
+                intake_s = caught_up(settings, ends, started + 3600, marks)
                 if intake_s is None:
                     raise SystemExit("the intake did not finish within an hour")
                 intake_s = time.monotonic() - started
@@ -181,6 +190,7 @@ def main() -> int:
         sources = read_topic(bootstrap, topic, starts)
         arrivals = read_topic(bootstrap, target)
 
+    steady = 0.8 * n / (marks[9] - marks[1]) if 1 in marks and 9 in marks else 0.0
     dues = {s.message_id: due_ms(s) for s in sources if s.message_id in near}
     joined = join(dues, arrivals)
     late = joined.lateness
@@ -196,7 +206,8 @@ def main() -> int:
     print(f"produce time           : {produce_s:.0f} s ({n / produce_s:,.0f} msg/s)")
     print(
         f"intake                 : {intake_s:.1f} s from the daemon's start, "
-        f"{n / intake_s:,.0f} msg/s (goal {GOALS['intake']})"
+        f"{n / intake_s:,.0f} msg/s; {steady:,.0f} msg/s from 10% to 90% of the backlog "
+        f"(goal {GOALS['intake']})"
     )
     print(
         f"RSS                    : idle {idle / MiB:.0f} MiB, after the intake "
@@ -222,7 +233,8 @@ def main() -> int:
     problems = report_log(log_path)
     print(
         f"\nsummary: {n:,} pending over a year: RSS growth {growth / MiB:.0f} MiB, intake "
-        f"{n / intake_s:,.0f} msg/s, ready {ready_s:.1f} s after kill -9, near behind "
+        f"{n / intake_s:,.0f} msg/s ({steady:,.0f} from 10% to 90%), ready {ready_s:.1f} s "
+        "after kill -9, near behind "
         f"{args.far:,} far p99 {pct(late, 0.99):,.0f} ms; early {joined.early}, lost "
         f"{joined.lost}; {problems} daemon log warnings"
     )

@@ -19,7 +19,13 @@ from array import array
 from collections.abc import Callable
 from typing import Final
 
-from delayservice.precise.slot_file import StoredRecord, frame_length, frames, parse_frame
+from delayservice.precise.slot_file import (
+    Frame,
+    StoredRecord,
+    frame_length,
+    frames,
+    parse_frame,
+)
 
 CHUNK: Final = 4 * 1024 * 1024
 """Bytes read at a time, in either pass."""
@@ -29,6 +35,23 @@ _SEQ_BITS: Final = 32
 _OFFSET_BITS: Final = 64
 
 ReadAt = Callable[[int, int], bytes]  # (position, length) -> bytes
+
+
+def read_chunk(
+    read_at: ReadAt, position: int, size: int, takeover_ms: int, chunk: int = CHUNK
+) -> tuple[bytes, list[Frame], int]:
+    """The whole frames of a file from `position`, about `chunk` bytes of them (one
+    frame bigger than that is read whole): the bytes, the frames, and where they stop
+    (0: a torn tail, nothing whole follows before `size`)."""
+    data = read_at(position, min(size - position, chunk))
+    found, end = frames(data, takeover_ms)
+    if end == 0:
+        whole = frame_length(data)
+        if whole is None or whole <= len(data) or position + whole > size:
+            return data, [], 0
+        data = read_at(position, whole)
+        found, end = frames(data, takeover_ms)
+    return data, found, end
 
 
 class SlotIndex:
@@ -41,17 +64,9 @@ class SlotIndex:
         base_ms = second * 1000
         position = 0
         while position < size:
-            want = min(size - position, CHUNK)
-            chunk = read_at(position, want)
-            found, end = frames(chunk, takeover_ms)
+            _, found, end = read_chunk(read_at, position, size, takeover_ms)
             if end == 0:
-                whole = frame_length(chunk)
-                if whole is None or whole <= len(chunk) or position + whole > size:
-                    break  # a torn tail: nothing whole follows
-                chunk = read_at(position, whole)  # one frame bigger than a chunk
-                found, end = frames(chunk, takeover_ms)
-                if end == 0:
-                    break
+                break  # a torn tail: nothing whole follows
             for frame in found:
                 if frame.settled:
                     settled.add(frame.offset)

@@ -12,11 +12,12 @@ is carried along like any other; the cancel log stops it when its slot loads.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Final
 
-from delayservice.precise.slot_file import frame_length, frames
+from delayservice.precise.slot_index import read_chunk
 from delayservice.precise.slot_store import Key, SlotStore
 
 log = logging.getLogger(__name__)
@@ -34,19 +35,13 @@ def split(store: SlotStore, span: Key, size: int, takeover_ms: int, place: Place
     span. Returns the records copied."""
     copied = 0
     position = 0
+    read_at = functools.partial(store.read_at, span)
     while position < size:
-        chunk = store.read_at(span, position, min(size - position, CHUNK))
-        found, end = frames(chunk, takeover_ms)
+        chunk, found, end = read_chunk(read_at, position, size, takeover_ms, CHUNK)
         if end == 0:
-            whole = frame_length(chunk)
-            if whole is None or whole <= len(chunk) or position + whole > size:
-                if chunk:
-                    log.warning("span %s: torn tail of %d bytes dropped", span, size - position)
-                break
-            chunk = store.read_at(span, position, whole)
-            found, end = frames(chunk, takeover_ms)
-            if end == 0:
-                break
+            if chunk:
+                log.warning("span %s: torn tail of %d bytes dropped", span, size - position)
+            break
         view = memoryview(chunk)
         by_second: dict[int, list[bytes]] = {}
         for frame in found:

@@ -39,6 +39,7 @@ from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_store import Key, SlotStore
 from delayservice.precise.splitter import split
+from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S, Tiers
 from delayservice.timers.base import Clock
 from delayservice.timers.delay_queue import DelayQueue
@@ -418,10 +419,16 @@ class Wheel:
                     self._expire_cancels()
                 self._wake.wait(min(wait, MARKS_EVERY_S) if wait is not None else MARKS_EVERY_S)
                 self._wake.clear()
+            except StorageError as fault:  # reported by the store: the daemon is stopping
+                log.debug("precise loader stops on a storage fault: %s", fault)
+                return
             except Exception:
                 log.exception("precise loader: unexpected error; continuing")
                 self._stopping.wait(1.0)
-        self.write_marks()
+        try:
+            self.write_marks()
+        except StorageError as fault:
+            log.debug("precise loader: last settled marks not written: %s", fault)
 
     def _next_to_load(self) -> tuple[int, int] | float | None:
         """The slot to load now, else seconds until one is due to be (None: none on
@@ -548,6 +555,9 @@ class Wheel:
                 if time.monotonic() >= next_trim and self._held < TRIM_BELOW:
                     next_trim = time.monotonic() + TRIM_EVERY_S
                     release_free_heap()
+            except StorageError as fault:  # reported by the store: the daemon is stopping
+                log.debug("precise splitter stops on a storage fault: %s", fault)
+                return
             except Exception:
                 log.exception("precise splitter: unexpected error; continuing")
             self._stopping.wait(SPLIT_EVERY_S)

@@ -206,3 +206,20 @@ def test_a_slot_bigger_than_the_budget_leaves_in_due_order_under_it(tmp_path):
     assert peak <= budget + per_record * LOAD_AT_MOST // 10
     assert rig.files() == 0
     assert rig.wheel.held_bytes == 0
+
+
+def test_a_record_bigger_than_a_read_chunk_is_indexed_and_split_whole(rig, monkeypatch):
+    from delayservice.precise import slot_index
+
+    monkeypatch.setattr(slot_index, "CHUNK", 1000)
+    monkeypatch.setattr(splitter, "CHUNK", 1000)
+    big = rig.stored(2, ms(200.5))._replace(value=b"v" * 5000)
+    rig.wheel.append(0, ms(200.5), encode(big))
+    rig.append(1, ms(200.2))
+    rig.append(3, ms(200.9))
+    assert {w for _, _, w in spans(rig)} == {60}
+    sent: list[int] = []
+    while rig.clock.now < NOW + 201:
+        step_to(rig, rig.clock.now + 0.5)
+        sent.extend(rig.take())
+    assert sent == [1, 2, 3]
