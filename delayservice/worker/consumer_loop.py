@@ -25,7 +25,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.levels import Level
@@ -107,8 +113,10 @@ class ConsumerLoop:
         self._asked: dict[int, int] = {}  # of those, asked for and not answered
         self._paused_since: dict[int, float] = {}
         self._last_consume = 0.0
+        self._read_delay_min = float("inf")
         name = level.name
         self._m_consumed = metrics.consumed.labels(name)
+        self._m_clock = metrics.clock_offset.labels(name)
         self._m_not_append = metrics.level_mismatches.labels(name, "not_append_time")
         self._m_buffered = metrics.buffered_messages.labels(name)
         self._m_bytes = metrics.buffered_bytes.labels(name)
@@ -312,6 +320,7 @@ class ConsumerLoop:
         self._update_gauges(lag=now >= next_lag)
         if now >= next_lag:
             next_lag = now + LAG_INTERVAL_S
+            self._publish_clock_offset()
         if (
             self.unassigned_since is not None
             and now - self.unassigned_since > self._rejoin_timeout
@@ -425,6 +434,9 @@ class ConsumerLoop:
                 rewind[partition] = run[take].offset() or 0
                 del run[take:]
             if run:
+                kind, stamp = run[-1].timestamp()  # the latest append: the tightest bound
+                if kind == TIMESTAMP_LOG_APPEND_TIME:
+                    self._read_delay_min = min(self._read_delay_min, read_ms - stamp)
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 late = group.add(partition, run, size, read_ms)
                 if late:
@@ -433,6 +445,14 @@ class ConsumerLoop:
             if not refused:
                 self._pause_if_near(partition)
         return admitted
+
+    def _publish_clock_offset(self) -> None:
+        """Export the smallest (local time - append time) seen since the last call: read
+        latency only adds to it, so it bounds from above how far this host's clock runs
+        ahead of the broker's, the direction that could make a message early."""
+        if self._read_delay_min != float("inf"):
+            self._m_clock.set(self._read_delay_min / 1000)
+            self._read_delay_min = float("inf")
 
     def _pause_if_near(self, partition: int) -> None:
         """Pause a partition of records not yet due near its mark, before a record is

@@ -166,6 +166,15 @@ def test_a_record_is_never_sent_before_its_due_time_whatever_its_neighbours(rig,
     assert ids(rig.producer.sent) == ["id-1-0", "id-0-0"]
 
 
+def test_the_clock_offset_is_the_smallest_read_delay_since_it_was_last_published(rig, clock):
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, age_ms=300)
+    append(rig, 1, age_ms=120)
+    step(rig)
+    rig.loop._publish_clock_offset()
+    assert rig.metric("delayservice_clock_offset_seconds") == pytest.approx(0.12)
+
+
 def test_an_envelope_asking_more_than_its_level_is_re_published_where_it_fits(rig, clock):
     rig.consumer.queue_rebalance("assign", 0)
     append_ms = clock.ms()
