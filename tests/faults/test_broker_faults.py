@@ -88,6 +88,7 @@ def test_broker_restart_under_traffic_loses_nothing(
         assert report.duplicates == 0, report.problems()
 
 
+@pytest.mark.long
 def test_broker_frozen_past_the_session_timeout_loses_nothing(own_broker, fault_run, fault_summary):
     run = _run_with_traffic(own_broker, fault_run, SESSION_TIMEOUT_S)
     own_broker.freeze()

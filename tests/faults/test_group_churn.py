@@ -24,7 +24,9 @@ SESSION_TIMEOUT_S = 6  # how long a killed member's partitions wait; the broker'
 SCENARIO = "5. group 2-3-1 x3"
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize(
+    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+)
 def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
     fault_run, kafka_bootstrap, fault_summary, guarantee
 ):

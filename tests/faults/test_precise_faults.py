@@ -457,6 +457,7 @@ FORWARD_BURST = 3000
 (17 bytes each) need more room than a page's slack before any slot is done."""
 
 
+@pytest.mark.long
 def test_precise_full_disk_during_forwarding_stops_the_daemon_and_loses_nothing(
     fault_run, kafka_bootstrap, fault_summary, small_disk, testbed
 ):
@@ -486,6 +487,7 @@ def test_precise_full_disk_during_forwarding_stops_the_daemon_and_loses_nothing(
 GROWN_TO = 6
 
 
+@pytest.mark.long
 def test_precise_partitions_added_under_traffic_cancels_still_find_their_messages(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
 ):
