@@ -217,6 +217,16 @@ class LevelForwarder:
 
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
+        if self.transactional:
+            try:
+                self._init_transactions()
+            except SendLaterError as exc:  # tried again before the first send
+                log.info("%s: %s; trying again before the first send", self.level.topic, exc)
+            except ForwarderFatalError as exc:
+                if exc.fenced:  # another live instance holds this transactional id
+                    self._on_fatal(str(exc))
+                    return
+                log.warning("%s: %s; the send loop takes it from here", self.level.topic, exc)
         try:
             self._run()
         except ForwarderFatalError as exc:
@@ -395,6 +405,15 @@ class LevelForwarder:
 
     # -- commit points -------------------------------------------------------------
     def _begin(self) -> None:
+        self._init_transactions()
+        self._producer.begin_transaction()
+        self._in_txn = True
+
+    def _init_transactions(self) -> None:
+        """Once per producer. Run at start too, not only before the first send: until
+        it fences a killed predecessor, that one's open transaction holds its pending
+        offset commit, and the consumer's offset fetch (require-stable under
+        read_committed) waits on it, so no record would come to send."""
         if not self._txn_ready:
             producer = self._producer
             try:
@@ -409,8 +428,6 @@ class LevelForwarder:
                     raise producer_failed(error, f"{self.level.topic}: init_transactions") from exc
                 raise SendLaterError(f"init_transactions: {exc}") from exc
             self._txn_ready = True
-        self._producer.begin_transaction()
-        self._in_txn = True
 
     def _commit_point(self) -> bool:
         """Make the interval durable and move the committable offsets; False when it

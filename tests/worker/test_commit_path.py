@@ -374,6 +374,22 @@ def test_a_fenced_producer_on_its_thread_reports_fatal_once():
     assert forwarded(rig) == []
 
 
+def test_an_exactly_once_forwarder_fences_its_predecessor_before_any_record_comes():
+    """A killed predecessor's open transaction holds its pending offset commit, and a
+    read_committed consumer's offset fetch waits on it: init_transactions (which aborts
+    it) must not wait for a record to send, or none would come until it timed out."""
+    from tests.worker.fakes import wait_for
+
+    rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
+    rig.forwarder.start()
+    try:
+        wait_for(lambda: rig.producer.txn_inits == 1, "init_transactions with no record")
+    finally:
+        rig.forwarder.stop(5.0)
+    assert rig.producer.sent == []
+    assert rig.fatal == []
+
+
 def test_a_retriable_failure_sending_offsets_aborts_and_goes_again(clock):
     rig = rig_for(clock, True)
     rig.consumer.queue_rebalance("assign", 0)
