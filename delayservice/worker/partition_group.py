@@ -8,7 +8,10 @@ non-empty partition (its head's due time), as Kafka Streams' `PartitionGroup` ke
 one `RecordQueue` per partition. Admitting a record is an append; nothing per record
 is wrapped or pushed on a heap. Records without a broker-written timestamp (a topic
 switched to CreateTime) are due a level after they were read, kept beside the queue
-in `overrides`; reading times only grow, so the order holds for them too.
+in `overrides`; reading times only grow, so the order holds for them too. A broker
+whose clock steps back breaks the order: a record can then be due before the one ahead
+of it. It waits behind it (late, never early), and the shortcut that takes a whole
+backlog at once trusts the latest due time ever queued on the partition, not the tail's.
 
 The consumer thread appends; the forwarder thread takes. One condition orders the
 two and wakes the forwarder when a new head is due earlier than what it waits for.
@@ -52,6 +55,8 @@ class PartitionGroup:
         self.counts: dict[int, int] = {}
         self.bytes: dict[int, int] = {}
         self.not_before: dict[int, int] = {}
+        self.latest_due: dict[int, int] = {}
+        """partition -> the latest due ms of any record queued since it was last empty."""
         """partition -> epoch ms before which it gives nothing (a forward being retried)."""
         self._heap: list[tuple[int, int]] = []  # (due ms, partition), one per non-empty queue
         self._in_heap: set[int] = set()
@@ -74,16 +79,25 @@ class PartitionGroup:
         if queue is None or not records:
             return 0
         delay = self.delay_ms
+        stamps = [record.timestamp() for record in records]
         late = [
             (record.offset() or 0, read_ms + delay)
-            for record in records
-            if record.timestamp()[0] != TIMESTAMP_LOG_APPEND_TIME
+            for record, (kind, _) in zip(records, stamps, strict=True)
+            if kind != TIMESTAMP_LOG_APPEND_TIME
         ]
+        if late:  # their own timestamps mean nothing: due a level after reading
+            appended = [stamp for kind, stamp in stamps if kind == TIMESTAMP_LOG_APPEND_TIME]
+            latest = max([read_ms, *appended]) + delay
+        else:
+            latest = max(stamp for _, stamp in stamps) + delay
         with self._cond:
             if self.queues.get(partition) is not queue:
                 return 0  # dropped meanwhile
             if late:
                 self.overrides.setdefault(partition, {}).update(late)
+            if queue and self.latest_due.get(partition, 0) > latest:
+                latest = self.latest_due[partition]
+            self.latest_due[partition] = latest
             was_empty = not queue
             queue.extend(records)
             count = self.counts[partition] + len(records)
@@ -108,6 +122,7 @@ class PartitionGroup:
                 self.queues.pop(partition, None)
                 self.overrides.pop(partition, None)
                 self.not_before.pop(partition, None)
+                self.latest_due.pop(partition, None)
                 self.total_buffered -= self.counts.pop(partition, 0)
                 self.total_bytes -= self.bytes.pop(partition, 0)
             if self._in_heap & partitions:
@@ -185,7 +200,7 @@ class PartitionGroup:
                     continue
                 overrides = self.overrides.get(partition)
                 run: list[Message] = []
-                if self._due(partition, queue[-1]) <= now_ms:  # a backlog: all of it is due
+                if self.latest_due.get(partition, 0) <= now_ms:  # a backlog: all of it is due
                     pop = queue.popleft
                     run = [pop() for _ in range(min(len(queue), limit - taken))]
                 else:
