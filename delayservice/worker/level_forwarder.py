@@ -39,6 +39,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.kafka.target_topics import TargetTopics
+from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -58,6 +59,7 @@ __all__ = ["ForwarderFatalError", "LevelForwarder", "Routes", "commit_floor"]
 
 log = logging.getLogger(__name__)
 
+UNCONFIRMED: Final = "unconfirmed_ack"
 TAKE: Final = 5_000
 """Records taken per pass: a burst goes out while the rest still waits in the buffer."""
 TXN_TIMEOUT_S: Final = 10.0
@@ -74,6 +76,10 @@ def commit_floor(interval_s: float) -> float:
     throughput (nothing is due); the floor keeps a trickle of records from turning
     into a commit per record (each commit is a flush and one or two round trips)."""
     return min(0.2, max(0.01, interval_s / 5))
+
+
+def _offset(record: Message) -> int:
+    return record.offset() or 0
 
 
 @dataclass
@@ -97,6 +103,7 @@ class LevelForwarder:
         on_fatal: Callable[[str], None],
         *,
         transactional: bool,
+        unconfirmed: UnconfirmedAcks,
         commit_interval_s: float,
         flush_timeout_s: float,
         backoff: tuple[float, float] = (1.0, 30.0),
@@ -105,7 +112,8 @@ class LevelForwarder:
         make_producer: Callable[[], Any] | None = None,
     ) -> None:
         """`producer` is this level's own, built with `on_delivery=self.on_report` and
-        `delivery.report.only.error` (and a `transactional.id` when `transactional`)."""
+        `delivery.report.only.error` (and a `transactional.id` when `transactional`),
+        its log lines going through `unconfirmed` (`watch_unconfirmed`)."""
         self.level = level
         self.group = group
         self._producer = producer
@@ -114,6 +122,7 @@ class LevelForwarder:
         self._routes = routes
         self._on_fatal = on_fatal
         self.transactional = transactional
+        self._unconfirmed = unconfirmed
         self._interval = commit_interval_s
         self._floor = commit_floor(commit_interval_s)
         self._flush_timeout = flush_timeout_s
@@ -354,6 +363,7 @@ class LevelForwarder:
         self._rebuilds.append(now)
         log.error("%s: %s; replacing the producer", self.level.topic, failure)
         self.sender.reports.clear()
+        self._unconfirmed.take()  # the interval goes again anyway
         self._in_txn = False
         self._requeue({})
         old = self._producer
@@ -448,6 +458,9 @@ class LevelForwarder:
                 self._abort()
                 self._requeue({})
             return False
+        self._producer.poll(0)  # log lines queued behind the last report
+        if self._resent_unconfirmed():
+            return False
         if self.sender.reports:
             again, backoff_ms = self._place_reports()
             if self.transactional:
@@ -464,6 +477,30 @@ class LevelForwarder:
                 self._durable.update(offsets)
         self._committed.update(offsets)
         self._settled()
+        return True
+
+    def _resent_unconfirmed(self) -> bool:
+        """When librdkafka inferred a success in this interval, nothing of it commits:
+        everything goes again (exactly-once: after an abort, so readers see it once)."""
+        inferred, line = self._unconfirmed.take()
+        if not inferred:
+            return False
+        records = sum(len(r) for _, r in self._runs)
+        self._m_errors.labels(self.level.name, UNCONFIRMED).inc(records)
+        held_back = self._throttle.allow(UNCONFIRMED)
+        if held_back is not None:
+            log.warning(
+                "%s: librdkafka inferred a delivery the broker did not confirm (%s); "
+                "sending the %d records since the last commit again%s",
+                self.level.topic,
+                line,
+                records,
+                f" ({held_back} more times since the last line)" if held_back else "",
+            )
+        self.sender.reports.clear()
+        if self.transactional:
+            self._abort()
+        self._requeue({})
         return True
 
     def _committable(self) -> dict[int, int]:
@@ -593,13 +630,15 @@ class LevelForwarder:
         return {partition: until for partition, offset in again if (partition, offset) in failing}
 
     def _requeue(self, holds: dict[int, int]) -> None:
-        """The transaction was aborted: everything it held goes back to the front of its
-        partition's queue, in order, and is sent again (`holds`: after a backoff)."""
+        """The interval goes again (its transaction was aborted, or librdkafka inferred
+        a success in it): everything it held goes back to the front of its partition's
+        queue, in order, and is sent again (`holds`: after a backoff)."""
         runs, self._runs = self._runs, []
         again: dict[int, list[Message]] = {}
         for partition, records in runs:
             again.setdefault(partition, []).extend(records)
         for partition, records in again.items():
+            records.sort(key=_offset)  # a record sent again on its own came after later ones
             committed = self._committed.get(partition)
             if committed is None:
                 self._sent_through.pop(partition, None)

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.target_topics import TargetTopics
+from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
@@ -65,6 +66,7 @@ class LevelWorker:
         config = client_config.level_producer(
             settings, client_id, transactional_id(settings, level) if exactly_once else None
         )
+        unconfirmed = watch_unconfirmed(config)
 
         def new_producer() -> Any:
             return make_producer({**config, "on_delivery": on_report})
@@ -80,6 +82,7 @@ class LevelWorker:
             metrics,
             on_fatal,
             transactional=exactly_once,
+            unconfirmed=unconfirmed,
             commit_interval_s=interval,
             flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
             backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),

@@ -16,6 +16,7 @@ times, backoffs and give-up windows are tested without sleeping.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import zlib
@@ -37,6 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
 from delayservice.kafka.target_topics import TargetTopics
+from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level, LevelSet
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.timers.factory import make_scheduler
@@ -341,6 +343,8 @@ class Sent:
     at: float
     """Clock time of the produce call."""
     result: KafkaError | None = field(default=None)
+    lost: bool = field(default=False)
+    """Reported delivered by inference but never written (a re-created partition)."""
 
     def header(self, name: str) -> Any:
         return header(self.headers, name)
@@ -487,9 +491,9 @@ class FakeProducer:
     def visible(self, topic: str | None = None) -> list[Sent]:
         """What a read_committed reader of `topic` sees, in order."""
         if self.transactional:
-            out = [s for sent, _ in self.committed_txns for s in sent]
+            out = [s for sent, _ in self.committed_txns for s in sent if not s.lost]
         else:
-            out = [s for s in self.reports if s.result is None]
+            out = [s for s in self.reports if s.result is None and not s.lost]
         return [s for s in out if topic is None or s.topic == topic]
 
     def poll(self, timeout: float = 0) -> int:
@@ -556,13 +560,14 @@ class FakeProducer:
                     break
                 sent = self._pending.popleft()
             sent.result = self.outcome(sent)
+            sent.lost = sent.result is None and self.inferred(sent)
             ts_ms = int(self.now() * 1000)
             report = Message(
                 topic=sent.topic,
                 partition=self.partition_of(sent),
                 offset=(
                     -1001  # OFFSET_INVALID, as librdkafka leaves an inferred ack
-                    if sent.result is not None or self.inferred(sent)
+                    if sent.result is not None or sent.lost
                     else len(self.reports)
                 ),
                 key=sent.key,
@@ -571,6 +576,8 @@ class FakeProducer:
                 timestamp=(TIMESTAMP_CREATE_TIME, ts_ms),
                 error=sent.result,
             )
+            if sent.lost:
+                self._log_inferred(sent)
             with self._cond:
                 self.reports.append(sent)
             callback = sent.on_delivery or self.dr_cb
@@ -578,6 +585,33 @@ class FakeProducer:
                 callback(sent.result, report)
             served += 1
         return served
+
+    def _log_inferred(self, sent: Sent) -> None:
+        """librdkafka's debug line for an inferred success, in its `eos` context only."""
+        logger = self.config.get("logger")
+        contexts = str(self.config.get("debug") or "").split(",")
+        if logger is not None and ("eos" in contexts or "msg" in contexts):
+            logger.log(
+                logging.DEBUG,
+                "%s [%s] %s",
+                "IMPLICITACK",
+                "rdkafka#producer-1",
+                f"{sent.topic} [{self.partition_of(sent)}] 1 message(s) implicitly acked by "
+                "subsequent batch success",
+            )
+
+
+def inferred_once(which: Callable[[Sent], bool]) -> Callable[[Sent], bool]:
+    """A `FakeProducer.inferred` for the first record `which` picks, once."""
+    left = [1]
+
+    def inferred(sent: Sent) -> bool:
+        if left[0] and which(sent):
+            left[0] -= 1
+            return True
+        return False
+
+    return inferred
 
 
 def kafka_error(code: int, *, retriable: bool = False, fatal: bool = False) -> KafkaError:
@@ -699,6 +733,7 @@ def make_level_rig(
     }
     if exactly_once:
         config["transactional.id"] = "delayservice-test-delay_topic_2"
+    unconfirmed = watch_unconfirmed(config)
     all_topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
     for level in LEVELS:
         all_topics.setdefault(level.topic, 3)
@@ -726,6 +761,7 @@ def make_level_rig(
         metrics,
         fatal.append,
         transactional=exactly_once,
+        unconfirmed=unconfirmed,
         commit_interval_s=commit_interval_s,
         flush_timeout_s=1.0,
         backoff=backoff,

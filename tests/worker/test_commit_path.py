@@ -23,6 +23,7 @@ from tests.worker.fakes import (
     LevelRig,
     Sent,
     envelope_headers,
+    inferred_once,
     kafka_error,
     make_level_rig,
 )
@@ -258,6 +259,30 @@ def test_a_report_that_matches_nothing_sent_sends_the_interval_again(clock, exac
     assert sorted(set(forwarded(rig))) == ["id-0-0", "id-0-1"]
     if exactly_once:
         assert duplicates(rig) == 0
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_success_librdkafka_only_inferred_sends_the_interval_again(clock, exactly_once):
+    """librdkafka counts a record delivered when a later one on its partition is
+    acknowledged; across a target deleted and re-created that record was never written.
+    Only failures are reported, so the trace is its `eos` debug line: nothing of that
+    interval may commit, and all of it goes again."""
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    rig.producer.inferred = inferred_once(lambda sent: sent.delay_id == "id-0-1")
+    append(rig, 0, 3)
+    append(rig, 1, 2)
+    step(rig)
+    forward(rig, commit=True)
+    assert committed(rig) == {}  # the interval with the inferred success commits nothing
+    assert "id-0-1" not in forwarded(rig)
+    run(rig, clock, 1.0)
+    assert sorted(set(forwarded(rig))) == ["id-0-0", "id-0-1", "id-0-2", "id-1-0", "id-1-1"]
+    assert committed(rig) == {0: 3, 1: 2}
+    assert rig.metric("delayservice_forward_errors_total", error="unconfirmed_ack") == 5
+    if exactly_once:
+        assert duplicates(rig) == 0
+        assert rig.producer.aborted
 
 
 def test_metadata_that_cannot_be_fetched_holds_the_partition_instead_of_dead_lettering(clock):

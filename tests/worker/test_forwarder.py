@@ -28,6 +28,7 @@ from tests.worker.fakes import (
     Rig,
     Sent,
     envelope_headers,
+    inferred_once,
     kafka_error,
     make_rig,
     message,
@@ -342,15 +343,7 @@ def test_an_ack_without_an_offset_is_not_trusted_and_the_record_goes_again(rig, 
     """librdkafka infers success for a message when a later one on its partition is
     acknowledged; across a target deleted and re-created that message was never
     written. The inferred report has no offset: send again, never settle on it."""
-    once = {"left": 1}
-
-    def inferred(sent: Sent) -> bool:
-        if sent.delay_id == "x" and once["left"]:
-            once["left"] -= 1
-            return True
-        return False
-
-    rig.producer.inferred = inferred
+    rig.producer.inferred = inferred_once(lambda sent: sent.delay_id == "x")
     admit(rig, "x")
     rig.forwarder.try_drain()
     rig.producer.poll(0)
@@ -364,15 +357,7 @@ def test_an_ack_without_an_offset_is_not_trusted_and_the_record_goes_again(rig, 
 
 
 def test_a_dead_letter_acked_without_an_offset_is_sent_again(rig, clock):
-    once = {"left": 1}
-
-    def inferred(sent: Sent) -> bool:
-        if sent.topic == DLQ and once["left"]:
-            once["left"] -= 1
-            return True
-        return False
-
-    rig.producer.inferred = inferred
+    rig.producer.inferred = inferred_once(lambda sent: sent.topic == DLQ)
     bad = admit(rig, "bad", headers=[("no-envelope", b"1")])
     rig.forwarder.submit(bad)
     rig.producer.poll(0)
