@@ -191,6 +191,13 @@ def main() -> int:
     )
     parser.add_argument("--burst", type=int, default=0, help="send this many at once instead")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
+    parser.add_argument(
+        "--producer",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting for the daemon's producers (repeatable)",
+    )
     parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
     args = parser.parse_args()
 
@@ -208,6 +215,7 @@ def main() -> int:
             group_id=f"steady-{tag}",
             dead_letter_topic=f"steady-{tag}-dlq",
             guarantee=args.guarantee,
+            producer=dict(item.split("=", 1) for item in args.producer),
         )
         admin = AdminClient({"bootstrap.servers": bootstrap})
         topics.create(admin, settings)
