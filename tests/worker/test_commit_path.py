@@ -431,7 +431,7 @@ def test_a_retriable_failure_sending_offsets_aborts_and_goes_again(clock):
 
 
 def test_a_send_offsets_call_that_hangs_past_its_timeout_is_fatal(clock, monkeypatch):
-    monkeypatch.setattr(level_forwarder_module, "TXN_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(level_forwarder_module, "SEND_OFFSETS_TIMEOUT_S", 0.05)
     monkeypatch.setattr(level_forwarder_module, "GUARD_SLACK_S", 0.05)
     rig = rig_for(clock, True)
     release = threading.Event()
