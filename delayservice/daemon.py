@@ -24,7 +24,6 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
-from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -110,7 +109,8 @@ class Daemon:
         # Built in full before any starts: a worker that cannot be built (a data directory
         # in use) must not leave unstarted ones behind for `stop` to join. Each level
         # forwards through a producer of its own (its commit point flushes, or commits
-        # the transaction of, what that level sent); precise mode has its own.
+        # the transaction of, what that level sent); precise mode forwards through one
+        # of its own too, and reports progress (replicas) through the one made here.
         workers: list[Worker] = [
             LevelWorker(level, self.settings, self.metrics, self.budget, self.fail)
             for level in self.settings.level_set()
@@ -118,8 +118,7 @@ class Daemon:
         if self.settings.precise:
             client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
             producer = Producer(client_config.producer(self.settings, client_id))
-            targets = TargetTopics(producer)
-            workers.append(PreciseWorker(self.settings, self.metrics, producer, targets, self.fail))
+            workers.append(PreciseWorker(self.settings, self.metrics, producer, self.fail))
         self.workers = workers
         for worker in self.workers:
             worker.start()

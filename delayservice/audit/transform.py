@@ -4,8 +4,8 @@ Nothing here talks to Kafka, so every rule can be tested on a handful of rows bu
 the test. The rules:
 
 - accepted: a delay-topic record with a valid version-1 envelope. Its due time follows
-  the daemon's rule (`worker/admission.py`), recomputed here rather than trusted from the
-  daemon, from the record's timestamp (LogAppendTime, the broker's clock):
+  the daemon's rule (`worker/sender.py`, `precise/admission.py`), recomputed here rather
+  than trusted from the daemon, from the record's timestamp (LogAppendTime, the broker's clock):
   on a level topic, append time + max(level delay, `delay-ms`), and never before
   `delay-due-ms` when the envelope carries one, since the envelope only ever asks for
   more; on the precise topic (precise mode, shown as level `exact`), which has no level

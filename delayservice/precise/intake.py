@@ -15,7 +15,8 @@ What a record carries decides its fate, and nothing it carries stops this thread
   another partition (`ids`), where alone that message can be;
 - a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
 - anything else is dead-lettered with a reason by the partition's owner (a replica
-  leaves that to the owner); its offset commits once the dead letter is acknowledged.
+  leaves that to the owner): it joins the forwarder's buffer at once, and its offset
+  commits once the forwarder's commit point made the dead letter durable.
 
 A fault of the disk is not a record's: a full disk, a failed write or fsync, or a data
 directory gone (`storage_fault`) stops this thread and the daemon through `on_fatal`,
@@ -37,20 +38,18 @@ from delayservice.envelope import H_CANCEL, Headers
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.ids import named_partition
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode
-from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
 from delayservice.worker import dead_letter as dl
-from delayservice.worker.admission import Admission
 from delayservice.worker.consumer_loop import unread_records
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.ledger import PartitionLedger
-from delayservice.worker.record import HeldRecord
+from delayservice.worker.ledger import LevelLedger, PartitionLedger
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +102,9 @@ class Intake:
         wheel: Wheel,
         store: SlotStore,
         cancels: CancelLog,
-        ledger: PreciseLedger,
+        ledger: LevelLedger,
         admission: Admission,
-        forwarder: Forwarder,
+        dead_letter: Callable[[SlotRecord], None],
         placement: Placement,
         metrics: ServiceMetrics,
         *,
@@ -116,7 +115,9 @@ class Intake:
         after_batch: Callable[[], None] = lambda: None,
         check_storage: Callable[[], None] = lambda: None,
     ) -> None:
-        """`after_batch` runs on this thread after every iteration (progress reports).
+        """`dead_letter` hands a record to the forwarder to dead-letter; it settles the
+        record's offset in `ledger` once that is durable. `after_batch` runs on this
+        thread after every iteration (progress reports).
         `check_storage` runs after each sync, before the commit, and raises
         `StorageError` when the data directory is no longer the one written to."""
         self.topic = topic
@@ -127,7 +128,7 @@ class Intake:
         self._cancels = cancels
         self.ledger = ledger
         self._admission = admission
-        self._forwarder = forwarder
+        self._send_dead_letter = dead_letter
         self._placement = placement
         self._takeover_ms = takeover_ms
         self._max_delay_ms = max_delay_ms
@@ -137,7 +138,7 @@ class Intake:
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
-        self._to_write: list[tuple[int, int, bytes, HeldRecord]] = []  # this batch's records
+        self._to_write: list[tuple[int, int, bytes, SlotRecord]] = []  # this batch's records
         self._throttle = Throttle()
         self._m_consumed = metrics.consumed.labels(level_name)
         self._m_commits = metrics.commits.labels(level_name)
@@ -193,7 +194,6 @@ class Intake:
                     self.broker_down = False
                     self.handle(messages)
                 self._commit()
-                self._forwarder.publish_counts()
                 self.after_batch()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + LAG_EVERY_S
@@ -265,7 +265,7 @@ class Intake:
         """Store a batch durably, commit it, then buffer what belongs in memory."""
         now_ms = int(time.time() * 1000)
         durable: list[tuple[PartitionLedger, int]] = []
-        in_memory: list[tuple[HeldRecord, float]] = []
+        in_memory: list[tuple[SlotRecord, float]] = []
         consumed = 0
         for message in messages:
             if message.error() is not None:
@@ -316,7 +316,7 @@ class Intake:
         message: Message,
         ledger: PartitionLedger,
         now_ms: int,
-        in_memory: list[tuple[HeldRecord, float]],
+        in_memory: list[tuple[SlotRecord, float]],
     ) -> bool:
         """Handle one record; True when it is settled by the coming sync."""
         partition, offset = ledger.partition, message.offset() or 0
@@ -329,9 +329,9 @@ class Intake:
             return True
         record = self._admission.hold(message, ledger, now_ms)
         envelope = record.envelope
-        if record.dead_letter is not None or envelope is None:
+        if record.problem is not None or envelope is None:
             if role is Role.OWNER:
-                self._forwarder.submit(record)  # settles the offset on its acknowledgement
+                self._send_dead_letter(record)  # settles the offset once durable
                 return False
             return True  # the owner dead-letters it
         if envelope.id in self._cancels:  # the cancel came first
@@ -349,15 +349,15 @@ class Intake:
             envelope.target,
             envelope.partition,
             envelope.delay_ms,
-            record.key,
-            record.value,
-            [(n, v.encode() if isinstance(v, str) else v) for n, v in record.headers],
+            record.key(),
+            record.value(),
+            [(n, v.encode() if isinstance(v, str) else v) for n, v in record.user],
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
         self._to_write.append((partition, fire_ms, encode(stored), record))
         return True
 
-    def _write_batch(self, in_memory: list[tuple[HeldRecord, float]]) -> None:
+    def _write_batch(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
         """Write the batch's records, one write per file (`Wheel.append_many`)."""
         batch, self._to_write = self._to_write, []
         if not batch:
@@ -365,7 +365,7 @@ class Intake:
         trackers = self._wheel.append_many([(p, fire, frame) for p, fire, frame, _ in batch])
         for (_, fire_ms, _, record), tracker in zip(batch, trackers, strict=True):
             if tracker is not None:
-                record.ledger = tracker
+                record.slot = tracker
                 in_memory.append((record, fire_ms / 1000))
 
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
@@ -396,8 +396,8 @@ class Intake:
             self.ledger.settle(ledger, message.offset() or 0, 0)
             return
         record = self._admission.hold(message, ledger, now_ms)
-        record.dead_letter = (dl.REASON_INTERNAL, why)
-        self._forwarder.submit(record)
+        record.problem = (dl.REASON_INTERNAL, why)
+        self._send_dead_letter(record)
 
     def _check_origin(self, partition: int, offset: int) -> None:
         """Remember the first offset this data directory holds for the partition: an

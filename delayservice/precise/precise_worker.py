@@ -1,14 +1,20 @@
 """Precise mode, wired: intake thread -> slot files -> loader -> buffer -> forwarder.
 
-It runs beside the level workers in the same daemon and shares their producer, the
-target-topic cache, the dead-letter path and the metrics; its metrics carry the level
-label `exact`.
+It forwards through the level workers' forwarder (`LevelForwarder`, at-least-once: a
+producer that reports only failures, and commit points that flush it) with its own
+producer; its metrics carry the level label `exact`. The settle protocol: at each
+commit point the forwarder hands over the records it made durable (forwarded or
+dead-lettered), and only those settle: a slot's record gets its settled mark (its file
+is deleted with the last one), a dead letter of the intake lets its offset commit.
+Failed records go again or are dead-lettered by the forwarder's `Failures` rules
+before they settle; nothing sent settles before a flush said it is durable.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import socket
@@ -16,29 +22,31 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from delayservice.errors import ConfigError
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.target_topics import TargetTopics
+from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.progress import Progress
-from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import DataDirWatch, StorageError, check_data_dir
-from delayservice.precise.wheel import Wheel, WheelBuffer
+from delayservice.precise.wheel import SlotBuffer, Wheel
 from delayservice.settings import Settings
-from delayservice.timers.base import Scheduler
-from delayservice.worker.admission import Admission
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.record import HeldRecord
+from delayservice.worker.buffer import Runs
+from delayservice.worker.ledger import LevelLedger, PartitionLedger
+from delayservice.worker.level_forwarder import LevelForwarder, Routes
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +96,92 @@ def lock_data_dir(root: Path) -> IO[str]:
     return handle
 
 
+def precise_forwarder(
+    level: Level,
+    settings: Settings,
+    metrics: ServiceMetrics,
+    buffer: SlotBuffer,
+    make_producer: Callable[[dict[str, Any]], Any],
+    on_fatal: Callable[[str], None],
+    settle: Callable[[Runs], None],
+    clock: Any = time,
+) -> LevelForwarder:
+    """The level workers' forwarder over the wheel's buffer, at-least-once, with a
+    producer of its own that reports only failures."""
+    client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
+    config = client_config.level_producer(settings, client_id)
+    unconfirmed = watch_unconfirmed(config)
+    box: list[LevelForwarder] = []
+
+    def on_report(error: Any, message: Any) -> None:
+        box[0].on_report(error, message)
+
+    def new_producer() -> Any:
+        return make_producer({**config, "on_delivery": on_report})
+
+    producer = new_producer()
+    routes = Routes(
+        settings.level_set(),
+        None,
+        settings.dead_letter_topic,
+        settings.internal_topics(),
+        exact=True,
+    )
+    interval = settings.commit_interval_s
+    forwarder = LevelForwarder(
+        level,
+        buffer,
+        producer,
+        TargetTopics(producer),
+        routes,
+        metrics,
+        on_fatal,
+        transactional=False,
+        unconfirmed=unconfirmed,
+        commit_interval_s=1.0 if interval is None else interval,
+        flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
+        backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),
+        give_up_s=settings.retry_give_up_s,
+        clock=clock,
+        make_producer=new_producer,
+        settle=settle,
+    )
+    box.append(forwarder)
+    return forwarder
+
+
+class SettlesSlots(Protocol):
+    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None: ...
+
+
+def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> None:
+    """The settle protocol: `runs` are the records a commit point made durable. A slot's
+    record is settled in its slot (a mark, or the file's deletion with the last one);
+    a dead letter of the intake lets its offset commit. A slot file that cannot be
+    marked or deleted stays on disk for the restart the fault is already causing."""
+    slots: list[tuple[SlotTracker, int]] = []
+    for _, records in runs:
+        for record in records:
+            slot = record.slot
+            if type(slot) is SlotTracker:
+                slots.append((slot, record.offset()))
+            elif isinstance(slot, PartitionLedger):
+                offsets.settle(slot, record.offset(), 0)
+    with contextlib.suppress(StorageError):  # reported through `on_fault`
+        wheel.settle_many(slots)
+
+
 class PreciseWorker:
     def __init__(
         self,
         settings: Settings,
         metrics: ServiceMetrics,
         producer: ProducerClient,
-        targets: TargetTopics,
         on_fatal: Callable[[str], None],
+        make_producer: Callable[[dict[str, Any]], Any] = Producer,
     ) -> None:
+        """`producer` carries progress reports (replicas); forwards go through a
+        producer of precise mode's own, made by `make_producer`, as a level's do."""
         topic = settings.precise_topic
         self.level = PreciseLevel(0, 0, topic)
         root = settings.data_dir / topic
@@ -121,7 +206,7 @@ class PreciseWorker:
         def make_consumer(callbacks: dict[str, Any], group_id: str = group) -> ConsumerClient:
             return Consumer({**client_config.consumer(settings, group_id, client_id), **callbacks})
 
-        buffer = WheelBuffer(time.time)
+        buffer = SlotBuffer(time.time)
         outcomes = _Outcomes(metrics)
         self.progress: Progress | None = None
         takeover_s = settings.takeover_delay_s
@@ -136,25 +221,26 @@ class PreciseWorker:
             max_buffered_bytes=settings.max_buffered_bytes,
             horizon_s=settings.precise_horizon_s,
         )
-        self.ledger = PreciseLedger(self._settled)
+        self.ledger = LevelLedger()
+        """The intake's offsets: each commits once its record is durable (slot file
+        synced, or dead letter flushed)."""
         keep = buffer.keep
 
-        def keep_or_stop(records: list[HeldRecord]) -> list[HeldRecord]:
+        def keep_or_stop(records: list[SlotRecord]) -> list[SlotRecord]:
             try:
                 return keep(records)
             except StorageError:  # reported through `on_fault`; the records stay on disk
                 return []
 
         buffer.keep = keep_or_stop
-        self.forwarder = Forwarder.configured(
+        self.forwarder = precise_forwarder(
             self.level,
-            cast(Scheduler[HeldRecord], buffer),  # DelayQueue's own handle type, as in factory
-            self.ledger,
-            producer,
-            targets,
             settings,
             metrics,
+            buffer,
+            make_producer,
             on_fatal,
+            functools.partial(settle_durable, wheel=self.wheel, offsets=self.ledger),
         )
         internal = settings.internal_topics()
         self.intake = Intake(
@@ -164,8 +250,8 @@ class PreciseWorker:
             self.store,
             self.cancels,
             self.ledger,
-            Admission(self.level, 0, settings.max_delay_ms, internal, metrics, exact=True),
-            self.forwarder,
+            Admission(self.level, settings.max_delay_ms, internal, metrics),
+            lambda record: buffer.schedule_many([(record, 0.0)]),
             self.placement,
             metrics,
             level_name=LEVEL_NAME,
@@ -191,13 +277,7 @@ class PreciseWorker:
             self.progress = progress
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
-        metrics.level_delay.labels(LEVEL_NAME, topic).set(settings.precise_lookahead_s)
-        metrics.buffered_messages.labels(LEVEL_NAME).set_function(lambda: float(len(buffer)))
-        loaded = metrics.precise_slot_files.labels("loaded")
-        loaded.set_function(lambda: float(self.wheel.loaded_slots))
-        on_disk = metrics.precise_slot_files.labels("on_disk")
-        on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
-        metrics.precise_disk_bytes.set_function(lambda: float(self.store.disk_bytes()))
+        self._export(metrics, settings.precise_lookahead_s, buffer)
         log.info(
             "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
             topic,
@@ -208,6 +288,15 @@ class PreciseWorker:
             self.wheel.disk_slots,
         )
 
+    def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:
+        metrics.level_delay.labels(LEVEL_NAME, self.level.topic).set(lookahead_s)
+        metrics.buffered_messages.labels(LEVEL_NAME).set_function(lambda: float(len(buffer)))
+        loaded = metrics.precise_slot_files.labels("loaded")
+        loaded.set_function(lambda: float(self.wheel.loaded_slots))
+        on_disk = metrics.precise_slot_files.labels("on_disk")
+        on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
+        metrics.precise_disk_bytes.set_function(lambda: float(self.store.disk_bytes()))
+
     def _storage_fault(self, fault: StorageError) -> None:
         """A fault of the disk on any thread stops the daemon (see `storage_fault`)."""
         if not self._stopping:
@@ -215,12 +304,6 @@ class PreciseWorker:
                 f"storage fault in precise mode ({fault}); records not yet on disk stay "
                 "uncommitted and are read again after a restart"
             )
-
-    def _settled(self, tracker: SlotTracker, offset: int) -> None:
-        """The forwarder settles from delivery reports; a slot file that cannot be marked
-        or deleted stays on disk for the restart the fault is already causing."""
-        with contextlib.suppress(StorageError):  # reported through `on_fault`
-            self.wheel.settled(tracker, offset)
 
     def start(self) -> None:
         self.forwarder.start()
@@ -239,8 +322,10 @@ class PreciseWorker:
         Whatever is still held stays in its slot file for the next start."""
         deadline = time.monotonic() + timeout
         stopped = self.intake.join(timeout)
-        self.wheel.stop(max(0.1, deadline - time.monotonic()))
+        # The forwarder's last commit point settles what it sent; the loader's last
+        # pass then writes those settled marks.
         self.forwarder.stop(max(0.1, deadline - time.monotonic()))
+        self.wheel.stop(max(0.1, deadline - time.monotonic()))
         if self.progress is not None:
             self.progress.stop(max(0.1, deadline - time.monotonic()))
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))

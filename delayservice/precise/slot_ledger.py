@@ -1,46 +1,24 @@
-"""Settling records in precise mode, through the forwarder shared with level mode.
+"""The in-memory side of a loaded slot file: how many of its records are still to settle.
 
-The forwarder settles every record it finishes through its ledger. A record forwarded
-from the wheel had its offset committed long before, when its slot write became
-durable, so settling it means one fewer outstanding record in its slot, and the slot's
-file is deleted when none is left. Records the intake hands straight to the forwarder
-(dead letters) still settle through their partition's ledger, so their offsets commit
-only once the dead letter is acknowledged.
+A record forwarded from the wheel had its offset committed long before, when its slot
+write became durable, so settling it (once the forwarder's commit point made its
+forward durable) means one fewer outstanding record in its slot, and the slot's file
+is deleted when none is left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
-from delayservice.worker.ledger import LevelLedger, PartitionLedger
+class SlotTracker:
+    """Records loaded from (or appended into) one slot file point back to it."""
 
-
-class SlotTracker(PartitionLedger):
-    """The in-memory side of one loaded slot file; held records point back to it."""
-
-    __slots__ = ("deleted", "loading", "outstanding", "second")
+    __slots__ = ("deleted", "loading", "outstanding", "partition", "second")
 
     def __init__(self, partition: int, second: int) -> None:
-        super().__init__(partition)
+        self.partition = partition
         self.second = second
         self.outstanding = 0
         """Records of the slot not yet forwarded, dead-lettered, cancelled or cleaned."""
         self.deleted = False
         self.loading = False
         """Its file is being read: not to be deleted, even when nothing is outstanding."""
-
-
-class PreciseLedger(LevelLedger):
-    def __init__(self, on_slot_settled: Callable[[SlotTracker, int], None]) -> None:
-        super().__init__(budget=None)
-        self._on_slot_settled = on_slot_settled
-
-    def settle(
-        self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False
-    ) -> None:
-        if isinstance(ledger, SlotTracker):
-            with self.lock:
-                self.forwarded += forwarded
-            self._on_slot_settled(ledger, offset)
-            return
-        super().settle(ledger, offset, size, forwarded=forwarded)

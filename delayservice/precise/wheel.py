@@ -23,27 +23,28 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from delayservice.envelope import Envelope, Headers
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.slot_file import StoredRecord, encode_settled
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import Key, SlotStore
 from delayservice.precise.splitter import split
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S, Tiers
 from delayservice.timers.base import Clock
-from delayservice.timers.delay_queue import DelayQueue
-from delayservice.worker.record import HeldRecord, record_size
+from delayservice.worker.buffer import NEVER, Alarm, Runs
 
 log = logging.getLogger(__name__)
 
@@ -98,26 +99,73 @@ class Outcomes(Protocol):
     def took_over(self) -> None: ...
 
 
-TAKE_AT_MOST: Final = 5_000
-"""Records handed to the forwarder per take: a burst due at one instant starts going out
-at once instead of after all of it was popped and filtered."""
-
-
-class WheelBuffer(DelayQueue[HeldRecord]):
-    """The forwarder's buffer: a heap whose taker drops what must not go out any more
-    (cancelled since it was loaded, or a replica's copy the owner reported done)."""
+class SlotBuffer:
+    """The forwarder's buffer (`worker.buffer.Buffer`): the records in memory in a heap
+    by fire time, whose taker drops what must not go out any more (cancelled since it
+    was loaded, or a replica's copy the owner reported done)."""
 
     def __init__(self, clock: Clock) -> None:
-        super().__init__(clock)
-        self.keep: Callable[[list[HeldRecord]], list[HeldRecord]] = lambda records: records
+        self._clock = clock
+        self._heap: list[tuple[float, int, SlotRecord]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition(threading.Lock())
+        self._alarm = Alarm(self._cond, clock)
+        self.keep: Callable[[list[SlotRecord]], list[SlotRecord]] = lambda records: records
 
-    def take_expired(self, timeout: float | None = None) -> list[HeldRecord]:
-        """Like the heap's, but at most `TAKE_AT_MOST` at a time (the forwarder comes
-        straight back for more while any are due)."""
+    def schedule_many(self, items: list[tuple[SlotRecord, float]]) -> None:
+        """Hold `items`, (record, fire time in clock seconds) each."""
+        if not items:
+            return
+        push, seq, heap = heapq.heappush, self._seq, self._heap
         with self._cond:
-            now = self._await_due(timeout)
-            records = [] if now is None else self._pop_due(now, TAKE_AT_MOST)
-        return self.keep(records)
+            head = heap[0][0] if heap else NEVER
+            for record, fire in items:
+                push(heap, (fire, next(seq), record))
+            if heap[0][0] < head:
+                self._cond.notify()
+
+    def take(self, limit: int) -> Runs:
+        """Records due now, at most `limit` (the forwarder comes straight back for more
+        while any are due: a burst starts going out at once), as runs by partition."""
+        now = self._clock()
+        records: list[SlotRecord] = []
+        with self._cond:
+            heap, pop = self._heap, heapq.heappop
+            while heap and heap[0][0] <= now and len(records) < limit:
+                records.append(pop(heap)[2])
+        runs: dict[int, list[SlotRecord]] = {}
+        for record in self.keep(records):
+            runs.setdefault(record.partition(), []).append(record)
+        return list(runs.items())
+
+    def put_back(self, partition: int, records: list[SlotRecord], not_before_ms: int = 0) -> None:
+        """Records taken go again: at once, or not before `not_before_ms`."""
+        self.schedule_many([(record, not_before_ms / 1000) for record in records])
+
+    def drop(self, partitions: set[int]) -> None:
+        with self._cond:
+            self._heap = [row for row in self._heap if row[2].partition() not in partitions]
+            heapq.heapify(self._heap)
+
+    def wait(self, deadline: float) -> None:
+        """Sleep until the earliest record is due, `deadline` (clock seconds) or `wake`."""
+        self._alarm.sleep(deadline, self._head_s)
+
+    def _head_s(self) -> float:
+        return self._heap[0][0] if self._heap else NEVER
+
+    def wake(self) -> None:
+        self._alarm.wake()
+
+    def next_due_ms(self) -> int | None:
+        with self._cond:
+            return math.ceil(self._heap[0][0] * 1000) if self._heap else None
+
+    def due_of(self, partition: int, record: SlotRecord) -> int:
+        return record.due_ms
+
+    def __len__(self) -> int:
+        return len(self._heap)
 
 
 class Wheel:
@@ -125,7 +173,7 @@ class Wheel:
         self,
         store: SlotStore,
         cancels: CancelLog,
-        buffer: WheelBuffer,
+        buffer: SlotBuffer,
         placement: Placement,
         outcomes: Outcomes,
         lookahead_s: float,
@@ -266,7 +314,7 @@ class Wheel:
                 if self._unloaded[0] == (start, partition):
                     self._wake.set()  # a new earliest slot: the loader may sleep less
 
-    def admit(self, records: list[tuple[HeldRecord, float]]) -> None:
+    def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable."""
         with self._lock:
             for record, _ in records:
@@ -294,19 +342,19 @@ class Wheel:
             return "pending"
 
     # -- forwarder side ------------------------------------------------------------
-    def _keep(self, records: list[HeldRecord]) -> list[HeldRecord]:
+    def _keep(self, records: list[SlotRecord]) -> list[SlotRecord]:
         """Runs on the taking thread, just before the records are sent."""
         if not records:
             return records
-        out: list[HeldRecord] = []
+        out: list[SlotRecord] = []
         settled: list[tuple[SlotTracker, int]] = []
-        deferred: list[tuple[HeldRecord, float]] = []
+        deferred: list[tuple[SlotRecord, float]] = []
         cancelled = 0
         now_ms = self._clock() * 1000
         with self._lock:
             for record in records:
                 envelope = record.envelope
-                tracker = record.ledger
+                tracker = record.slot
                 if envelope is None or not isinstance(tracker, SlotTracker):
                     out.append(record)  # a dead letter from the intake, or a retry of one
                     continue
@@ -317,10 +365,10 @@ class Wheel:
                     # Match and mark under one hold of the lock, so no write of marks
                     # in between can retire the cancel before its message's mark.
                     self._matches.setdefault(tracker, []).append(message_id)
-                    self._settle_locked(tracker, record.offset)
+                    self._settle_locked(tracker, record.offset())
                     cancelled += 1
                     continue
-                replica = self._placement.role(record.partition) is Role.REPLICA
+                replica = self._placement.role(record.partition()) is Role.REPLICA
                 # An owner's record this overdue may have been taken over meanwhile.
                 overdue = now_ms - record.due_ms > self._takeover * 1000
                 coverage = self.coverage
@@ -329,9 +377,9 @@ class Wheel:
                         deferred.append((record, now_ms / 1000 + NOT_READY_RETRY_S))
                         self._in_memory.add(message_id)
                         continue
-                    if coverage.covers(record.partition, record.offset, record.due_ms):
+                    if coverage.covers(record.partition(), record.offset(), record.due_ms):
                         self._outcomes.cleaned()
-                        settled.append((tracker, record.offset))
+                        settled.append((tracker, record.offset()))
                         continue
                 if replica:
                     self._outcomes.took_over()
@@ -355,8 +403,14 @@ class Wheel:
         """One record of a loaded slot is done: delete the file with the last one, and
         until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
         so a restart does not send it again."""
+        self.settle_many([(tracker, offset)])
+
+    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+        """`settled` for many records (those a commit point made durable), in one hold
+        of the lock."""
         with self._lock:
-            self._settle_locked(tracker, offset)
+            for tracker, offset in done:
+                self._settle_locked(tracker, offset)
 
     def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
         tracker.outstanding -= 1
@@ -514,11 +568,11 @@ class Wheel:
 
     def _admit_loaded(
         self, tracker: SlotTracker, stored: list[StoredRecord], finished: bool
-    ) -> tuple[list[tuple[HeldRecord, float]], int]:
+    ) -> tuple[list[tuple[SlotRecord, float]], int]:
         """Records read from a slot, as the forwarder's buffer takes them; drops the
         cancelled (a settled mark each). With the last of the slot, it stops loading."""
         partition, second = tracker.partition, tracker.second
-        out: list[tuple[HeldRecord, float]] = []
+        out: list[tuple[SlotRecord, float]] = []
         cancelled = 0
         with self._lock:
             cancels, in_memory = self._cancels, self._in_memory
@@ -531,7 +585,7 @@ class Wheel:
                     continue
                 in_memory.add(item.message_id)
                 fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
-                out.append((held(item, tracker, partition), fire))
+                out.append((SlotRecord.stored(item, partition, tracker), fire))
             tracker.outstanding += len(out)
             self._held += cost * len(out)
             if finished:
@@ -606,19 +660,3 @@ class Wheel:
         expired = self._cancels.expire(int(self._clock() * 1000))
         if expired:
             self._outcomes.cancelled("unmatched", len(expired))
-
-
-def held(item: StoredRecord, tracker: SlotTracker, partition: int) -> HeldRecord:
-    """A stored record back in the shape the forwarder sends."""
-    headers: Headers = list(item.headers)
-    return HeldRecord(
-        tracker,
-        partition,
-        item.offset,
-        item.key,
-        item.value,
-        headers,
-        record_size(item.key, item.value, headers),
-        Envelope(item.target, item.delay_ms, item.message_id, item.target_partition),
-        item.due_ms,
-    )

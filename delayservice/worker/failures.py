@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, Message
 from delayservice.envelope import Headers, unwrap
 from delayservice.log_throttle import Throttle
 from delayservice.worker import dead_letter as dl
+from delayservice.worker.buffer import Runs
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,6 @@ def content(topic: str | None, key: bytes | str | None, value: bytes | str | Non
     )
 
 
-Runs = list[tuple[int, list[Message]]]
 Report = tuple[KafkaError, Message, Key | None]
 """A failed delivery, with the record it belongs to when its own callback said so."""
 
@@ -124,7 +124,7 @@ class Failures:
         for _, records in runs:
             for record in records:
                 try:
-                    envelope, _, _ = unwrap(record.headers())  # type: ignore[arg-type]
+                    envelope, _, _ = unwrap(record.headers())
                 except Exception:  # noqa: S112  # not a forward: nothing accepted
                     continue
                 self.acked_at[envelope.target] = now

@@ -1,21 +1,19 @@
-"""What each partition holds in memory and which offset is safe to commit.
+"""Which offset of the precise topic is safe to commit.
 
 The promise "nothing lost" rests here: an offset is committable only when every
-record at or below it has been settled (forwarded and acknowledged, or dead-lettered
-and acknowledged). Records are tracked in offset order, so settling is O(1) amortised:
-the head of the pending deque moves forward once its settled set catches up.
+record at or below it is durable (its slot write synced, or its dead letter made
+durable by the forwarder's commit point). Offsets are tracked in offset order, so
+settling is O(1) amortised: the head of the pending deque moves forward once its
+settled set catches up.
 
-The consumer thread tracks; delivery callbacks settle from whatever thread polls the
-producer; a single lock per level keeps the two consistent.
+The intake thread tracks and settles what its syncs made durable; the forwarder's
+commit points settle dead letters; a single lock keeps the two consistent.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-
-from delayservice.worker.memory_budget import MemoryBudget
 
 
 class PartitionLedger:
@@ -25,7 +23,6 @@ class PartitionLedger:
         "last_committed",
         "next_offset",
         "partition",
-        "paused_since",
         "pending",
         "revoked",
         "settled",
@@ -40,7 +37,6 @@ class PartitionLedger:
         self.buffered = 0
         self.bytes = 0
         self.revoked = False
-        self.paused_since: float | None = None
 
     def committable(self) -> int | None:
         """The offset to commit: the first unsettled record, or the next one to read."""
@@ -53,17 +49,12 @@ class PartitionLedger:
 
 
 class LevelLedger:
-    def __init__(self, budget: MemoryBudget | None = None) -> None:
-        """`budget`: the process-wide memory budget this level's holdings count against."""
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.partitions: dict[int, PartitionLedger] = {}
         self.total_buffered = 0
         self.total_bytes = 0
         self.peak_partition_buffered = 0
-        self.forwarded = 0
-        """Forwards the broker acknowledged, including those of since-revoked partitions."""
-        if budget is not None:
-            budget.register(self)
 
     def assign(self, partition: int) -> PartitionLedger:
         with self.lock:
@@ -91,11 +82,8 @@ class LevelLedger:
             self.total_bytes += size
             self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
 
-    def settle(
-        self, ledger: PartitionLedger, offset: int, size: int, *, forwarded: bool = False
-    ) -> None:
+    def settle(self, ledger: PartitionLedger, offset: int, size: int) -> None:
         with self.lock:
-            self.forwarded += forwarded
             if ledger.revoked:
                 return
             ledger.settled.add(offset)
@@ -120,11 +108,3 @@ class LevelLedger:
                 ledger = self.partitions.get(partition)
                 if ledger is not None:
                     ledger.last_committed = offset
-
-    def longest_pause(self, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        with self.lock:
-            starts = [
-                p.paused_since for p in self.partitions.values() if p.paused_since is not None
-            ]
-        return max((now - s for s in starts), default=0.0)

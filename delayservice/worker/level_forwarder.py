@@ -23,6 +23,10 @@ record once. A record whose envelope asks for more than its level is re-publishe
 once, with its absolute due time, to where it fits (the precise topic when precise mode
 runs, else the smallest level that holds what remains) and its partition moves on.
 
+Precise mode forwards through this forwarder too, at-least-once, over its own buffer
+(`worker.buffer.Buffer`): each commit point hands the records it made durable to
+`settle`, which settles them in their slots (`precise_worker.settle_durable`).
+
 No exception from one record escapes a send; the loop survives anything else.
 """
 
@@ -44,8 +48,8 @@ from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker import dead_letter as dl
-from delayservice.worker.failures import UNKNOWN_TARGET, Failures, Key, Runs
-from delayservice.worker.partition_group import PartitionGroup
+from delayservice.worker.buffer import Buffer, Runs
+from delayservice.worker.failures import UNKNOWN_TARGET, Failures, Key
 from delayservice.worker.sender import (
     FENCED,
     ForwarderFatalError,
@@ -101,7 +105,7 @@ class LevelForwarder:
     def __init__(
         self,
         level: Level,
-        group: PartitionGroup,
+        group: Buffer,
         producer: Any,
         targets: TargetTopics,
         routes: Routes,
@@ -116,10 +120,13 @@ class LevelForwarder:
         give_up_s: float = 300.0,
         clock: Any = time,
         make_producer: Callable[[], Any] | None = None,
+        settle: Callable[[Runs], None] | None = None,
     ) -> None:
         """`producer` is this level's own, built with `on_delivery=self.on_report` and
         `delivery.report.only.error` (and a `transactional.id` when `transactional`),
-        its log lines going through `unconfirmed` (`watch_unconfirmed`)."""
+        its log lines going through `unconfirmed` (`watch_unconfirmed`). `settle` is
+        handed, at each commit point, the records it made durable (precise mode settles
+        them in its slots; see `PreciseWorker`)."""
         self.level = level
         self.group = group
         self._producer = producer
@@ -133,6 +140,7 @@ class LevelForwarder:
         self._floor = commit_floor(commit_interval_s)
         self._flush_timeout = flush_timeout_s
         self._clock = clock
+        self._settle = settle
         name = level.name
         self._m_forwarded = metrics.forwarded.labels(name)
         self._m_lateness = metrics.lateness
@@ -523,6 +531,8 @@ class LevelForwarder:
 
     def _settled(self) -> None:
         runs, self._runs = self._runs, []
+        if self._settle is not None and runs:
+            self._settle(runs)
         dead = self.failures.dead_sent
         forwarded = sum(len(r) for _, r in runs) - len(dead) - len(self.sender.rerouted)
         for doom in dead.values():

@@ -28,8 +28,9 @@ from typing import Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
+from delayservice.worker.buffer import NEVER, Alarm
+
 Clock = Callable[[], float]
-NEVER: Final = float("inf")
 RECORD_KEY_ALLOWANCE: Final = 64
 """Bytes counted per record beside its value (`len(message)`): key and headers, which
 the client does not measure without copying them out."""
@@ -63,7 +64,7 @@ class PartitionGroup:
         self.total_buffered = 0
         self.total_bytes = 0
         self.peak_partition_buffered = 0
-        self._woken = False
+        self._alarm = Alarm(self._cond, clock)
 
     # -- consumer side -------------------------------------------------------------
     def assign(self, partition: int) -> None:
@@ -164,20 +165,13 @@ class PartitionGroup:
 
     def wait(self, deadline: float) -> None:
         """Sleep until the earliest head is due, `deadline` (clock seconds) or `wake`."""
-        with self._cond:
-            while not self._woken:
-                now = self._clock()
-                head = self._heap[0][0] / 1000 if self._heap else NEVER
-                until = min(head, deadline)
-                if until <= now:
-                    break
-                self._cond.wait(None if until == NEVER else until - now)
-            self._woken = False
+        self._alarm.sleep(deadline, self._head_s)
+
+    def _head_s(self) -> float:
+        return self._heap[0][0] / 1000 if self._heap else NEVER
 
     def wake(self) -> None:
-        with self._cond:
-            self._woken = True
-            self._cond.notify_all()
+        self._alarm.wake()
 
     def next_due_ms(self) -> int | None:
         with self._cond:

@@ -6,7 +6,8 @@ The happy path has no delivery callback: the level's producer reports only failu
 which `failures.Failures` places at the commit point. Records a report could not be
 pinned to (`Failures.suspects`) go again with a callback each. No exception from one
 record escapes `send_run`: it is dead-lettered (`internal_error`), or its partition
-waits (`SendLaterError`) when it could not be sent now.
+waits (`SendLaterError`) when it could not be sent now. Precise records
+(`Routes.exact`) come with their envelope and due time read when they were admitted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from delayservice.envelope import (
     MAX_DIGITS,
     PREFIX,
     Envelope,
+    Headers,
     unwrap,
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
@@ -38,6 +40,7 @@ from delayservice.levels import Level, LevelSet, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.worker import dead_letter as dl
+from delayservice.worker.buffer import Buffer
 from delayservice.worker.failures import (
     Doom,
     Failures,
@@ -46,7 +49,6 @@ from delayservice.worker.failures import (
     dead_letter_copy,
     permanent_reason,
 )
-from delayservice.worker.partition_group import PartitionGroup
 from delayservice.worker.target_names import TargetNames
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,10 @@ class Routes:
     dead_letter_topic: str
     reserved: frozenset[str]
     previous_delay_ms: int = 0
+    exact: bool = False
+    """Precise mode: every delay is the record's own, checked when it was read (and its
+    records come with their envelope read), so nothing here is re-published or out of
+    range."""
 
 
 class ForwarderFatalError(DelayServiceError):
@@ -101,7 +107,7 @@ class RecordSender:
     def __init__(
         self,
         level: Level,
-        group: PartitionGroup,
+        group: Buffer,
         producer: Any,
         targets: TargetTopics,
         routes: Routes,
@@ -160,6 +166,8 @@ class RecordSender:
         a delay this level holds, a known target) takes the fast path inline: it runs
         once per forwarded record, where every call and allocation counts against the
         bare pipe. Anything else, and anything that goes wrong, takes `_send_one`."""
+        if self._routes.exact:
+            return self._send_held(partition, records)
         produce = self._producer.produce
         lateness = self.lateness
         level_delay = self.level.delay_ms
@@ -228,6 +236,53 @@ class RecordSender:
             return index
         return len(records)
 
+    def _send_held(self, partition: int, records: list[Any]) -> int:
+        """`send_run` for precise records (`SlotRecord`), whose envelope and due time were
+        read when they were admitted: the common one (no explicit target partition, a
+        known target) is sent as it is; the rest take `_send_one`."""
+        produce = self._producer.produce
+        lateness = self.lateness
+        plain = not self.failures.doomed and not self.failures.suspects
+        known: dict[str, str | None] = {}  # target -> itself when it can be sent to
+        now_ms = int(self._clock.time() * 1000)
+        for index, record in enumerate(records):
+            envelope = record.envelope
+            target = None
+            if plain and record.problem is None and envelope is not None:
+                target = known.get(envelope.target, "")
+                if target == "":
+                    target = known[envelope.target] = self._sendable_name(envelope.target)
+                if envelope.partition is not None:
+                    target = None
+            try:
+                if target is None or not self._fast_produce(produce, target, record):
+                    self._send_one(partition, record, now_ms)
+                    continue
+            except SendLaterError:
+                return index
+            lateness.append(now_ms - record.due_ms)
+        return len(records)
+
+    def _fast_produce(self, produce: Callable[..., None], target: str, record: Any) -> bool:
+        """Produce a precise record's forward; False when produce() raised something a
+        full queue does not explain (`_send_one` then says what it was)."""
+        headers = [
+            *record.user,
+            (H_ID, record.envelope.id.encode()),
+            (H_DUE_MS, str(record.due_ms).encode()),
+        ]
+        try:
+            produce(target, record.value(), record.key(), headers=headers)
+        except BufferError:
+            self._produce(produce, target, record.value(), record.key(), headers, None)
+        except Exception:
+            return False
+        return True
+
+    def _sendable_name(self, target: str) -> str | None:
+        """`target` when it is a valid, existing topic, else None."""
+        return target if self._known_target(target) is not None else None
+
     def _sendable(self, raw: Any) -> str | None:
         """The name of a valid, existing target, else None: the slow path then decides
         what is wrong (and nothing here raises)."""
@@ -261,7 +316,7 @@ class RecordSender:
             return None
         return count if type(count) is int else None
 
-    def _send_one(self, partition: int, record: Message, now_ms: int) -> None:  # noqa: PLR0912
+    def _send_one(self, partition: int, record: Any, now_ms: int) -> None:  # noqa: PLR0912
         """Everything but the common case: the full envelope check, re-publishing,
         dead letters, records sent with a callback of their own. Raises only
         `SendLaterError` (and `ForwarderFatalError`)."""
@@ -272,12 +327,15 @@ class RecordSender:
             if doom is not None:
                 self._dead_letter(partition, record, doom)
                 return
-            headers = record.headers()
-            if type(headers) is not list:  # the client gives a list, or None
-                headers = list(headers.items()) if isinstance(headers, dict) else None
-            envelope, user, _ = unwrap(headers)
+            exact = self._routes.exact
+            if exact and record.problem is not None:  # found when the record was read
+                self._dead_letter(partition, record, Doom(*record.problem))
+                return
+            envelope, user = self._envelope(record)
             target = envelope.target
-            problem = self._names.problem(target) or self._out_of_range(envelope, due)
+            problem = self._names.problem(target) or (
+                None if exact else self._out_of_range(envelope, due)
+            )
             if problem is None:
                 count = self._targets.partitions(target)
                 if type(count) is not int or (
@@ -287,12 +345,13 @@ class RecordSender:
             if problem is not None:  # decided here, where it was read, not after a re-publish
                 self._dead_letter(partition, record, Doom(*problem))
                 return
-            if envelope.delay_ms > self.level.delay_ms or (
-                envelope.due_ms is not None and envelope.due_ms > due
+            if not exact and (
+                envelope.delay_ms > self.level.delay_ms
+                or (envelope.due_ms is not None and envelope.due_ms > due)
             ):
                 self._reroute(partition, record, envelope, due)
                 return
-            if envelope.delay_ms <= self._routes.previous_delay_ms:
+            if not exact and envelope.delay_ms <= self._routes.previous_delay_ms:
                 self._mismatch(BELOW_LEVEL)
             user.append((H_ID, envelope.id.encode()))
             user.append((H_DUE_MS, str(due).encode()))
@@ -329,6 +388,17 @@ class RecordSender:
             self._dead_letter_safely(
                 partition, record, Doom(dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
             )
+
+    def _envelope(self, record: Any) -> tuple[Envelope, Headers]:
+        """A record's envelope and the user's headers (a copy, to append to). Precise
+        records were read when they were admitted; a level's are read here."""
+        if self._routes.exact:
+            return record.envelope, list(record.user)
+        headers = record.headers()
+        if type(headers) is not list:  # the client gives a list, or None
+            headers = list(headers.items()) if isinstance(headers, dict) else None
+        envelope, user, _ = unwrap(headers)
+        return envelope, user
 
     def _produce(
         self,

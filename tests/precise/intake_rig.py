@@ -13,17 +13,16 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL, H_VERSION, Envelope
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
-from delayservice.precise.slot_ledger import PreciseLedger
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import DataDirWatch
-from delayservice.precise.wheel import Wheel, WheelBuffer
-from delayservice.worker.admission import Admission
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.record import HeldRecord
+from delayservice.precise.wheel import SlotBuffer, Wheel
+from delayservice.worker.ledger import LevelLedger
 from tests.worker.fakes import message
 
 TOPIC = "precise"
@@ -106,13 +105,10 @@ class DeadLetters:
     """Stands in for the forwarder: only dead letters reach it from the intake."""
 
     def __init__(self) -> None:
-        self.submitted: list[HeldRecord] = []
+        self.submitted: list[SlotRecord] = []
 
-    def submit(self, held: HeldRecord) -> None:
-        self.submitted.append(held)
-
-    def publish_counts(self) -> None:
-        pass
+    def submit(self, record: SlotRecord) -> None:
+        self.submitted.append(record)
 
 
 class Rig:
@@ -129,7 +125,7 @@ class Rig:
         wheel = Wheel(
             self.store,
             self.cancels,
-            WheelBuffer(lambda: NOW_MS / 1000),
+            SlotBuffer(lambda: NOW_MS / 1000),
             placement,
             cast(Any, _Outcomes()),
             lookahead_s=2.0,
@@ -142,9 +138,9 @@ class Rig:
             wheel,
             self.store,
             self.cancels,
-            PreciseLedger(wheel.settled),
-            Admission(level, 0, 86_400_000, frozenset({TOPIC}), metrics, exact=True),
-            cast(Forwarder, self.dead),
+            LevelLedger(),
+            Admission(level, 86_400_000, frozenset({TOPIC}), metrics),
+            self.dead.submit,
             placement,
             metrics,
             level_name="exact",

@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from delayservice.kafka.target_topics import TargetTopics
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise import slot_store
 from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.precise.slot_file import StoredRecord
 from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.wheel import held
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.settings import load_settings
+from tests.worker.fakes import TARGET, FakeProducer
 
 
 class NoProducer:
-    """Built into the forwarder; nothing here sends."""
+    """The progress reports' producer; nothing here sends through it."""
 
     def __getattr__(self, name: str) -> Any:
         raise AssertionError(f"the producer was used: {name}")
@@ -39,8 +39,8 @@ def worker(tmp_path: Path):
         settings,
         ServiceMetrics(CollectorRegistry()),
         NoProducer(),  # type: ignore[arg-type]
-        TargetTopics(NoProducer()),
         fatal.append,
+        make_producer=lambda config: FakeProducer(config=config),
     )
     made.fatal = fatal  # type: ignore[attr-defined]
     yield made
@@ -53,12 +53,25 @@ def _full(*_args: Any, **_kwargs: Any) -> None:
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+def _record(offset: int, tracker: SlotTracker, message_id: str = "m") -> SlotRecord:
+    stored = StoredRecord(offset, 100_000, False, message_id, TARGET, None, 0, b"k", b"v", [])
+    return SlotRecord.stored(stored, 0, tracker)
+
+
+def _forward(worker: PreciseWorker, offset: int, tracker: SlotTracker) -> None:
+    """Forward one record of the slot through the worker's forwarder, to its commit
+    point, which settles it (on the forwarder's thread, which must go on)."""
+    worker.wheel.buffer.schedule_many([(_record(offset, tracker), 0.0)])
+    worker.forwarder.step(commit=True)
+
+
 def test_a_settled_mark_that_cannot_be_written_stops_the_daemon(worker, monkeypatch):
     worker.store.append(0, 100, b"frame")
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 2
     worker.wheel._trackers[(0, 100)] = tracker
-    worker.ledger.settle(tracker, 7, 0, forwarded=True)  # one of two: a mark to write
+    _forward(worker, 7, tracker)  # one of two: a mark to write
+    assert worker.fatal == []
     monkeypatch.setattr(slot_store, "_write_all", _full)
     with pytest.raises(slot_store.SlotStoreError):
         worker.wheel.write_marks()  # on the loader thread, which logs and goes on
@@ -75,7 +88,7 @@ def test_a_slot_that_cannot_be_deleted_stops_the_daemon_without_raising_into_the
     tracker.outstanding = 1
     worker.wheel._trackers[(0, 100)] = tracker
     monkeypatch.setattr(Path, "unlink", _full)
-    worker.ledger.settle(tracker, 7, 0, forwarded=True)  # a delivery report: must not raise
+    _forward(worker, 7, tracker)  # the commit point settles it: must not raise
     assert len(worker.fatal) == 1
     assert "cannot delete slot" in worker.fatal[0]
     monkeypatch.undo()
@@ -88,11 +101,10 @@ def test_a_fault_while_taking_records_stops_the_daemon_and_sends_nothing(worker,
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 1
     worker.wheel._trackers[(0, 100)] = tracker
-    stored = StoredRecord(7, 100_000, False, "gone", "orders", None, 0, b"k", b"v", [])
     worker.wheel._cancelled_in_memory.add("gone")
-    worker.wheel.buffer.schedule_many([(held(stored, tracker, 0), 0.0)])
+    worker.wheel.buffer.schedule_many([(_record(7, tracker, "gone"), 0.0)])
     monkeypatch.setattr(Path, "unlink", _full)
-    assert worker.wheel.buffer.take_expired(0) == []  # what the forwarder gets: nothing
+    assert worker.wheel.buffer.take(10) == []  # what the forwarder gets: nothing
     assert len(worker.fatal) == 1
     assert "cannot delete slot" in worker.fatal[0]
 

@@ -11,12 +11,15 @@ import pytest
 from delayservice.envelope import Envelope
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
+from delayservice.precise.precise_worker import settle_durable
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_index import SlotIndex
-from delayservice.precise.slot_ledger import PreciseLedger, SlotTracker
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.wheel import Wheel, WheelBuffer
-from delayservice.worker.record import HeldRecord
+from delayservice.precise.wheel import SlotBuffer, Wheel
+from delayservice.worker.ledger import LevelLedger
+from delayservice.worker.level_forwarder import TAKE
 
 NOW = 1_800_000_000.0
 
@@ -70,7 +73,7 @@ class Rig:
         return Wheel(
             self.store,
             self.cancels,
-            WheelBuffer(self.clock),
+            SlotBuffer(self.clock),
             placement,
             self.outcomes,
             lookahead_s=5.0,
@@ -101,26 +104,25 @@ class Rig:
         if sync:
             self.store.sync()
         if tracker is not None:
-            record = HeldRecord(
-                tracker,
+            record = SlotRecord(
                 partition,
                 offset,
                 b"k",
                 b"v",
                 [("h", b"1")],
-                1,
                 Envelope("target", 0, f"id-{offset}"),
                 due_ms,
+                tracker,
             )
             self.wheel.admit([(record, fire_ms / 1000)])
 
     def take(self) -> list[int]:
-        """Offsets the forwarder would send now; each is settled as if acknowledged."""
-        records = self.wheel.buffer.take_expired(0)
+        """Offsets the forwarder would send now; each is settled as if made durable."""
+        records = [r for _, run in self.wheel.buffer.take(TAKE) for r in run]
         for record in records:
-            assert isinstance(record.ledger, SlotTracker)
-            self.wheel.settled(record.ledger, record.offset)
-        return [r.offset for r in records]
+            assert isinstance(record.slot, SlotTracker)
+            self.wheel.settled(record.slot, record.offset())
+        return [r.offset() for r in records]
 
     def files(self) -> int:
         return len(self.store.slots())
@@ -204,12 +206,10 @@ def test_a_big_slot_loads_earlier_by_its_size(rig):
 
 
 def test_the_forwarder_takes_a_burst_a_chunk_at_a_time(rig):
-    from delayservice.precise.wheel import TAKE_AT_MOST
-
-    for offset in range(TAKE_AT_MOST + 10):
-        rig.append(offset, ms(1), sync=offset == TAKE_AT_MOST + 9)
+    for offset in range(TAKE + 10):
+        rig.append(offset, ms(1), sync=offset == TAKE + 9)
     rig.clock.now = NOW + 1
-    assert len(rig.take()) == TAKE_AT_MOST
+    assert len(rig.take()) == TAKE
     assert len(rig.take()) == 10
 
 
@@ -357,15 +357,26 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     assert rig.files() == 0
 
 
-def test_the_precise_ledger_settles_slots_and_intake_offsets_apart():
-    settled: list[tuple[SlotTracker, int]] = []
-    ledger = PreciseLedger(lambda tracker, offset: settled.append((tracker, offset)))
-    intake = ledger.assign(0)
-    ledger.track(intake, 7, 0)
+class SlotsSettled:
+    def __init__(self) -> None:
+        self.done: list[tuple[SlotTracker, int]] = []
+
+    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+        self.done.extend(done)
+
+
+def test_the_settle_protocol_settles_slots_and_intake_offsets_apart():
+    wheel = SlotsSettled()
+    offsets = LevelLedger()
+    intake = offsets.assign(0)
+    offsets.track(intake, 7, 0)
     tracker = SlotTracker(0, 123)
-    ledger.settle(tracker, 5, 1, forwarded=True)
-    assert settled == [(tracker, 5)]
-    assert ledger.forwarded == 1
-    assert ledger.to_commit() == [(0, 7)]  # the intake record is not settled by that
-    ledger.settle(intake, 7, 0)  # its dead letter was acknowledged
-    assert ledger.to_commit() == [(0, 8)]
+    envelope = Envelope("target", 0, "id")
+    in_slot = SlotRecord(0, 5, None, None, [], envelope, 0, tracker)
+    dead_letter = SlotRecord(0, 7, None, None, [], None, 0, intake, ("invalid_envelope", "x"))
+    settle_durable([(0, [in_slot])], wheel=wheel, offsets=offsets)
+    assert wheel.done == [(tracker, 5)]
+    assert offsets.to_commit() == [(0, 7)]  # the intake record is not settled by that
+    settle_durable([(0, [dead_letter])], wheel=wheel, offsets=offsets)  # made durable
+    assert offsets.to_commit() == [(0, 8)]
+    assert wheel.done == [(tracker, 5)]

@@ -1,4 +1,5 @@
-"""Small fakes behind the client seam, and a rig that wires a level worker to them.
+"""Small fakes behind the client seam, and a rig that wires a level worker to them
+(precise mode's forwarding rig, in `tests/precise/forward_rig.py`, uses them too).
 
 `FakeConsumer` models what the consumer loop relies on: a log per partition read from
 a position, pause/resume (remembered across re-assignment, as librdkafka does), seek,
@@ -10,8 +11,8 @@ holds delivery reports until `poll`/`flush`/`deliver` serves them, each with the
 outcome a test decides. Either fake can raise on demand (BufferError for a full queue,
 KafkaException, anything unexpected).
 
-`FakeClock` stands in for the `time` module of the forwarder and of admission, so due
-times, backoffs and give-up windows are tested without sleeping.
+`FakeClock` stands in for the forwarder's clock, so due times, backoffs and give-up
+windows are tested without sleeping.
 """
 
 from __future__ import annotations
@@ -41,12 +42,8 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level, LevelSet
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.timers.factory import make_scheduler
-from delayservice.worker.admission import Admission
 from delayservice.worker.consumer_loop import ConsumerLoop
 from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.forwarder import Forwarder
-from delayservice.worker.ledger import LevelLedger
 from delayservice.worker.level_forwarder import LevelForwarder, Routes
 from delayservice.worker.memory_budget import MemoryBudget
 from delayservice.worker.partition_group import PartitionGroup
@@ -635,62 +632,6 @@ class _Fakes:
 
     def now_ms(self) -> int:
         return self.clock.ms() if self.clock is not None else int(time.time() * 1000)
-
-
-@dataclass
-class Rig(_Fakes):
-    """The per-record forwarder (precise mode's) on fakes."""
-
-    scheduler: Any
-    budget: MemoryBudget
-    ledger: LevelLedger
-    flow: FlowControl
-    admission: Admission
-    forwarder: Forwarder
-    fatal: list[str]
-
-
-def make_rig(
-    *,
-    clock: FakeClock | None = None,
-    high_water: int = 1_000,
-    low_water: int = 10,
-    max_bytes: int = 2**40,
-    backoff: tuple[float, float] = (1.0, 8.0),
-    give_up_s: float = 60.0,
-    commit_interval_s: float = 0.05,
-    topics: dict[str, int] | None = None,
-) -> Rig:
-    """A level worker on fakes. With a clock, the scheduler runs on it; patch the
-    forwarder's and admission's `time` with the same clock (see the tests' fixtures)."""
-    registry = CollectorRegistry()
-    metrics = ServiceMetrics(registry)
-    consumer = FakeConsumer()
-    producer = FakeProducer(topics, clock)
-    scheduler = make_scheduler("heap", clock=clock.time if clock is not None else time.time)
-    budget = MemoryBudget(max_bytes)
-    ledger = LevelLedger(budget)
-    flow = FlowControl(high_water, low_water, budget)
-    fatal: list[str] = []
-    forwarder = Forwarder(
-        LEVEL,
-        scheduler,
-        ledger,
-        producer,
-        TargetTopics(producer),
-        DLQ,
-        metrics,
-        backoff,
-        fatal.append,
-        give_up_s=give_up_s,
-    )
-    admission = Admission(
-        LEVEL, PREVIOUS_DELAY_MS, MAX_DELAY_MS, frozenset({LEVEL_TOPIC, DLQ}), metrics
-    )
-    return Rig(
-        registry, metrics, clock, consumer, producer, scheduler, budget, ledger, flow,
-        admission, forwarder, fatal,
-    )  # fmt: skip
 
 
 # -- the level worker's rig -----------------------------------------------------------

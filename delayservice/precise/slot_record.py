@@ -1,0 +1,85 @@
+"""One precise record in memory: read from the precise topic or loaded from a slot file.
+
+It answers the accessors of a confluent `Message` that the forwarder and its failure
+rules use (`offset()`, `partition()`, `key()`, `value()`, `headers()`), so precise
+records go through the same sender and commit points as a level's records. Its
+envelope is read once, when the record is admitted or framed: the send path uses it
+as it is, and `headers()` (the headers as they stood on the precise topic) is rebuilt
+only for the slow path (a dead letter, a refusal to place).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from delayservice.envelope import Envelope, Headers, forwarded_headers
+from delayservice.precise.slot_file import StoredRecord
+
+
+class SlotRecord:
+    __slots__ = ("_key", "_offset", "_partition", "_value", "due_ms", "envelope", "problem",
+                 "slot", "user")  # fmt: skip
+
+    def __init__(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        user: Headers,
+        envelope: Envelope | None,
+        due_ms: int,
+        slot: Any,
+        problem: tuple[str, str] | None = None,
+    ) -> None:
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self.user = user
+        """The user's headers when the envelope is valid; all headers as read when not."""
+        self.envelope = envelope
+        self.due_ms = due_ms
+        self.slot = slot
+        """What settles it once it is durable: its slot's tracker when it was framed into
+        a slot file, else the intake's offset ledger entry of its partition."""
+        self.problem = problem
+        """(reason, detail) when it can only be dead-lettered (decided at admission)."""
+
+    @classmethod
+    def stored(cls, item: StoredRecord, partition: int, slot: Any) -> SlotRecord:
+        """A record loaded from a slot file."""
+        return cls(
+            partition,
+            item.offset,
+            item.key,
+            item.value,
+            list(item.headers),
+            Envelope(item.target, item.delay_ms, item.message_id, item.target_partition),
+            item.due_ms,
+            slot,
+        )
+
+    # -- a Message's accessors -----------------------------------------------------
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def headers(self) -> Headers:
+        """The headers as they stood on the precise topic (dead letters keep them)."""
+        if self.envelope is None:
+            return list(self.user)
+        return [*self.user, *self.envelope.headers()]
+
+    def forward_headers(self) -> Headers:
+        """The headers of its forward: the user's, its id and its due time."""
+        assert self.envelope is not None
+        return forwarded_headers(self.user, self.envelope, self.due_ms)

@@ -1,0 +1,69 @@
+"""What the forwarder needs of the buffer it takes due records from.
+
+Level mode's `PartitionGroup` (one FIFO per partition) and precise mode's `SlotBuffer`
+(a heap of the records loaded from slot files) both provide it, so one forwarder, with
+its commit points, serves both modes. Records are confluent `Message`s or anything
+with the same accessors (`offset()`, `partition()`, `key()`, `value()`, `headers()`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+NEVER: Final = float("inf")
+Runs = list[tuple[int, list[Any]]]
+"""Records taken, as (partition, records) runs."""
+
+
+class Buffer(Protocol):
+    def take(self, limit: int) -> Runs:
+        """Records due now, at most about `limit`; never one before its due time."""
+        ...
+
+    def put_back(self, partition: int, records: list[Any], not_before_ms: int = 0) -> None:
+        """Taken records go back, to be taken again (not before `not_before_ms`)."""
+        ...
+
+    def drop(self, partitions: set[int]) -> None: ...
+
+    def wait(self, deadline: float) -> None:
+        """Sleep until something is due, `deadline` (clock seconds) or `wake`."""
+        ...
+
+    def wake(self) -> None: ...
+
+    def next_due_ms(self) -> int | None: ...
+
+    def due_of(self, partition: int, record: Any) -> int:
+        """When `record`, taken from `partition`, was due (epoch ms)."""
+        ...
+
+
+class Alarm:
+    """Where the forwarder sleeps: until the buffer's earliest record is due, a deadline,
+    or a wake (a stop, a request, an earlier record: whoever changes the head notifies
+    the buffer's condition)."""
+
+    def __init__(self, cond: threading.Condition, clock: Callable[[], float]) -> None:
+        self._cond = cond
+        self._clock = clock
+        self._woken = False
+
+    def sleep(self, deadline: float, head: Callable[[], float]) -> None:
+        """`head()`: when the earliest record is due (clock seconds, NEVER when none);
+        read under the condition's lock."""
+        with self._cond:
+            while not self._woken:
+                now = self._clock()
+                until = min(head(), deadline)
+                if until <= now:
+                    break
+                self._cond.wait(None if until == NEVER else until - now)
+            self._woken = False
+
+    def wake(self) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
