@@ -57,6 +57,21 @@ def broker(bootstrap: str | None) -> Iterator[str]:
         yield local.bootstrap
 
 
+def add_producer_option(parser: argparse.ArgumentParser) -> None:
+    """`--producer KEY=VALUE`, repeatable: librdkafka settings for the daemon's producers."""
+    parser.add_argument(
+        "--producer",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting for the daemon's producers (repeatable)",
+    )
+
+
+def producer_settings(args: argparse.Namespace) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in args.producer)
+
+
 def fill(bootstrap: str, topic: str, target: str, count: int, size: int) -> None:
     """`count` delayed records (envelope and one user header) for `target`."""
     producer = Producer(
@@ -184,7 +199,7 @@ def run_round(
             guarantee=guarantee,
             pause_high_water=args.pause_high_water,
             pause_low_water=args.pause_high_water // 2,
-            producer=dict(item.split("=", 1) for item in args.producer),
+            producer=producer_settings(args),
         )
         topics.create(admin, settings)
         out = f"bench-{tag}-{short}-out"
@@ -225,13 +240,7 @@ def main() -> int:
     parser.add_argument("--levels", type=int, default=1, help="levels the backlog spreads over")
     parser.add_argument("--processes", type=int, default=1, help="the daemon's worker processes")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
-    parser.add_argument(
-        "--producer",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="librdkafka setting for the daemon's producers (repeatable)",
-    )
+    add_producer_option(parser)
     args = parser.parse_args()
 
     pipe_rates: list[float] = []

@@ -41,7 +41,7 @@ from delayservice.settings import Settings, load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon_process import running_daemon
-from forwarding import LOG_APPEND, broker
+from forwarding import LOG_APPEND, add_producer_option, broker, producer_settings
 
 TARGET_PARTITIONS = 6
 
@@ -191,13 +191,7 @@ def main() -> int:
     )
     parser.add_argument("--burst", type=int, default=0, help="send this many at once instead")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
-    parser.add_argument(
-        "--producer",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="librdkafka setting for the daemon's producers (repeatable)",
-    )
+    add_producer_option(parser)
     parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
     args = parser.parse_args()
 
@@ -215,7 +209,7 @@ def main() -> int:
             group_id=f"steady-{tag}",
             dead_letter_topic=f"steady-{tag}-dlq",
             guarantee=args.guarantee,
-            producer=dict(item.split("=", 1) for item in args.producer),
+            producer=producer_settings(args),
         )
         admin = AdminClient({"bootstrap.servers": bootstrap})
         topics.create(admin, settings)

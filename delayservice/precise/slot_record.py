@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayservice.envelope import Envelope, Headers, forwarded_headers
+from delayservice.envelope import Envelope, Headers
 from delayservice.precise.slot_file import StoredRecord
 
 
@@ -78,8 +78,3 @@ class SlotRecord:
         if self.envelope is None:
             return list(self.user)
         return [*self.user, *self.envelope.headers()]
-
-    def forward_headers(self) -> Headers:
-        """The headers of its forward: the user's, its id and its due time."""
-        assert self.envelope is not None
-        return forwarded_headers(self.user, self.envelope, self.due_ms)

@@ -31,6 +31,7 @@ from delayservice.envelope import (
     PREFIX,
     Envelope,
     Headers,
+    forwarded_headers,
     unwrap,
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
@@ -266,11 +267,7 @@ class RecordSender:
     def _fast_produce(self, produce: Callable[..., None], target: str, record: Any) -> bool:
         """Produce a precise record's forward; False when produce() raised something a
         full queue does not explain (`_send_one` then says what it was)."""
-        headers = [
-            *record.user,
-            (H_ID, record.envelope.id.encode()),
-            (H_DUE_MS, str(record.due_ms).encode()),
-        ]
+        headers = forwarded_headers(record.user, record.envelope, record.due_ms)
         try:
             produce(target, record.value(), record.key(), headers=headers)
         except BufferError:
