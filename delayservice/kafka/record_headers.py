@@ -1,0 +1,60 @@
+"""Reading a consumed record's headers without letting hostile bytes crash the process.
+
+confluent-kafka decodes header *names* as UTF-8. A name that is not valid UTF-8 (any
+client outside Python can write one) makes `Message.headers()` raise `SystemError` and
+leaves a cached list holding a NULL where the name should be; a second `headers()`
+call, or touching that list, segfaults the interpreter. So every place that reads a
+consumed record's headers goes through `read_headers`: it calls `headers()` once, and
+on failure replaces the poisoned cache with `UNREADABLE` (`set_headers` drops the old
+list safely), so even a later stray `headers()` call returns an empty, harmless value.
+
+Names containing NUL cannot be seen at all: the client reads them as C strings and
+truncates them at the NUL, so such a name reaches Python (and is forwarded) shortened.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+log = logging.getLogger(__name__)
+
+RawHeaders = list[tuple[str, bytes | None]]
+
+
+class UnreadableHeaders(tuple[()]):
+    """An empty, immutable stand-in for headers the client could not decode.
+
+    It is a tuple, not a list, so code that looks for the client's own list (`type(h)
+    is list`) never mistakes it for real headers, and nothing can append to it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNREADABLE"
+
+
+UNREADABLE: Final = UnreadableHeaders()
+
+
+def read_headers(record: Any) -> RawHeaders | UnreadableHeaders | None:
+    """The record's headers as the client gives them (a list, or None), or `UNREADABLE`.
+
+    Call it once per record and keep the result: it is the only safe way to learn that a
+    record's headers cannot be read."""
+    try:
+        headers: Any = record.headers()
+    except Exception:  # SystemError from the client, or anything a surprise raises
+        _neutralize(record)
+        return UNREADABLE
+    if headers is UNREADABLE:  # already read and neutralized once
+        return UNREADABLE
+    result: RawHeaders | None = headers
+    return result
+
+
+def _neutralize(record: Any) -> None:
+    try:
+        record.set_headers(UNREADABLE)
+    except Exception:  # a record type without set_headers: nothing cached to poison
+        log.debug("record of type %s keeps its headers cache", type(record).__name__)
