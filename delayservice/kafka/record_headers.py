@@ -15,7 +15,7 @@ truncates them at the NUL, so such a name reaches Python (and is forwarded) shor
 from __future__ import annotations
 
 import logging
-from typing import Any, Final
+from typing import Any, Final, cast
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +43,12 @@ def read_headers(record: Any) -> RawHeaders | UnreadableHeaders | None:
     Call it once per record and keep the result: it is the only safe way to learn that a
     record's headers cannot be read."""
     try:
-        headers: Any = record.headers()
+        headers = record.headers()
     except Exception:  # SystemError from the client, or anything a surprise raises
         _neutralize(record)
         return UNREADABLE
-    if headers is UNREADABLE:  # already read and neutralized once
-        return UNREADABLE
-    result: RawHeaders | None = headers
-    return result
+    # A record read once already returns UNREADABLE itself, so identity checks hold.
+    return cast("RawHeaders | UnreadableHeaders | None", headers)
 
 
 def _neutralize(record: Any) -> None:
