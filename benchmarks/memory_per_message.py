@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 from delayservice.daemon import Daemon
 from delayservice.kafka import client_config, topics
 from delayservice.settings import Settings, load_settings
+from delayservice.worker.level_worker import LevelWorker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from forwarding import broker, fill  # the records of the throughput benchmark
@@ -72,7 +73,9 @@ def fill_and_wait(
     daemon: Daemon, bootstrap: str, count: int, value_bytes: int, expect: int
 ) -> dict[str, float]:
     """Write `count` records from a child process, wait until `expect` are buffered."""
-    group = daemon.workers[0].group
+    worker = daemon.workers[0]
+    assert isinstance(worker, LevelWorker), "the first worker is a level's"
+    group = worker.group
     topic = daemon.workers[0].level.topic
     child = multiprocessing.get_context("spawn").Process(
         target=fill, args=(bootstrap, topic, "never-forwarded", count, value_bytes)

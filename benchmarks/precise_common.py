@@ -34,6 +34,7 @@ from steady_lateness import percentile
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID
 from delayservice.kafka import topics
+from delayservice.kafka.record_headers import header_values
 from delayservice.settings import Settings, load_settings
 
 MiB = 1024 * 1024
@@ -331,7 +332,7 @@ def read_topic(bootstrap: str, topic: str, starts: dict[int, int] | None = None)
                 ts_type, ts = message.timestamp()
                 if ts_type != TIMESTAMP_LOG_APPEND_TIME:
                     raise RuntimeError(f"{topic} must use LogAppendTime")
-                headers = dict(message.headers() or [])
+                headers = header_values(message)
                 delay = headers.get(H_DELAY_MS)
                 due = headers.get(H_DUE_MS)
                 out.append(Seen(headers.get(H_ID), ts, int(delay or 0), int(due) if due else None))

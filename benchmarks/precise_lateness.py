@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from forwarding import broker
@@ -125,7 +125,7 @@ def run_exact(bootstrap: str, args: argparse.Namespace, log_path: Path) -> list[
 # -- part steady -------------------------------------------------------------------------
 def generate(settings: Settings, args: argparse.Namespace) -> int:
     """Child: `rate` messages per second for `seconds`, in 10 ms steps; returns the count."""
-    precision = "exact" if args.mode == "precise" else "level"
+    precision: Literal["level", "exact"] = "exact" if args.mode == "precise" else "level"
     producer = DelayProducer(
         {"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 5},
         settings=settings,
@@ -206,8 +206,8 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
             ]
         arrivals = read_topic(bootstrap, target)
     valid: list[tuple[Seen, int]] = [(s, floor) for s, floor in sources if s.message_id]
-    asked = join({s.message_id: due_ms(s) for s, _ in valid}, arrivals)
-    due = join({s.message_id: due_ms(s, floor) for s, floor in valid}, arrivals)
+    asked = join({s.message_id: due_ms(s) for s, _ in valid if s.message_id}, arrivals)
+    due = join({s.message_id: due_ms(s, floor) for s, floor in valid if s.message_id}, arrivals)
     count, _ = log_problems(log_path)
     return ModeResult(sent, asked, due, cpu, seconds, count)
 

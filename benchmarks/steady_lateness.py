@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
@@ -36,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.envelope import H_DELAY_MS, H_ID
 from delayservice.kafka import topics
+from delayservice.kafka.record_headers import header_values
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 
@@ -119,7 +121,7 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, int, bytes 
             ts_type, ts = message.timestamp()
             if ts_type != TIMESTAMP_LOG_APPEND_TIME:
                 raise RuntimeError(f"{topic} must use LogAppendTime")
-            headers = dict(message.headers() or [])
+            headers = header_values(message)
             out.append((headers.get(H_ID), ts, headers.get(H_DELAY_MS)))
         # By position, not by the last record's offset: a transactional topic ends in
         # a commit marker, which takes an offset but is never returned.
@@ -157,7 +159,7 @@ class LiveReader:
             now_ms = int(time.time() * 1000)
             for message in batch:
                 if message.error() is None:
-                    mid = dict(message.headers() or []).get(H_ID)
+                    mid = header_values(message).get(H_ID)
                     if isinstance(mid, bytes):
                         self.seen.setdefault(mid, now_ms)
 
@@ -177,7 +179,7 @@ def target_count(bootstrap: str, topic: str) -> int:
     return total
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[round(q * 1000) - 1]
 
 

@@ -63,6 +63,30 @@ def facility_and_text(record: logging.LogRecord) -> tuple[str, str] | None:
     return None
 
 
+class GraceStreaks:
+    """Tells whether a recurring condition is still within its grace period.
+
+    A condition seen again within the grace period continues its streak; a quiet gap
+    longer than the grace period starts a new one. A transient condition is young while
+    its streak is shorter than the grace period, and a fault once it has lasted longer.
+    """
+
+    def __init__(self, grace_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._grace = grace_s
+        self._clock = clock
+        self._streaks: dict[object, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def young(self, key: object) -> bool:
+        now = self._clock()
+        with self._lock:
+            first, last = self._streaks.get(key, (now, now))
+            if now - last > self._grace:
+                first = now
+            self._streaks[key] = (first, now)
+            return now - first <= self._grace
+
+
 class StartupNoise(logging.Filter):
     """Lowers the table's transient conditions to INFO during their grace period.
 
@@ -72,10 +96,7 @@ class StartupNoise(logging.Filter):
 
     def __init__(self, grace_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self._grace = grace_s
-        self._clock = clock
-        self._streaks: dict[tuple[str, str], tuple[float, float]] = {}
-        self._lock = threading.Lock()
+        self._streaks = GraceStreaks(grace_s, clock)
 
     def level_for(self, facility: str, text: str, level: int) -> int:
         """The level a line of this facility and text should have."""
@@ -86,19 +107,8 @@ class StartupNoise(logging.Filter):
                 continue
             for error in entry.errors:
                 if error in text:
-                    return logging.INFO if self._young((facility, error)) else level
+                    return logging.INFO if self._streaks.young((facility, error)) else level
         return level
-
-    def _young(self, key: tuple[str, str]) -> bool:
-        """True while this condition's current streak is within the grace period; a
-        quiet gap longer than the grace period starts a new streak."""
-        now = self._clock()
-        with self._lock:
-            first, last = self._streaks.get(key, (now, now))
-            if now - last > self._grace:
-                first = now
-            self._streaks[key] = (first, now)
-            return now - first <= self._grace
 
     def filter(self, record: logging.LogRecord) -> bool:
         parsed = facility_and_text(record)

@@ -56,3 +56,17 @@ def _neutralize(record: Any) -> None:
         record.set_headers(UNREADABLE)
     except Exception:  # a record type without set_headers: nothing cached to poison
         log.debug("record of type %s keeps its headers cache", type(record).__name__)
+
+
+def header_values(record: Any) -> dict[str, bytes]:
+    """The record's headers by name, for readers of what DelayService itself wrote (the
+    demo, the benchmarks, the tools): the last of a repeated name wins, a null value is
+    left out, and unreadable headers read as none."""
+    headers = read_headers(record)
+    if not isinstance(headers, list):
+        return {}
+    return {
+        name: value if isinstance(value, bytes) else str(value).encode()
+        for name, value in headers
+        if value is not None
+    }

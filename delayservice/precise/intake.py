@@ -36,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 
 from delayservice.envelope import H_CANCEL, Headers
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
@@ -76,6 +77,17 @@ _COORDINATOR_MOVES: Final = frozenset(
         KafkaError._ALL_BROKERS_DOWN,
     }
 )
+
+
+_STARTING: Final = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+"""What a fresh broker answers for a while as it loads its offsets log: INFO, not a
+WARNING, until it has lasted longer than a start-up takes."""
 
 
 def _passing(error: KafkaError) -> bool:
@@ -140,6 +152,7 @@ class Intake:
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._to_write: list[tuple[int, int, bytes, SlotRecord]] = []  # this batch's records
         self._throttle = Throttle()
+        self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
         self._m_commits = metrics.commits.labels(level_name)
         self._m_commit_failures = metrics.commit_failures.labels(level_name)
@@ -204,7 +217,13 @@ class Intake:
                     self._m_loop_errors.inc()
                     log.exception("intake of %s: Kafka error; continuing", self.topic)
                 elif self._throttle.allow(("retriable", error.code())) is not None:
-                    log.warning("intake of %s: %s; retrying", self.topic, error.str())
+                    young = error.code() in _STARTING and self._starting.young(error.code())
+                    log.log(
+                        logging.INFO if young else logging.WARNING,
+                        "intake of %s: %s; retrying",
+                        self.topic,
+                        error.str(),
+                    )
                 self._stopping.wait(ERROR_PAUSE_S)
             except (StorageError, OSError) as fault:
                 self._storage_fault(fault)

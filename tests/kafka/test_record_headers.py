@@ -60,3 +60,12 @@ def test_a_record_without_set_headers_is_still_reported_unreadable() -> None:
 def test_unreadable_is_empty_immutable_and_not_a_list() -> None:
     assert len(UNREADABLE) == 0
     assert not isinstance(UNREADABLE, list)
+
+
+def test_header_values_keeps_the_last_of_a_name_and_leaves_out_nulls() -> None:
+    from delayservice.kafka.record_headers import header_values
+
+    record = PlainRecord([("a", b"1"), ("b", None), ("a", b"2")])
+    assert header_values(record) == {"a": b"2"}
+    assert header_values(PlainRecord(None)) == {}
+    assert header_values(PoisonedRecord()) == {}
