@@ -46,7 +46,7 @@ def test_every_alert_is_exercised_by_a_unit_test_that_fires_it(deploy):
 
 
 def test_every_alert_has_a_severity_a_summary_and_a_runbook_entry(deploy):
-    runbook = (deploy.root / "README.md").read_text()  # its Operations section
+    runbook = (deploy.root / "docs" / "operations.md").read_text()
     for rule in deploy.alert_rules():
         name = rule["alert"]
         assert rule["labels"]["severity"] in {"warning", "critical"}, name

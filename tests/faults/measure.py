@@ -3,7 +3,7 @@
 Every record on a level topic is a source. Its due time is computed here, independently
 of the daemon: due = its append time on the level topic (LogAppendTime, the broker's
 clock) + max(level delay, `delay-ms`). Its envelope is judged by the documented format
-(README, "The envelope"), strictly: `delay-v` is exactly `1`, numbers are ASCII decimal
+(docs/envelope.md), strictly: `delay-v` is exactly `1`, numbers are ASCII decimal
 digits, text is UTF-8, every `delay-*` header appears once. A source then has to show
 up on its target (matched by `delay-id`) or on the dead-letter topic (matched by the
 `dlq-origin-*` headers, because many hostile records have no usable id).
