@@ -9,6 +9,7 @@ mistake that only shows up as a late message in production.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -22,6 +23,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from delayservice.errors import ConfigError
 from delayservice.kafka.topic_names import invalid_reason
 from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet, parse_duration_ms
+
+log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DELAYSERVICE_"
 # Variables that belong to the test harness and the CLI, not to the daemon: these
@@ -57,7 +60,11 @@ class Settings(BaseSettings):
     partitions: int = Field(3, ge=1, description="Partitions per level topic (topics create).")
     replication_factor: int = Field(1, ge=1, description="Replication of created topics.")
     retention_hours: float = Field(168.0, gt=0, description="Retention of created topics.")
-    scheduler: Literal["heap", "wheel"] = Field("heap", description="Per-level timer design.")
+    scheduler: Literal["heap", "wheel"] = Field(
+        "heap",
+        description="Deprecated and ignored: both modes keep one queue per partition and a "
+        "heap of their heads. Setting it logs a warning.",
+    )
     pause_high_water: int = Field(
         10_000, ge=1, description="Pause a partition at this many buffered messages."
     )
@@ -188,6 +195,18 @@ class Settings(BaseSettings):
         if delay_ms <= 0:
             raise ConfigError("max_delay", "must be longer than 0")
         return value
+
+    @model_validator(mode="after")
+    def _scheduler_deprecated(self) -> Settings:
+        """Accepted so that old configuration still starts, but said out loud: an operator
+        who picks `wheel` expecting a different buffer should learn it changes nothing."""
+        if "scheduler" in self.model_fields_set:
+            log.warning(
+                "the setting scheduler (%s) is deprecated and ignored: every level keeps one "
+                "queue per partition and a heap of their heads; remove it from the configuration",
+                self.scheduler,
+            )
+        return self
 
     @model_validator(mode="after")
     def _water_marks(self) -> Settings:

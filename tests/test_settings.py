@@ -1,3 +1,4 @@
+import logging
 import os
 import socket
 
@@ -338,3 +339,16 @@ def test_the_precise_topics_must_not_be_level_or_dead_letter_topics(overrides, p
     values = {"dead_letter_topic": "dlq", **overrides}
     with pytest.raises(ConfigError, match=f"invalid setting precise_topic: {problem}"):
         load_settings(**values)
+
+
+def test_setting_the_scheduler_warns_that_it_is_ignored(caplog):
+    with caplog.at_level(logging.WARNING, logger="delayservice.settings"):
+        load_settings(scheduler="wheel")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("scheduler" in m and "ignored" in m for m in messages)
+
+
+def test_leaving_the_scheduler_alone_warns_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="delayservice.settings"):
+        load_settings()
+    assert not [r for r in caplog.records if r.name == "delayservice.settings"]

@@ -3,7 +3,9 @@
 A scheduler holds items until their due time on an injectable clock. Producers call
 `schedule`; one consumer calls `take_expired`, which blocks until the earliest item is
 due (or until `wakeup`), then returns every item due by then in due order, ties in
-scheduling order. The daemon's per-level buffer is one of these, chosen by a setting.
+scheduling order. These are the source material's timer designs, kept as a library
+with their benchmark (`benchmarks/timers.py`); the daemon's buffers do not use them:
+a level partition is already in due order, so a heap of partition heads suffices.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 Clock = Callable[[], float]
-"""Seconds as a float. `time.monotonic` by default; the daemon injects `time.time`
-because due times come from the broker's wall clock."""
+"""Seconds as a float. `time.monotonic` by default; inject `time.time` when due times
+come from a wall clock (a broker's append time)."""
 
 DEFAULT_CLOCK: Clock = time.monotonic
 
@@ -36,7 +38,7 @@ class Scheduler(Protocol[T]):
         ...
 
     def schedule_many(self, items: list[tuple[T, float]]) -> None:
-        """Schedule (item, due) pairs under one lock; the daemon's per-batch fast path."""
+        """Schedule (item, due) pairs under one lock: one acquisition per batch, not per item."""
         ...
 
     def cancel(self, handle: TimerHandle) -> bool:

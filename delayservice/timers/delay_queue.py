@@ -1,7 +1,7 @@
 """DelayQueue: a binary min-heap guarded by a condition variable, as in the JDK.
 
-This is the daemon's default per-level buffer. In CPython the C `heapq` beats any
-pure-Python wheel on insert, so the heap stays the default; the wheels win on cancel.
+In CPython the C `heapq` beats any pure-Python wheel on insert, so the heap is
+`make_scheduler`'s default; the wheels win on cancel.
 Cancel is lazy: the entry is flagged and skipped when it surfaces, and the heap is
 rebuilt once more than half of it is cancelled so memory stays proportional to live
 items.

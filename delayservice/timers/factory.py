@@ -1,4 +1,4 @@
-"""Pick the per-level buffer by the `scheduler` setting.
+"""Pick a timer design by name, for the benchmark and the tests.
 
 "heap" is the JDK-style `DelayQueue`: the C `heapq` makes it the cheapest to insert
 into, and the default. "wheel" is Kafka's hierarchical timing wheel (1 ms ticks, 512

@@ -3,7 +3,8 @@
 The timer's worker fires a slot by moving it into an output `DelayQueue`, which the
 taker reads; the queue's own due check is the never-early guard. The worker ticks
 every `tick_duration` whether or not anything is due (Netty's design), so this adapter
-suits comparisons and tests more than the daemon, which gets the hierarchical wheel.
+suits comparisons and tests more than long-running use, where the hierarchical wheel
+sleeps until its next bucket instead.
 
 Precision: as the timer's, at most one tick late, never early. `next_due` and
 `remove_where` scan every pending slot: O(n).

@@ -1,4 +1,4 @@
-"""The `Scheduler` the daemon gets from `make_scheduler("wheel", clock)`.
+"""The `Scheduler` that `make_scheduler("wheel", clock)` returns.
 
 It runs Kafka's hierarchical `TimingWheel` the way `SystemTimer` does, minus the
 executor: the taking thread is the reaper. Buckets that gain a round go on a heap
@@ -98,7 +98,7 @@ class WheelScheduler(Generic[T]):
 
     Thread-safe for any number of scheduling threads and one taking thread. `next_due`
     scans only buckets that can hold the earliest item but is O(n) in the worst case;
-    the daemon does not call it on a hot path.
+    keep it off hot paths.
     """
 
     def __init__(self, clock: Clock, tick_ms: int = 1, wheel_size: int = 512) -> None:
