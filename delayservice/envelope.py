@@ -24,7 +24,7 @@ import uuid
 from typing import Final, NamedTuple
 
 from delayservice.errors import EnvelopeError
-from delayservice.kafka.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
+from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
 VERSION: Final = 1
 PREFIX: Final = "delay-"

@@ -21,8 +21,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from delayservice.errors import ConfigError
-from delayservice.kafka.topic_names import invalid_reason
 from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet, parse_duration_ms
+from delayservice.topic_names import invalid_reason
 
 log = logging.getLogger(__name__)
 

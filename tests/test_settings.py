@@ -352,3 +352,19 @@ def test_leaving_the_scheduler_alone_warns_nothing(caplog):
     with caplog.at_level(logging.WARNING, logger="delayservice.settings"):
         load_settings()
     assert not [r for r in caplog.records if r.name == "delayservice.settings"]
+
+
+def test_settings_load_without_the_kafka_package():
+    """Settings are read by the producer SDK and the CLI before any client exists; they
+    must not drag in the Kafka tooling (or a cycle through it)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, delayservice.settings; "
+        "print(sorted(m for m in sys.modules if m.startswith('delayservice.kafka')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"

@@ -36,10 +36,10 @@ from delayservice.envelope import (
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
 from delayservice.kafka.target_topics import TargetTopics
-from delayservice.kafka.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 from delayservice.levels import Level, LevelSet, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.buffer import Buffer
 from delayservice.worker.failures import (
