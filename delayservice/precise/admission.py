@@ -19,6 +19,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.envelope import Envelope, Headers, unwrap
 from delayservice.errors import EnvelopeError
+from delayservice.kafka.record_headers import UNREADABLE, read_headers, readable_headers
 from delayservice.levels import Level, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -63,7 +64,12 @@ class Admission:
         key, value = message.key(), message.value()
         key_b = key.encode() if isinstance(key, str) else key
         value_b = value.encode() if isinstance(value, str) else value
-        raw = message.headers()  # a fresh list per call: no copy needed
+        raw = read_headers(message)
+        if raw is UNREADABLE:  # target and due time unknown: dead-lettered at once
+            return SlotRecord(
+                partition, offset, key_b, value_b, [], None, now_ms, slot,
+                (dl.REASON_UNREADABLE_HEADERS, dl.UNREADABLE_HEADERS_DETAIL),
+            )  # fmt: skip
         headers: Headers = (
             raw
             if type(raw) is list
@@ -120,8 +126,8 @@ class Admission:
     def _unreadable(self, message: Message, slot: Any, now_ms: int, why: str) -> SlotRecord:
         partition, offset = message.partition() or 0, message.offset() or 0
         try:
-            key, value, raw = message.key(), message.value(), message.headers()
-            headers: Headers = list(raw) if isinstance(raw, list) else []
+            key, value = message.key(), message.value()
+            headers: Headers = list(readable_headers(message))
         except Exception:  # keep what can be kept: the origin and the reason
             key, value, headers = None, None, []
         key_b = key if isinstance(key, bytes) else None

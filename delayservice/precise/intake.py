@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from delayservice.envelope import H_CANCEL, Headers
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.log_levels import GraceStreaks
+from delayservice.kafka.record_headers import readable_headers
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
@@ -340,9 +341,7 @@ class Intake:
         """Handle one record; True when it is settled by the coming sync."""
         partition, offset = ledger.partition, message.offset() or 0
         role = self.roles.get(partition)
-        raw = message.headers()
-        headers: Headers = raw if isinstance(raw, list) else []
-        cancel_id = cancel_target(headers)
+        cancel_id = cancel_target(readable_headers(message))
         if cancel_id is not None:
             self._cancel(cancel_id, message, now_ms)
             return True

@@ -35,6 +35,13 @@ REASON_INVALID_TARGET: Final = "invalid_target"
 REASON_DELAY_OUT_OF_RANGE: Final = "delay_out_of_range"
 REASON_RETRIES_EXHAUSTED: Final = "retries_exhausted"
 REASON_INTERNAL: Final = "internal_error"
+REASON_UNREADABLE_HEADERS: Final = "unreadable_headers"
+"""The client cannot decode the record's headers (a name that is not UTF-8): its due time
+and target are unknown, so it is dead-lettered at once, with its key and value only."""
+UNREADABLE_HEADERS_DETAIL: Final = (
+    "the record's headers cannot be decoded (a header name that is not UTF-8); "
+    "its target and due time are unknown"
+)
 REASONS: Final = (
     REASON_ENVELOPE,
     REASON_UNKNOWN_TOPIC,
@@ -46,6 +53,7 @@ REASONS: Final = (
     REASON_DELAY_OUT_OF_RANGE,
     REASON_RETRIES_EXHAUSTED,
     REASON_INTERNAL,
+    REASON_UNREADABLE_HEADERS,
 )
 
 H_STUB: Final = "dlq-stub"

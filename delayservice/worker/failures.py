@@ -29,6 +29,7 @@ from typing import Final
 from confluent_kafka import KafkaError, Message
 
 from delayservice.envelope import Headers, unwrap
+from delayservice.kafka.record_headers import readable_headers
 from delayservice.log_throttle import Throttle
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.buffer import Runs
@@ -124,7 +125,7 @@ class Failures:
         for _, records in runs:
             for record in records:
                 try:
-                    envelope, _, _ = unwrap(record.headers())
+                    envelope, _, _ = unwrap(readable_headers(record))
                 except Exception:  # noqa: S112  # not a forward: nothing accepted
                     continue
                 self.acked_at[envelope.target] = now
@@ -179,7 +180,7 @@ class Failures:
         if spot in rerouted:
             return content(rerouted[spot], record.key(), record.value())
         try:
-            target = unwrap(record.headers())[0].target  # type: ignore[arg-type]
+            target = unwrap(readable_headers(record))[0].target
         except Exception:
             target = None
         return content(target, record.key(), record.value())
@@ -264,8 +265,7 @@ def dead_letter_copy(
     record: Message, doom: Doom, origin_topic: str
 ) -> tuple[bytes | None, bytes | None, Headers]:
     """Key, value and headers of the dead letter for `record` (a stub has no payload)."""
-    raw = record.headers()
-    original: Headers = raw if isinstance(raw, list) else []
+    original = readable_headers(record)
     origin = (origin_topic, record.partition() or 0, record.offset() or 0)
     key, value = record.key(), record.value()
     key_b = key.encode() if isinstance(key, str) else key

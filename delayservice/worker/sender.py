@@ -35,6 +35,7 @@ from delayservice.envelope import (
     unwrap,
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
+from delayservice.kafka.record_headers import UNREADABLE, headers_of_run, read_headers
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level, LevelSet, format_duration_ms
 from delayservice.log_throttle import Throttle
@@ -59,6 +60,7 @@ TARGET_MEMO: Final = 10_000
 _PREFIX_LENGTH: Final = len(PREFIX)
 BELOW_LEVEL: Final = "delay_below_level"
 ABOVE_LEVEL: Final = "delay_above_level"
+UNREADABLE_DOOM: Final = Doom(dl.REASON_UNREADABLE_HEADERS, dl.UNREADABLE_HEADERS_DETAIL)
 
 
 @dataclass
@@ -160,7 +162,7 @@ class RecordSender:
         if error is not None:
             self.reports.append((error, message, spot))
 
-    def send_run(self, partition: int, records: list[Message]) -> int:
+    def send_run(self, partition: int, records: list[Message]) -> int:  # inline on purpose
         """Send one partition's due records in order; how many went (the rest must wait).
 
         The common record (broker timestamp, the envelope as `DelayProducer` writes it,
@@ -178,10 +180,11 @@ class RecordSender:
         now_ms = int(self._clock.time() * 1000)
         last_stamp, due, due_text = -1, 0, b""
         index = 0
+        heads = headers_of_run(records)  # never record.headers(): see record_headers
         try:
-            for index, record in enumerate(records):  # noqa: B007  # read by the handlers
+            for index, record in enumerate(records):  # read by the handlers
                 kind, stamp = record.timestamp()
-                headers = record.headers()
+                headers = heads[index]
                 # The envelope as DelayProducer writes it, read from the end of the
                 # headers; any other shape (and anything doubtful) takes `_send_one`,
                 # which parses in full. The user's headers are checked for the
@@ -208,9 +211,9 @@ class RecordSender:
                         and len(raw_ms) <= MAX_DIGITS
                         and previous < int(raw_ms) <= level_delay
                     ):
-                        target = known.get(raw_target, "")  # type: ignore[arg-type]
+                        target = known.get(raw_target, "")
                         if target == "":
-                            target = known[raw_target] = self._sendable(raw_target)  # type: ignore[index]
+                            target = known[raw_target] = self._sendable(raw_target)
                         user = headers[:-4]
                         for name, _ in user:
                             if name[:_PREFIX_LENGTH] == PREFIX:
@@ -328,6 +331,9 @@ class RecordSender:
             if exact and record.problem is not None:  # found when the record was read
                 self._dead_letter(partition, record, Doom(*record.problem))
                 return
+            if not exact and read_headers(record) is UNREADABLE:
+                self._dead_letter(partition, record, UNREADABLE_DOOM)
+                return
             envelope, user = self._envelope(record)
             target = envelope.target
             problem = self._names.problem(target) or (
@@ -391,7 +397,7 @@ class RecordSender:
         records were read when they were admitted; a level's are read here."""
         if self._routes.exact:
             return record.envelope, list(record.user)
-        headers = record.headers()
+        headers = read_headers(record)
         if type(headers) is not list:  # the client gives a list, or None
             headers = list(headers.items()) if isinstance(headers, dict) else None
         envelope, user, _ = unwrap(headers)
@@ -505,7 +511,7 @@ class RecordSender:
             topic, delay_ms = routes.precise_topic, 0
         else:
             topic, delay_ms = routes.levels.select(max(1, remaining)).topic, remaining
-        raw = record.headers()
+        raw = read_headers(record)
         headers = [
             (n, v)
             for n, v in (raw if isinstance(raw, list) else [])

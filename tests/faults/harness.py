@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from delayservice.kafka.local_broker import free_port
+from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.producer import DelayProducer, Precision
 from delayservice.settings import settings_env
 
@@ -323,6 +324,8 @@ class Rec:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
+    unreadable: bool = False
+    """The client could not decode its headers (`record_headers`): `headers` is empty."""
 
     def header(self, name: str) -> bytes | None:
         """The last value of `name` (dead-letter headers are appended after the originals)."""
@@ -411,6 +414,7 @@ class Reader:
                 if tp not in self._assigned:
                     continue
                 ts_type, ts = msg.timestamp()
+                headers = read_headers(msg)  # a hostile name must not crash the reader
                 self.records[tp[0]].append(
                     Rec(
                         tp[0],
@@ -420,7 +424,8 @@ class Reader:
                         ts,
                         msg.key(),
                         msg.value(),
-                        tuple(msg.headers() or ()),
+                        tuple(headers) if isinstance(headers, list) else (),
+                        headers is UNREADABLE,
                     )
                 )
                 self._assigned[tp] = msg.offset() + 1
