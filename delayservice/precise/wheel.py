@@ -138,9 +138,19 @@ class SlotBuffer:
             runs.setdefault(record.partition(), []).append(record)
         return list(runs.items())
 
-    def put_back(self, partition: int, records: list[SlotRecord], not_before_ms: int = 0) -> None:
-        """Records taken go again: at once, or not before `not_before_ms`."""
+    def put_back(
+        self,
+        partition: int,
+        records: list[SlotRecord],
+        not_before_ms: int = 0,
+        incarnation: int | None = None,
+    ) -> None:
+        """Records taken go again: at once, or not before `not_before_ms`. Placement is
+        static, so there is no other assignment they could be stale for."""
         self.schedule_many([(record, not_before_ms / 1000) for record in records])
+
+    def incarnation(self, partition: int) -> int | None:
+        return None
 
     def drop(self, partitions: set[int]) -> None:
         with self._cond:

@@ -22,8 +22,19 @@ class Buffer(Protocol):
         """Records due now, at most about `limit`; never one before its due time."""
         ...
 
-    def put_back(self, partition: int, records: list[Any], not_before_ms: int = 0) -> None:
-        """Taken records go back, to be taken again (not before `not_before_ms`)."""
+    def put_back(
+        self,
+        partition: int,
+        records: list[Any],
+        not_before_ms: int = 0,
+        incarnation: int | None = None,
+    ) -> None:
+        """Taken records go back, to be taken again (not before `not_before_ms`), unless
+        the partition was assigned anew since they were taken (`incarnation`)."""
+        ...
+
+    def incarnation(self, partition: int) -> int | None:
+        """Which assignment `partition`'s records belong to now (None: no such notion)."""
         ...
 
     def drop(self, partitions: set[int]) -> None: ...

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     TIMESTAMP_LOG_APPEND_TIME,
     KafkaError,
     KafkaException,
@@ -55,6 +56,7 @@ PAUSED_POLL_S = 0.01
 BEHIND_WAIT_S = 0.005
 BEHIND_MAX_S = 0.5
 COMMIT_RETRY_S = 1.0
+COMMITTED_TIMEOUT_S = 10.0
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
@@ -295,6 +297,8 @@ class ConsumerLoop:
     def _iteration(
         self, next_commit: float, next_lag: float, next_probe: float
     ) -> tuple[float, float, float]:
+        if self._forwarder.reseek_wanted():
+            self._reseek()
         messages = self._next_messages()
         if self._to_resume_on_assign:
             self._resume_fresh()
@@ -589,7 +593,35 @@ class ConsumerLoop:
             self._paused_since.pop(partition, None)
             self._wanted.pop(partition, None)
             self._asked.pop(partition, None)
+        if self._forwarder.reseek_wanted():  # the hand-over ended in an unknown outcome
+            self._reseek()
         return durable
+
+    def _reseek(self) -> None:
+        """The forwarder dropped what it held (an unknown transaction outcome, a group
+        error): every owned partition's queue is emptied and the partition is read again
+        from its committed offset, which says what that transaction did. Done here, on
+        the one thread that admits records, so nothing read before the seek is queued
+        after it. A failure leaves the request in place for the next iteration."""
+        owned = sorted(self.owned_partitions)
+        if owned:
+            asked = [TopicPartition(self.level.topic, p) for p in owned]
+            committed = self._consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
+            for tp in committed:
+                if tp.error is not None:
+                    raise KafkaException(tp.error)
+            self._group.drop(set(owned))
+            for tp in committed:
+                self._group.assign(tp.partition)
+                self._rewind.pop(tp.partition, None)
+                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                self._consumer.seek(TopicPartition(self.level.topic, tp.partition, offset))
+            log.info(
+                "%s: reading %s again from the committed offsets",
+                self.level.topic,
+                ", ".join(f"{tp.partition}@{tp.offset}" for tp in committed),
+            )
+        self._forwarder.reseek_done()
 
     # -- commits and gauges --------------------------------------------------------
     def _commit(self, *, asynchronous: bool) -> None:

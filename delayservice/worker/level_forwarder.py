@@ -75,6 +75,26 @@ p99 in the broker-restart scenario against 9.6 s at-least-once. A call that mere
 out of time raises a retriable error, and the interval goes again."""
 GUARD_SLACK_S: Final = 5.0
 HANDOVER_WAIT_S: Final = 20.0
+"""How often a consumer thread still waiting for a hand-over says so. It never gives up
+while the forwarder lives: returning with the outcome open would let the forwarder
+commit records of a partition after its new owner has read the offsets."""
+COMMIT_RETRY_S: Final = 30.0
+"""How long a commit that keeps failing with a retriable error is retried as a commit.
+It may have gone through: an abort would be refused (`_CONFLICT`) and a resend could
+duplicate. Past this, its outcome is unknown and the producer is fenced instead."""
+RESEEK_POLL_S: Final = 0.05
+COMMIT_ATTEMPTS: Final = 20
+COMMIT_RETRY_PAUSE_S: Final = 0.05
+GROUP_ERRORS: Final = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+    }
+)
+"""The group moved on under the transaction: what it held may no longer be this
+member's to send, so nothing of it is sent again from memory (see `_reset`)."""
 REBUILDS: Final = 5
 REBUILD_WINDOW_S: Final = 300.0
 
@@ -173,6 +193,11 @@ class LevelForwarder:
         """At-least-once: partition -> offset -> (not before, epoch ms; record), for
         records that failed and go again on their own."""
         self._committed: dict[int, int] = {}
+        self._taken_from: dict[int, int | None] = {}
+        """partition -> the assignment (`Buffer.incarnation`) its open records came from."""
+        self._reseek = threading.Event()
+        """Set while the consumer thread is to drop this level's queues and seek back to
+        the committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
         self._in_txn = False
         self._txn_ready = False
         self._last_commit = clock.monotonic()
@@ -221,7 +246,7 @@ class LevelForwarder:
             with self._lock:
                 self._requests.append(request)
             self.group.wake()
-            deadline = time.monotonic() + HANDOVER_WAIT_S
+            said = time.monotonic()
             while not request.done.wait(0.05):
                 if not self._thread.is_alive():
                     with self._lock:
@@ -231,12 +256,25 @@ class LevelForwarder:
                     if mine:
                         self._serve(request)  # the thread ended before it saw the request
                     break
-                if time.monotonic() > deadline:
-                    log.warning("%s: the forwarder did not hand over in time", self.level.topic)
-                    return None
+                if time.monotonic() - said > HANDOVER_WAIT_S:
+                    said = time.monotonic()
+                    log.warning(
+                        "%s: still waiting for the forwarder to hand over %s",
+                        self.level.topic,
+                        sorted(partitions),
+                    )
         else:
             self._serve(request)  # the forwarder thread is gone: its state is ours now
         return request.offsets if request.ok else None
+
+    def reseek_wanted(self) -> bool:
+        """Whether the consumer thread is to drop the queues and seek every owned
+        partition back to its committed offset, then call `reseek_done`."""
+        return self._reseek.is_set()
+
+    def reseek_done(self) -> None:
+        self._reseek.clear()
+        self.group.wake()
 
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
@@ -303,6 +341,9 @@ class LevelForwarder:
             if self._stopping.is_set():
                 return
             self._serve_requests()
+        if self._reseek.is_set():  # the queues are stale until the consumer thread seeks
+            self._stopping.wait(RESEEK_POLL_S)
+            return
         if self._waiting:
             self._send_waiting()
         runs = self.group.take(TAKE)
@@ -333,30 +374,53 @@ class LevelForwarder:
             self._serve(request)
 
     def _serve(self, request: _Request) -> None:
+        """Commit (revoke) or drop (loss) what the open interval holds, then forget every
+        trace of `request.partitions`, on every path: a record of theirs left anywhere
+        here could be sent and committed after their new owner read the offsets. The
+        open transaction is ended first (committed, aborted, or fenced by a new
+        producer), so it never holds them past this call."""
+        gone = request.partitions
         try:
-            if request.commit:
-                request.ok = self._commit_point()
-            else:
-                self._abandon(request.partitions)
-                request.ok = True
-            request.offsets = {p: o for p, o in self._committed.items() if p in request.partitions}
-            self._forget(request.partitions)
-        except ForwarderFatalError as exc:
             try:
-                self.rebuild_producer(exc)  # what was not committed goes again, elsewhere
+                if request.commit:
+                    request.ok = self._commit_point()
+                else:
+                    self._abandon(gone)
+                    request.ok = True
+                request.offsets = {p: o for p, o in self._committed.items() if p in gone}
+            except ForwarderFatalError:
+                raise
+            except Exception:
+                self._m_loop_errors.inc()
+                log.exception("%s: handing over %s failed", self.level.topic, sorted(gone))
+                request.ok = False
+                self._end_transaction()
+        except ForwarderFatalError as exc:
+            request.ok = False
+            self._drop_from_interval(gone)  # never sent again, whatever happens next
+            try:
+                self.rebuild_producer(exc)
             except ForwarderFatalError as final:
                 self._on_fatal(str(final))
-        except Exception:
-            self._m_loop_errors.inc()
-            log.exception("%s: handing over %s failed", self.level.topic, request.partitions)
-            self._forget(request.partitions)
         finally:
+            self._forget(gone)
             request.done.set()
+
+    def _end_transaction(self) -> None:
+        """Abort the open transaction (its records go again from the queues); raises
+        `ForwarderFatalError` when even that fails (the producer is then fenced)."""
+        if self.transactional and self._in_txn:
+            self._abort()
+            self._requeue({})
+
+    def _drop_from_interval(self, partitions: set[int]) -> None:
+        self._runs = [(p, r) for p, r in self._runs if p not in partitions]
 
     def _forget(self, partitions: set[int]) -> None:
         self.group.drop(partitions)
         self.failures.forget(partitions)
-        for table in (self._sent_through, self._committed, self._waiting):
+        self._drop_from_interval(partitions)
+        for table in (self._sent_through, self._committed, self._waiting, self._taken_from):
             for partition in partitions:
                 table.pop(partition, None)
         with self._lock:
@@ -379,7 +443,10 @@ class LevelForwarder:
         self.sender.reports.clear()
         self._unconfirmed.take()  # the interval goes again anyway
         self._in_txn = False
-        self._requeue({})
+        if self.transactional:
+            self._reset()  # its transaction's outcome is unknown: nothing from memory
+        else:
+            self._requeue({})
         old = self._producer
         try:
             old.purge()
@@ -388,6 +455,25 @@ class LevelForwarder:
         self._producer = self._make_producer()
         self.sender.replace_producer(self._producer)
         self._txn_ready = False
+        if self.transactional:
+            try:  # fence now: the old transaction ends (committed or aborted) at once
+                self._init_transactions()
+            except SendLaterError as exc:
+                log.warning("%s: %s; fencing at the next send", self.level.topic, exc)
+
+    def _reset(self) -> None:
+        """After an unknown outcome or a group error, as Kafka Streams does: nothing held
+        in memory is sent again. The interval and the queues are dropped and the
+        consumer thread seeks every owned partition back to its committed offset, which
+        says what the transaction did; until then nothing is taken."""
+        self._reseek.set()
+        self._runs = []
+        self._taken_from.clear()
+        self._waiting.clear()
+        self._sent_through = dict(self._committed)
+        self.failures.dead_sent.clear()
+        self.sender.rerouted.clear()
+        self.sender.lateness = []
 
     def _abandon(self, partitions: set[int]) -> None:
         """Lost partitions: nothing of theirs may commit. In exactly-once the open
@@ -407,14 +493,17 @@ class LevelForwarder:
                 for partition, records in runs:  # taken, never sent: back where they were
                     self.group.put_back(partition, records)
                 raise
+        taken_from = self._taken_from
         for index, (partition, taken) in enumerate(runs):
+            if partition not in taken_from:
+                taken_from[partition] = self.group.incarnation(partition)
             sent = self.sender.send_run(partition, taken)
             records = taken
             if sent < len(taken):
                 # The rest of this partition waits (metadata unreachable, or a stop while
                 # the producer's queue is full); a stop hands back every later run too.
                 hold = 0 if self._stopping.is_set() else self._retry_hold_ms()
-                self.group.put_back(partition, taken[sent:], hold)
+                self.group.put_back(partition, taken[sent:], hold, taken_from[partition])
                 records = taken[:sent]
             if records:
                 self._runs.append((partition, records))
@@ -531,6 +620,7 @@ class LevelForwarder:
 
     def _settled(self) -> None:
         runs, self._runs = self._runs, []
+        self._taken_from = {p: i for p, i in self._taken_from.items() if p in self._waiting}
         if self._settle is not None and runs:
             self._settle(runs)
         dead = self.failures.dead_sent
@@ -549,19 +639,10 @@ class LevelForwarder:
         self._m_commits.inc()
 
     def _commit_transaction(self, offsets: dict[int, int]) -> bool:
-        producer = self._producer
         try:
             if offsets:
                 self._send_offsets(offsets)
-            for attempt in range(3):
-                try:
-                    producer.commit_transaction(TXN_TIMEOUT_S)
-                    break
-                except KafkaException as exc:
-                    error = exc.args[0]
-                    if attempt < 2 and error.retriable() and not error.txn_requires_abort():
-                        continue
-                    raise
+            self._commit_retrying()
             self._in_txn = False
             return True
         except KafkaException as exc:
@@ -569,14 +650,48 @@ class LevelForwarder:
             self._m_commit_failures.inc()
             if isinstance(error, KafkaError) and (error.fatal() or error.code() in FENCED):
                 raise producer_failed(error, f"{self.level.topic}: commit_transaction") from exc
+            group_moved = isinstance(error, KafkaError) and error.code() in GROUP_ERRORS
             log.warning(
-                "%s: transaction could not commit (%s); sending it again",
+                "%s: transaction could not commit (%s); %s",
                 self.level.topic,
                 error.str() if isinstance(error, KafkaError) else exc,
+                "reading again from the committed offsets" if group_moved else "sending it again",
             )
             self._abort()
-            self._requeue({})
+            if group_moved:
+                self._reset()
+            else:
+                self._requeue({})
             return False
+
+    def _commit_retrying(self) -> None:
+        """`commit_transaction`, retried as a commit while it fails with a retriable
+        error: such a commit may be going on in the background, librdkafka refuses an
+        abort then (`_CONFLICT`), and sending the interval again could duplicate it.
+        When it keeps failing, its outcome is unknown: the producer is fenced."""
+        producer = self._producer
+        deadline = self._clock.monotonic() + COMMIT_RETRY_S
+        for attempt in range(COMMIT_ATTEMPTS):
+            if attempt:
+                self._stopping.wait(COMMIT_RETRY_PAUSE_S)
+            try:
+                producer.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (
+                    isinstance(error, KafkaError)
+                    and error.retriable()
+                    and not error.txn_requires_abort()
+                    and not error.fatal()
+                ):
+                    raise
+                if self._clock.monotonic() >= deadline or attempt + 1 == COMMIT_ATTEMPTS:
+                    raise ForwarderFatalError(
+                        f"{self.level.topic}: commit_transaction kept failing "
+                        f"({error.str()}); its outcome is unknown"
+                    ) from exc
+                log.info("%s: commit_transaction: %s; retrying", self.level.topic, error.str())
 
     def _send_offsets(self, offsets: dict[int, int]) -> None:
         metadata = self.group_metadata
@@ -663,7 +778,9 @@ class LevelForwarder:
                 self._sent_through.pop(partition, None)
             else:
                 self._sent_through[partition] = committed
-            self.group.put_back(partition, records, holds.get(partition, 0))
+            incarnation = self._taken_from.get(partition)
+            self.group.put_back(partition, records, holds.get(partition, 0), incarnation)
+        self._taken_from = {p: i for p, i in self._taken_from.items() if p in self._waiting}
         self.failures.dead_sent.clear()
         self.sender.rerouted.clear()
         self.sender.lateness = []

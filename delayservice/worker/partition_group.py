@@ -20,6 +20,7 @@ two and wakes the forwarder when a new head is due earlier than what it waits fo
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 from collections import deque
@@ -61,6 +62,10 @@ class PartitionGroup:
         """partition -> epoch ms before which it gives nothing (a forward being retried)."""
         self._heap: list[tuple[int, int]] = []  # (due ms, partition), one per non-empty queue
         self._in_heap: set[int] = set()
+        self.incarnations: dict[int, int] = {}
+        """partition -> which assignment its queue belongs to: a new number each time the
+        queue is made, so records taken under an earlier assignment never return to it."""
+        self._incarnation = itertools.count(1)
         self.total_buffered = 0
         self.total_bytes = 0
         self.peak_partition_buffered = 0
@@ -69,6 +74,8 @@ class PartitionGroup:
     # -- consumer side -------------------------------------------------------------
     def assign(self, partition: int) -> None:
         with self._cond:
+            if partition not in self.queues:
+                self.incarnations[partition] = next(self._incarnation)
             self.queues.setdefault(partition, deque())
             self.counts.setdefault(partition, 0)
             self.bytes.setdefault(partition, 0)
@@ -121,6 +128,7 @@ class PartitionGroup:
         with self._cond:
             for partition in partitions:
                 self.queues.pop(partition, None)
+                self.incarnations.pop(partition, None)
                 self.overrides.pop(partition, None)
                 self.not_before.pop(partition, None)
                 self.latest_due.pop(partition, None)
@@ -225,13 +233,27 @@ class PartitionGroup:
                     self._in_heap.discard(partition)
         return out
 
-    def put_back(self, partition: int, records: list[Message], not_before_ms: int = 0) -> None:
+    def incarnation(self, partition: int) -> int | None:
+        """Which assignment the partition's queue belongs to (None: not assigned)."""
+        return self.incarnations.get(partition)
+
+    def put_back(
+        self,
+        partition: int,
+        records: list[Message],
+        not_before_ms: int = 0,
+        incarnation: int | None = None,
+    ) -> None:
         """Return taken `records` to the front of their queue (a transaction was aborted),
-        optionally holding the partition until `not_before_ms` (a retry's backoff)."""
+        optionally holding the partition until `not_before_ms` (a retry's backoff).
+        Records taken under another assignment (`incarnation`) are refused: the partition
+        was revoked and came back, and is read again from its last commit."""
         with self._cond:
             queue = self.queues.get(partition)
             if queue is None:
                 return  # revoked meanwhile: its new owner re-reads from the last commit
+            if incarnation is not None and self.incarnations.get(partition) != incarnation:
+                return  # revoked and assigned again since they were taken: stale
             queue.extendleft(reversed(records))
             size = sum(map(record_bytes, records))
             self.counts[partition] += len(records)

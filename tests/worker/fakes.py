@@ -28,6 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import (
+    OFFSET_BEGINNING,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     KafkaError,
@@ -164,7 +165,7 @@ class FakeConsumer:
         self.positions: dict[int, int] = {}
         self.assigned: set[int] = set()
         self.paused: set[int] = set()  # kept across re-assignment, like librdkafka
-        self.committed: dict[int, int] = {}  # what the "broker" accepted
+        self.committed_offsets: dict[int, int] = {}  # what the "broker" accepted
         self.commits: list[tuple[bool, list[tuple[int, int]]]] = []  # (async?, offsets)
         self.seeks: list[tuple[int, int]] = []
         self.pauses: list[list[int]] = []
@@ -175,6 +176,9 @@ class FakeConsumer:
         self.closed = False
         self.blocking = True  # False: consume() ignores its timeout (tests on one thread)
         self.consume_calls = 0
+        self.generation: dict[int, int] = {}  # partition -> its current assignment's number
+        self.read_in: dict[tuple[int, int], int] = {}  # (partition, offset) -> read under
+        self._generations = 0
         self._events: deque[tuple[str, list[int]]] = deque()
         self._reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
         self._cond = threading.Condition()
@@ -237,7 +241,8 @@ class FakeConsumer:
         with self._cond:
             assert partition.partition in self.assigned, "seek on an unassigned partition"
             self.seeks.append((partition.partition, partition.offset))
-            self.positions[partition.partition] = partition.offset
+            offset = 0 if partition.offset == OFFSET_BEGINNING else partition.offset
+            self.positions[partition.partition] = offset
 
     def commit(
         self, *, offsets: list[TopicPartition], asynchronous: bool = True
@@ -250,13 +255,26 @@ class FakeConsumer:
             if error is None:
                 for tp in results:
                     if tp.error is None:
-                        self.committed[tp.partition] = tp.offset
+                        self.committed_offsets[tp.partition] = tp.offset
             if asynchronous:
                 self._reports.append((error, results))  # served by the next consume()
                 return None
         if error is not None:
             raise KafkaException(error)
         return results
+
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float = -1
+    ) -> list[TopicPartition]:
+        """What the "broker" holds for the group: consumer commits and, in exactly-once,
+        the offsets of committed transactions (`FakeProducer.owner`)."""
+        with self._cond:
+            return [
+                TopicPartition(
+                    self.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001)
+                )
+                for tp in partitions
+            ]
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         with self._cond:
@@ -306,7 +324,9 @@ class FakeConsumer:
                 if kind == "assign":
                     for p in partitions:
                         self.assigned.add(p)
-                        self.positions[p] = self.committed.get(p, 0)
+                        self.positions[p] = self.committed_offsets.get(p, 0)
+                        self._generations += 1
+                        self.generation[p] = self._generations
             callback = self.rebalance.get(kind)
             tps = [TopicPartition(self.topic, p) for p in partitions]
             if callback is not None:
@@ -314,6 +334,8 @@ class FakeConsumer:
             if kind in ("revoke", "lost"):
                 with self._cond:
                     self.assigned.difference_update(partitions)
+                    for p in partitions:
+                        self.generation.pop(p, None)
 
     def _take(self, limit: int) -> list[Message]:
         out: list[Message] = []
@@ -324,6 +346,7 @@ class FakeConsumer:
                 log = self.logs.get(p, [])
                 while self.positions.get(p, 0) < len(log) and len(out) < limit:
                     out.append(log[self.positions[p]])
+                    self.read_in[(p, self.positions[p])] = self.generation.get(p, 0)
                     self.positions[p] += 1
         return out
 
@@ -373,6 +396,18 @@ def _check_headers(headers: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def _source_of(sent: Sent) -> tuple[int, int] | None:
+    """The level record a forward or dead letter came from: its `dlq-origin-*` headers,
+    or the default id `id-P-O` that `message` gives."""
+    origin = sent.header("dlq-origin-partition"), sent.header("dlq-origin-offset")
+    if origin[0] is not None and origin[1] is not None:
+        return int(origin[0]), int(origin[1])
+    parts = (sent.delay_id or "").split("-")
+    if len(parts) == 3 and parts[0] == "id" and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]), int(parts[2])
+    return None
+
+
 class FakeProducer:
     """Delivery reports wait in a queue until poll/flush (or `deliver`) serves them.
 
@@ -397,6 +432,11 @@ class FakeProducer:
         self.aborted: list[Sent] = []
         self.txn_offsets: list[tuple[int, int]] = []
         self.commit_txn_raises: KafkaException | None = None
+        self.commit_timeouts = 0
+        """commit_transaction calls that time out (retriable) while the commit goes on in
+        the background, as librdkafka's do: an abort then is refused (`_CONFLICT`), and
+        `purge` (the producer given up) leaves the commit to complete."""
+        self._commit_in_flight = False
         self.send_offsets_raises: KafkaException | None = None
         self.flush_leaves: int = 0  # reports a flush leaves unserved (a flush timeout)
         self.topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
@@ -411,6 +451,10 @@ class FakeProducer:
         self.inferred: Callable[[Sent], bool] = lambda _sent: False
         self.hold_reports = False
         self.metadata_error: KafkaException | None = None
+        self.owner: FakeConsumer | None = None
+        """The level's consumer: a committed transaction's offsets reach its group, and
+        every commit is checked against what it owns (`violations`)."""
+        self.violations: list[str] = []
         self._pending: deque[Sent] = deque()
         self._cond = threading.Condition()
 
@@ -468,6 +512,12 @@ class FakeProducer:
     def commit_transaction(self, timeout: float = -1) -> None:
         assert self.txn_open
         self.flush()
+        if self.commit_timeouts > 0:
+            self.commit_timeouts -= 1
+            self._commit_in_flight = True
+            raise KafkaException(
+                KafkaError(KafkaError._TIMED_OUT, "commit timed out", retriable=True)
+            )
         if self.commit_txn_raises is not None:
             raise self.commit_txn_raises
         failed = [s for s in self.txn_sent if s.result is not None]
@@ -475,11 +525,48 @@ class FakeProducer:
             raise KafkaException(
                 KafkaError(KafkaError._INCONSISTENT, "a delivery failed", txn_requires_abort=True)
             )
+        self._check_ownership()
         self.committed_txns.append((self.txn_sent, self.txn_offsets))
+        if self.owner is not None:
+            with self.owner._cond:
+                self.owner.committed_offsets.update(dict(self.txn_offsets))
         self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
+        self._commit_in_flight = False
+
+    def purge(self) -> None:
+        """Given up: a commit already under way still completes (the coordinator has it)."""
+        if self._commit_in_flight and self.txn_open:
+            self.commit_timeouts, self.commit_txn_raises = 0, None
+            self.commit_transaction()
+
+    def _check_ownership(self) -> None:
+        """The rule of exactly-once across rebalances: a transaction holds records and
+        offsets of a partition only if they were read during its current assignment."""
+        owner = self.owner
+        if owner is None:
+            return
+        for partition, offset in self.txn_offsets:
+            if partition not in owner.assigned:
+                self.violations.append(f"offset {offset} of unowned partition {partition}")
+        for sent in self.txn_sent:
+            source = _source_of(sent)
+            if source is None:
+                continue
+            partition, offset = source
+            current = owner.generation.get(partition)
+            if current is None:
+                self.violations.append(f"record {partition}@{offset} of an unowned partition")
+            elif owner.read_in.get(source) != current:
+                self.violations.append(
+                    f"record {partition}@{offset} read under an earlier assignment"
+                )
 
     def abort_transaction(self, timeout: float = -1) -> None:
         assert self.txn_open
+        if self._commit_in_flight:
+            raise KafkaException(
+                KafkaError(KafkaError._CONFLICT, "a commit is in progress: cannot abort")
+            )
         with self._cond:
             self._pending.clear()
         self.aborted.extend(self.txn_sent)
@@ -650,6 +737,11 @@ class LevelRig(_Fakes):
 LEVELS = LevelSet([PREVIOUS_DELAY_MS, LEVEL.delay_ms, 20_000, MAX_DELAY_MS], "delay_topic_")
 
 
+PRODUCERS: list[FakeProducer] = []
+"""Every level rig's producer, for the check that no test committed what it did not own
+(`tests/worker/conftest.py`)."""
+
+
 def make_level_rig(
     *,
     clock: FakeClock | None = None,
@@ -681,6 +773,8 @@ def make_level_rig(
     if precise_topic is not None:
         all_topics.setdefault(precise_topic, 3)
     producer = FakeProducer(all_topics, clock, config)
+    producer.owner = consumer
+    PRODUCERS.append(producer)
     group = PartitionGroup(LEVEL.delay_ms, clock.time if clock is not None else time.time)
     budget = MemoryBudget(max_bytes)
     budget.register(group)

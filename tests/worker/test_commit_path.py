@@ -15,6 +15,7 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice.worker import consumer_loop as consumer_loop_module
 from delayservice.worker import dead_letter as dead_letter_module
 from delayservice.worker import level_forwarder as level_forwarder_module
+from tests.worker import fakes
 from tests.worker.fakes import (
     DLQ,
     LEVEL,
@@ -58,7 +59,7 @@ def committed(rig: LevelRig) -> dict[int, int]:
         for _sent, offsets in rig.producer.committed_txns:
             out.update(dict(offsets))
         return out
-    return dict(rig.consumer.committed)
+    return dict(rig.consumer.committed_offsets)
 
 
 def run(rig: LevelRig, clock: FakeClock, seconds: float = 0.0, passes: int = 3) -> None:
@@ -486,7 +487,7 @@ def test_stop_mid_interval_makes_what_was_sent_durable(exactly_once):
     if exactly_once:
         assert rig.producer.committed_txns[-1][1] == [(0, 4)]
     else:
-        assert rig.consumer.committed == {0: 4}
+        assert rig.consumer.committed_offsets == {0: 4}
 
 
 def test_the_precise_topic_copy_and_the_level_copy_keep_the_user_headers(clock):
@@ -539,6 +540,8 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
 
     rig = rig_for(clock, exactly_once)
     second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+    second.owner = rig.consumer
+    fakes.PRODUCERS.append(second)
     rig.forwarder._make_producer = lambda: second
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 2)
@@ -559,7 +562,7 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
         assert len(seen) == 4  # no duplicate for read_committed
         assert second.committed_txns[-1][1] == [(0, 4)]
     else:
-        assert rig.consumer.committed == {0: 4}
+        assert rig.consumer.committed_offsets == {0: 4}
 
 
 def test_a_revoke_while_the_group_metadata_is_unavailable_still_hands_the_partition_over(

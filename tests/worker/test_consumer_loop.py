@@ -147,7 +147,7 @@ def test_records_are_held_to_their_due_time_and_committed_only_once_flushed(rig,
     assert rig.loop.confirmed == {0: 2, 1: 1}
     assert rig.metric("delayservice_commits_total") >= 1
     assert rig.metric("delayservice_forwarded_total") == 3
-    assert rig.consumer.committed == {0: 2, 1: 1}
+    assert rig.consumer.committed_offsets == {0: 2, 1: 1}
 
 
 def test_a_record_is_never_sent_before_its_due_time_whatever_its_neighbours(rig, clock):
@@ -258,7 +258,7 @@ def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_drai
     step(rig)
     assert [i for i in forwarded(rig) if i.startswith("id-0-")] == [f"id-0-{o}" for o in range(6)]
     step(rig)
-    assert rig.consumer.committed == {0: 6, 1: 1}
+    assert rig.consumer.committed_offsets == {0: 6, 1: 1}
 
 
 def test_a_backlog_of_due_records_is_not_paused_reading_waits_for_the_forwarder(clock):
@@ -350,7 +350,7 @@ def test_a_failed_commit_on_revoke_is_counted_and_survived(rig, failure):
     rig.consumer.queue_rebalance("revoke", 0)
     step(rig)
     assert sync_commits(rig) == [[(0, 2)]]
-    assert rig.consumer.committed == {}
+    assert rig.consumer.committed_offsets == {}
     assert rig.loop.owned() == [1]
     assert rig.metric("delayservice_commit_failures_total") == 1
     assert rig.metric("delayservice_commits_total") == 1  # the forwarder's commit point
@@ -416,7 +416,7 @@ def test_a_commit_failing_as_a_whole_counts_nothing_and_is_asked_again(rig, cloc
     step(rig)
     step(rig)
     assert rig.metric("delayservice_commit_failures_total") == 1
-    assert rig.consumer.committed == {}
+    assert rig.consumer.committed_offsets == {}
     step(rig, commit=True)
     assert async_commits(rig) == [[(0, 2), (1, 1)], [(0, 2), (1, 1)]]
 
@@ -550,13 +550,13 @@ def test_an_exception_in_a_dead_letter_produce_costs_no_other_record(rig, clock)
     # The cursed record waits (its partition from it on), never committed past unsent;
     # the other partition goes on.
     assert forwarded(rig) == ["id-0-0", "id-1-0", "id-1-1"]
-    assert rig.consumer.committed == {0: 1, 1: 2}
+    assert rig.consumer.committed_offsets == {0: 1, 1: 2}
     rig.producer.on_produce = None
     clock.advance(2.0)
     cycle(rig, 2)
     assert forwarded(rig)[-2:] == ["id-0-2", "id-0-3"]
     assert dead(rig) == {1: "invalid_envelope"}
-    assert rig.consumer.committed == {0: 4, 1: 2}
+    assert rig.consumer.committed_offsets == {0: 4, 1: 2}
 
 
 def test_consume_errors_are_reported_and_survived(rig):
@@ -605,7 +605,9 @@ def test_the_threads_forward_on_time_commit_and_stop_cleanly(exactly_once):
         if exactly_once:
             wait_for(lambda: len(forwarded(rig)) == 10, "every record committed")
         else:
-            wait_for(lambda: rig.consumer.committed == {0: 5, 1: 5}, "every offset committed")
+            wait_for(
+                lambda: rig.consumer.committed_offsets == {0: 5, 1: 5}, "every offset committed"
+            )
         rig.consumer.queue_rebalance("revoke", 1)
         wait_for(lambda: rig.loop.owned() == [0], "the revoke")
     finally:
@@ -644,7 +646,7 @@ def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent():
     assert rig.producer.sent == []
     assert rig.consumer.closed
     assert all(offset == 0 for _a, offsets in rig.consumer.commits for _p, offset in offsets)
-    assert rig.consumer.committed.get(0, 0) == 0
+    assert rig.consumer.committed_offsets.get(0, 0) == 0
 
 
 # -- a consumer that hit a fatal error -----------------------------------------------------

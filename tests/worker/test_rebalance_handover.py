@@ -1,0 +1,234 @@
+"""Exactly-once across rebalances: the hand-over of a revoked or lost partition, on fakes.
+
+The rule every test here is held to (`FakeProducer._check_ownership`, checked after each
+test by `tests/worker/conftest.py`): a transaction holds records and offsets of a
+partition only if they were read during its current assignment. Each test drives one
+path by which the forwarder used to break it:
+
+1. a fatal error during the hand-over skipped forgetting the partition, and the records
+   put back by the producer's replacement could go out before the consumer dropped them;
+2. the hand-over gave up after a wait, and the revoke callback returned with the
+   request still queued, to be committed later;
+3. records taken under one assignment could be put back into the queue of the next;
+4. a commit that timed out was aborted, which librdkafka refuses while the commit goes
+   on, and the interval was sent again;
+5. an unexpected exception in the hand-over dropped the partition without ending the
+   open transaction, whose records then committed without their offsets.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
+
+from delayservice.worker import consumer_loop as consumer_loop_module
+from delayservice.worker import dead_letter as dead_letter_module
+from delayservice.worker import level_forwarder as level_forwarder_module
+from delayservice.worker.partition_group import PartitionGroup
+from tests.worker import fakes
+from tests.worker.fakes import FakeClock, FakeProducer, LevelRig, make_level_rig, message
+from tests.worker.test_consumer_loop import append, forward, step, subscribed
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
+    for module in (dead_letter_module, consumer_loop_module):
+        monkeypatch.setattr(module, "time", clock)
+    return clock
+
+
+def exactly_once_rig(clock: FakeClock) -> tuple[LevelRig, FakeProducer]:
+    """A rig whose failed producer is replaced by a second one, checked the same way."""
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+    second.owner = rig.consumer
+    fakes.PRODUCERS.append(second)
+    rig.forwarder._make_producer = lambda: second
+    return rig, second
+
+
+def run(rig: LevelRig, passes: int = 3) -> None:
+    for _ in range(passes):
+        step(rig)
+        forward(rig, commit=True)
+        step(rig)
+
+
+def seen(*producers: FakeProducer) -> list[str]:
+    """What a read_committed reader of the target sees, through every producer."""
+    return [s.delay_id or "" for p in producers for s in p.visible(fakes.TARGET)]
+
+
+def violations(*producers: FakeProducer) -> list[str]:
+    return [v for p in producers for v in p.violations]
+
+
+def with_the_forwarder_running_first(rig: LevelRig) -> None:
+    """The forwarder thread gets the GIL between the end of a hand-over and the consumer
+    thread's own clean-up: one forwarder pass runs right after `handover` returns."""
+    original = rig.forwarder.handover
+
+    def handover(partitions: set[int], *, commit: bool) -> dict[int, int] | None:
+        result = original(partitions, commit=commit)
+        rig.forwarder.step(commit=True)
+        return result
+
+    rig.forwarder.handover = handover  # type: ignore[method-assign]
+
+
+def test_1_a_fatal_error_during_the_hand_over_still_forgets_the_partition(clock):
+    rig, second = exactly_once_rig(clock)
+    with_the_forwarder_running_first(rig)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 3)
+    append(rig, 1, 2)
+    step(rig)
+    forward(rig)  # sent, inside the open transaction
+    rig.producer.commit_txn_raises = KafkaException(
+        KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+    )
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert rig.forwarder._producer is second
+    run(rig)
+    assert violations(rig.producer, second) == []
+    assert not any(i.startswith("id-0-") for i in seen(rig.producer, second))
+    assert sorted(seen(rig.producer, second)) == ["id-1-0", "id-1-1"]
+    assert rig.fatal == []
+
+
+def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, monkeypatch):
+    """A forwarder thread busy elsewhere: the revoke callback does not return before
+    the forwarder has served it, and what it then commits is still owned."""
+    monkeypatch.setattr(level_forwarder_module, "HANDOVER_WAIT_S", 0.1)
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    busy = threading.Event()
+    rig.forwarder._thread = threading.Thread(target=busy.wait, daemon=True)
+    rig.forwarder._thread.start()  # alive, not serving: a forwarder stuck in a long call
+    rig.consumer.queue_rebalance("revoke", 0)
+    consumer = threading.Thread(target=step, args=(rig,), daemon=True)
+    consumer.start()
+    consumer.join(0.6)  # six times the old give-up time
+    still_waiting = consumer.is_alive()
+    rig.forwarder._serve_requests()  # the forwarder comes back to it
+    consumer.join(5)
+    busy.set()
+    assert still_waiting, "the revoke callback returned before the hand-over"
+    assert not consumer.is_alive()
+    run(rig)
+    assert violations(rig.producer) == []
+    assert sorted(seen(rig.producer)) == ["id-0-0", "id-0-1", "id-1-0"]  # 0's went before
+
+
+def test_3_records_taken_under_an_earlier_assignment_never_return_to_the_queue():
+    group = PartitionGroup(1000, lambda: 10.0)
+    group.assign(0)
+    earlier = group.incarnation(0)
+    records = [message(0, o, 1_000, headers=None) for o in range(3)]
+    group.add(0, records, 300, 5_000)
+    ((_, taken),) = group.take(10)
+    group.drop({0})  # revoked
+    group.assign(0)  # and assigned again: read anew from the last commit
+    group.put_back(0, taken, incarnation=earlier)
+    assert group.total_buffered == 0
+    assert group.incarnation(0) != earlier
+    group.put_back(0, taken, incarnation=group.incarnation(0))  # the current one: back
+    assert group.total_buffered == 3
+
+
+def test_3_a_forwarder_never_puts_back_what_a_reassigned_partition_had(clock):
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    step(rig)
+    forward(rig)  # 0@0 and 0@1 inside the open transaction
+    taken_under = rig.forwarder._taken_from[0]
+    rig.group.drop({0})  # as if revoked and assigned again behind the forwarder's back
+    rig.group.assign(0)
+    rig.forwarder._abort()
+    rig.forwarder._requeue({})
+    assert rig.group.incarnation(0) != taken_under
+    assert rig.group.total_buffered == 0
+
+
+def test_4_a_commit_that_times_out_is_retried_as_a_commit_never_aborted(clock):
+    rig, second = exactly_once_rig(clock)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    step(rig)
+    rig.producer.commit_timeouts = 3  # goes through on the fourth call
+    forward(rig, commit=True)
+    run(rig)
+    assert rig.forwarder._producer is rig.producer  # not replaced
+    assert rig.producer.aborted == []
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
+    assert rig.producer.committed_txns[-1][1] == [(0, 3)]
+
+
+def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
+    """It kept timing out while it went through in the background: the new producer
+    fences it, nothing is sent again from memory, and the re-read starts after it."""
+    rig, second = exactly_once_rig(clock)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    step(rig)
+    rig.producer.commit_timeouts = level_forwarder_module.COMMIT_ATTEMPTS
+    forward(rig, commit=True)
+    assert rig.forwarder._producer is second
+    assert rig.forwarder.reseek_wanted()
+    append(rig, 0, 1)
+    run(rig)
+    assert not rig.forwarder.reseek_wanted()
+    assert (0, 3) in rig.consumer.seeks  # read again from the committed offset
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2", "id-0-3"]
+    assert violations(rig.producer, second) == []
+
+
+def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock):
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    original = rig.forwarder._commit_point
+    calls = []
+
+    def commit_point() -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the commit point")
+        return original()
+
+    rig.forwarder._commit_point = commit_point  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)
+    assert rig.loop.owned() == [1]
+    run(rig)
+    assert violations(rig.producer) == []
+    assert seen(rig.producer) == ["id-1-0"]
+
+
+def test_a_group_error_at_commit_reads_again_instead_of_sending_from_memory(clock):
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    step(rig)
+    rig.producer.send_offsets_raises = KafkaException(
+        KafkaError(KafkaError.ILLEGAL_GENERATION, "generation", txn_requires_abort=True)
+    )
+    forward(rig, commit=True)
+    assert rig.forwarder.reseek_wanted()
+    rig.producer.send_offsets_raises = None
+    run(rig)
+    assert (0, OFFSET_BEGINNING) in rig.consumer.seeks  # nothing committed yet
+    assert seen(rig.producer) == ["id-0-0", "id-0-1"]
+    assert violations(rig.producer) == []
