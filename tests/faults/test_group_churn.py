@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import itertools
 import random
+import signal
+import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -82,3 +85,66 @@ def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
     if guarantee == "exactly-once":
         assert report.duplicates == 0, report.problems()
     assert sigterm_exits == [0] * ROUNDS, f"SIGTERM exit codes {sigterm_exits} (None: overran)"
+
+
+SLOW_SCENARIO = "5b. slowed revokes, 2 members"
+SLOW_ROUNDS = 2
+
+
+class Starver:
+    """Runs a member one fifth of the time (SIGSTOP 0.4 s, SIGCONT 0.1 s) until stopped:
+    a member so starved of CPU that each revoke it hands over takes several times as
+    long, while its heartbeats still get through."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Starver:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._process.send_signal(signal.SIGSTOP)
+            self._stop.wait(0.4)
+            self._process.send_signal(signal.SIGCONT)
+            self._stop.wait(0.1)
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._process.send_signal(signal.SIGCONT)
+
+
+def test_revokes_slowed_on_purpose_commit_nothing_twice(fault_run, kafka_bootstrap, fault_summary):
+    """A member starved of CPU through each rebalance: its revoke hand-overs take
+    seconds, and under exactly-once a read_committed reader must still see every record
+    once, none early."""
+    run = fault_run(kafka_bootstrap, guarantee="exactly-once")
+    run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = "10"
+    target = run.target("slowrevoke", partitions=6)
+    names = (f"s{i}-{run.testbed.tag}" for i in itertools.count())
+    slow = run.fleet.spawn(next(names))
+    run.wait_ready(slow)
+    run.traffic([target], rate=80, seed=SEED + 1)
+    exits = []
+    for _ in range(SLOW_ROUNDS):
+        time.sleep(2)
+        with Starver(slow.process):
+            joiner = run.fleet.spawn(next(names))  # the slow member revokes half its share
+            run.wait_ready(joiner, timeout=90)
+            time.sleep(2)
+        joiner.send_sigterm()  # and takes it back
+        exits.append(joiner.wait_sigterm(30))
+        run.assert_alive()
+    time.sleep(4)
+    report = run.drain(SLOW_SCENARIO + " (exactly-once)", timeout=60)
+    report.notes.append(f"member run 1/5 of the time through each rebalance; exits {exits}")
+    fault_summary(report)
+    run.assert_alive()
+    assert not report.lost, report.problems()
+    assert not report.early, report.problems()
+    assert report.duplicates == 0, report.problems()
+    assert exits == [0] * SLOW_ROUNDS
