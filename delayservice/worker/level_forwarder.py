@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
@@ -58,6 +58,7 @@ from delayservice.worker.sender import (
     SendLaterError,
     producer_failed,
 )
+from delayservice.worker.transaction import Transaction
 
 __all__ = ["ForwarderFatalError", "LevelForwarder", "Routes", "commit_floor"]
 
@@ -66,25 +67,10 @@ log = logging.getLogger(__name__)
 UNCONFIRMED: Final = "unconfirmed_ack"
 TAKE: Final = 5_000
 """Records taken per pass: a burst goes out while the rest still waits in the buffer."""
-TXN_TIMEOUT_S: Final = 10.0
-SEND_OFFSETS_TIMEOUT_S: Final = 2.5
-"""Normally milliseconds. After a broker restart the call could hang past any timeout
-(librdkafka #5456), and every level sat out the whole guard (15 s at the transaction
-timeout) before its producer was replaced: exactly-once records were 26-28 s late at
-p99 in the broker-restart scenario against 9.6 s at-least-once. A call that merely runs
-out of time raises a retriable error, and the interval goes again."""
-GUARD_SLACK_S: Final = 5.0
 HANDOVER_WAIT_S: Final = 20.0
 """How often a consumer thread still waiting for a hand-over says so. It never gives up
 while the forwarder lives: returning with the outcome open would let the forwarder
 commit records of a partition after its new owner has read the offsets."""
-COMMIT_RETRY_S: Final = 30.0
-"""How long a commit that keeps failing with a retriable error is retried as a commit.
-It may have gone through: an abort would be refused (`_CONFLICT`) and a resend could
-duplicate. Past this, its outcome is unknown and the producer is fenced instead."""
-RESEEK_POLL_S: Final = 0.05
-COMMIT_ATTEMPTS: Final = 20
-COMMIT_RETRY_PAUSE_S: Final = 0.05
 GROUP_ERRORS: Final = frozenset(
     {
         KafkaError.ILLEGAL_GENERATION,
@@ -95,6 +81,7 @@ GROUP_ERRORS: Final = frozenset(
 )
 """The group moved on under the transaction: what it held may no longer be this
 member's to send, so nothing of it is sent again from memory (see `_reset`)."""
+RESEEK_POLL_S: Final = 0.05
 REBUILDS: Final = 5
 REBUILD_WINDOW_S: Final = 300.0
 
@@ -198,16 +185,13 @@ class LevelForwarder:
         self._reseek = threading.Event()
         """Set while the consumer thread is to drop this level's queues and seek back to
         the committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
-        self._in_txn = False
-        self._txn_ready = False
+        self._txn = Transaction(level.topic, producer, self._stopping, clock)
         self._last_commit = clock.monotonic()
         self._throttle = Throttle()
         # Shared with the consumer thread.
         self._lock = threading.Lock()
         self._durable: dict[int, int] = {}
         self._requests: list[_Request] = []
-        self.group_metadata: Any = None
-        """The consumer's group metadata, handed over by the consumer thread (exactly-once)."""
         self._thread = threading.Thread(
             target=self._main, name=f"forwarder-{level.topic}", daemon=True
         )
@@ -229,6 +213,15 @@ class LevelForwarder:
         return self._thread.is_alive()
 
     # -- the consumer thread's side --------------------------------------------------
+    @property
+    def group_metadata(self) -> Any:
+        """The consumer's group metadata, handed over by the consumer thread (exactly-once)."""
+        return self._txn.group_metadata
+
+    @group_metadata.setter
+    def group_metadata(self, metadata: Any) -> None:
+        self._txn.group_metadata = metadata
+
     def take_durable(self) -> dict[int, int]:
         """Offsets made durable since the last call (at-least-once), for the consumer
         thread to commit."""
@@ -280,7 +273,7 @@ class LevelForwarder:
     def _main(self) -> None:
         if self.transactional:
             try:
-                self._init_transactions()
+                self._txn.init()
             except SendLaterError as exc:  # tried again before the first send
                 log.info("%s: %s; trying again before the first send", self.level.topic, exc)
             except ForwarderFatalError as exc:
@@ -409,8 +402,8 @@ class LevelForwarder:
     def _end_transaction(self) -> None:
         """Abort the open transaction (its records go again from the queues); raises
         `ForwarderFatalError` when even that fails (the producer is then fenced)."""
-        if self.transactional and self._in_txn:
-            self._abort()
+        if self.transactional and self._txn.open:
+            self._txn.abort()
             self._requeue({})
 
     def _drop_from_interval(self, partitions: set[int]) -> None:
@@ -442,7 +435,6 @@ class LevelForwarder:
         log.error("%s: %s; replacing the producer", self.level.topic, failure)
         self.sender.reports.clear()
         self._unconfirmed.take()  # the interval goes again anyway
-        self._in_txn = False
         if self.transactional:
             self._reset()  # its transaction's outcome is unknown: nothing from memory
         else:
@@ -454,10 +446,10 @@ class LevelForwarder:
             log.warning("%s: purging the failed producer: %s", self.level.topic, exc)
         self._producer = self._make_producer()
         self.sender.replace_producer(self._producer)
-        self._txn_ready = False
+        self._txn.replace(self._producer)
         if self.transactional:
             try:  # fence now: the old transaction ends (committed or aborted) at once
-                self._init_transactions()
+                self._txn.init()
             except SendLaterError as exc:
                 log.warning("%s: %s; fencing at the next send", self.level.topic, exc)
 
@@ -478,17 +470,17 @@ class LevelForwarder:
     def _abandon(self, partitions: set[int]) -> None:
         """Lost partitions: nothing of theirs may commit. In exactly-once the open
         transaction holds their records, so it is aborted and the others go again."""
-        if self.transactional and self._in_txn:
-            self._abort()
+        if self.transactional and self._txn.open:
+            self._txn.abort()
             self._requeue({})
         else:
             self._runs = [(p, r) for p, r in self._runs if p not in partitions]
 
     # -- sending -------------------------------------------------------------------
     def _send_runs(self, runs: Runs) -> None:
-        if self.transactional and not self._in_txn:
+        if self.transactional and not self._txn.open:
             try:
-                self._begin()
+                self._txn.begin()
             except BaseException:
                 for partition, records in runs:  # taken, never sent: back where they were
                     self.group.put_back(partition, records)
@@ -517,36 +509,11 @@ class LevelForwarder:
         return int(self._clock.time() * 1000) + self.failures.backoff_ms(1)
 
     # -- commit points -------------------------------------------------------------
-    def _begin(self) -> None:
-        self._init_transactions()
-        self._producer.begin_transaction()
-        self._in_txn = True
-
-    def _init_transactions(self) -> None:
-        """Once per producer. Run at start too, not only before the first send: until
-        it fences a killed predecessor, that one's open transaction holds its pending
-        offset commit, and the consumer's offset fetch (require-stable under
-        read_committed) waits on it, so no record would come to send."""
-        if not self._txn_ready:
-            producer = self._producer
-            try:
-                self._guarded(
-                    "init_transactions",
-                    lambda: producer.init_transactions(TXN_TIMEOUT_S),
-                    TXN_TIMEOUT_S,
-                )
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.fatal():
-                    raise producer_failed(error, f"{self.level.topic}: init_transactions") from exc
-                raise SendLaterError(f"init_transactions: {exc}") from exc
-            self._txn_ready = True
-
     def _commit_point(self) -> bool:
         """Make the interval durable and move the committable offsets; False when it
         could not (it is tried again, or sent again, from the same offsets)."""
         self._last_commit = self._clock.monotonic()
-        if not self._runs and not self._in_txn:
+        if not self._runs and not self._txn.open:
             return True
         remaining = self._producer.flush(self._flush_timeout)
         if remaining:
@@ -558,7 +525,7 @@ class LevelForwarder:
                 self._flush_timeout,
             )
             if self.transactional:
-                self._abort()
+                self._txn.abort()
                 self._requeue({})
             return False
         self._producer.poll(0)  # log lines queued behind the last report
@@ -567,7 +534,7 @@ class LevelForwarder:
         if self.sender.reports:
             again, backoff_ms = self._place_reports()
             if self.transactional:
-                self._abort()
+                self._txn.abort()
                 self._requeue(self._holds(again, backoff_ms))
                 return False
             self._set_aside(again, backoff_ms)
@@ -602,7 +569,7 @@ class LevelForwarder:
             )
         self.sender.reports.clear()
         if self.transactional:
-            self._abort()
+            self._txn.abort()
         self._requeue({})
         return True
 
@@ -640,10 +607,7 @@ class LevelForwarder:
 
     def _commit_transaction(self, offsets: dict[int, int]) -> bool:
         try:
-            if offsets:
-                self._send_offsets(offsets)
-            self._commit_retrying()
-            self._in_txn = False
+            self._txn.commit(offsets)
             return True
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
@@ -657,93 +621,12 @@ class LevelForwarder:
                 error.str() if isinstance(error, KafkaError) else exc,
                 "reading again from the committed offsets" if group_moved else "sending it again",
             )
-            self._abort()
+            self._txn.abort()
             if group_moved:
                 self._reset()
             else:
                 self._requeue({})
             return False
-
-    def _commit_retrying(self) -> None:
-        """`commit_transaction`, retried as a commit while it fails with a retriable
-        error: such a commit may be going on in the background, librdkafka refuses an
-        abort then (`_CONFLICT`), and sending the interval again could duplicate it.
-        When it keeps failing, its outcome is unknown: the producer is fenced."""
-        producer = self._producer
-        deadline = self._clock.monotonic() + COMMIT_RETRY_S
-        for attempt in range(COMMIT_ATTEMPTS):
-            if attempt:
-                self._stopping.wait(COMMIT_RETRY_PAUSE_S)
-            try:
-                producer.commit_transaction(TXN_TIMEOUT_S)
-                return
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not (
-                    isinstance(error, KafkaError)
-                    and error.retriable()
-                    and not error.txn_requires_abort()
-                    and not error.fatal()
-                ):
-                    raise
-                if self._clock.monotonic() >= deadline or attempt + 1 == COMMIT_ATTEMPTS:
-                    raise ForwarderFatalError(
-                        f"{self.level.topic}: commit_transaction kept failing "
-                        f"({error.str()}); its outcome is unknown"
-                    ) from exc
-                log.info("%s: commit_transaction: %s; retrying", self.level.topic, error.str())
-
-    def _send_offsets(self, offsets: dict[int, int]) -> None:
-        metadata = self.group_metadata
-        if metadata is None:
-            raise KafkaException(KafkaError(KafkaError._STATE, "no group metadata yet"))
-        tps = [TopicPartition(self.level.topic, p, o) for p, o in offsets.items()]
-        producer = self._producer
-        self._guarded(
-            "send_offsets_to_transaction",
-            lambda: producer.send_offsets_to_transaction(tps, metadata, SEND_OFFSETS_TIMEOUT_S),
-            SEND_OFFSETS_TIMEOUT_S,
-            slack=SEND_OFFSETS_TIMEOUT_S,
-        )
-
-    def _guarded(
-        self, what: str, call: Callable[[], Any], timeout: float, slack: float = GUARD_SLACK_S
-    ) -> Any:
-        """Run a transaction call that can block past its own timeout (librdkafka #5456,
-        a group coordinator that is down): a stuck one means the producer cannot be
-        trusted any more, which only a restart repairs."""
-        outcome: list[Any] = []
-
-        def run() -> None:
-            try:
-                outcome.append((True, call()))
-            except BaseException as exc:  # handed to the caller's thread
-                outcome.append((False, exc))
-
-        helper = threading.Thread(target=run, name=f"{what}-{self.level.topic}", daemon=True)
-        helper.start()
-        helper.join(timeout + slack)
-        if not outcome:
-            raise ForwarderFatalError(
-                f"{self.level.topic}: {what} did not return in {timeout + slack:.0f}s"
-            )
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
-
-    def _abort(self) -> None:
-        if not self._in_txn:
-            return
-        try:
-            self._producer.abort_transaction(TXN_TIMEOUT_S)
-        except KafkaException as exc:
-            # Whatever the transaction's state now, it is not ours to continue: a new
-            # producer's init_transactions ends it, and the interval goes again.
-            error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
-            raise producer_failed(error, f"{self.level.topic}: abort_transaction") from exc
-        finally:
-            self._in_txn = False
 
     def _place_reports(self) -> tuple[set[Key], int]:
         reports, self.sender.reports = self.sender.reports, []

@@ -1,4 +1,5 @@
-"""Every test on the fake level rig runs under the exactly-once ownership check."""
+"""What the worker tests share: a fake clock for the modules that read time, and the
+exactly-once ownership check that every test on the fake level rig runs under."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from delayservice.worker import consumer_loop as consumer_loop_module
+from delayservice.worker import dead_letter as dead_letter_module
 from tests.worker import fakes
+from tests.worker.fakes import FakeClock
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +20,11 @@ def _commits_only_what_is_owned() -> Iterator[None]:
     violations = [v for producer in fakes.PRODUCERS for v in producer.violations]
     fakes.PRODUCERS.clear()
     assert violations == [], "a transaction committed what its member did not own"
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    clock = FakeClock()
+    for module in (dead_letter_module, consumer_loop_module):
+        monkeypatch.setattr(module, "time", clock)
+    return clock

@@ -12,9 +12,8 @@ import threading
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from delayservice.worker import consumer_loop as consumer_loop_module
-from delayservice.worker import dead_letter as dead_letter_module
 from delayservice.worker import level_forwarder as level_forwarder_module
+from delayservice.worker import transaction as transaction_module
 from tests.worker import fakes
 from tests.worker.fakes import (
     DLQ,
@@ -38,14 +37,6 @@ from tests.worker.test_consumer_loop import (
 )
 
 GUARANTEES = [False, True]
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    clock = FakeClock()
-    for module in (dead_letter_module, consumer_loop_module):
-        monkeypatch.setattr(module, "time", clock)
-    return clock
 
 
 def rig_for(clock: FakeClock, exactly_once: bool, **kwargs: object) -> LevelRig:
@@ -432,8 +423,8 @@ def test_a_retriable_failure_sending_offsets_aborts_and_goes_again(clock):
 
 
 def test_a_send_offsets_call_that_hangs_past_its_timeout_is_fatal(clock, monkeypatch):
-    monkeypatch.setattr(level_forwarder_module, "SEND_OFFSETS_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(level_forwarder_module, "GUARD_SLACK_S", 0.05)
+    monkeypatch.setattr(transaction_module, "SEND_OFFSETS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(transaction_module, "GUARD_SLACK_S", 0.05)
     rig = rig_for(clock, True)
     release = threading.Event()
     rig.producer.send_offsets_to_transaction = lambda *a, **k: release.wait(5)  # type: ignore[method-assign]

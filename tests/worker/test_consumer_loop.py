@@ -15,8 +15,6 @@ import time
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
-from delayservice.worker import consumer_loop as consumer_loop_module
-from delayservice.worker import dead_letter as dead_letter_module
 from tests.worker.fakes import (
     DLQ,
     LEVEL,
@@ -35,14 +33,6 @@ from tests.worker.fakes import (
 
 INF = float("inf")
 DELAY = LEVEL.delay_ms
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    clock = FakeClock()
-    for module in (dead_letter_module, consumer_loop_module):
-        monkeypatch.setattr(module, "time", clock)
-    return clock
 
 
 def subscribed(rig: LevelRig) -> LevelRig:

@@ -20,24 +20,14 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
-from delayservice.worker import consumer_loop as consumer_loop_module
-from delayservice.worker import dead_letter as dead_letter_module
 from delayservice.worker import level_forwarder as level_forwarder_module
+from delayservice.worker import transaction as transaction_module
 from delayservice.worker.partition_group import PartitionGroup
 from tests.worker import fakes
 from tests.worker.fakes import FakeClock, FakeProducer, LevelRig, make_level_rig, message
 from tests.worker.test_consumer_loop import append, forward, step, subscribed
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    clock = FakeClock()
-    for module in (dead_letter_module, consumer_loop_module):
-        monkeypatch.setattr(module, "time", clock)
-    return clock
 
 
 def exactly_once_rig(clock: FakeClock) -> tuple[LevelRig, FakeProducer]:
@@ -64,6 +54,17 @@ def seen(*producers: FakeProducer) -> list[str]:
 
 def violations(*producers: FakeProducer) -> list[str]:
     return [v for p in producers for v in p.violations]
+
+
+def two_partitions_in_a_transaction(clock: FakeClock) -> LevelRig:
+    """Records of partitions 0 (two) and 1 (one), sent inside the open transaction."""
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    return rig
 
 
 def with_the_forwarder_running_first(rig: LevelRig) -> None:
@@ -104,12 +105,7 @@ def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, mo
     """A forwarder thread busy elsewhere: the revoke callback does not return before
     the forwarder has served it, and what it then commits is still owned."""
     monkeypatch.setattr(level_forwarder_module, "HANDOVER_WAIT_S", 0.1)
-    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
-    rig.consumer.queue_rebalance("assign", 0, 1)
-    append(rig, 0, 2)
-    append(rig, 1, 1)
-    step(rig)
-    forward(rig)
+    rig = two_partitions_in_a_transaction(clock)
     busy = threading.Event()
     rig.forwarder._thread = threading.Thread(target=busy.wait, daemon=True)
     rig.forwarder._thread.start()  # alive, not serving: a forwarder stuck in a long call
@@ -153,7 +149,7 @@ def test_3_a_forwarder_never_puts_back_what_a_reassigned_partition_had(clock):
     taken_under = rig.forwarder._taken_from[0]
     rig.group.drop({0})  # as if revoked and assigned again behind the forwarder's back
     rig.group.assign(0)
-    rig.forwarder._abort()
+    rig.forwarder._txn.abort()
     rig.forwarder._requeue({})
     assert rig.group.incarnation(0) != taken_under
     assert rig.group.total_buffered == 0
@@ -180,7 +176,7 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 3)
     step(rig)
-    rig.producer.commit_timeouts = level_forwarder_module.COMMIT_ATTEMPTS
+    rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
     forward(rig, commit=True)
     assert rig.forwarder._producer is second
     assert rig.forwarder.reseek_wanted()
@@ -193,12 +189,7 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
 
 
 def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock):
-    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
-    rig.consumer.queue_rebalance("assign", 0, 1)
-    append(rig, 0, 2)
-    append(rig, 1, 1)
-    step(rig)
-    forward(rig)
+    rig = two_partitions_in_a_transaction(clock)
     original = rig.forwarder._commit_point
     calls = []
 

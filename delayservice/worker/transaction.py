@@ -1,0 +1,176 @@
+"""One level's transactional producer, driven the way Kafka Streams' `StreamsProducer`
+drives its own: init once per producer, begin, send the offsets with the group's
+metadata, commit, abort, replace.
+
+The forwarder decides what a failure means for the records (`LevelForwarder`); this
+module keeps the calls honest about what librdkafka does:
+
+- `init_transactions` is run at start and right after a producer is replaced: it fences
+  the predecessor, whose open transaction would otherwise hold its offset commit and
+  make a read_committed offset fetch wait.
+- `send_offsets_to_transaction` can block past its own timeout while a group
+  coordinator is down (librdkafka #5456); init and send-offsets run guarded, and a
+  stuck call means the producer cannot be trusted any more.
+- A `commit_transaction` that fails with a retriable error is retried as a commit: the
+  commit may be going on in the background, an abort would be refused (`_CONFLICT`),
+  and sending the interval again could duplicate it. When it keeps failing, its
+  outcome is unknown, and the caller fences the producer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from delayservice.worker.sender import ForwarderFatalError, SendLaterError, producer_failed
+
+log = logging.getLogger(__name__)
+
+TXN_TIMEOUT_S: Final = 10.0
+SEND_OFFSETS_TIMEOUT_S: Final = 2.5
+"""Normally milliseconds. After a broker restart the call could hang past any timeout
+(librdkafka #5456), and every level sat out the whole guard (15 s at the transaction
+timeout) before its producer was replaced: exactly-once records were 26-28 s late at
+p99 in the broker-restart scenario against 9.6 s at-least-once. A call that merely runs
+out of time raises a retriable error, and the interval goes again."""
+GUARD_SLACK_S: Final = 5.0
+COMMIT_RETRY_S: Final = 30.0
+"""How long a commit that keeps failing with a retriable error is retried as a commit.
+Past this (or `COMMIT_ATTEMPTS`), its outcome is unknown and the producer is fenced."""
+COMMIT_ATTEMPTS: Final = 20
+COMMIT_RETRY_PAUSE_S: Final = 0.05
+
+
+class Transaction:
+    """Owned by the forwarder thread, like the producer it drives."""
+
+    def __init__(self, topic: str, producer: Any, stopping: threading.Event, clock: Any) -> None:
+        self.topic = topic
+        self.producer = producer
+        self.open = False
+        self.group_metadata: Any = None
+        """The consumer's group metadata, handed over by the consumer thread."""
+        self._ready = False
+        self._stopping = stopping
+        self._clock = clock
+
+    def replace(self, producer: Any) -> None:
+        """A new producer takes over; its `init` fences the old one's transaction."""
+        self.producer = producer
+        self.open = False
+        self._ready = False
+
+    def init(self) -> None:
+        """Once per producer. Raises `SendLaterError` while the coordinator is not there
+        yet, `ForwarderFatalError` when the producer cannot go on."""
+        if self._ready:
+            return
+        producer = self.producer
+        try:
+            self._guarded(
+                "init_transactions",
+                lambda: producer.init_transactions(TXN_TIMEOUT_S),
+                TXN_TIMEOUT_S,
+            )
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.fatal():
+                raise producer_failed(error, f"{self.topic}: init_transactions") from exc
+            raise SendLaterError(f"init_transactions: {exc}") from exc
+        self._ready = True
+
+    def begin(self) -> None:
+        self.init()
+        self.producer.begin_transaction()
+        self.open = True
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        """Send `offsets` (level partition -> next offset) into the transaction and
+        commit it. Raises `KafkaException` for an abortable or group error (the caller
+        aborts) and `ForwarderFatalError` when the outcome is unknown or the producer
+        failed."""
+        if offsets:
+            self._send_offsets(offsets)
+        self._commit_retrying()
+        self.open = False
+
+    def abort(self) -> None:
+        if not self.open:
+            return
+        try:
+            self.producer.abort_transaction(TXN_TIMEOUT_S)
+        except KafkaException as exc:
+            # Whatever the transaction's state now, it is not ours to continue: a new
+            # producer's init_transactions ends it, and the interval goes again.
+            error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
+            raise producer_failed(error, f"{self.topic}: abort_transaction") from exc
+        finally:
+            self.open = False
+
+    def _commit_retrying(self) -> None:
+        producer = self.producer
+        deadline = self._clock.monotonic() + COMMIT_RETRY_S
+        for attempt in range(COMMIT_ATTEMPTS):
+            if attempt:
+                self._stopping.wait(COMMIT_RETRY_PAUSE_S)
+            try:
+                producer.commit_transaction(TXN_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if not (
+                    isinstance(error, KafkaError)
+                    and error.retriable()
+                    and not error.txn_requires_abort()
+                    and not error.fatal()
+                ):
+                    raise
+                if self._clock.monotonic() >= deadline or attempt + 1 == COMMIT_ATTEMPTS:
+                    raise ForwarderFatalError(
+                        f"{self.topic}: commit_transaction kept failing "
+                        f"({error.str()}); its outcome is unknown"
+                    ) from exc
+                log.info("%s: commit_transaction: %s; retrying", self.topic, error.str())
+
+    def _send_offsets(self, offsets: dict[int, int]) -> None:
+        metadata = self.group_metadata
+        if metadata is None:
+            raise KafkaException(KafkaError(KafkaError._STATE, "no group metadata yet"))
+        tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+        producer = self.producer
+        self._guarded(
+            "send_offsets_to_transaction",
+            lambda: producer.send_offsets_to_transaction(tps, metadata, SEND_OFFSETS_TIMEOUT_S),
+            SEND_OFFSETS_TIMEOUT_S,
+            slack=SEND_OFFSETS_TIMEOUT_S,
+        )
+
+    def _guarded(
+        self, what: str, call: Callable[[], Any], timeout: float, slack: float = GUARD_SLACK_S
+    ) -> Any:
+        """Run a transaction call that can block past its own timeout (librdkafka #5456,
+        a group coordinator that is down): a stuck one means the producer cannot be
+        trusted any more, which only a restart repairs."""
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, call()))
+            except BaseException as exc:  # handed to the caller's thread
+                outcome.append((False, exc))
+
+        helper = threading.Thread(target=run, name=f"{what}-{self.topic}", daemon=True)
+        helper.start()
+        helper.join(timeout + slack)
+        if not outcome:
+            raise ForwarderFatalError(
+                f"{self.topic}: {what} did not return in {timeout + slack:.0f}s"
+            )
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
