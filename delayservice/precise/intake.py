@@ -163,6 +163,12 @@ class Intake:
         self._m_cancels = metrics.precise_cancels
         self.broker_down = False
         self.assigned = threading.Event()
+        self.caught_up = threading.Event()
+        """Every record the precise topic held when the intake started (per partition, the
+        end offset at its first assignment) is on disk or in memory: until then, records
+        due soon may still be unread, and the daemon does not say it is ready."""
+        self._catch_up: dict[int, int] = {}  # partition -> end offset to read up to
+        self.records_left = 0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._main, name="precise-intake", daemon=True)
 
@@ -209,6 +215,8 @@ class Intake:
                     self.handle(messages)
                 self._commit()
                 self.after_batch()
+                if not self.caught_up.is_set():
+                    self._check_caught_up()
                 if time.monotonic() >= next_lag:
                     next_lag = time.monotonic() + LAG_EVERY_S
                     self._m_lag.set(unread_records(self._consumer, self.topic, list(self.roles)))
@@ -271,6 +279,13 @@ class Intake:
                     self._check_origin(tp.partition, tp.offset)
                 else:
                     tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
+            if not self.caught_up.is_set():
+                for tp in positions:
+                    _, end = self._consumer.get_watermark_offsets(
+                        TopicPartition(self.topic, tp.partition), timeout=10.0
+                    )
+                    if end > max(tp.offset, 0):
+                        self._catch_up[tp.partition] = end
             self._consumer.incremental_assign(positions)
             self.roles.update(roles)
             self._m_assigned.set(len(self.roles))
@@ -280,6 +295,25 @@ class Intake:
                 ", ".join(f"{p} ({roles[p].value})" for p in sorted(new)),
             )
         self.assigned.set()
+
+    def _check_caught_up(self) -> None:
+        """Drop the partitions whose position reached the end they had at start (the
+        position moves past transaction markers, which no record shows)."""
+        assert self._consumer is not None
+        if self._catch_up:
+            tps = [TopicPartition(self.topic, p) for p in self._catch_up]
+            left = 0
+            for tp in self._consumer.position(tps):
+                end = self._catch_up[tp.partition]
+                if tp.offset >= end:
+                    del self._catch_up[tp.partition]
+                else:
+                    left += end - max(tp.offset, 0)
+            self.records_left = left
+        if not self._catch_up and self.assigned.is_set():
+            self.records_left = 0
+            self.caught_up.set()
+            log.info("%s: caught up with the records it held at start", self.topic)
 
     def handle(self, messages: list[Message]) -> None:
         """Store a batch durably, commit it, then buffer what belongs in memory."""

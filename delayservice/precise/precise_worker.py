@@ -345,5 +345,8 @@ class PreciseWorker:
             return False, f"{topic}: broker unreachable"
         if not self.intake.assigned.is_set():
             return False, f"{topic}: reading partition metadata"
+        if not self.intake.caught_up.is_set():
+            left = self.intake.records_left
+            return False, f"{topic}: catching up" + (f": {left} records left" if left else "")
         roles = ",".join(f"{p}:{r.value}" for p, r in sorted(self.intake.roles.items()))
         return True, f"{topic}: holds {roles or 'no partitions'}"
