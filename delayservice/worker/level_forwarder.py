@@ -450,7 +450,7 @@ class LevelForwarder:
         if self.transactional:
             try:  # fence now: the old transaction ends (committed or aborted) at once
                 self._txn.init()
-            except SendLaterError as exc:
+            except (SendLaterError, ForwarderFatalError) as exc:  # the next send tries again
                 log.warning("%s: %s; fencing at the next send", self.level.topic, exc)
 
     def _reset(self) -> None:
