@@ -365,11 +365,17 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         raise ConfigError(name, message) from None
 
 
+DEPRECATED = frozenset({"scheduler"})
+"""Settings that warn when set: passed on to a new process only when set here, so that
+worker processes and test daemons do not each warn about a default."""
+
+
 def settings_env(settings: Settings, **changes: Any) -> dict[str, str]:
     """This process's environment, with every `DELAYSERVICE_*` variable replaced by ones
     that make a new process load exactly `settings` (updated by `changes`): how tests,
     benchmarks and supervisors start daemons as subprocesses."""
-    values = {**settings.model_dump(), **changes}
+    quiet = {name for name in DEPRECATED if name not in settings.model_fields_set}
+    values = {**settings.model_dump(exclude=quiet), **changes}
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
     for name, value in values.items():
         if value is None:

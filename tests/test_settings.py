@@ -368,3 +368,10 @@ def test_settings_load_without_the_kafka_package():
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_new_process_gets_a_deprecated_setting_only_when_it_was_set():
+    from delayservice.settings import settings_env
+
+    assert "DELAYSERVICE_SCHEDULER" not in settings_env(load_settings())
+    assert settings_env(load_settings(scheduler="wheel"))["DELAYSERVICE_SCHEDULER"] == "wheel"
