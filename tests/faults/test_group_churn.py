@@ -29,7 +29,7 @@ SCENARIO = "5. group 2-3-1 x3"
 
 KNOWN_DUPLICATES = pytest.mark.xfail(
     reason="open bug: under exactly-once a read_committed reader intermittently sees "
-    "duplicates here (67 in 2 of about 10 runs on 2026-11-24, once in an earlier CI "
+    "duplicates here (67, or a failure, in 2 of 8 runs on 2026-11-24; once in an earlier CI "
     "run), not explained by any hand-over path yet; the scenario runs and prints its row",
     strict=False,
 )
