@@ -288,6 +288,19 @@ class Report:
         ):
             if items:
                 parts.append(f"{len(items)} {kind}, e.g.:\n  " + "\n  ".join(items[:5]))
+        twice = [s for s in self.sources if len(s.deliveries) + len(s.dead) > 1]
+        if twice:
+            parts.append(
+                f"{len(twice)} delivered more than once, e.g.:\n  "
+                + "\n  ".join(
+                    f"{s.where()} -> "
+                    + ", ".join(
+                        f"{d.topic}[{d.partition}]@{d.offset} ts {d.ts}"
+                        for d in s.deliveries + s.dead
+                    )
+                    for s in twice[:5]
+                )
+            )
         if parts and self.logs:
             parts.append("daemon logs: " + " ".join(self.logs))
         return "\n".join(parts)
