@@ -27,6 +27,9 @@ _CONSUMER_FIXED = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "allow.auto.create.topics": False,
+    # The revoke hand-over and the explicit start offsets on assignment are built on
+    # incremental (cooperative) rebalancing.
+    "partition.assignment.strategy": "cooperative-sticky",
 }
 
 LIBRDKAFKA_LOGGER = "delayservice.librdkafka"
@@ -138,7 +141,6 @@ def consumer(
         "session.timeout.ms": int(settings.session_timeout_s * 1000),
         **static,
         "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
         "isolation.level": "read_committed",
         # Pre-fetch stays small: the backlog waits in Kafka, not in this process.
         "queued.max.messages.kbytes": 8192,

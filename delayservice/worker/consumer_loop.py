@@ -57,6 +57,10 @@ BEHIND_WAIT_S = 0.005
 BEHIND_MAX_S = 0.5
 COMMIT_RETRY_S = 1.0
 COMMITTED_TIMEOUT_S = 10.0
+STABLE_RETRY_S = 0.5
+STABLE_WAIT_WARN_S = 60.0
+"""Waiting longer than this for stable offsets (an open transaction is aborted by the
+broker within its timeout, 10 s, plus its abort check) is logged as a warning."""
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
@@ -121,6 +125,8 @@ class ConsumerLoop:
         self._m_clock = metrics.clock_offset.labels(name)
         self._m_not_append = metrics.level_mismatches.labels(name, "not_append_time")
         self._m_buffered = metrics.buffered_messages.labels(name)
+        self._m_next_due = metrics.next_due.labels(name)
+        self._m_overdue = metrics.oldest_overdue.labels(name)
         self._m_bytes = metrics.buffered_bytes.labels(name)
         self._m_paused = metrics.paused_partitions.labels(name)
         self._m_longest_pause = metrics.longest_pause.labels(name)
@@ -518,7 +524,11 @@ class ConsumerLoop:
 
         return run
 
-    def _assigned(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+    def _assigned(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+        start = self._start_offsets(consumer, partitions)
+        if start is None:
+            return  # stopping: the client's own assignment serves until it closes
+        consumer.incremental_assign(start)
         for tp in partitions:
             self._group.assign(tp.partition)
             self.owned_partitions.add(tp.partition)
@@ -528,6 +538,50 @@ class ConsumerLoop:
         self.unassigned_since = None
         self.first_assignment.set()
         log.info("%s: assigned %s", self.level.topic, sorted(tp.partition for tp in partitions))
+
+    def _start_offsets(
+        self, consumer: ConsumerClient, partitions: list[TopicPartition]
+    ) -> list[TopicPartition] | None:
+        """Where each newly assigned partition starts, fetched here and handed to the
+        client explicitly, never left to the client's own fetch.
+
+        A member killed mid-commit leaves its transaction open, and with it the offsets
+        it sent: until the broker aborts it (the transaction timeout), the committed
+        offsets of those partitions are unstable, and a read_committed client waits.
+        librdkafka's own fetch on assignment could, when a rebalance came in during
+        that wait, start such a partition from `auto.offset.reset`, the beginning:
+        seen under group churn as a whole partition forwarded again (67 duplicates
+        for a read_committed reader). `committed()` waits for the same answer and
+        either gives it or times out, so this asks until it answers. None: stopping."""
+        if not partitions:
+            return []
+        topic = self.level.topic
+        asked = [TopicPartition(topic, tp.partition) for tp in partitions]
+        since = time.monotonic()
+        while True:
+            try:
+                committed = consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
+                failed = [tp for tp in committed if tp.error is not None]
+                if not failed:
+                    break
+                reason = failed[0].error.str() if failed[0].error is not None else "?"
+            except KafkaException as exc:
+                reason = str(exc.args[0].str() if exc.args else exc)
+            if self._stopping.is_set():
+                return None
+            log.log(
+                logging.WARNING if time.monotonic() - since > STABLE_WAIT_WARN_S else logging.INFO,
+                "%s: committed offsets of %s not given yet (%s): an open transaction of a "
+                "member that stopped mid-commit holds them until the broker ends it; asking again",
+                topic,
+                sorted(tp.partition for tp in asked),
+                reason,
+            )
+            self._stopping.wait(STABLE_RETRY_S)
+        return [
+            TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
+            for tp in committed
+        ]
 
     def _resume_fresh(self) -> None:
         tps = [
@@ -679,6 +733,9 @@ class ConsumerLoop:
     def _update_gauges(self, *, lag: bool) -> None:
         group = self._group
         self._m_buffered.set(group.total_buffered)
+        head_ms = group.next_due_ms()
+        self._m_next_due.set(head_ms / 1000 if head_ms is not None else 0.0)
+        self._m_overdue.set(max(0.0, time.time() - head_ms / 1000) if head_ms is not None else 0.0)
         self._m_bytes.set(group.total_bytes)
         self._m_paused.set(len(self.paused))
         now = time.monotonic()

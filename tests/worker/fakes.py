@@ -177,6 +177,13 @@ class FakeConsumer:
         self.blocking = True  # False: consume() ignores its timeout (tests on one thread)
         self.consume_calls = 0
         self.generation: dict[int, int] = {}  # partition -> its current assignment's number
+        self.fetch_loses_offsets = False
+        """librdkafka's own fetch on assignment starting from `auto.offset.reset` (the
+        beginning), as seen when a rebalance came in while committed offsets were
+        unstable; only an explicit `incremental_assign` offset avoids it."""
+        self.unstable_answers = 0  # committed() calls that time out (a pending transaction)
+        self.committed_calls = 0
+        self.explicit_starts: list[tuple[int, int]] = []
         self.read_in: dict[tuple[int, int], int] = {}  # (partition, offset) -> read under
         self._generations = 0
         self._events: deque[tuple[str, list[int]]] = deque()
@@ -263,12 +270,29 @@ class FakeConsumer:
             raise KafkaException(error)
         return results
 
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Called from on_assign: the partitions start where the caller says."""
+        with self._cond:
+            for tp in partitions:
+                assert tp.partition in self.assigned, "assigning a partition not given"
+                offset = 0 if tp.offset == OFFSET_BEGINNING else tp.offset
+                self.explicit_starts.append((tp.partition, tp.offset))
+                self.positions[tp.partition] = offset
+
     def committed(
         self, partitions: list[TopicPartition], timeout: float = -1
     ) -> list[TopicPartition]:
         """What the "broker" holds for the group: consumer commits and, in exactly-once,
-        the offsets of committed transactions (`FakeProducer.owner`)."""
+        the offsets of committed transactions (`FakeProducer.owner`). While
+        `unstable_answers` lasts, the call times out as librdkafka's does while a
+        transaction holds the offsets."""
         with self._cond:
+            self.committed_calls += 1
+            if self.unstable_answers > 0:
+                self.unstable_answers -= 1
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets")
+                )
             return [
                 TopicPartition(
                     self.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001)
@@ -324,7 +348,9 @@ class FakeConsumer:
                 if kind == "assign":
                     for p in partitions:
                         self.assigned.add(p)
-                        self.positions[p] = self.committed_offsets.get(p, 0)
+                        self.positions[p] = (
+                            0 if self.fetch_loses_offsets else self.committed_offsets.get(p, 0)
+                        )
                         self._generations += 1
                         self.generation[p] = self._generations
             callback = self.rebalance.get(kind)

@@ -13,15 +13,21 @@ path by which the forwarder used to break it:
 4. a commit that timed out was aborted, which librdkafka refuses while the commit goes
    on, and the interval was sent again;
 5. an unexpected exception in the hand-over dropped the partition without ending the
-   open transaction, whose records then committed without their offsets.
+   open transaction, whose records then committed without their offsets;
+6. a new owner left its start to librdkafka's own fetch of the committed offsets, which
+   could start the partition from the beginning when a rebalance came in while a dead
+   member's open transaction kept those offsets unstable (the 67 duplicates of group
+   churn: one partition forwarded again from offset 0).
 """
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
+from delayservice.worker import consumer_loop as consumer_loop_module
 from delayservice.worker import level_forwarder as level_forwarder_module
 from delayservice.worker import transaction as transaction_module
 from delayservice.worker.partition_group import PartitionGroup
@@ -223,3 +229,41 @@ def test_a_group_error_at_commit_reads_again_instead_of_sending_from_memory(cloc
     assert (0, OFFSET_BEGINNING) in rig.consumer.seeks  # nothing committed yet
     assert seen(rig.producer) == ["id-0-0", "id-0-1"]
     assert violations(rig.producer) == []
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_6_a_new_owner_starts_at_the_committed_offset_whatever_the_clients_fetch_says(
+    clock, exactly_once
+):
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once))
+    rig.consumer.committed_offsets[0] = 3  # where the previous owner's last commit left it
+    rig.consumer.fetch_loses_offsets = True
+    append(rig, 0, 5)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert rig.consumer.explicit_starts == [(0, 3)]
+    assert seen(rig.producer) == ["id-0-3", "id-0-4"]
+
+
+def test_6_a_partition_never_committed_starts_at_the_beginning(clock):
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    append(rig, 0, 2)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert rig.consumer.explicit_starts == [(0, OFFSET_BEGINNING)]
+    assert seen(rig.producer) == ["id-0-0", "id-0-1"]
+
+
+def test_6_an_assignment_waits_while_a_dead_members_transaction_holds_the_offsets(
+    clock, monkeypatch
+):
+    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.committed_offsets[0] = 2
+    rig.consumer.fetch_loses_offsets = True
+    rig.consumer.unstable_answers = 3  # until the broker aborts that transaction
+    append(rig, 0, 4)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert rig.consumer.committed_calls >= 4
+    assert seen(rig.producer) == ["id-0-2", "id-0-3"]
