@@ -19,6 +19,7 @@ whole (write aside, fsync, rename), so it stays proportional to the live set.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import os
@@ -56,6 +57,34 @@ def _parse(line: bytes) -> tuple[str, int | None]:
     if parts[0] == "-" and len(parts) == 2:
         return _unhex(parts[1]), None
     raise ValueError("unknown line")
+
+
+def replay(data: bytes, entries: dict[str, int]) -> tuple[int, int, int]:
+    """Apply a cancel file's whole lines to `entries` (id -> expiry); returns where the
+    whole lines end, how many there were and how many could not be read."""
+    end = data.rfind(b"\n") + 1
+    lines = bad = 0
+    for line in data[:end].split(b"\n")[:-1]:
+        lines += 1
+        try:
+            message_id, expires = _parse(line)
+        except ValueError:
+            bad += 1
+            continue
+        if expires is None:
+            entries.pop(message_id, None)
+        else:
+            entries[message_id] = expires
+    return end, lines, bad
+
+
+def pending_cancels(path: Path) -> set[str]:
+    """The ids a cancel file holds, read without changing it (for a census beside a
+    running daemon, which owns the file)."""
+    entries: dict[str, int] = {}
+    with contextlib.suppress(FileNotFoundError):
+        replay(path.read_bytes(), entries)
+    return set(entries)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -103,19 +132,8 @@ class CancelLog:
         except FileNotFoundError:
             self._created = True
             return 0
-        end = data.rfind(b"\n") + 1
-        bad = 0
-        for line in data[:end].split(b"\n")[:-1]:
-            self._lines += 1
-            try:
-                message_id, expires = _parse(line)
-            except ValueError:
-                bad += 1
-                continue
-            if expires is None:
-                self._entries.pop(message_id, None)
-            else:
-                self._entries[message_id] = expires
+        end, lines, bad = replay(data, self._entries)
+        self._lines += lines
         if bad:
             log.warning("%s: skipped %d unreadable lines", self._path, bad)
         if end < len(data):

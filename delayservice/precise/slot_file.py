@@ -242,6 +242,7 @@ class Frame(NamedTuple):
     settled: bool  # a settled mark (then `offset` is the record it names)
     offset: int
     fire_ms: int  # due_ms, plus `takeover_ms` for a replica's copy (0 for a mark)
+    replica: bool = False  # a replica's copy
 
 
 def frames(
@@ -277,9 +278,20 @@ def frames(
                 break
             offset, due_ms, _delay, _partition, flags, _ = fixed(body, 0)
             fire_ms = due_ms + (takeover_ms if flags & _FLAG_REPLICA else 0)
-            out.append(Frame(pos, body_end, False, offset, fire_ms))
+            replica = bool(flags & _FLAG_REPLICA)
+            out.append(Frame(pos, body_end, False, offset, fire_ms, replica))
         pos = body_end
     return out, pos
+
+
+def message_id_of(data: bytes | memoryview, frame: Frame) -> str | None:
+    """The message id of a record frame `frames` found in `data` (None: not UTF-8)."""
+    start = frame.start + FRAME_OVERHEAD + _FIXED.size
+    length = _U32.unpack_from(data, start - _U32.size)[0]
+    try:
+        return bytes(data[start : start + length]).decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def frame_length(data: bytes | memoryview) -> int | None:

@@ -24,7 +24,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Final
 
@@ -120,23 +120,9 @@ class SlotStore:
             raise _fail("open slot directory", root, exc) from exc
 
     def _scan(self) -> None:
-        for entry in self._root.iterdir():
-            if not (entry.is_dir() and _PARTITION_RE.fullmatch(entry.name)):
-                log.warning("ignoring unknown entry %s in the slot directory", entry)
-                continue
-            partition = int(entry.name[1:])
-            if entry.name != f"p{partition}":  # p01 would never be written
-                log.warning("ignoring unknown entry %s in the slot directory", entry)
-                continue
+        for partition, entries in partition_dirs(self._root):
             self._partitions.add(partition)
-            for file in os.scandir(entry):
-                if file.name in (ORIGIN, _ORIGIN_TMP):
-                    continue
-                key = _parse_name(partition, file.name)
-                if key is None or not file.is_file():
-                    log.warning("ignoring unknown entry %s in the slot directory", file.path)
-                    continue
-                size = file.stat().st_size
+            for key, _path, size in entries:
                 self._sizes[key] = size
                 self._bytes += size
 
@@ -496,6 +482,35 @@ class SlotStore:
             self._closed = True
             while self._handles:
                 self._close_handle(next(iter(self._handles)))
+
+
+def partition_dirs(root: Path) -> Iterator[tuple[int, Iterator[tuple[Key, str, int]]]]:
+    """Each partition directory under `root` with its slot and span files (key, path,
+    size); anything this store never writes is logged and skipped, never touched."""
+    for entry in root.iterdir():
+        if not (entry.is_dir() and _PARTITION_RE.fullmatch(entry.name)):
+            log.warning("ignoring unknown entry %s in the slot directory", entry)
+            continue
+        partition = int(entry.name[1:])
+        if entry.name != f"p{partition}":  # p01 would never be written
+            log.warning("ignoring unknown entry %s in the slot directory", entry)
+            continue
+        yield partition, _files(partition, entry)
+
+
+def _files(partition: int, directory: Path) -> Iterator[tuple[Key, str, int]]:
+    for file in os.scandir(directory):
+        if file.name in (ORIGIN, _ORIGIN_TMP):
+            continue
+        key = _parse_name(partition, file.name)
+        if key is None or not file.is_file():
+            log.warning("ignoring unknown entry %s in the slot directory", file.path)
+            continue
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:  # deleted meanwhile (a reader beside a running daemon)
+            continue
+        yield key, file.path, size
 
 
 def _name(start: int, width: int) -> str:

@@ -32,6 +32,11 @@ def transactional_id(settings: Settings, level: Level) -> str:
     return f"{settings.group_id}-{settings.instance_name}-{level.topic}"
 
 
+def level_group_id(settings: Settings, level: Level) -> str:
+    """The consumer group that forwards `level`, shared by every instance."""
+    return f"{settings.group_id}-{level.topic}"
+
+
 class LevelWorker:
     def __init__(
         self,
@@ -90,7 +95,7 @@ class LevelWorker:
             make_producer=new_producer,
         )
         forwarder_box.append(self.forwarder)
-        group_id = f"{settings.group_id}-{level.topic}"
+        group_id = level_group_id(settings, level)
         instance_id = f"{settings.instance_name}-{level.topic}"
 
         def make_consumer(callbacks: dict[str, Any]) -> ConsumerClient:
