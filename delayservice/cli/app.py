@@ -11,6 +11,8 @@ from delayservice import __version__
 from delayservice.cli import (
     cancel_command,
     check_command,
+    find_command,
+    pending_command,
     run_command,
     send_command,
     topics_command,
@@ -27,6 +29,8 @@ app.command()(run_command.run)
 app.command()(send_command.send)
 app.command()(cancel_command.cancel)
 app.command()(check_command.check)
+app.command()(pending_command.pending)
+app.command(name="find")(find_command.find_message)
 app.add_typer(topics_command.app, name="topics")
 
 # Optional commands live in their own modules and register themselves when present.

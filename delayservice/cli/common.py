@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
@@ -68,3 +69,30 @@ def setup_logging(level: str) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s",
     )
+
+
+class ProgressLine:
+    """A count of records read, redrawn in place on stderr at most five times a second,
+    for work whose total is not known up front; silent when not `enabled`."""
+
+    def __init__(self, label: str, *, enabled: bool) -> None:
+        self._label = label
+        self._enabled = enabled
+        self._count = 0
+        self._drawn = 0.0
+
+    def __enter__(self) -> ProgressLine:
+        return self
+
+    def add(self, count: int) -> None:
+        self._count += count
+        now = time.monotonic()
+        if self._enabled and now - self._drawn >= 0.2:
+            self._drawn = now
+            sys.stderr.write(f"\r{self._label}: {self._count:,}")
+            sys.stderr.flush()
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._enabled and self._drawn:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()

@@ -198,3 +198,32 @@ class ServiceMetrics:
             "Bytes of slot files in the precise wheel's data directory.",
             registry=registry,
         )
+        self.next_due = Gauge(
+            "delayservice_next_due_timestamp_seconds",
+            "Due time (epoch s) of the earliest message the instance holds: levels, in "
+            "memory; exact, on disk (owner copies). 0 when it holds none.",
+            ["level"],
+            registry=registry,
+        )
+        self.oldest_overdue = Gauge(
+            "delayservice_oldest_overdue_seconds",
+            "How far past its due time the earliest held message is; 0 when none is due.",
+            ["level"],
+            registry=registry,
+        )
+        self.precise_pending = Gauge(
+            "delayservice_precise_pending_messages",
+            "Precise-mode messages on this instance's disk by due class (overdue, within "
+            "1m, 1h, 1d, 30d, later) and copy (owner, or replica: sent only on takeover), "
+            "cancelled ones left out; from a census of the data directory (see "
+            "delayservice_precise_census_age_seconds).",
+            ["copy", "due"],
+            registry=registry,
+        )
+        self.precise_census_age = Gauge(
+            "delayservice_precise_census_age_seconds",
+            "Seconds since the census behind delayservice_precise_pending_messages was "
+            "taken (retaken every 30 s, or 20 times as long as the last one took: it reads "
+            "the whole data directory).",
+            registry=registry,
+        )

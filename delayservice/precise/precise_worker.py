@@ -44,6 +44,7 @@ from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import DataDirWatch, StorageError, check_data_dir
 from delayservice.precise.wheel import SlotBuffer, Wheel
 from delayservice.settings import Settings
+from delayservice.status.census_export import CensusExport
 from delayservice.worker.buffer import Runs
 from delayservice.worker.ledger import LevelLedger, PartitionLedger
 from delayservice.worker.level_forwarder import LevelForwarder, Routes
@@ -78,6 +79,16 @@ class _Outcomes:
 
     def took_over(self) -> None:
         self._takeovers.inc()
+
+
+def precise_group_id(settings: Settings, member: int) -> str:
+    """The group member `member` commits its intake under (placement is static)."""
+    return f"{settings.group_id}-precise-{member}"
+
+
+def cancel_log_path(data_dir: Path, topic: str) -> Path:
+    """Where the cancels of `topic` not yet matched are kept, beside its slot files."""
+    return data_dir / f"{topic}.cancels.log"
 
 
 def lock_data_dir(root: Path) -> IO[str]:
@@ -186,7 +197,7 @@ class PreciseWorker:
         self.level = PreciseLevel(0, 0, topic)
         root = settings.data_dir / topic
         self._lock = lock_data_dir(root)
-        cancel_path = settings.data_dir / f"{topic}.cancels.log"
+        cancel_path = cancel_log_path(settings.data_dir, topic)
         try:
             self.store = SlotStore(root)
             self.cancels = CancelLog(cancel_path)
@@ -201,7 +212,7 @@ class PreciseWorker:
         )
         member = settings.precise_member
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{topic}"
-        group = f"{settings.group_id}-precise-{member}"
+        group = precise_group_id(settings, member)
 
         def make_consumer(callbacks: dict[str, Any], group_id: str = group) -> ConsumerClient:
             return Consumer({**client_config.consumer(settings, group_id, client_id), **callbacks})
@@ -278,6 +289,7 @@ class PreciseWorker:
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
         self._export(metrics, settings.precise_lookahead_s, buffer)
+        self.census = CensusExport(root, self.cancels, metrics, LEVEL_NAME)
         log.info(
             "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
             topic,
@@ -308,6 +320,7 @@ class PreciseWorker:
     def start(self) -> None:
         self.forwarder.start()
         self.wheel.start()
+        self.census.start()
         if self.progress is not None:
             self.progress.start()
         self.intake.start()
@@ -326,6 +339,7 @@ class PreciseWorker:
         # pass then writes those settled marks.
         self.forwarder.stop(max(0.1, deadline - time.monotonic()))
         self.wheel.stop(max(0.1, deadline - time.monotonic()))
+        self.census.stop(max(0.1, deadline - time.monotonic()))
         if self.progress is not None:
             self.progress.stop(max(0.1, deadline - time.monotonic()))
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))

@@ -1,0 +1,1 @@
+"""What is waiting and where one message is: the operator's views (`pending`, `find`)."""

@@ -1,0 +1,190 @@
+"""`delayservice find ID`: where one message is now.
+
+The message's own record says when it is due and where it goes; then its target says
+whether it was forwarded, the dead-letter topic whether it was given up, and for
+precise mode its partition whether a cancel was written. An exact id names its
+partition of the precise topic, so only that partition is read; a level id may be on
+any level, so every level partition in the window is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from delayservice.envelope import H_CANCEL, H_ID, H_TARGET
+from delayservice.kafka import client_config
+from delayservice.precise.ids import named_partition
+from delayservice.precise.precise_worker import LEVEL_NAME
+from delayservice.settings import Settings
+from delayservice.status.kafka_backlog import Head
+from delayservice.status.pending_report import level_due_ms, precise_due_ms
+from delayservice.status.topic_scan import Headers, Hit, TopicScan, header_text
+from delayservice.worker import dead_letter as dl
+
+WAITING = "waiting"
+OVERDUE = "overdue"
+FORWARDED = "forwarded"
+DEAD_LETTERED = "dead-lettered"
+CANCELLED = "cancelled"
+NOT_FOUND = "not found"
+
+
+@dataclass
+class Whereabouts:
+    message_id: str
+    state: str
+    since_ms: int
+    now_ms: int
+    level: str | None = None
+    source: Hit | None = None
+    due_ms: int | None = None
+    target: str | None = None
+    forwarded: list[Hit] = field(default_factory=list)
+    dead_letters: list[Hit] = field(default_factory=list)
+    cancels: list[Hit] = field(default_factory=list)
+    searched: list[str] = field(default_factory=list)
+    records_read: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        def hit(h: Hit) -> dict[str, Any]:
+            return {
+                "topic": h.topic,
+                "partition": h.partition,
+                "offset": h.offset,
+                "timestamp_ms": h.timestamp_ms,
+            }
+
+        return {
+            "id": self.message_id,
+            "state": self.state,
+            "level": self.level,
+            "due_ms": self.due_ms,
+            "target": self.target,
+            "source": hit(self.source) if self.source else None,
+            "forwarded": [hit(h) for h in self.forwarded],
+            "dead_lettered": [
+                {**hit(h), "reason": h.headers.get(dl.H_REASON, b"").decode(errors="replace")}
+                for h in self.dead_letters
+            ],
+            "cancels": [hit(h) for h in self.cancels],
+            "searched_since_ms": self.since_ms,
+            "searched": self.searched,
+            "records_read": self.records_read,
+        }
+
+
+def find(
+    settings: Settings,
+    message_id: str,
+    since_ms: int,
+    now_ms: int,
+    on_read: Callable[[int], None] | None = None,
+) -> Whereabouts:
+    """Where `message_id` is, reading records appended since `since_ms`."""
+    out = Whereabouts(message_id, NOT_FOUND, since_ms, now_ms)
+    scan = TopicScan(client_config.common(settings))
+    try:
+        _locate(scan, settings, out, on_read)
+        if out.source is not None:
+            _follow(scan, settings, out, on_read)
+    finally:
+        out.records_read = scan.records_read
+        scan.close()
+    return out
+
+
+def _is(message_id: str) -> Callable[[Headers], bool]:
+    def match(headers: Headers) -> bool:
+        return header_text(headers, H_ID) == message_id
+
+    return match
+
+
+def _locate(
+    scan: TopicScan, settings: Settings, out: Whereabouts, on_read: Callable[[int], None] | None
+) -> None:
+    """Find the message's own record (and, in precise mode, cancels of it)."""
+    message_id = out.message_id
+    partition = named_partition(message_id)
+    if settings.precise and partition is not None:
+        topic = settings.precise_topic
+        plan = scan.planned(topic, [partition], out.since_ms)
+        out.searched.append(f"{topic}[{partition}]")
+
+        def ours(headers: Headers) -> bool:
+            return header_text(headers, H_ID) == message_id or (
+                header_text(headers, H_CANCEL) == message_id
+            )
+
+        for hit in scan.scan(topic, plan, ours, on_read):
+            if H_CANCEL in hit.headers:
+                out.cancels.append(hit)
+            elif out.source is None:
+                out.source, out.level = hit, LEVEL_NAME
+        if out.source is not None:
+            out.due_ms = precise_due_ms(_head(out.source))
+            return
+    for level in settings.level_set():
+        partitions = scan.partitions(level.topic)
+        if partitions is None:
+            continue
+        out.searched.append(level.topic)
+        found = scan.scan(
+            level.topic,
+            scan.planned(level.topic, partitions, out.since_ms),
+            _is(message_id),
+            on_read,
+        )
+        if found:
+            out.source, out.level = found[0], level.name
+            out.due_ms = level_due_ms(level, _head(found[0]))
+            return
+
+
+def _head(hit: Hit) -> Head:
+    return Head(hit.offset, 0, hit.timestamp_ms, hit.headers)
+
+
+def _follow(
+    scan: TopicScan, settings: Settings, out: Whereabouts, on_read: Callable[[int], None] | None
+) -> None:
+    """From the message's own record: its copies on the target and dead-letter topics."""
+    source = out.source
+    assert source is not None
+    out.target = source.headers.get(H_TARGET, b"").decode(errors="replace") or None
+    origin = (source.topic.encode(), str(source.partition).encode(), str(source.offset).encode())
+
+    def dead(headers: Headers) -> bool:
+        values = dict(headers)
+        if (
+            values.get(dl.H_ORIGIN_TOPIC),
+            values.get(dl.H_ORIGIN_PARTITION),
+            values.get(dl.H_ORIGIN_OFFSET),
+        ) == origin:
+            return True
+        return header_text(headers, H_ID) == out.message_id
+
+    since = source.timestamp_ms  # no copy is older than the record it copies
+    for topic, keep, into in (
+        (out.target, _is(out.message_id), out.forwarded),
+        (settings.dead_letter_topic, dead, out.dead_letters),
+    ):
+        if not topic:
+            continue
+        partitions = scan.partitions(topic)
+        if partitions is None:
+            continue
+        out.searched.append(topic)
+        into.extend(scan.scan(topic, scan.planned(topic, partitions, since), keep, on_read))
+    if out.forwarded:
+        out.state = FORWARDED
+    elif out.dead_letters:
+        out.state = DEAD_LETTERED
+    elif out.cancels:
+        out.state = CANCELLED
+    elif out.due_ms is not None and out.due_ms <= out.now_ms:
+        out.state = OVERDUE
+    else:
+        out.state = WAITING
