@@ -58,6 +58,7 @@ BEHIND_MAX_S = 0.5
 COMMIT_RETRY_S = 1.0
 COMMITTED_TIMEOUT_S = 10.0
 STABLE_RETRY_S = 0.5
+STABLE_WAIT_NOTE_S = 1.0
 STABLE_WAIT_WARN_S = 60.0
 """Waiting longer than this for stable offsets (an open transaction is aborted by the
 broker within its timeout, 10 s, plus its abort check) is logged as a warning."""
@@ -578,6 +579,14 @@ class ConsumerLoop:
                 reason,
             )
             self._stopping.wait(STABLE_RETRY_S)
+        waited = time.monotonic() - since
+        if waited > STABLE_WAIT_NOTE_S:
+            log.info(
+                "%s: committed offsets of %s took %.1f s (an open transaction held them)",
+                topic,
+                sorted(tp.partition for tp in asked),
+                waited,
+            )
         return [
             TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
             for tp in committed
