@@ -27,19 +27,11 @@ SESSION_TIMEOUT_S = 6  # how long a killed member's partitions wait; the broker'
 SCENARIO = "5. group 2-3-1 x3"
 
 
-KNOWN_DUPLICATES = pytest.mark.xfail(
-    reason="open bug: under exactly-once a read_committed reader intermittently sees "
-    "duplicates here (67, or a failure, in 2 of 8 runs on 2026-11-24; once in an earlier CI "
-    "run), not explained by any hand-over path yet; the scenario runs and prints its row",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     "guarantee",
     [
         pytest.param("at-least-once", marks=pytest.mark.long),
-        pytest.param("exactly-once", marks=KNOWN_DUPLICATES),
+        "exactly-once",
     ],
 )
 def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
