@@ -23,7 +23,7 @@ def _cli(settings: Any, *args: str) -> Any:
 
 
 def test_find_and_pending_read_past_every_hostile_record(testbed):
-    settings = testbed.settings(levels="1h")
+    settings = testbed.settings(levels="1h", partitions=1)  # one partition: known offsets
     testbed.create_delay_topics(settings)
     (level,) = list(settings.level_set())
     target = testbed.create_topic(f"target-{testbed.tag}")
@@ -35,7 +35,7 @@ def test_find_and_pending_read_past_every_hostile_record(testbed):
         raw.produce(level.topic, b"v", b"k", [(b"delay-id", None)], 0)
         raw.flush()
     with testbed.producer(settings) as producer:
-        good = producer.produce(target, b"good", delay=3600, partition=0)
+        good = producer.produce(target, b"good", delay=3600)
         producer.flush(10)
 
     found = _cli(settings, "find", good, "--json", "--since", "10m")
