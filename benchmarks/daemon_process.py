@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from delayservice.kafka.local_broker import free_port
 from delayservice.settings import Settings, settings_env
@@ -25,10 +25,17 @@ def ready(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_daemon(
-    settings: Settings, instance: str, *, quiet: bool = False, ready_within: float | None = None
+    settings: Settings,
+    instance: str,
+    *,
+    quiet: bool = False,
+    ready_within: float | None = None,
+    on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A daemon for `settings`, stopped by SIGTERM on exit; with `ready_within`, entered
-    only once /readyz answers 200 (or fails after that many seconds)."""
+    only once /readyz answers 200 (or fails after that many seconds). `on_start` sees
+    the process as soon as it is spawned: what happens before ready (an intake catching
+    up) can be watched from there."""
     port = free_port()
     output = subprocess.DEVNULL if quiet else None
     process = subprocess.Popen(
@@ -44,6 +51,8 @@ def running_daemon(
         stderr=output,
     )
     try:
+        if on_start is not None:
+            on_start(process)
         if ready_within is not None:
             deadline = time.monotonic() + ready_within
             while not ready(port):

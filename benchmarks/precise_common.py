@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -124,13 +124,17 @@ def _output_to(fd: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def logged_daemon(
-    settings: Settings, instance: str, log_path: Path, ready_within: float = 120.0
+    settings: Settings,
+    instance: str,
+    log_path: Path,
+    ready_within: float = 120.0,
+    on_start: Callable[[Any], None] | None = None,
 ) -> Iterator[Any]:
     """`running_daemon` with the daemon's output (WARNING and above) in `log_path`."""
     with contextlib.ExitStack() as stack:
         with log_path.open("ab") as log, _output_to(log.fileno()):
             process = stack.enter_context(
-                running_daemon(settings, instance, ready_within=ready_within)
+                running_daemon(settings, instance, ready_within=ready_within, on_start=on_start)
             )
         yield process
     if process.returncode != 0:
@@ -294,15 +298,33 @@ def record_count(bootstrap: str, topic: str) -> int:
     return sum(end_offsets(bootstrap, topic).values())
 
 
+class CommittedReader:
+    """The offsets a group has committed on a topic, read without joining the group.
+
+    One client for every poll: a fresh client per call spends its first seconds finding
+    the coordinator, which on a busy host hid whole tenths of an intake's progress."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str) -> None:
+        self._consumer = _consumer(bootstrap, group)
+        self._topic = topic
+
+    def __call__(self, partitions: Iterable[int]) -> dict[int, int]:
+        wanted = [TopicPartition(self._topic, p) for p in partitions]
+        return {
+            tp.partition: max(0, tp.offset) for tp in self._consumer.committed(wanted, timeout=10)
+        }
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
 def committed(bootstrap: str, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
-    """The offsets `group` has committed on `topic` (0 where nothing is), read without
-    joining the group."""
-    consumer = _consumer(bootstrap, group)
+    """The offsets `group` has committed on `topic` (0 where nothing is), once."""
+    reader = CommittedReader(bootstrap, group, topic)
     try:
-        wanted = [TopicPartition(topic, p) for p in partitions]
-        return {tp.partition: max(0, tp.offset) for tp in consumer.committed(wanted, timeout=10)}
+        return reader(partitions)
     finally:
-        consumer.close()
+        reader.close()
 
 
 class Seen(NamedTuple):

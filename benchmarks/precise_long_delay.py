@@ -9,8 +9,9 @@ its group `{group_id}-precise-0`):
    between now + 2 h and now + `--to-days` (default 365), are produced by
    `--producers` processes with the daemon down;
 3. the daemon is started again: the intake rate is the backlog over the time from its
-   start until its committed offsets reach the topic's end; RSS growth is RSS then
-   (after `--settle` s) minus RSS idle;
+   start until its committed offsets reach the topic's end, watched from the moment the
+   process is spawned (it reports ready only once caught up); RSS growth is RSS then
+   (after `--settle` s) minus RSS idle, and the peak is sampled from the spawn on;
 4. it is killed with SIGKILL and started again on the same data directory: the time
    until /readyz answers, and until the intake has caught up again;
 5. with that daemon running, `--far` (default 200,000) more far-future messages are
@@ -24,19 +25,22 @@ its group `{group_id}-precise-0`):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from forwarding import broker
 from precise_burst import fast_producer
 from precise_common import (
+    CommittedReader,
     MiB,
     RssSampler,
-    committed,
     create_topics,
     data_dir,
     due_ms,
@@ -76,15 +80,20 @@ def caught_up(
     started = time.monotonic()
     group = f"{settings.group_id}-precise-0"
     total = max(1, sum(ends.values()))
-    while time.monotonic() < deadline:
-        done = committed(settings.bootstrap_servers, group, settings.precise_topic, ends)
-        if marks is not None:
-            share = sum(min(done.get(p, 0), end) for p, end in ends.items()) * 10 // total
-            for tenth in range(1, share + 1):
-                marks.setdefault(tenth, time.monotonic())
-        if all(done.get(p, 0) >= end for p, end in ends.items()):
-            return time.monotonic() - started
-        time.sleep(0.25)
+    reader = CommittedReader(settings.bootstrap_servers, group, settings.precise_topic)
+    try:
+        while time.monotonic() < deadline:
+            done = reader(ends)
+            seen = time.monotonic()
+            if marks is not None:
+                share = sum(min(done.get(p, 0), end) for p, end in ends.items()) * 10 // total
+                for tenth in range(1, share + 1):
+                    marks.setdefault(tenth, seen)
+            if all(done.get(p, 0) >= end for p, end in ends.items()):
+                return seen - started
+            time.sleep(0.25)
+    finally:
+        reader.close()
     return None
 
 
@@ -159,19 +168,40 @@ def main() -> int:
         ends = end_offsets(bootstrap, topic)
         stderr(f"produced {n:,} in {produce_s:.0f} s; starting the daemon for the intake")
 
+        # The daemon reports ready only once its intake has caught up, so the intake is
+        # watched from the moment the process is spawned: progress and RSS.
+        marks: dict[int, float] = {}
+        finished: list[float | None] = []
         started = time.monotonic()
-        with logged_daemon(settings, tag, log_path, ready_within=300) as daemon:
-            with RssSampler(daemon.pid) as rss:
-                marks: dict[int, float] = {}
-                intake_s = caught_up(settings, ends, started + 3600, marks)
-                if intake_s is None:
-                    raise SystemExit("the intake did not finish within an hour")
-                intake_s = time.monotonic() - started
-                after = settle_rss(daemon.pid, args.settle)
-            peak = rss.peak
+        watch = threading.Thread(
+            target=lambda: finished.append(caught_up(settings, ends, started + 3600, marks)),
+            daemon=True,
+        )
+        samplers: list[RssSampler] = []
+        with contextlib.ExitStack() as stack:
+
+            def on_start(process: Any) -> None:
+                samplers.append(stack.enter_context(RssSampler(process.pid)))
+
+            watch.start()
+            daemon = stack.enter_context(
+                logged_daemon(settings, tag, log_path, ready_within=3600, on_start=on_start)
+            )
+            ready_intake_s = time.monotonic() - started
+            watch.join(3600)
+            intake_s = finished[0] if finished else None
+            if intake_s is None:
+                raise SystemExit("the intake did not finish within an hour")
+            after = settle_rss(daemon.pid, args.settle)
+            peak = samplers[0].peak
             metrics = scrape(metrics_port(daemon.pid))
             files, size = on_disk(root)
-            stderr(f"intake {n / intake_s:,.0f} msg/s; RSS {after / MiB:.0f} MiB; kill -9")
+            tenths = ", ".join(
+                f"{k * 10}% at {v - started:.1f} s" for k, v in sorted(marks.items())
+            )
+            stderr(
+                f"intake {n / intake_s:,.0f} msg/s ({tenths}); RSS {after / MiB:.0f} MiB; kill -9"
+            )
             daemon.kill()
             daemon.wait(30)
 
@@ -190,7 +220,9 @@ def main() -> int:
         sources = read_topic(bootstrap, topic, starts)
         arrivals = read_topic(bootstrap, target)
 
-    steady = 0.8 * n / (marks[9] - marks[1]) if 1 in marks and 9 in marks else 0.0
+    span = marks[9] - marks[1] if 1 in marks and 9 in marks else 0.0
+    # Offsets are polled every quarter second or so: a shorter span measures the polls.
+    steady = f"{0.8 * n / span:,.0f} msg/s" if span >= 1.0 else "too quick to measure"
     dues = {s.message_id: due_ms(s) for s in sources if s.message_id in near}
     joined = join(dues, arrivals)
     late = joined.lateness
@@ -206,7 +238,8 @@ def main() -> int:
     print(f"produce time           : {produce_s:.0f} s ({n / produce_s:,.0f} msg/s)")
     print(
         f"intake                 : {intake_s:.1f} s from the daemon's start, "
-        f"{n / intake_s:,.0f} msg/s; {steady:,.0f} msg/s from 10% to 90% of the backlog "
+        f"{n / intake_s:,.0f} msg/s; {steady} from 10% to 90% of the backlog; ready "
+        f"(/readyz) {ready_intake_s:.1f} s after the start "
         f"(goal {GOALS['intake']})"
     )
     print(
@@ -233,7 +266,7 @@ def main() -> int:
     problems = report_log(log_path)
     print(
         f"\nsummary: {n:,} pending over a year: RSS growth {growth / MiB:.0f} MiB, intake "
-        f"{n / intake_s:,.0f} msg/s ({steady:,.0f} from 10% to 90%), ready {ready_s:.1f} s "
+        f"{n / intake_s:,.0f} msg/s ({steady} from 10% to 90%), ready {ready_s:.1f} s "
         "after kill -9, near behind "
         f"{args.far:,} far p99 {pct(late, 0.99):,.0f} ms; early {joined.early}, lost "
         f"{joined.lost}; {problems} daemon log warnings"
