@@ -21,13 +21,14 @@ All values are UTF-8 text; numbers are decimal.
 from __future__ import annotations
 
 import uuid
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, cast
 
 from delayservice.errors import EnvelopeError
 from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
 VERSION: Final = 1
 PREFIX: Final = "delay-"
+_PREFIX_LENGTH: Final = len(PREFIX)
 H_VERSION: Final = "delay-v"
 H_TARGET: Final = "delay-target"
 H_DELAY_MS: Final = "delay-ms"
@@ -169,6 +170,69 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
     except Exception:  # noqa: S110  # any surprise: the checked path names it
         pass
     return _checked(env), user, size
+
+
+ByteHeaders = list[tuple[str, bytes | None]]
+"""Headers as the client returns them from a consumed record."""
+PlainTail = tuple[str, int, str, "int | None", ByteHeaders]
+"""(target, delay ms, id, due ms or None, the user's headers) of a plain envelope."""
+
+
+def plain_tail(headers: object) -> PlainTail | None:
+    """The envelope as `wrap` writes it without a target partition, read from the end
+    of `headers`: `delay-v` 1, `delay-target`, `delay-ms`, `delay-id`, optionally
+    `delay-due-ms`, after user headers none of which uses the prefix and whose values
+    are bytes or None. None for anything else, which `unwrap` then parses in full and
+    names what is wrong; a record this accepts, `unwrap` reads the same way.
+
+    It runs once per record the precise intake reads, where `unwrap`'s dictionary of
+    fields cost a seventh of the thread. The level forwarder's fast path
+    (`RecordSender.send_run`) makes the same checks inline: calling this from there cost
+    0.05-0.10 of the bare pipe's rate (0.44-0.47 against 0.52-0.54 at-least-once, runs
+    alternated), so the two copies stay, and must keep agreeing."""
+    if type(headers) is not list:
+        return None
+    count = len(headers)
+    end = count
+    due_ms = None
+    if count >= 5 and headers[-1][0] == H_DUE_MS:
+        raw_due = headers[-1][1]
+        if not (type(raw_due) is bytes and raw_due.isdigit() and len(raw_due) <= MAX_DIGITS):
+            return None
+        due_ms = int(raw_due)
+        end = count - 1
+    if end < 4:
+        return None
+    (v, version), (t, raw_target), (m, raw_ms), (i, raw_id) = headers[end - 4 : end]
+    if not (
+        v == H_VERSION
+        and t == H_TARGET
+        and m == H_DELAY_MS
+        and i == H_ID
+        and version == b"1"
+        and type(raw_ms) is bytes
+        and raw_ms.isdigit()
+        and len(raw_ms) <= MAX_DIGITS
+        and type(raw_id) is bytes
+        and raw_id
+        and raw_id.isascii()
+        and type(raw_target) is bytes
+        and raw_target
+    ):
+        return None
+    user = headers[: end - 4]
+    for name, value in user:
+        if type(name) is not str or name[:_PREFIX_LENGTH] == PREFIX:
+            return None
+        if value is not None and type(value) is not bytes:
+            return None
+    target = _TARGET_NAMES.get(raw_target)
+    if target is None:
+        try:
+            target = _target_name(raw_target)
+        except UnicodeDecodeError:
+            return None
+    return target, int(raw_ms), raw_id.decode("ascii"), due_ms, cast("ByteHeaders", user)
 
 
 def _checked(env: dict[str, bytes | str | None]) -> Envelope:

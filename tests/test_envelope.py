@@ -1,8 +1,15 @@
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from delayservice.envelope import Envelope, _checked, forwarded_headers, unwrap, wrap
+from delayservice.envelope import (
+    Envelope,
+    _checked,
+    forwarded_headers,
+    plain_tail,
+    unwrap,
+    wrap,
+)
 from delayservice.errors import EnvelopeError
 
 
@@ -171,3 +178,147 @@ def test_target_names_too_long_for_a_topic_are_not_memoised():
         parsed, _, _ = unwrap(wrap(Envelope(huge.decode(), 1000, f"id-{i}"), []))
         assert len(parsed.target) == len(huge)
     assert all(len(raw) <= 249 for raw in envelope._TARGET_NAMES)
+
+
+_header_lists = st.lists(
+    st.tuples(
+        st.one_of(
+            st.sampled_from(["delay-v", "delay-target", "delay-ms", "delay-id"]),
+            st.sampled_from(["delay-partition", "delay-due-ms", "delay-cancel", "user"]),
+            st.text(max_size=8),
+        ),
+        st.one_of(
+            st.none(),
+            st.sampled_from(
+                [b"1", b"2", b"01", b"0", b"42", b"orders", b"\xff", b"9" * 16, b"", b"a-p0"]
+            ),
+            st.binary(max_size=12),
+            st.text(max_size=6),
+        ),
+    ),
+    max_size=9,
+)
+
+
+_tail = [
+    ("delay-v", b"1"),
+    ("delay-target", b"orders"),
+    ("delay-ms", b"1500"),
+    ("delay-id", b"0123456789abcdef0123456789abcdef-p2"),
+    ("delay-due-ms", b"1700000000000"),
+]
+
+
+_benign_user = st.lists(
+    st.tuples(
+        st.text(max_size=8).filter(lambda n: not n.startswith("delay-")), st.binary(max_size=8)
+    )
+)
+_hostile_value = st.one_of(
+    st.none(),
+    st.sampled_from(
+        [b"1", b"2", b"01", b"0", b"42", b"orders", b"\xff", b"9" * 16, b"", b"a-p0", b" 1"]
+    ),
+    st.binary(max_size=12),
+    st.text(max_size=6),
+)
+_kept = st.just(("keep", None))
+
+
+@settings(max_examples=500)
+@given(
+    st.one_of(_benign_user, _benign_user, _header_lists),
+    st.lists(
+        st.one_of(
+            _kept,
+            _kept,
+            st.tuples(st.just("value"), _hostile_value),
+            st.tuples(st.just("name"), st.sampled_from(["delay-id", "delay-partition", "x"])),
+        ),
+        min_size=5,
+        max_size=5,
+    ),
+    st.one_of(st.just(0), st.just(0), st.just(0), st.integers(0, 5)),
+    st.one_of(st.just(False), st.just(False), st.booleans()),
+)
+def test_the_plain_tail_reads_only_what_unwrap_reads_the_same_way(user, changes, cut, extra):
+    """The intake's fast read may refuse anything, but what it accepts must be exactly
+    what the full parse makes of it: a valid tail behind hostile user headers, with a
+    field's value or name swapped for a hostile one, fields dropped, or one twice."""
+    tail: list = []
+    for (name, value), (how, change) in zip(_tail, changes, strict=True):
+        if how == "value":
+            tail.append((name, change))
+        elif how == "name":
+            tail.append((change, value))
+        else:
+            tail.append((name, value))
+    headers = user + tail[cut:] + (tail[:1] if extra else [])
+    tail = plain_tail(headers)
+    if tail is None:
+        return
+    envelope, full_user, _size = unwrap(headers)
+    target, delay_ms, message_id, due_ms, plain_user = tail
+    assert envelope == Envelope(target, delay_ms, message_id, None, due_ms)
+    assert plain_user == full_user
+
+
+@given(
+    st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8)))),
+    st.sampled_from([None, 1_700_000_000_000]),
+)
+def test_the_plain_tail_reads_what_wrap_writes(user, due_ms):
+    """Every envelope the producer writes without a target partition takes the fast read,
+    unless a user header uses the reserved prefix (which `wrap` refuses anyway)."""
+    envelope = Envelope("orders", 1500, "0123456789abcdef0123456789abcdef-p2", None, due_ms)
+    try:
+        headers = wrap(envelope, user)
+    except EnvelopeError:
+        return
+    assert plain_tail(headers) == ("orders", 1500, envelope.id, due_ms, user)
+
+
+_HOSTILE_VALUES = [
+    None,
+    b"1",
+    b"2",
+    b"01",
+    b"0",
+    b"",
+    b" 1",
+    b"1 ",
+    b"+1",
+    "\u0661".encode(),
+    b"9" * 16,
+    b"\xff",
+    b"a-p0",
+    "1",
+    "orders",
+]
+
+
+@pytest.mark.parametrize("index", range(len(_tail)))
+@pytest.mark.parametrize("value", _HOSTILE_VALUES)
+def test_each_tail_field_with_a_hostile_value_is_read_as_unwrap_reads_it(index, value):
+    headers = [("user", b"u"), *_tail]
+    headers[index + 1] = (headers[index + 1][0], value)
+    tail = plain_tail(headers)
+    try:
+        envelope, user, _size = unwrap(headers)
+    except EnvelopeError:
+        assert tail is None
+        return
+    if tail is not None:
+        assert Envelope(*tail[:3], None, tail[3]) == envelope
+        assert tail[4] == user
+
+
+def test_the_plain_tail_leaves_explicit_partitions_and_cancels_to_the_full_parse():
+    with_partition = wrap(Envelope("orders", 5, "abc", 3), [])
+    assert plain_tail(with_partition) is None
+    assert unwrap(with_partition)[0].partition == 3
+    cancel = [("delay-v", b"1"), ("delay-cancel", b"abc")]
+    assert plain_tail(cancel) is None
+    not_utf8_target = wrap(Envelope("orders", 5, "abc"), [])
+    not_utf8_target[1] = ("delay-target", b"\xff\xfe")
+    assert plain_tail(not_utf8_target) is None

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
-from delayservice.envelope import Envelope, Headers, unwrap
+from delayservice.envelope import ByteHeaders, Envelope, Headers, plain_tail, unwrap
 from delayservice.errors import EnvelopeError
 from delayservice.kafka.record_headers import UNREADABLE, read_headers, readable_headers
 from delayservice.levels import Level, format_duration_ms
@@ -30,6 +30,10 @@ from delayservice.worker.target_names import TargetNames
 log = logging.getLogger(__name__)
 
 NOT_APPEND_TIME: Final = "not_append_time"
+VALID_TARGETS_KEPT: Final = 10_000
+Plain = tuple[int, str, int, str, "int | None", ByteHeaders]
+"""What `Admission.plain` reads from a common record: (due ms, target, delay ms, id,
+`delay-due-ms` or None, the user's headers)."""
 _WARN_EVERY_S: Final = 60.0
 
 
@@ -47,24 +51,59 @@ class Admission:
         self._m_not_append = metrics.level_mismatches.labels(level.name, NOT_APPEND_TIME)
         self._throttle = Throttle(_WARN_EVERY_S)
         self.names = TargetNames(reserved_targets)
+        self._valid_targets: set[str] = set()
+        """Targets `names` found valid, for the common record's one set lookup."""
 
-    def hold(self, message: Message, slot: Any, now_ms: int | None = None) -> SlotRecord:
+    def plain(self, message: Message, headers: object) -> Plain | None:
+        """The common record, decided without building anything: a broker-written
+        timestamp, the envelope as `DelayProducer` writes it (`plain_tail`), a delay in
+        range and a valid target. Returns (due ms, target, delay ms, id, due-ms header,
+        user headers); None for anything else, which `hold` then decides in full (the
+        same due time for a record both accept: the append time plus the delay, or the
+        `delay-due-ms` when later)."""
+        tail = plain_tail(headers)
+        if tail is None:
+            return None
+        kind, base = message.timestamp()
+        if kind != TIMESTAMP_LOG_APPEND_TIME:
+            return None
+        target, delay_ms, message_id, due_header, user = tail
+        if delay_ms > self._max_delay:
+            return None
+        if target not in self._valid_targets:
+            if self.names.problem(target) is not None:
+                return None
+            if len(self._valid_targets) >= VALID_TARGETS_KEPT:
+                self._valid_targets.clear()
+            self._valid_targets.add(target)
+        due = base + delay_ms
+        if due_header is not None and due_header > due:
+            if due_header > base + self._max_delay:
+                return None
+            due = due_header
+        return due, target, delay_ms, message_id, due_header, user
+
+    def hold(
+        self, message: Message, slot: Any, now_ms: int | None = None, headers: object = None
+    ) -> SlotRecord:
         """The record to hold (settled through `slot`); `problem` is set when it cannot
         be forwarded. `now_ms` is when it was read (once per batch on the hot path); any
-        time after the record's append keeps due times from ever being early."""
+        time after the record's append keeps due times from ever being early. `headers`:
+        what `read_headers` gave for it, when the caller has read them already."""
         now_ms = now_ms or int(time.time() * 1000)
         try:
-            return self._hold(message, slot, now_ms)
+            return self._hold(message, slot, now_ms, headers)
         except Exception as exc:  # a bug or a surprise in one record stays with that record
             log.exception("%s: could not read a record", self.level.topic)
             return self._unreadable(message, slot, now_ms, f"{type(exc).__name__}: {exc}")
 
-    def _hold(self, message: Message, slot: Any, now_ms: int) -> SlotRecord:
+    def _hold(self, message: Message, slot: Any, now_ms: int, raw: Any) -> SlotRecord:
         partition, offset = message.partition() or 0, message.offset() or 0
         key, value = message.key(), message.value()
         key_b = key.encode() if isinstance(key, str) else key
         value_b = value.encode() if isinstance(value, str) else value
-        raw = read_headers(message)
+        if raw is None:
+            raw = read_headers(message)
         if raw is UNREADABLE:  # target and due time unknown: dead-lettered at once
             return SlotRecord(
                 partition, offset, key_b, value_b, [], None, now_ms, slot,

@@ -30,21 +30,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from delayservice.envelope import H_CANCEL, Headers
+from delayservice.envelope import H_CANCEL, ByteHeaders, Envelope, Headers
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.log_levels import GraceStreaks
-from delayservice.kafka.record_headers import readable_headers
+from delayservice.kafka.record_headers import headers_of_run
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.ids import named_partition
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
@@ -56,6 +56,10 @@ from delayservice.worker.ledger import LevelLedger, PartitionLedger
 log = logging.getLogger(__name__)
 
 BATCH: Final = 2000
+_Fields = tuple[int, bytes | None, bytes | None, ByteHeaders, str, int, str, int | None, int]
+"""A stored record's (offset, key, value, user headers, target, delay ms, id,
+`delay-due-ms`, due ms): its `SlotRecord` is built only if its slot is in memory (most
+records go to disk only)."""
 POLL_TIMEOUT_S: Final = 0.2
 ERROR_PAUSE_S: Final = 0.5
 METADATA_EVERY_S: Final = 10.0
@@ -151,7 +155,8 @@ class Intake:
         self.roles: dict[int, Role] = {}
         self._origin_checked: set[int] = set()
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
-        self._to_write: list[tuple[int, int, bytes, SlotRecord]] = []  # this batch's records
+        self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
+        """This batch's records: (partition, fire ms, frame, the record or its fields)."""
         self._throttle = Throttle()
         self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
@@ -320,39 +325,58 @@ class Intake:
         now_ms = int(time.time() * 1000)
         durable: list[tuple[PartitionLedger, int]] = []
         in_memory: list[tuple[SlotRecord, float]] = []
+        ours, ledgers = self._ours(messages)
+        heads = headers_of_run(ours)  # one checked read each: see record_headers
+        for message, ledger, headers in zip(ours, ledgers, heads, strict=True):
+            offset = message.offset() or 0
+            try:
+                if self._one(message, headers, ledger, offset, now_ms):
+                    durable.append((ledger, offset))
+            except (StorageError, OSError):
+                raise  # the disk's fault, not the record's: stop, dead-letter nothing
+            except Exception as exc:
+                log.exception(
+                    "%s[%d]@%d: could not store a record", self.topic, ledger.partition, offset
+                )
+                self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
+        self._write_batch(in_memory)
+        if durable or in_memory:
+            self._store.sync()
+            self._cancels.sync()
+            self._check_storage()
+        self.ledger.settle_many(durable)
+        self._commit()
+        if self._matched_at:
+            self._retire_matched()
+        if in_memory:
+            self._wheel.admit(in_memory)
+
+    def _ours(self, messages: list[Message]) -> tuple[list[Message], list[PartitionLedger]]:
+        """The batch's records of partitions this intake holds, each tracked in its
+        partition's ledger (in offset order, one lock per batch), and their ledgers."""
+        ours: list[Message] = []
+        ledgers: list[PartitionLedger] = []
+        offsets: dict[PartitionLedger, list[int]] = {}
+        held = self.ledger.partitions
         consumed = 0
         for message in messages:
             if message.error() is not None:
                 self._message_error(message)
                 continue
             consumed += 1
-            partition, offset = message.partition() or 0, message.offset() or 0
-            ledger = self.ledger.partitions.get(partition)
+            ledger = held.get(message.partition() or 0)
             if ledger is None:
                 continue  # not ours (any more)
-            self.ledger.track(ledger, offset, 0)
-            try:
-                self._check_origin(partition, offset)
-                if self._one(message, ledger, now_ms, in_memory):
-                    durable.append((ledger, offset))
-            except (StorageError, OSError):
-                raise  # the disk's fault, not the record's: stop, dead-letter nothing
-            except Exception as exc:
-                log.exception("%s[%d]@%d: could not store a record", self.topic, partition, offset)
-                self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
-        self._write_batch(in_memory)
+            tracked = offsets.get(ledger)
+            if tracked is None:
+                tracked = offsets[ledger] = []
+                self._check_origin(ledger.partition, message.offset() or 0)
+            tracked.append(message.offset() or 0)
+            ours.append(message)
+            ledgers.append(ledger)
+        self.ledger.track_many(offsets)
         self._m_consumed.inc(consumed)
-        if durable or in_memory:
-            self._store.sync()
-            self._cancels.sync()
-            self._check_storage()
-        for ledger, offset in durable:
-            self.ledger.settle(ledger, offset, 0)
-        self._commit()
-        if self._matched_at:
-            self._retire_matched()
-        if in_memory:
-            self._wheel.admit(in_memory)
+        return ours, ledgers
 
     def _retire_matched(self) -> None:
         """Drop the cancels whose messages' offsets are now committed."""
@@ -366,59 +390,81 @@ class Intake:
         self._matched_at = waiting
 
     def _one(
-        self,
-        message: Message,
-        ledger: PartitionLedger,
-        now_ms: int,
-        in_memory: list[tuple[SlotRecord, float]],
+        self, message: Message, headers: object, ledger: PartitionLedger, offset: int, now_ms: int
     ) -> bool:
         """Handle one record; True when it is settled by the coming sync."""
-        partition, offset = ledger.partition, message.offset() or 0
-        role = self.roles.get(partition)
-        cancel_id = cancel_target(readable_headers(message))
+        partition = ledger.partition
+        replica = self.roles.get(partition) is Role.REPLICA
+        plain = self._admission.plain(message, headers)
+        key, value = message.key(), message.value()
+        if plain is not None and not isinstance(key, str) and not isinstance(value, str):
+            due, target, delay_ms, message_id, due_header, user = plain
+            if message_id in self._cancels:
+                return self._cancelled_first(partition, offset, message_id)
+            frame = encode_fields(
+                offset, due, replica, message_id, target, None, delay_ms, key, value, user
+            )
+            fields = (offset, key, value, user, target, delay_ms, message_id, due_header, due)
+            fire_ms = due + (self._takeover_ms if replica else 0)
+            self._to_write.append((partition, fire_ms, frame, fields))
+            return True
+        cancel_id = cancel_target(headers if type(headers) is list else [])
         if cancel_id is not None:
             self._cancel(cancel_id, message, now_ms)
             return True
-        record = self._admission.hold(message, ledger, now_ms)
-        envelope = record.envelope
-        if record.problem is not None or envelope is None:
-            if role is Role.OWNER:
+        record = self._admission.hold(message, ledger, now_ms, headers)
+        held = record.envelope
+        if record.problem is not None or held is None:
+            if self.roles.get(partition) is Role.OWNER:
                 self._send_dead_letter(record)  # settles the offset once durable
                 return False
             return True  # the owner dead-letters it
-        if envelope.id in self._cancels:  # the cancel came first
-            # Retired only once this offset is committed: a crash before would read
-            # the message again and must still find its cancel.
-            self._matched_at.append((partition, offset, envelope.id))
-            self._m_cancels.labels("cancelled").inc()
-            return True
-        replica = role is Role.REPLICA
-        stored = StoredRecord(
+        if held.id in self._cancels:
+            return self._cancelled_first(partition, offset, held.id)
+        frame = encode_fields(
             offset,
             record.due_ms,
             replica,
-            envelope.id,
-            envelope.target,
-            envelope.partition,
-            envelope.delay_ms,
+            held.id,
+            held.target,
+            held.partition,
+            held.delay_ms,
             record.key(),
             record.value(),
             [(n, v.encode() if isinstance(v, str) else v) for n, v in record.user],
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
-        self._to_write.append((partition, fire_ms, encode(stored), record))
+        self._to_write.append((partition, fire_ms, frame, record))
+        return True
+
+    def _cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
+        """A message whose cancel came before it: not stored. Its cancel is retired only
+        once this offset is committed: a crash before would read the message again and
+        must still find its cancel."""
+        self._matched_at.append((partition, offset, message_id))
+        self._m_cancels.labels("cancelled").inc()
         return True
 
     def _write_batch(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
-        """Write the batch's records, one write per file (`Wheel.append_many`)."""
+        """Write the batch's records, one write per file (`Wheel.append_many`); those
+        whose slot is in memory join `in_memory` (built here, only for them)."""
         batch, self._to_write = self._to_write, []
         if not batch:
             return
         trackers = self._wheel.append_many([(p, fire, frame) for p, fire, frame, _ in batch])
-        for (_, fire_ms, _, record), tracker in zip(batch, trackers, strict=True):
-            if tracker is not None:
-                record.slot = tracker
-                in_memory.append((record, fire_ms / 1000))
+        for (partition, fire_ms, _, held), tracker in zip(batch, trackers, strict=True):
+            if tracker is None:
+                continue
+            if isinstance(held, SlotRecord):
+                held.slot = tracker
+                record = held
+            else:
+                offset, key, value, user, target, delay_ms, message_id, due_header, due = held
+                envelope = Envelope(target, delay_ms, message_id, None, due_header)
+                record = SlotRecord(
+                    partition, offset, key, value, cast("Headers", user), envelope, due, tracker
+                )
+            in_memory.append((record, fire_ms / 1000))
 
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
         if not message_id:

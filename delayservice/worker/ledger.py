@@ -82,6 +82,30 @@ class LevelLedger:
             self.total_bytes += size
             self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
 
+    def track_many(self, offsets: dict[PartitionLedger, list[int]]) -> None:
+        """`track` of records without a size (the precise intake), a batch per lock."""
+        with self.lock:
+            for ledger, read in offsets.items():
+                if not read:
+                    continue
+                ledger.pending.extend(read)
+                ledger.next_offset = read[-1] + 1
+                ledger.buffered += len(read)
+                self.total_buffered += len(read)
+                self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
+
+    def settle_many(self, done: list[tuple[PartitionLedger, int]]) -> None:
+        """`settle` of records without a size, a batch per lock."""
+        if not done:
+            return
+        with self.lock:
+            for ledger, offset in done:
+                if ledger.revoked:
+                    continue
+                ledger.settled.add(offset)
+                ledger.buffered -= 1
+                self.total_buffered -= 1
+
     def settle(self, ledger: PartitionLedger, offset: int, size: int) -> None:
         with self.lock:
             if ledger.revoked:

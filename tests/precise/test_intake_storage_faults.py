@@ -113,10 +113,10 @@ def test_a_data_directory_removed_under_the_intake_stops_it(rig):
 
 
 def test_a_record_that_cannot_be_framed_is_still_dead_lettered(rig, monkeypatch):
-    def unframeable(stored: Any) -> bytes:
-        raise SlotFormatError(f"record {stored.message_id!r} cannot be framed")
+    def unframeable(*fields: Any) -> bytes:
+        raise SlotFormatError(f"record {fields[3]!r} cannot be framed")
 
-    monkeypatch.setattr(intake, "encode", unframeable)
+    monkeypatch.setattr(intake, "encode_fields", unframeable)
     rig.feed([record(0), record(1)])
     assert wait(lambda: len(rig.dead.submitted) == 2)
     assert rig.intake.is_alive()
