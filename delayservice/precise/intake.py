@@ -37,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from delayservice.envelope import H_CANCEL, ByteHeaders, Envelope, Headers
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.log_levels import GraceStreaks
+from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import headers_of_run
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -214,7 +215,7 @@ class Intake:
                 if time.monotonic() >= next_metadata:
                     self._assign()
                     next_metadata = time.monotonic() + METADATA_EVERY_S
-                messages = self._consumer.consume(BATCH, POLL_TIMEOUT_S)
+                messages = ready_batch(self._consumer, BATCH, POLL_TIMEOUT_S)
                 if messages:
                     self.broker_down = False
                     self.handle(messages)

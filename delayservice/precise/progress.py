@@ -31,6 +31,7 @@ from typing import Any, Final, NamedTuple
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
+from delayservice.kafka.ready_batch import ready_batch
 from delayservice.precise.placement import Placement, Role
 
 log = logging.getLogger(__name__)
@@ -181,7 +182,7 @@ class Progress:
                     )
                     if end <= low:
                         self._caught_up.set()
-                for message in consumer.consume(500, 0.5):
+                for message in ready_batch(consumer, 500, 0.5):
                     error = message.error()
                     if error is not None:
                         if error.code() != KafkaError._PARTITION_EOF:

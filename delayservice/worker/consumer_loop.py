@@ -35,6 +35,7 @@ from confluent_kafka import (
 )
 
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.ready_batch import ready_batch
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -371,15 +372,11 @@ class ConsumerLoop:
             self._group.wait_drained(self._flow.pause_at, BEHIND_WAIT_S)
             return []
         self._last_consume = now  # rebalances are served from consume(): never for long
-        messages = self._consumer.consume(BATCH, 0)
-        if messages:
-            return messages
-        if self.paused:
-            # A paused partition resumes only between two calls: wait briefly, or the
-            # forwarder drains it and then waits for this thread (up to the timeout,
-            # per pause; forwarding ran at a third of the bare pipe under a backlog).
-            return self._consumer.consume(1, PAUSED_POLL_S)
-        return self._consumer.consume(1, POLL_TIMEOUT_S)
+        # A paused partition resumes only between two calls: wait briefly, or the
+        # forwarder drains it and then waits for this thread (up to the timeout, per
+        # pause; forwarding ran at a third of the bare pipe under a backlog).
+        wait = PAUSED_POLL_S if self.paused else POLL_TIMEOUT_S
+        return ready_batch(self._consumer, BATCH, wait)
 
     def _shutdown(self) -> None:
         """Runs after the loop: the forwarder's last commit point, then the last commit,

@@ -53,6 +53,8 @@ class Consumer:
         self.lock = threading.Lock()
         self.consumed = threading.Condition(self.lock)
         self.taken = 0
+        self.calls: list[tuple[int, float]] = []
+        """(num_messages, timeout) of every consume() call."""
 
     def make(self, _config: dict[str, Any]) -> Consumer:
         return self
@@ -72,6 +74,7 @@ class Consumer:
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         with self.lock:
+            self.calls.append((num_messages, timeout))
             if self.batches:
                 self.taken += 1
                 self.consumed.notify_all()
