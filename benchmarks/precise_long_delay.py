@@ -67,8 +67,8 @@ DAY = 86_400.0
 GOALS = {
     "rss": "<= 100 MiB",
     "restart": "<= 30 s",
-    "intake": ">= 50,000 msg/s",
-    "near_p99": "<= 200 ms",
+    "intake": ">= 75,000 msg/s",
+    "near_p99": "<= 100 ms",
 }
 
 
