@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Sets everything up, then runs the linters and the test suite on a real Kafka broker,
-# a local Spark and a real Prometheus. Without --all the slowest fault scenarios (marked
-# `long`) are left out, which is what CI runs; --all runs every test. Extra arguments
-# go to pytest.
+# a local Spark and a real Prometheus, and last the demo (scripts/demo_check.sh), which
+# must deliver every message on time, none early and the cancelled one never, and print
+# no WARNING or ERROR line. Without --all the slowest fault scenarios (marked `long`) are
+# left out, which is what CI runs; --all runs every test. Extra arguments go to pytest,
+# and then the demo is left out (a selection is not the whole suite).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 selection=(-m "not long")
@@ -16,4 +18,12 @@ echo "lint: ruff, ruff format, mypy --strict"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "${selection[@]}" "$@"
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest "${selection[@]}" "$@"
+fi
+test_log=$(mktemp)
+trap 'rm -f "$test_log"' EXIT
+.venv/bin/python -m pytest "${selection[@]}" 2>&1 | tee "$test_log"
+scripts/demo_check.sh
+# The test run's summary line is repeated last, so it closes the output.
+grep -E '^=+ .*(passed|failed).* in [0-9.]+s' "$test_log" | tail -1 || true
