@@ -158,6 +158,8 @@ class Intake:
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
         """This batch's records: (partition, fire ms, frame, the record or its fields)."""
+        self._unsettled: dict[int, int] | None = None
+        """partition -> first offset of the batch being handled, until it is settled."""
         self._throttle = Throttle()
         self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
@@ -246,8 +248,36 @@ class Intake:
             except Exception:
                 self._m_loop_errors.inc()
                 log.exception("intake of %s: unexpected error; continuing", self.topic)
+                self._rewind()
                 self._stopping.wait(ERROR_PAUSE_S)
         self._shutdown()
+
+    def _rewind(self) -> None:
+        """Read a batch whose handling failed before it was settled again, from its first
+        record on. Reading on past it would leave its records undelivered, and every
+        later commit of their partitions held back, until a restart."""
+        firsts, self._unsettled = self._unsettled, None
+        self._to_write = []
+        if not firsts or self._consumer is None:
+            return
+        self._matched_at = [m for m in self._matched_at if m[1] < firsts.get(m[0], m[1] + 1)]
+        self.ledger.rewind(firsts)
+        try:
+            for partition, offset in firsts.items():
+                if partition in self.ledger.partitions:
+                    self._consumer.seek(TopicPartition(self.topic, partition, offset))
+        except Exception as exc:
+            # Reading on would commit past the forgotten records: stop instead, and
+            # read them again after the restart.
+            log.exception("intake of %s: could not go back to a failed batch", self.topic)
+            self._stopping.set()
+            self._on_fatal(f"intake of {self.topic} could not re-read a failed batch: {exc}")
+            return
+        log.warning(
+            "intake of %s: reading the failed batch again from %s",
+            self.topic,
+            ", ".join(f"{p}@{o}" for p, o in sorted(firsts.items())),
+        )
 
     def _storage_fault(self, fault: Exception) -> None:
         """Stop reading: every record from here on would fail alike. What was synced is
@@ -346,6 +376,7 @@ class Intake:
             self._cancels.sync()
             self._check_storage()
         self.ledger.settle_many(durable)
+        self._unsettled = None
         self._commit()
         if self._matched_at:
             self._retire_matched()
@@ -376,6 +407,7 @@ class Intake:
             ours.append(message)
             ledgers.append(ledger)
         self.ledger.track_many(offsets)
+        self._unsettled = {ledger.partition: read[0] for ledger, read in offsets.items()}
         self._m_consumed.inc(consumed)
         return ours, ledgers
 

@@ -116,6 +116,27 @@ class LevelLedger:
             self.total_buffered -= 1
             self.total_bytes -= size
 
+    def rewind(self, firsts: dict[int, int]) -> None:
+        """Forget each partition's records from `firsts[partition]` on, to be read again.
+
+        For a batch whose handling failed before it was settled: its records are
+        neither durable nor buffered, and reading on past them would hold every later
+        commit back (and leave those records undelivered) until a restart. A dead
+        letter of a forgotten record that becomes durable later still settles its
+        offset; the record is then read and dead-lettered again: a duplicate dead
+        letter, never a loss."""
+        with self.lock:
+            for partition, first in firsts.items():
+                ledger = self.partitions.get(partition)
+                if ledger is None:
+                    continue
+                dropped = [o for o in ledger.pending if o >= first and o not in ledger.settled]
+                ledger.pending = deque(o for o in ledger.pending if o < first)
+                ledger.settled = {o for o in ledger.settled if o < first}
+                ledger.next_offset = first
+                ledger.buffered -= len(dropped)
+                self.total_buffered -= len(dropped)
+
     def to_commit(self) -> list[tuple[int, int]]:
         """(partition, offset) pairs that moved since the last commit."""
         out: list[tuple[int, int]] = []

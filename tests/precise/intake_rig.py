@@ -4,7 +4,8 @@ stand-in for the forwarder that only dead letters reach."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,6 +56,8 @@ class Consumer:
         self.taken = 0
         self.calls: list[tuple[int, float]] = []
         """(num_messages, timeout) of every consume() call."""
+        self.handed: list[Message] = []
+        self.seeks: list[tuple[int, int]] = []
 
     def make(self, _config: dict[str, Any]) -> Consumer:
         return self
@@ -78,11 +81,27 @@ class Consumer:
             if self.batches:
                 self.taken += 1
                 self.consumed.notify_all()
-                return self.batches.pop(0)
+                batch = self.batches.pop(0)
+                self.handed.extend(batch)
+                return batch
         threading.Event().wait(min(timeout, 0.01))
         with self.lock:
             self.consumed.notify_all()
         return []
+
+    def seek(self, partition: TopicPartition) -> None:
+        """As librdkafka's: the partition is read again from the offset (what was
+        handed out from there on comes first)."""
+        with self.lock:
+            self.seeks.append((partition.partition, partition.offset))
+            again = [
+                m
+                for m in self.handed
+                if m.partition() == partition.partition and (m.offset() or 0) >= partition.offset
+            ]
+            self.handed = [m for m in self.handed if m not in again]
+            if again:
+                self.batches.insert(0, again)
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
         with self.lock:
@@ -190,3 +209,15 @@ def wait(condition: Callable[[], bool], timeout: float = 10) -> bool:
             return True
         done.wait(0.01)
     return condition()
+
+
+@contextmanager
+def running(root: Path, partitions: int = 1) -> Iterator[Rig]:
+    """A rig whose intake runs until the block ends (it may have stopped by itself)."""
+    made = Rig(root, partitions)
+    made.intake.start()
+    try:
+        yield made
+    finally:
+        made.intake.request_stop()
+        assert made.intake.join(10)

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from delayservice.precise.ids import precise_id
-from tests.precise.intake_rig import Rig, record, wait
+from tests.precise.intake_rig import Rig, record, running, wait
 
 
 @pytest.fixture
-def rig(tmp_path: Path):
-    made = Rig(tmp_path, partitions=2)
-    made.intake.start()
-    yield made
-    made.stop()
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    with running(tmp_path, partitions=2) as made:
+        yield made
 
 
 def _cancels(rig: Rig, outcome: str) -> float:

@@ -5,6 +5,7 @@ every other record must still take the full read."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,14 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.precise_worker import PreciseLevel
 from delayservice.precise.slot_file import StoredRecord, decode
-from tests.precise.intake_rig import FAR_MS, NOW_MS, TOPIC, Rig, record
+from tests.precise.intake_rig import FAR_MS, NOW_MS, TOPIC, Rig, record, running
 from tests.worker.fakes import message
 
 
 @pytest.fixture
-def rig(tmp_path: Path):
-    made = Rig(tmp_path)
-    made.intake.start()
-    yield made
-    made.stop()
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    with running(tmp_path) as made:
+        yield made
 
 
 def _stored(root: Path) -> dict[str, StoredRecord]:

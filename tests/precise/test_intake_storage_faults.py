@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.slot_file import SlotFormatError
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
-from tests.precise.intake_rig import NOW_MS, Rig, record, wait
+from tests.precise.intake_rig import NOW_MS, Rig, record, running, wait
 
 
 def _failing(code: int, after: int = 0) -> Callable[..., Any]:
@@ -35,12 +35,9 @@ def _failing(code: int, after: int = 0) -> Callable[..., Any]:
 
 
 @pytest.fixture
-def rig(tmp_path: Path):
-    made = Rig(tmp_path)
-    made.intake.start()
-    yield made
-    made.intake.request_stop()
-    made.intake.join(10)
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    with running(tmp_path) as made:
+        yield made
 
 
 def _stopped_on_a_fault(rig: Rig, words: str) -> None:

@@ -125,6 +125,51 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
     assert far[0] != far[1]
 
 
+def test_a_batch_the_intake_failed_to_handle_is_read_again_on_the_real_broker(
+    testbed, tmp_path, monkeypatch
+):
+    """An unexpected error while storing a batch: the intake seeks back on the real
+    consumer, so every message still arrives, once and not early, without a restart."""
+    settings = _precise(testbed, tmp_path)
+    target = testbed.create_topic(f"again-{testbed.tag}", partitions=1)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    wheel = _precise_worker(daemon).wheel
+    real = wheel.append_many
+    failures: list[int] = []
+
+    def fails_once(records: Any) -> Any:
+        if not failures:
+            failures.append(len(records))
+            raise RuntimeError("injected: a bug while writing a batch")
+        return real(records)
+
+    monkeypatch.setattr(wheel, "append_many", fails_once)
+    producer = _exact_producer(testbed, settings)
+    due = {}
+    for i in range(30):
+        delay = 1.0 + (i % 5) * 0.3
+        mid = producer.produce(target, f"v{i}".encode(), key=f"k{i}".encode(), delay=delay)
+        due[mid] = delay
+    assert producer.flush(10) == 0
+    appended = _append_times(testbed, settings, len(due))
+
+    worker = _precise_worker(daemon)
+    testbed.wait_for(
+        lambda: sum(worker.intake.committed(p) or 0 for p in range(settings.partitions)) == 30,
+        30,
+        "the intake to commit every record (it read the failed batch again)",
+    )
+    testbed.wait_for(lambda: len(wheel.buffer) == 0, 30, "every record to be forwarded")
+    records = testbed.collect(target, len(due), timeout=30)
+    assert failures, "the injected failure never happened"
+    ids = [_headers(r)["delay-id"].decode() for r in records]
+    assert sorted(ids) == sorted(due), "a message was lost or duplicated"
+    for record, mid in zip(records, ids, strict=True):
+        due_ms = appended[mid] + round(due[mid] * 1000)
+        assert record.timestamp()[1] >= due_ms, f"{mid} early"
+
+
 def test_a_cancelled_message_is_never_delivered_even_across_a_restart(testbed, tmp_path):
     settings = _precise(testbed, tmp_path)
     target = testbed.create_topic(f"cancel-{testbed.tag}")

@@ -54,3 +54,31 @@ def test_peaks_are_recorded():
     for offset in range(5):
         level.settle(p0, offset, 10)
     assert level.peak_partition_buffered == 5
+
+
+def test_rewind_forgets_a_failed_batch_and_keeps_what_came_before():
+    ledger = LevelLedger()
+    p = ledger.assign(0)
+    ledger.track_many({p: [0, 1, 2, 3, 4]})
+    ledger.settle_many([(p, 0), (p, 1), (p, 3)])  # 2 is a dead letter still in flight
+    ledger.track_many({p: [5, 6, 7]})  # the batch that fails
+    ledger.settle_many([(p, 6)])
+    ledger.rewind({0: 5})
+    assert p.next_offset == 5
+    assert p.buffered == ledger.total_buffered == 2  # offsets 2 and 4
+    assert ledger.to_commit() == [(0, 2)]
+    ledger.settle_many([(p, 2), (p, 4)])
+    assert ledger.to_commit() == [(0, 5)], "a rewound batch must not be committed past"
+    ledger.track_many({p: [5, 6, 7]})  # read again
+    ledger.settle_many([(p, 5), (p, 6), (p, 7)])
+    assert ledger.to_commit() == [(0, 8)]
+    assert p.buffered == ledger.total_buffered == 0
+
+
+def test_rewind_ignores_partitions_no_longer_held():
+    ledger = LevelLedger()
+    p = ledger.assign(0)
+    ledger.track_many({p: [0, 1]})
+    ledger.rewind({0: 0, 3: 7})
+    assert p.next_offset == 0
+    assert ledger.to_commit() == [(0, 0)]
