@@ -38,11 +38,12 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.progress import Progress
+from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import DataDirWatch, StorageError, check_data_dir
-from delayservice.precise.wheel import SlotBuffer, Wheel
+from delayservice.precise.wheel import Wheel
 from delayservice.settings import Settings
 from delayservice.status.census_export import CensusExport
 from delayservice.worker.buffer import Runs

@@ -23,18 +23,16 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Final, Protocol
 
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_file import StoredRecord, encode_settled
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
@@ -44,7 +42,6 @@ from delayservice.precise.splitter import split
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S, Tiers
 from delayservice.timers.base import Clock
-from delayservice.worker.buffer import NEVER, Alarm, Runs
 
 log = logging.getLogger(__name__)
 
@@ -97,85 +94,6 @@ class Outcomes(Protocol):
     def cleaned(self) -> None: ...
 
     def took_over(self) -> None: ...
-
-
-class SlotBuffer:
-    """The forwarder's buffer (`worker.buffer.Buffer`): the records in memory in a heap
-    by fire time, whose taker drops what must not go out any more (cancelled since it
-    was loaded, or a replica's copy the owner reported done)."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._heap: list[tuple[float, int, SlotRecord]] = []
-        self._seq = itertools.count()
-        self._cond = threading.Condition(threading.Lock())
-        self._alarm = Alarm(self._cond, clock)
-        self.keep: Callable[[list[SlotRecord]], list[SlotRecord]] = lambda records: records
-
-    def schedule_many(self, items: list[tuple[SlotRecord, float]]) -> None:
-        """Hold `items`, (record, fire time in clock seconds) each."""
-        if not items:
-            return
-        push, seq, heap = heapq.heappush, self._seq, self._heap
-        with self._cond:
-            head = heap[0][0] if heap else NEVER
-            for record, fire in items:
-                push(heap, (fire, next(seq), record))
-            if heap[0][0] < head:
-                self._cond.notify()
-
-    def take(self, limit: int) -> Runs:
-        """Records due now, at most `limit` (the forwarder comes straight back for more
-        while any are due: a burst starts going out at once), as runs by partition."""
-        now = self._clock()
-        records: list[SlotRecord] = []
-        with self._cond:
-            heap, pop = self._heap, heapq.heappop
-            while heap and heap[0][0] <= now and len(records) < limit:
-                records.append(pop(heap)[2])
-        runs: dict[int, list[SlotRecord]] = {}
-        for record in self.keep(records):
-            runs.setdefault(record.partition(), []).append(record)
-        return list(runs.items())
-
-    def put_back(
-        self,
-        partition: int,
-        records: list[SlotRecord],
-        not_before_ms: int = 0,
-        incarnation: int | None = None,
-    ) -> None:
-        """Records taken go again: at once, or not before `not_before_ms`. Placement is
-        static, so there is no other assignment they could be stale for."""
-        self.schedule_many([(record, not_before_ms / 1000) for record in records])
-
-    def incarnation(self, partition: int) -> int | None:
-        return None
-
-    def drop(self, partitions: set[int]) -> None:
-        with self._cond:
-            self._heap = [row for row in self._heap if row[2].partition() not in partitions]
-            heapq.heapify(self._heap)
-
-    def wait(self, deadline: float) -> None:
-        """Sleep until the earliest record is due, `deadline` (clock seconds) or `wake`."""
-        self._alarm.sleep(deadline, self._head_s)
-
-    def _head_s(self) -> float:
-        return self._heap[0][0] if self._heap else NEVER
-
-    def wake(self) -> None:
-        self._alarm.wake()
-
-    def next_due_ms(self) -> int | None:
-        with self._cond:
-            return math.ceil(self._heap[0][0] * 1000) if self._heap else None
-
-    def due_of(self, partition: int, record: SlotRecord) -> int:
-        return record.due_ms
-
-    def __len__(self) -> int:
-        return len(self._heap)
 
 
 class Wheel:
@@ -361,7 +279,13 @@ class Wheel:
         deferred: list[tuple[SlotRecord, float]] = []
         cancelled = 0
         now_ms = self._clock() * 1000
+        replicas: dict[int, bool] = {}  # partition -> this member holds its replica
+        sent: list[str] = []
+        # An owner's record due before this may have been taken over meanwhile.
+        overdue_before_ms = now_ms - self._takeover * 1000
+        coverage = self.coverage
         with self._lock:
+            in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
             for record in records:
                 envelope = record.envelope
                 tracker = record.slot
@@ -369,23 +293,25 @@ class Wheel:
                     out.append(record)  # a dead letter from the intake, or a retry of one
                     continue
                 message_id = envelope.id
-                self._in_memory.discard(message_id)
-                if message_id in self._cancelled_in_memory:
-                    self._cancelled_in_memory.discard(message_id)
+                in_memory.discard(message_id)
+                if message_id in cancelled_in_memory:
+                    cancelled_in_memory.discard(message_id)
                     # Match and mark under one hold of the lock, so no write of marks
                     # in between can retire the cancel before its message's mark.
                     self._matches.setdefault(tracker, []).append(message_id)
                     self._settle_locked(tracker, record.offset())
                     cancelled += 1
                     continue
-                replica = self._placement.role(record.partition()) is Role.REPLICA
-                # An owner's record this overdue may have been taken over meanwhile.
-                overdue = now_ms - record.due_ms > self._takeover * 1000
-                coverage = self.coverage
+                partition = record.partition()
+                replica = replicas.get(partition)
+                if replica is None:
+                    role = self._placement.role(partition)
+                    replica = replicas[partition] = role is Role.REPLICA
+                overdue = record.due_ms < overdue_before_ms
                 if (replica or overdue) and coverage is not None:
                     if not coverage.ready:  # just started: the other's word is not read yet
                         deferred.append((record, now_ms / 1000 + NOT_READY_RETRY_S))
-                        self._in_memory.add(message_id)
+                        in_memory.add(message_id)
                         continue
                     if coverage.covers(record.partition(), record.offset(), record.due_ms):
                         self._outcomes.cleaned()
@@ -393,20 +319,32 @@ class Wheel:
                         continue
                 if replica:
                     self._outcomes.took_over()
-                self._remember(message_id)
+                sent.append(message_id)
                 out.append(record)
+            self._remember(sent)
+        self._kept(cancelled, settled, deferred)
+        return out
+
+    def _kept(
+        self,
+        cancelled: int,
+        settled: list[tuple[SlotTracker, int]],
+        deferred: list[tuple[SlotRecord, float]],
+    ) -> None:
+        """What `_keep` held back: count the cancelled, settle the covered and hold the
+        deferred again (outside the lock)."""
         if cancelled:
             self._outcomes.cancelled("cancelled", cancelled)
         for tracker, offset in settled:
             self.settled(tracker, offset)
         if deferred:
             self.buffer.schedule_many(deferred)
-        return out
 
-    def _remember(self, message_id: str) -> None:
+    def _remember(self, message_ids: list[str]) -> None:
+        """Note ids as sent, for cancels that come too late (lock held)."""
         recent = self._recent
-        recent[message_id] = None
-        if len(recent) > RECENTLY_FORWARDED:
+        recent.update(dict.fromkeys(message_ids))
+        for _ in range(len(recent) - RECENTLY_FORWARDED):
             recent.popitem(last=False)
 
     def settled(self, tracker: SlotTracker, offset: int) -> None:

@@ -18,9 +18,9 @@ from delayservice.precise.precise_worker import (
     precise_forwarder,
     settle_durable,
 )
+from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
-from delayservice.precise.wheel import SlotBuffer
 from delayservice.settings import Settings, load_settings
 from delayservice.worker.ledger import LevelLedger
 from delayservice.worker.level_forwarder import LevelForwarder

@@ -19,10 +19,11 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
+from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import DataDirWatch
-from delayservice.precise.wheel import SlotBuffer, Wheel
+from delayservice.precise.wheel import Wheel
 from delayservice.worker.ledger import LevelLedger
 from tests.worker.fakes import message
 

@@ -12,12 +12,13 @@ from delayservice.envelope import Envelope
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import settle_durable
+from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.wheel import SlotBuffer, Wheel
+from delayservice.precise.wheel import Wheel
 from delayservice.worker.ledger import LevelLedger
 from delayservice.worker.level_forwarder import TAKE
 
