@@ -24,7 +24,7 @@ import heapq
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Final
 
@@ -172,6 +172,12 @@ class CancelLog:
             self._entries[message_id] = expires_ms
             heapq.heappush(self._heap, (expires_ms, message_id))
             return True
+
+    def among(self, message_ids: Iterable[str]) -> set[str]:
+        """Which of `message_ids` are called off, under one hold of the lock."""
+        with self._lock:
+            entries = self._entries
+            return {m for m in message_ids if m in entries} if entries else set()
 
     def __contains__(self, message_id: object) -> bool:
         with self._lock:

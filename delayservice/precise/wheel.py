@@ -26,7 +26,6 @@ import heapq
 import logging
 import threading
 import time
-from collections import OrderedDict
 from typing import Final, Protocol
 
 from delayservice.precise.cancel_log import CancelLog
@@ -54,7 +53,8 @@ MAX_LEAD_S: Final = 60.0
 MARKS_EVERY_S: Final = 0.05
 """How often settled marks are written to their slot files, in one write per slot."""
 RECENTLY_FORWARDED: Final = 100_000
-"""Ids of records lately sent, so a cancel that comes after can be told it is too late."""
+"""Ids of records lately sent (at least the last half this many, at most this many), so
+a cancel that comes after can be told it is too late."""
 EXPIRE_EVERY_S: Final = 60.0
 RECORD_OVERHEAD: Final = 900
 """Bytes a held record costs in memory beyond its frame: the record, its envelope, the
@@ -149,7 +149,8 @@ class Wheel:
         self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
         self._in_memory: set[str] = set()  # ids loaded and not yet taken
         self._cancelled_in_memory: set[str] = set()
-        self._recent: OrderedDict[str, None] = OrderedDict()
+        self._recent: set[str] = set()
+        self._recent_before: set[str] = set()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
@@ -261,7 +262,7 @@ class Wheel:
         so a restart before the message's slot is deleted cannot bring it back.
         """
         with self._lock:
-            if message_id in self._recent:
+            if message_id in self._recent or message_id in self._recent_before:
                 return "too_late"
             if not self._cancels.add(message_id, expires_ms):
                 return "refused"
@@ -342,10 +343,9 @@ class Wheel:
 
     def _remember(self, message_ids: list[str]) -> None:
         """Note ids as sent, for cancels that come too late (lock held)."""
-        recent = self._recent
-        recent.update(dict.fromkeys(message_ids))
-        for _ in range(len(recent) - RECENTLY_FORWARDED):
-            recent.popitem(last=False)
+        self._recent.update(message_ids)
+        if len(self._recent) >= RECENTLY_FORWARDED // 2:  # two generations: no per-id aging
+            self._recent_before, self._recent = self._recent, set()
 
     def settled(self, tracker: SlotTracker, offset: int) -> None:
         """One record of a loaded slot is done: delete the file with the last one, and
@@ -520,20 +520,30 @@ class Wheel:
         """Records read from a slot, as the forwarder's buffer takes them; drops the
         cancelled (a settled mark each). With the last of the slot, it stops loading."""
         partition, second = tracker.partition, tracker.second
-        out: list[tuple[SlotRecord, float]] = []
+        takeover = self._takeover
+        # Built outside the lock, which the forwarder takes before every send.
+        out = [
+            (
+                SlotRecord.stored(item, partition, tracker),
+                item.due_ms / 1000 + (takeover if item.replica else 0.0),
+            )
+            for item in stored
+        ]
         cancelled = 0
         with self._lock:
-            cancels, in_memory = self._cancels, self._in_memory
+            called_off = self._cancels.among(item.message_id for item in stored)
+            if called_off:
+                kept = []
+                for item, held in zip(stored, out, strict=True):
+                    if item.message_id in called_off:
+                        self._matches.setdefault(tracker, []).append(item.message_id)
+                        self._marks.setdefault(tracker, []).append(item.offset)
+                        cancelled += 1
+                    else:
+                        kept.append(held)
+                out = kept
+            self._in_memory.update(record.envelope.id for record, _ in out if record.envelope)
             cost = self._cost.get(tracker, RECORD_OVERHEAD)
-            for item in stored:
-                if item.message_id in cancels:
-                    self._matches.setdefault(tracker, []).append(item.message_id)
-                    self._marks.setdefault(tracker, []).append(item.offset)
-                    cancelled += 1
-                    continue
-                in_memory.add(item.message_id)
-                fire = item.due_ms / 1000 + (self._takeover if item.replica else 0.0)
-                out.append((SlotRecord.stored(item, partition, tracker), fire))
             tracker.outstanding += len(out)
             self._held += cost * len(out)
             if finished:

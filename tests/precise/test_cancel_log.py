@@ -41,6 +41,16 @@ def test_add_contains_matched(path: Path) -> None:
     assert 42 not in log
 
 
+def test_among_names_the_cancelled_of_many_ids(path: Path) -> None:
+    log = CancelLog(path)
+    assert log.among(["a", "b"]) == set()
+    log.add("a", 1000)
+    log.add("c", 1000)
+    assert log.among(iter(["a", "b", "c", "a"])) == {"a", "c"}
+    log.matched("a")
+    assert log.among(["a", "b", "c"]) == {"c"}
+
+
 def test_expire_removes_only_entries_strictly_past(path: Path) -> None:
     log = CancelLog(path)
     log.add("early", 1000)
