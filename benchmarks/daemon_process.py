@@ -31,6 +31,7 @@ def running_daemon(
     quiet: bool = False,
     ready_within: float | None = None,
     on_start: Callable[[subprocess.Popen[bytes]], None] | None = None,
+    ready_poll_s: float = 0.2,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A daemon for `settings`, stopped by SIGTERM on exit; with `ready_within`, entered
     only once /readyz answers 200 (or fails after that many seconds). `on_start` sees
@@ -58,7 +59,7 @@ def running_daemon(
             while not ready(port):
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the daemon did not become ready within {ready_within:.0f} s")
-                time.sleep(0.2)
+                time.sleep(ready_poll_s)
         yield process
     finally:
         process.terminate()

@@ -32,6 +32,7 @@ from precise_common import (
     MiB,
     RssSampler,
     Ticker,
+    cpu_seconds,
     create_topics,
     data_dir,
     due_ms,
@@ -149,9 +150,11 @@ def main() -> int:
                 stderr(f"produced in {produce_s:.1f} s; due in {margin:.1f} s")
                 time.sleep(max(0.0, at - args.lookahead - 1 - time.time()))
                 before_load_rss = vm_rss(daemon.pid) or 0
-                stderr(f"due time {at}: {load()}")
+                cpu_before = cpu_seconds(daemon.pid)
+                stderr(f"slot loads begin, due in {at - time.time():.1f} s: {load()}")
                 deadline = time.monotonic() + max(0.0, at - time.time()) + 900
                 arrived = wait_for_count(bootstrap, target, args.messages, deadline)
+                cpu = cpu_seconds(daemon.pid) - cpu_before
                 stderr(f"{arrived:,} arrived; {load()}")
             peak_rss = rss.peak
         peak_held = max((v[BUFFERED] for _, v in held.samples), default=0.0)
@@ -195,6 +198,10 @@ def main() -> int:
     )
     print(f"drain rate, first to last : {drain:,.0f} msg/s")
     print(
+        f"daemon CPU, loads to end  : {cpu:.1f} s ({cpu * 1e6 / n:.1f} us per message; "
+        "the forwarder and the loader share one GIL)"
+    )
+    print(
         f"slot loads (/metrics)     : first record in memory {rel(load_began, at)}, "
         f"99% of the burst {rel(all_loaded, at)}; peak held {peak_held:,.0f}"
     )
@@ -219,7 +226,8 @@ def main() -> int:
         f"\nsummary: burst {n:,} due at one instant: lateness p50/p99/max "
         f"{pct(late, 0.5) / 1000:.2f} / {pct(late, 0.99) / 1000:.2f} / "
         f"{max(late, default=0) / 1000:.2f} s, {within_1s:,} within 1 s, last arrival "
-        f"{(last - due) / 1000:.1f} s after due, {drain:,.0f} msg/s, peak RSS "
+        f"{(last - due) / 1000:.1f} s after due, {drain:,.0f} msg/s, "
+        f"{cpu * 1e6 / n:.1f} us CPU per message, peak RSS "
         f"{peak_rss / MiB:.0f} MiB; early {joined.early}, lost {joined.lost}; "
         f"{problems} daemon log warnings"
     )

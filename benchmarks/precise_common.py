@@ -129,12 +129,19 @@ def logged_daemon(
     log_path: Path,
     ready_within: float = 120.0,
     on_start: Callable[[Any], None] | None = None,
+    ready_poll_s: float = 0.2,
 ) -> Iterator[Any]:
     """`running_daemon` with the daemon's output (WARNING and above) in `log_path`."""
     with contextlib.ExitStack() as stack:
         with log_path.open("ab") as log, _output_to(log.fileno()):
             process = stack.enter_context(
-                running_daemon(settings, instance, ready_within=ready_within, on_start=on_start)
+                running_daemon(
+                    settings,
+                    instance,
+                    ready_within=ready_within,
+                    on_start=on_start,
+                    ready_poll_s=ready_poll_s,
+                )
             )
         yield process
     if process.returncode != 0:
