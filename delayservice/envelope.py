@@ -14,6 +14,10 @@ so an audit can match both sides.
 | `delay-partition` | explicit target partition, only when one was given    |
 | `delay-due-ms`    | absolute due time, epoch ms, once it is known         |
 | `delay-cancel`    | a cancel marker: its value is the delay-id to cancel  |
+| `delay-reschedule`| a reschedule marker: its value is the delay-id to move  |
+
+A reschedule marker also carries `delay-ms` (from its own append time) or
+`delay-due-ms`: the new due time.
 
 All values are UTF-8 text; numbers are decimal.
 """
@@ -38,6 +42,11 @@ H_DUE_MS: Final = "delay-due-ms"
 H_CANCEL: Final = "delay-cancel"
 """A cancel marker: its value is the delay-id to cancel. A marker carries only this and
 `delay-v`, with no key or value, so it is never mistaken for a message."""
+
+H_RESCHEDULE: Final = "delay-reschedule"
+"""A reschedule marker: its value is the delay-id to move, and `delay-ms` (from the
+marker's append time) or `delay-due-ms` (epoch ms) the new due time. Like a cancel it
+has no key or value."""
 
 Headers = list[tuple[str, str | bytes | None]]
 """Headers in the list form confluent-kafka accepts and returns."""

@@ -27,6 +27,9 @@ from confluent_kafka import KafkaException, Producer
 
 from delayservice.envelope import (
     H_CANCEL,
+    H_DELAY_MS,
+    H_DUE_MS,
+    H_RESCHEDULE,
     H_VERSION,
     VERSION,
     Envelope,
@@ -113,6 +116,11 @@ def exact_timing(
             "raise max_delay or deliver sooner"
         )
     return 0, due_ms
+
+
+def _check_id(message_id: object) -> None:
+    if not isinstance(message_id, str) or not message_id:
+        raise ValueError(f"message_id must be a non-empty string, got {message_id!r}")
 
 
 def _checked_precision(precision: str) -> Precision:
@@ -222,9 +230,49 @@ class DelayProducer:
         that arrives after the message is due is too late. Like `produce()` this only
         queues the marker: `on_delivery` reports where it landed, `flush()` waits.
         """
-        if not isinstance(message_id, str) or not message_id:
-            raise ValueError(f"message_id must be a non-empty string, got {message_id!r}")
+        _check_id(message_id)
         headers: Headers = [(H_VERSION, str(VERSION).encode()), (H_CANCEL, message_id.encode())]
+        self._send_marker(message_id, headers, on_delivery)
+
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        deliver_at: datetime | float | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> None:
+        """Move a pending exact message to a new due time, earlier or later.
+
+        Sends a reschedule marker (no key, no value; headers `delay-v`,
+        `delay-reschedule`, and `delay-ms` or `delay-due-ms`) to the partition that
+        holds the message, as `cancel` does. `delay` counts from when the broker
+        appends the marker; `deliver_at` is an absolute time. The message keeps its id,
+        key, value and headers and is delivered once, at the new time; never earlier
+        than the daemon reads the marker, so a time in the past means now. A reschedule
+        that arrives after the message was sent is too late, and a cancel always wins
+        over a reschedule, whichever came first. The daemon counts each outcome
+        (`delayservice_precise_reschedules`). A time beyond `max_delay` raises
+        `DelayTooLongError` before anything is sent.
+        """
+        _check_id(message_id)
+        if delay is None and deliver_at is None:
+            raise ValueError("pass delay= or deliver_at=")
+        timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
+        delay_ms, due_ms = timing if timing is not None else (0, None)
+        headers: Headers = [
+            (H_VERSION, str(VERSION).encode()),
+            (H_RESCHEDULE, message_id.encode()),
+            (H_DELAY_MS, str(delay_ms).encode()),
+        ]
+        if due_ms is not None:
+            headers.append((H_DUE_MS, str(due_ms).encode()))
+        self._send_marker(message_id, headers, on_delivery)
+
+    def _send_marker(
+        self, message_id: str, headers: Headers, on_delivery: DeliveryCallback | None
+    ) -> None:
+        """Send a cancel or reschedule marker to the partition that holds the message."""
         kwargs: dict[str, Any] = {}
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery

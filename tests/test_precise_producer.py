@@ -319,3 +319,41 @@ def test_an_id_that_names_no_partition_falls_back_to_crc32(fake, mid):
         == zlib.crc32(mid.encode()) % PARTITIONS
         == precise_partition(mid, PARTITIONS)
     )
+
+
+def test_a_reschedule_marker_goes_to_the_partition_of_its_message(fake):
+    producer = _producer()
+    mid = producer.produce("orders", b"v", b"k", delay=30)
+    reports = []
+    producer.reschedule(mid, delay=timedelta(minutes=5), on_delivery=lambda e, m: reports.append(e))
+    at = time.time() + 3600.25
+    producer.reschedule(mid, deliver_at=at)
+    producer.reschedule(mid, delay=0)  # now
+    message, later, absolute, now = fake.sent
+    for marker in (later, absolute, now):
+        assert (marker.topic, marker.partition) == (PRECISE, message.partition)
+        assert (marker.key, marker.value) == (None, None)
+    assert later.headers == [
+        ("delay-v", b"1"),
+        ("delay-reschedule", mid.encode()),
+        ("delay-ms", b"300000"),
+    ]
+    assert _envelope(absolute)["delay-due-ms"] == str(math.ceil(at * 1000)).encode()
+    assert _envelope(absolute)["delay-ms"] == b"0"
+    assert _envelope(now)["delay-ms"] == b"0"
+    assert "delay-due-ms" not in _envelope(now)
+    later.on_delivery(None, None)
+    assert reports == [None]
+
+
+def test_a_reschedule_needs_an_id_and_one_time_within_max_delay(fake):
+    producer = _producer(max_delay="1d")
+    with pytest.raises(ValueError, match="non-empty string"):
+        producer.reschedule("", delay=5)
+    with pytest.raises(ValueError, match="delay= or deliver_at="):
+        producer.reschedule("abc")
+    with pytest.raises(ValueError, match="not both"):
+        producer.reschedule("abc", delay=5, deliver_at=time.time() + 10)
+    with pytest.raises(DelayTooLongError):
+        producer.reschedule("abc", delay=timedelta(days=2))
+    assert fake.sent == []

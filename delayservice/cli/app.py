@@ -13,6 +13,7 @@ from delayservice.cli import (
     check_command,
     find_command,
     pending_command,
+    reschedule_command,
     run_command,
     send_command,
     topics_command,
@@ -28,6 +29,7 @@ app = typer.Typer(
 app.command()(run_command.run)
 app.command()(send_command.send)
 app.command()(cancel_command.cancel)
+app.command()(reschedule_command.reschedule)
 app.command()(check_command.check)
 app.command()(pending_command.pending)
 app.command(name="find")(find_command.find_message)

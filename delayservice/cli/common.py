@@ -11,12 +11,14 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 import typer
 
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
+from delayservice.levels import parse_duration_ms
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,6 +48,20 @@ BootstrapOption = Annotated[
 def fail(message: str, code: int) -> typer.Exit:
     typer.echo(f"delayservice: {message}", err=True)
     return typer.Exit(code)
+
+
+def delivery_time(
+    delay: str | None, deliver_at: datetime | None
+) -> tuple[float | None, datetime | None]:
+    """`--delay` in seconds and `--at` made aware (a naive time is UTC), as the
+    producer takes them; a delay that does not parse exits 2."""
+    try:
+        delay_s = parse_duration_ms(delay) / 1000 if delay is not None else None
+    except ValueError as exc:
+        raise fail(f"--delay: {exc}", 2) from None
+    if deliver_at is not None and deliver_at.tzinfo is None:
+        deliver_at = deliver_at.replace(tzinfo=UTC)
+    return delay_s, deliver_at
 
 
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:

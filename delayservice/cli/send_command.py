@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 import typer
@@ -10,12 +10,12 @@ import typer
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
+    delivery_time,
     fail,
     friendly_errors,
 )
 from delayservice.envelope import Headers
 from delayservice.kafka import client_config
-from delayservice.levels import parse_duration_ms
 from delayservice.producer import DelayProducer
 from delayservice.settings import load_settings
 
@@ -56,12 +56,7 @@ def send(
         if not sep or not name:
             raise fail(f"--header {item!r} is not name=value", 2)
         headers.append((name, hvalue.encode()))
-    try:
-        delay_s = parse_duration_ms(delay) / 1000 if delay is not None else None
-    except ValueError as exc:
-        raise fail(f"--delay: {exc}", 2) from None
-    if deliver_at is not None and deliver_at.tzinfo is None:
-        deliver_at = deliver_at.replace(tzinfo=UTC)
+    delay_s, deliver_at = delivery_time(delay, deliver_at)
     errors: list[str] = []
 
     def delivered(err: object, _msg: object) -> None:

@@ -174,6 +174,15 @@ class ServiceMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.precise_reschedules = Counter(
+            "delayservice_precise_reschedules",
+            "Reschedule markers by outcome: moved (the message is due at the new time), "
+            "too_late (it was already sent), unmatched (no pending message has the id), "
+            "cancelled (a cancel came first; cancels win), refused (a bad marker, a time "
+            "beyond max_delay, or the reschedule log is full).",
+            ["outcome"],
+            registry=registry,
+        )
         self.precise_takeovers = Counter(
             "delayservice_precise_takeovers",
             "Replica copies forwarded because the owner had not reported them done after "

@@ -13,6 +13,9 @@ Its offsets still live under a group id of its own, one per member.
 What a record carries decides its fate, and nothing it carries stops this thread:
 - a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
   another partition (`ids`), where alone that message can be;
+- a reschedule marker (`delay-reschedule`) moves the message it names to a new due
+  time, at once if that time has passed (`Wheel.move_many`, after the batch's
+  records are written, so a message and its reschedule may share a batch);
 - a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
 - anything else is dead-lettered with a reason by the partition's owner (a replica
   leaves that to the owner): it joins the forwarder's buffer at once, and its offset
@@ -34,7 +37,16 @@ from typing import Any, Final, cast
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
-from delayservice.envelope import H_CANCEL, ByteHeaders, Envelope, Headers
+from delayservice.envelope import (
+    H_CANCEL,
+    H_DELAY_MS,
+    H_DUE_MS,
+    H_RESCHEDULE,
+    MAX_DIGITS,
+    ByteHeaders,
+    Envelope,
+    Headers,
+)
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
@@ -45,11 +57,12 @@ from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.ids import named_partition
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.wheel import Wheel
+from delayservice.precise.wheel import Reschedule, Wheel
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.consumer_loop import unread_records
 from delayservice.worker.ledger import LevelLedger, PartitionLedger
@@ -112,6 +125,38 @@ def cancel_target(headers: Headers) -> str | None:
     return None
 
 
+class BadMarkerError(ValueError):
+    """A reschedule marker that says no id, or no new time, or one that is not a number."""
+
+
+def reschedule_request(headers: Headers) -> tuple[str, int | None, int | None] | None:
+    """(id, delay ms, due ms) a reschedule marker asks for, or None when the record is
+    not one. Raises `BadMarkerError` for a marker that cannot be read."""
+    fields: dict[str, str | bytes | None] = {}
+    for name, value in headers:
+        if name in (H_RESCHEDULE, H_DELAY_MS, H_DUE_MS) and name not in fields:
+            fields[name] = value
+    if H_RESCHEDULE not in fields:
+        return None
+    raw_id = fields[H_RESCHEDULE]
+    message_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else raw_id
+    if not message_id:
+        raise BadMarkerError("a reschedule marker without an id")
+    numbers: list[int | None] = []
+    for name in (H_DELAY_MS, H_DUE_MS):
+        raw = fields.get(name)
+        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+        if text is None and name not in fields:
+            numbers.append(None)
+        elif text is None or not text.isdigit() or not text.isascii() or len(text) > MAX_DIGITS:
+            raise BadMarkerError(f"{name} of a reschedule marker is not a number: {text!r}")
+        else:
+            numbers.append(int(text))
+    if numbers == [None, None]:
+        raise BadMarkerError(f"a reschedule marker needs {H_DELAY_MS} or {H_DUE_MS}")
+    return message_id, numbers[0], numbers[1]
+
+
 class Intake:
     def __init__(
         self,
@@ -120,6 +165,7 @@ class Intake:
         wheel: Wheel,
         store: SlotStore,
         cancels: CancelLog,
+        reschedules: RescheduleLog,
         ledger: LevelLedger,
         admission: Admission,
         dead_letter: Callable[[SlotRecord], None],
@@ -144,6 +190,7 @@ class Intake:
         self._wheel = wheel
         self._store = store
         self._cancels = cancels
+        self._reschedules = reschedules
         self.ledger = ledger
         self._admission = admission
         self._send_dead_letter = dead_letter
@@ -158,6 +205,7 @@ class Intake:
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
         """This batch's records: (partition, fire ms, frame, the record or its fields)."""
+        self._moves: list[Reschedule] = []  # this batch's reschedule markers
         self._unsettled: dict[int, int] | None = None
         """partition -> first offset of the batch being handled, until it is settled."""
         self._throttle = Throttle()
@@ -169,6 +217,7 @@ class Intake:
         self._m_lag = metrics.consumer_lag.labels(level_name)
         self._m_loop_errors = metrics.loop_errors.labels(level_name, "intake")
         self._m_cancels = metrics.precise_cancels
+        self._m_reschedules = metrics.precise_reschedules
         self.broker_down = False
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
@@ -371,9 +420,11 @@ class Intake:
                 )
                 self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
         self._write_batch(in_memory)
+        self._move(in_memory)
         if durable or in_memory:
             self._store.sync()
             self._cancels.sync()
+            self._reschedules.sync()
             self._check_storage()
         self.ledger.settle_many(durable)
         self._unsettled = None
@@ -441,9 +492,12 @@ class Intake:
             fire_ms = due + (self._takeover_ms if replica else 0)
             self._to_write.append((partition, fire_ms, frame, fields))
             return True
-        cancel_id = cancel_target(headers if type(headers) is list else [])
+        marker_headers = headers if type(headers) is list else []
+        cancel_id = cancel_target(marker_headers)
         if cancel_id is not None:
             self._cancel(cancel_id, message, now_ms)
+            return True
+        if self._reschedule(marker_headers, message, now_ms):
             return True
         record = self._admission.hold(message, ledger, now_ms, headers)
         held = record.envelope
@@ -473,7 +527,10 @@ class Intake:
     def _cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
         """A message whose cancel came before it: not stored. Its cancel is retired only
         once this offset is committed: a crash before would read the message again and
-        must still find its cancel."""
+        must still find its cancel. A moved message is read again after a crash: its
+        cancel stays for the copy the move wrote, which it calls off when it loads."""
+        if message_id in self._reschedules:
+            return True
         self._matched_at.append((partition, offset, message_id))
         self._m_cancels.labels("cancelled").inc()
         return True
@@ -518,6 +575,74 @@ class Intake:
             self._m_cancels.labels(outcome).inc()
             if outcome == "refused" and self._throttle.allow("cancel log full") is not None:
                 log.warning("%s: cancels refused: the cancel log is full", self.topic)
+
+    def _reschedule(self, headers: Headers, message: Message, now_ms: int) -> bool:
+        """Queue a reschedule marker's move for after the batch's writes; False when the
+        record is not one."""
+        try:
+            request = reschedule_request(headers)
+        except BadMarkerError as exc:
+            if self._throttle.allow("bad reschedule") is not None:
+                log.warning("%s: reschedule marker ignored: %s", self.topic, exc)
+            self._m_reschedules.labels("refused").inc()
+            return True
+        if request is None:
+            return False
+        message_id, delay_ms, due_ms = request
+        partition = message.partition() or 0
+        named = named_partition(message_id)
+        if named is not None and named != partition:
+            self._m_reschedules.labels("unmatched").inc()  # its message is not here (`ids`)
+            return True
+        _, appended = message.timestamp()
+        base = appended if appended > 0 else now_ms
+        asked = max(base + (delay_ms or 0), due_ms or 0)
+        if asked > base + self._max_delay_ms:
+            if self._throttle.allow("reschedule too far") is not None:
+                log.warning(
+                    "%s: reschedule of %s refused: %d ms ahead is beyond max_delay",
+                    self.topic,
+                    message_id,
+                    asked - base,
+                )
+            self._m_reschedules.labels("refused").inc()
+            return True
+        # A time already past means now: `asked` is never before the marker's append
+        # time, and a marker read again after a crash asks for the same instant, so
+        # its copy lands where the first reading's did.
+        due = asked
+        replica = self.roles.get(partition) is Role.REPLICA
+        fire_ms = due + (self._takeover_ms if replica else 0)
+        offset = message.offset() or 0
+        self._moves.append(Reschedule(message_id, partition, offset, due, replica, fire_ms))
+        return True
+
+    def _move(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
+        """Apply the batch's reschedules; copies due in memory join `in_memory`. One
+        that fails unexpectedly is counted refused and logged, and the rest go on."""
+        moves, self._moves = self._moves, []
+        if not moves:
+            return
+        try:
+            results = self._wheel.move_many(moves)
+        except (StorageError, OSError):
+            raise
+        except Exception:
+            results = []
+            for request in moves:
+                try:
+                    results.extend(self._wheel.move_many([request]))
+                except (StorageError, OSError):
+                    raise
+                except Exception:
+                    log.exception("%s: reschedule of %s failed", self.topic, request.message_id)
+                    results.append(("refused", None))
+        for request, (outcome, copy) in zip(moves, results, strict=True):
+            if outcome:
+                self._m_reschedules.labels(outcome).inc()
+            log.debug("%s: reschedule of %s: %s", self.topic, request.message_id, outcome)
+            if copy is not None:
+                in_memory.append((copy, request.fire_ms / 1000))
 
     def _dead_letter(
         self, message: Message, ledger: PartitionLedger, now_ms: int, why: str

@@ -38,6 +38,7 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.progress import Progress
+from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
@@ -69,6 +70,8 @@ class _Outcomes:
         self._cancels = metrics.precise_cancels
         for outcome in ("cancelled", "too_late", "unmatched", "refused"):
             self._cancels.labels(outcome)
+            metrics.precise_reschedules.labels(outcome)
+        metrics.precise_reschedules.labels("moved")
         self._takeovers = metrics.precise_takeovers
         self._cleaned = metrics.precise_cleaned
 
@@ -90,6 +93,11 @@ def precise_group_id(settings: Settings, member: int) -> str:
 def cancel_log_path(data_dir: Path, topic: str) -> Path:
     """Where the cancels of `topic` not yet matched are kept, beside its slot files."""
     return data_dir / f"{topic}.cancels.log"
+
+
+def reschedule_log_path(data_dir: Path, topic: str) -> Path:
+    """Where the moves of `topic` still needed are kept, beside its slot files."""
+    return data_dir / f"{topic}.reschedules.log"
 
 
 def lock_data_dir(root: Path) -> IO[str]:
@@ -199,15 +207,18 @@ class PreciseWorker:
         root = settings.data_dir / topic
         self._lock = lock_data_dir(root)
         cancel_path = cancel_log_path(settings.data_dir, topic)
+        reschedule_path = reschedule_log_path(settings.data_dir, topic)
         try:
             self.store = SlotStore(root)
             self.cancels = CancelLog(cancel_path)
+            self.reschedules = RescheduleLog(reschedule_path)
         except StorageError as fault:
             self._lock.close()
             raise ConfigError("data_dir", f"{settings.data_dir} is not usable: {fault}") from fault
         self._on_fatal = on_fatal
         self._stopping = False
         self.store.on_fault = self.cancels.on_fault = self._storage_fault
+        self.reschedules.on_fault = self._storage_fault
         self.placement = Placement(
             settings.precise_members, settings.precise_member, settings.replicas
         )
@@ -225,6 +236,7 @@ class PreciseWorker:
         self.wheel = Wheel(
             self.store,
             self.cancels,
+            self.reschedules,
             buffer,
             self.placement,
             outcomes,
@@ -261,6 +273,7 @@ class PreciseWorker:
             self.wheel,
             self.store,
             self.cancels,
+            self.reschedules,
             self.ledger,
             Admission(self.level, settings.max_delay_ms, internal, metrics),
             lambda record: buffer.schedule_many([(record, 0.0)]),
@@ -270,7 +283,7 @@ class PreciseWorker:
             takeover_ms=int(takeover_s * 1000),
             max_delay_ms=settings.max_delay_ms,
             on_fatal=on_fatal,
-            check_storage=DataDirWatch(root, cancel_path).check,
+            check_storage=DataDirWatch(root, cancel_path, reschedule_path).check,
         )
         if settings.replicas == 2:
             progress = Progress(
@@ -346,6 +359,7 @@ class PreciseWorker:
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
         self.store.close()
         self.cancels.close()
+        self.reschedules.close()
         self._lock.close()
         return stopped
 

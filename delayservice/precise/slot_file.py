@@ -8,7 +8,8 @@ for a record. Frame layout (little-endian):
     magic u8 (0xD5) | body length u32 | crc32(body) u32 | body
 
 Body: offset i64, due_ms i64, delay_ms i64, target_partition i32 (-1 = none),
-flags u8 (bit 0: replica), message id (u32 length + UTF-8), target (u16 length +
+flags u8 (bit 0: replica; bit 1: a reschedule's copy, live only while the reschedule log
+names its offset, see `reschedule_log`), message id (u32 length + UTF-8), target (u16 length +
 UTF-8), key and value (i32 length, -1 = None, + bytes), header count u32, then per
 header a name (u32 length + UTF-8) and a value (i32 length, -1 = None, + bytes).
 The message id gets a u32 length because `delay-id` is an ordinary header value and
@@ -32,6 +33,7 @@ from delayservice.errors import DelayServiceError
 MAGIC: Final = 0xD5
 SETTLED_MAGIC: Final = 0xD6
 _FLAG_REPLICA: Final = 0x01
+_FLAG_COPY: Final = 0x02
 
 _FRAME = struct.Struct("<BII")  # magic, body length, crc32 of body
 _FIXED = struct.Struct("<qqqiBI")  # offset, due_ms, delay_ms, partition, flags, id length
@@ -66,6 +68,7 @@ class StoredRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes | None]]  # the user's headers
+    copy: bool = False  # written by a reschedule (its offset is the marker's)
 
 
 _NONE: Final = _I32.pack(-1)
@@ -97,6 +100,7 @@ def encode_fields(
     key: bytes | None,
     value: bytes | None,
     headers: list[tuple[str, bytes | None]],
+    copy: bool = False,
 ) -> bytes:
     """`encode` from the fields themselves: this runs once per record the intake
     stores, where building the tuple first cost as much as framing it."""
@@ -113,7 +117,7 @@ def encode_fields(
             value is not None and len(value) > _MAX_I32
         ):
             raise SlotFormatError("a key or value does not fit a slot frame")
-        flags = _FLAG_REPLICA if replica else 0
+        flags = (_FLAG_REPLICA if replica else 0) | (_FLAG_COPY if copy else 0)
         parts = [
             _FIXED.pack(offset, due_ms, delay_ms, partition, flags, len(raw_id)),
             raw_id,
@@ -141,7 +145,7 @@ def _parse(body: memoryview) -> StoredRecord:
     have written; the checks are inlined because this runs for every held record."""
     size = len(body)
     offset, due_ms, delay_ms, partition, flags, length = _FIXED.unpack_from(body, 0)
-    if partition < -1 or flags & ~_FLAG_REPLICA:
+    if partition < -1 or flags & ~(_FLAG_REPLICA | _FLAG_COPY):
         raise ValueError("bad fixed fields")
     # A slice past the end is silently short, so overruns push `pos` beyond `size`;
     # the next unpack or the final length check catches them.
@@ -201,6 +205,7 @@ def _parse(body: memoryview) -> StoredRecord:
             key,
             value,
             headers,
+            bool(flags & _FLAG_COPY),
         ),
     )
 

@@ -348,6 +348,11 @@ class SlotStore:
         with self._lock:
             return [key for key in self._sizes if key[2] != 1]
 
+    def files(self, partition: int) -> list[tuple[Key, int]]:
+        """Every file of `partition`, slot or span, with its size now."""
+        with self._lock:
+            return [(key, size) for key, size in self._sizes.items() if key[0] == partition]
+
     def earliest(self) -> dict[int, int]:
         """Per partition, the first second of its earliest file, slot or span. One pass
         over the files, whose number the tiers bound."""

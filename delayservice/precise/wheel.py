@@ -26,13 +26,16 @@ import heapq
 import logging
 import threading
 import time
-from typing import Final, Protocol
+from collections.abc import Iterable
+from typing import Final, NamedTuple, Protocol
 
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.copy_finder import find_copies
 from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.reschedule_log import Move, RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_file import StoredRecord, encode_settled
+from delayservice.precise.slot_file import StoredRecord, encode, encode_settled
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
@@ -71,6 +74,8 @@ are being forwarded, pages given back would only be faulted in again."""
 FILL_SLICE_S: Final = 0.1
 """At most this long reading records in at a time, so settled marks keep being written."""
 UNBOUNDED: Final = 2**62
+FIND_TRIES: Final = 3
+"""Searches for a reschedule's copies outside the wheel's lock before one holding it."""
 
 
 class Coverage(Protocol):
@@ -84,6 +89,25 @@ class Coverage(Protocol):
 
 NOT_READY_RETRY_S: Final = 0.5
 """How soon a copy waiting for the other holder's reports to be read is looked at again."""
+
+
+class Reschedule(NamedTuple):
+    """A reschedule marker as the intake read it."""
+
+    message_id: str
+    partition: int
+    version: int  # the marker's offset: the offset its copy gets
+    due_ms: int
+    replica: bool  # this member holds the partition's replica
+    fire_ms: int  # due_ms, plus the takeover delay for a replica's copy
+
+
+def _moved_meanwhile(before: list[tuple[Key, int]], now: list[tuple[Key, int]]) -> bool:
+    """Whether records may have reached files a search of `before` did not read: a file
+    appeared, or a span went (split into finer files)."""
+    old = {key for key, _ in before}
+    current = {key for key, _ in now}
+    return bool(current - old) or any(key[2] != 1 for key in old - current)
 
 
 class Outcomes(Protocol):
@@ -101,6 +125,7 @@ class Wheel:
         self,
         store: SlotStore,
         cancels: CancelLog,
+        reschedules: RescheduleLog,
         buffer: SlotBuffer,
         placement: Placement,
         outcomes: Outcomes,
@@ -117,6 +142,7 @@ class Wheel:
         are kept in slot files, and sets the tiers' widths."""
         self._store = store
         self._cancels = cancels
+        self._reschedules = reschedules
         self.buffer = buffer
         buffer.keep = self._keep
         self._placement = placement
@@ -203,17 +229,20 @@ class Wheel:
         write per file (durable at the store's next sync). Per record, its slot's
         tracker when the slot is in memory: the caller then buffers the record itself
         once the write is durable. None: it stays on disk until its slot is loaded."""
+        with self._lock:
+            return self._append_locked(records)
+
+    def _append_locked(self, records: list[tuple[int, int, bytes]]) -> list[SlotTracker | None]:
         out: list[SlotTracker | None] = []
         writes: dict[Key, list[bytes]] = {}
-        with self._lock:
-            new: set[tuple[int, int]] = set()
-            place, bounds = self._tiers.place, self._bounds
-            for partition, fire_ms, frame in records:
-                second = fire_ms // 1000
-                start, width = place(second, bounds)
-                writes.setdefault((partition, start, width), []).append(frame)
-                out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
-            self._write(writes)
+        new: set[tuple[int, int]] = set()
+        place, bounds = self._tiers.place, self._bounds
+        for partition, fire_ms, frame in records:
+            second = fire_ms // 1000
+            start, width = place(second, bounds)
+            writes.setdefault((partition, start, width), []).append(frame)
+            out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
+        self._write(writes)
         return out
 
     def _slot_for(
@@ -244,8 +273,19 @@ class Wheel:
                     self._wake.set()  # a new earliest slot: the loader may sleep less
 
     def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
-        """Buffer records of in-memory slots, once their writes are durable."""
+        """Buffer records of in-memory slots, once their writes are durable; a record
+        read again whose message was moved since is settled instead."""
         with self._lock:
+            stale = self._moved_away(record for record, _ in records)
+            if stale:
+                kept = []
+                for item in records:
+                    record = item[0]
+                    if record.envelope and (record.envelope.id, record.offset()) in stale:
+                        self._settle_locked(record.slot, record.offset())
+                    else:
+                        kept.append(item)
+                records = kept
             for record, _ in records:
                 if record.envelope is None:
                     continue
@@ -270,6 +310,121 @@ class Wheel:
                 self._cancelled_in_memory.add(message_id)
             return "pending"
 
+    def _moved_away(self, records: Iterable[SlotRecord]) -> set[tuple[str, int]]:
+        """(id, offset) of the records a reschedule has made stale: another copy is live."""
+        return self._reschedules.superseded(
+            (record.envelope.id, record.offset(), False) for record in records if record.envelope
+        )
+
+    def move_many(self, requests: list[Reschedule]) -> list[tuple[str, SlotRecord | None]]:
+        """Move pending messages to new due times: per request, its outcome ("moved",
+        "too_late", "unmatched", "cancelled", "refused", or "" for a marker read again
+        or overtaken by a later one) and the copy when it belongs in memory now (the
+        caller buffers it, through `admit`, once its offset is committed).
+
+        Each move writes a copy of the message due at the new time and then names it
+        live in the reschedule log; the copies are synced before the log entries are
+        written, and the entries before this returns, all under the wheel's lock. So no
+        crash can leave an entry whose copy is not on disk (the message would be lost),
+        and no old copy is taken for sending or settled as stale until its replacement
+        is live. A crash before the entries leaves copies no entry names, which are
+        never sent, and the marker is read again. Cancels win: a cancelled id is not
+        moved, and a cancel after the move calls off the live copy.
+
+        Holding the lock across the syncs delays the forwarder by one sync per batch
+        that holds reschedules; a reschedule is rare next to what it moves."""
+        wanted: dict[int, set[str]] = {}
+        for request in requests:
+            wanted.setdefault(request.partition, set()).add(request.message_id)
+        found = self._find_locked_after(wanted)  # returns with the lock held
+        try:
+            out: list[tuple[str, SlotRecord | None]] = []
+            moves: dict[str, Move] = {}  # this batch's entries, the last per id
+            for request in requests:
+                copies = found.setdefault((request.partition, request.message_id), [])
+                outcome, stored, tracker = self._move_locked(request, copies, moves)
+                held = None
+                if stored is not None:
+                    copies.append(stored)  # a later marker of the id in this batch moves it
+                    if tracker is not None:
+                        held = SlotRecord.stored(stored, request.partition, tracker)
+                out.append((outcome, held))
+            if moves:
+                self._store.sync()  # the copies first: an entry must never name a lost copy
+                for message_id, move in moves.items():
+                    self._reschedules.move(message_id, move)
+                self._reschedules.sync()
+            return out
+        finally:
+            self._lock.release()
+
+    def _find_locked_after(
+        self, wanted: dict[int, set[str]]
+    ) -> dict[tuple[int, str], list[StoredRecord]]:
+        """The stored copies of the ids wanted, per (partition, id); returns holding the
+        wheel's lock. The files are read outside the lock, which is then taken and the
+        search repeated if a file appeared or a span went meanwhile (a split moved
+        records into finer files); after `FIND_TRIES` such tries, it searches holding
+        the lock. Slots that went are harmless: every record in them was settled."""
+        for attempt in range(FIND_TRIES + 1):
+            last = attempt == FIND_TRIES
+            if last:
+                self._lock.acquire()
+            snapshot = {partition: self._store.files(partition) for partition in wanted}
+            found: dict[tuple[int, str], list[StoredRecord]] = {}
+            for partition, ids in wanted.items():
+                copies = find_copies(snapshot[partition], self._store.read_at, ids)
+                for message_id, stored in copies.items():
+                    found[(partition, message_id)] = stored
+            if last:
+                return found
+            self._lock.acquire()
+            if not any(
+                _moved_meanwhile(snapshot[partition], self._store.files(partition))
+                for partition in wanted
+            ):
+                return found
+            self._lock.release()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _move_locked(
+        self, request: Reschedule, copies: list[StoredRecord], moves: dict[str, Move]
+    ) -> tuple[str, StoredRecord | None, SlotTracker | None]:
+        """One move's decision and its copy's write (lock held): the outcome, the copy
+        as stored and its slot's tracker when the slot is in memory. The log entry
+        goes into `moves`, to be written once the copies are durable."""
+        message_id = request.message_id
+        if message_id in self._cancels:
+            return "cancelled", None, None
+        if message_id in self._recent or message_id in self._recent_before:
+            return "too_late", None, None
+        current = moves.get(message_id) or self._reschedules.current(message_id)
+        if current is not None and current.version >= request.version:
+            return "", None, None  # read again after a restart, or overtaken by a later marker
+        # The live copy: the entry's, else the message as first stored. Its settled
+        # mark, or its file gone, means it was sent (the search skips both).
+        live = [
+            copy
+            for copy in copies
+            if (copy.offset == current.version if current is not None else not copy.copy)
+        ]
+        if not live:
+            return "unmatched", None, None
+        if not self._reschedules.has_room(message_id):
+            return "refused", None, None
+        stored = live[0]._replace(
+            offset=request.version, due_ms=request.due_ms, replica=request.replica, copy=True
+        )
+        (tracker,) = self._append_locked([(request.partition, request.fire_ms, encode(stored))])
+        takeover_ms = int(self._takeover * 1000)
+        hold_ms = max(
+            request.fire_ms,
+            current.hold_ms if current is not None else 0,
+            *(copy.due_ms + (takeover_ms if copy.replica else 0) for copy in copies),
+        )
+        moves[message_id] = Move(request.due_ms, request.version, hold_ms, request.partition)
+        return "moved", stored, tracker
+
     # -- forwarder side ------------------------------------------------------------
     def _keep(self, records: list[SlotRecord]) -> list[SlotRecord]:
         """Runs on the taking thread, just before the records are sent."""
@@ -287,6 +442,7 @@ class Wheel:
         coverage = self.coverage
         with self._lock:
             in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
+            stale = self._moved_away(records)
             for record in records:
                 envelope = record.envelope
                 tracker = record.slot
@@ -294,6 +450,9 @@ class Wheel:
                     out.append(record)  # a dead letter from the intake, or a retry of one
                     continue
                 message_id = envelope.id
+                if stale and (message_id, record.offset()) in stale:
+                    settled.append((tracker, record.offset()))  # moved: another copy is live
+                    continue
                 in_memory.discard(message_id)
                 if message_id in cancelled_in_memory:
                     cancelled_in_memory.discard(message_id)
@@ -306,8 +465,7 @@ class Wheel:
                 partition = record.partition()
                 replica = replicas.get(partition)
                 if replica is None:
-                    role = self._placement.role(partition)
-                    replica = replicas[partition] = role is Role.REPLICA
+                    replica = replicas[partition] = self._placement.role(partition) is Role.REPLICA
                 overdue = record.due_ms < overdue_before_ms
                 if (replica or overdue) and coverage is not None:
                     if not coverage.ready:  # just started: the other's word is not read yet
@@ -531,6 +689,19 @@ class Wheel:
         ]
         cancelled = 0
         with self._lock:
+            stale = self._reschedules.superseded(
+                (item.message_id, item.offset, item.copy) for item in stored
+            )
+            if stale:  # moved: settled unsent, and no cancel of theirs is matched by it
+                kept = []
+                kept_stored = []
+                for item, held in zip(stored, out, strict=True):
+                    if (item.message_id, item.offset) in stale:
+                        self._marks.setdefault(tracker, []).append(item.offset)
+                    else:
+                        kept.append(held)
+                        kept_stored.append(item)
+                out, stored = kept, kept_stored
             called_off = self._cancels.among(item.message_id for item in stored)
             if called_off:
                 kept = []
@@ -618,3 +789,5 @@ class Wheel:
         expired = self._cancels.expire(int(self._clock() * 1000))
         if expired:
             self._outcomes.cancelled("unmatched", len(expired))
+        with self._lock:  # no copy is written while the files are looked at
+            self._reschedules.expire(self._store.earliest())

@@ -12,13 +12,14 @@ from typing import Any, cast
 from confluent_kafka import Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from delayservice.envelope import H_CANCEL, H_VERSION, Envelope
+from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_DUE_MS, H_RESCHEDULE, H_VERSION, Envelope
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake import Intake
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
+from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
@@ -41,6 +42,26 @@ def record(
         headers = Envelope("orders", FAR_MS, mid).headers()
         return message(partition, offset, NOW_MS, headers=headers, topic=TOPIC)
     headers = [(H_VERSION, b"1"), (H_CANCEL, cancel.encode())]
+    return message(partition, offset, NOW_MS, headers=headers, key=None, value=None, topic=TOPIC)
+
+
+def reschedule(
+    offset: int,
+    message_id: str,
+    *,
+    delay_ms: int | None = None,
+    due_ms: int | None = None,
+    partition: int = 0,
+) -> Message:
+    """A reschedule marker, appended at NOW_MS, as `DelayProducer.reschedule` sends it."""
+    headers: list[tuple[str, bytes | None]] = [
+        (H_VERSION, b"1"),
+        (H_RESCHEDULE, message_id.encode()),
+    ]
+    if delay_ms is not None:
+        headers.append((H_DELAY_MS, str(delay_ms).encode()))
+    if due_ms is not None:
+        headers.append((H_DUE_MS, str(due_ms).encode()))
     return message(partition, offset, NOW_MS, headers=headers, key=None, value=None, topic=TOPIC)
 
 
@@ -140,14 +161,17 @@ class Rig:
         self.root = root
         self.store = SlotStore(root / "slots")
         self.cancels = CancelLog(root / "cancels.log")
+        self.reschedules = RescheduleLog(root / "reschedules.log")
         self.fatal: list[str] = []
         self.store.on_fault = self.cancels.on_fault = lambda f: self.fatal.append(str(f))
+        self.reschedules.on_fault = self.store.on_fault
         self.consumer = Consumer(partitions)
         self.dead = DeadLetters()
         placement = Placement(1, 0, 1)
-        wheel = Wheel(
+        self.wheel = wheel = Wheel(
             self.store,
             self.cancels,
+            self.reschedules,
             SlotBuffer(lambda: NOW_MS / 1000),
             placement,
             cast(Any, _Outcomes()),
@@ -161,6 +185,7 @@ class Rig:
             wheel,
             self.store,
             self.cancels,
+            self.reschedules,
             LevelLedger(),
             Admission(level, 86_400_000, frozenset({TOPIC}), metrics),
             self.dead.submit,
@@ -170,7 +195,9 @@ class Rig:
             takeover_ms=0,
             max_delay_ms=86_400_000,
             on_fatal=self.fatal.append,
-            check_storage=DataDirWatch(root / "slots", root / "cancels.log").check,
+            check_storage=DataDirWatch(
+                root / "slots", root / "cancels.log", root / "reschedules.log"
+            ).check,
         )
 
     def feed(self, *batches: list[Message]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from delayservice.precise import cancel_log, intake, slot_store
+from delayservice.precise import id_log, intake, slot_store
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.slot_file import SlotFormatError
 from delayservice.precise.slot_store import SlotStore
@@ -79,7 +79,7 @@ def test_a_failed_fsync_stops_the_intake_before_the_commit(rig, monkeypatch):
 
 def test_a_full_disk_under_the_cancel_log_stops_the_intake(rig, monkeypatch):
     rig.run_batch([record(0)])
-    monkeypatch.setattr(cancel_log, "_write_all", _failing(errno.ENOSPC))
+    monkeypatch.setattr(id_log, "_write_all", _failing(errno.ENOSPC))
     rig.feed([record(1, cancel="id-0-0"), record(2)])
     _stopped_on_a_fault(rig, "No space left on device")
     assert rig.consumer.committed_offsets == {0: 1}
@@ -95,7 +95,7 @@ def test_a_failed_fsync_of_the_cancel_log_stops_the_intake(rig, monkeypatch):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         real_fsync(fd)
 
-    monkeypatch.setattr(cancel_log.os, "fsync", fsync)
+    monkeypatch.setattr(id_log.os, "fsync", fsync)
     rig.feed([record(1, cancel="id-0-0")])
     _stopped_on_a_fault(rig, "cannot fsync")
     assert rig.consumer.committed_offsets == {0: 1}
@@ -136,7 +136,7 @@ def test_the_store_and_the_cancel_log_report_faults_on_any_thread(tmp_path, monk
     with pytest.raises(StorageError, match="No space left"):
         store.append(0, 6, b"frame")
     cancels.add("x", NOW_MS)
-    monkeypatch.setattr(cancel_log, "_write_all", _failing(errno.ENOSPC))
+    monkeypatch.setattr(id_log, "_write_all", _failing(errno.ENOSPC))
     with pytest.raises(StorageError):
         cancels.matched("x")
     with pytest.raises(StorageError):

@@ -12,6 +12,7 @@ from delayservice.envelope import Envelope
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import settle_durable
+from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_index import SlotIndex
@@ -65,6 +66,7 @@ class Rig:
         self.clock.now = now
         self.store = SlotStore(root / "slots")
         self.cancels = CancelLog(root / "cancels.log")
+        self.reschedules = RescheduleLog(root / "reschedules.log")
         self.outcomes = Outcomes()
         self.coverage = Coverage()
         self.options = options
@@ -74,6 +76,7 @@ class Rig:
         return Wheel(
             self.store,
             self.cancels,
+            self.reschedules,
             SlotBuffer(self.clock),
             placement,
             self.outcomes,

@@ -1,0 +1,62 @@
+"""`delayservice reschedule`: move one pending precise-mode message to a new time."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import typer
+
+from delayservice.cli.cancel_command import send_marker
+from delayservice.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    delivery_time,
+    fail,
+    friendly_errors,
+)
+from delayservice.settings import load_settings
+
+
+@friendly_errors
+def reschedule(
+    message_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID", help="The message id (delay-id) that `send` or produce() returned."
+        ),
+    ],
+    delay: Annotated[
+        str | None,
+        typer.Option("--delay", "-d", help="From now: e.g. 30s, 5m, 1h.", show_default=False),
+    ] = None,
+    deliver_at: Annotated[
+        datetime | None,
+        typer.Option(
+            "--at", help="Absolute time (ISO 8601; naive times are UTC).", show_default=False
+        ),
+    ] = None,
+    config: ConfigOption = None,
+    bootstrap_servers: BootstrapOption = None,
+) -> None:
+    """Move a message sent with exact precision to a new due time, earlier or later.
+
+    It keeps its id, key, value and headers and is delivered once, at the new time
+    (never before the daemon reads the request). A cancel wins over a reschedule.
+    Prints where the reschedule marker landed; the daemon counts each outcome in
+    delayservice_precise_reschedules.
+    """
+    settings = load_settings(config, bootstrap_servers=bootstrap_servers)
+    if not message_id.strip():
+        raise fail("the message id is empty", 2)
+    if (delay is None) == (deliver_at is None):
+        raise fail("give one of --delay and --at", 2)
+    delay_s, deliver_at = delivery_time(delay, deliver_at)
+    send_marker(
+        settings,
+        "reschedule",
+        message_id,
+        lambda producer, report: producer.reschedule(
+            message_id, delay=delay_s, deliver_at=deliver_at, on_delivery=report
+        ),
+    )
