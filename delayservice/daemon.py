@@ -27,8 +27,8 @@ from delayservice.kafka import client_config, topics
 from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.data_dir import check_data_dir
 from delayservice.precise.precise_worker import PreciseWorker
-from delayservice.precise.storage_fault import check_data_dir
 from delayservice.settings import Settings
 from delayservice.worker.level_worker import LevelWorker
 from delayservice.worker.memory_budget import MemoryBudget

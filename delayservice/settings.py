@@ -235,13 +235,13 @@ class Settings(BaseSettings):
         """Checked even when `precise` is off, because producers send to the precise
         topic whatever this instance runs. A collision with a level or dead-letter topic
         would feed one kind of record to a reader that expects the other."""
-        for name in (self.precise_topic, self.precise_done_topic):
+        for name in self.precise_topics():
             reason = invalid_reason(name)
             if reason is not None:
                 raise ConfigError("precise_topic", f"{name!r}: {reason}")
         own = {level.topic: f"level {level.name}'s topic" for level in self.level_set()}
         own[self.dead_letter_topic] = "the dead-letter topic"
-        for name in (self.precise_topic, self.precise_done_topic):
+        for name in self.precise_topics():
             if name in own:
                 raise ConfigError("precise_topic", f"{name} is also {own[name]}")
         return self
@@ -276,6 +276,16 @@ class Settings(BaseSettings):
         so replicas know what to clean and what to take over."""
         return f"{self.precise_topic}_done"
 
+    @property
+    def precise_outcomes_topic(self) -> str:
+        """Where each holder replies to cancel and reschedule markers with what it did
+        (`precise.marker_replies`)."""
+        return f"{self.precise_topic}_outcomes"
+
+    def precise_topics(self) -> tuple[str, ...]:
+        """Every topic precise mode owns."""
+        return (self.precise_topic, self.precise_done_topic, self.precise_outcomes_topic)
+
     def commit_interval(self) -> float:
         """The commit interval in force: exactly-once readers wait for it, so it is short."""
         if self.commit_interval_s is not None:
@@ -290,7 +300,7 @@ class Settings(BaseSettings):
         forwarding into one would loop or corrupt it."""
         return frozenset(
             {level.topic for level in self.level_set()}
-            | {self.dead_letter_topic, self.precise_topic, self.precise_done_topic}
+            | {self.dead_letter_topic, *self.precise_topics()}
         )
 
     def __repr_args__(self) -> Any:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -13,13 +12,8 @@ from delayservice.cli.common import (
     fail,
     friendly_errors,
 )
-from delayservice.kafka import client_config
-from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings
-
-FLUSH_TIMEOUT_S = 40.0
-"""Above the producer's 30 s message timeout, so a failing cancel ends with librdkafka's
-own reason rather than a bare timeout."""
+from delayservice.cli.marker_command import WaitOption, send_marker
+from delayservice.settings import load_settings
 
 
 @friendly_errors
@@ -30,12 +24,15 @@ def cancel(
             metavar="ID", help="The message id (delay-id) that `send` or produce() returned."
         ),
     ],
+    wait: WaitOption = 30.0,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
     """Cancel a message sent with exact precision, before it is due.
 
-    Level-mode messages cannot be cancelled. Prints where the cancel marker landed.
+    Level-mode messages cannot be cancelled. Prints where the cancel marker landed,
+    then the daemon's reply: accepted (the message, if still pending, will not be
+    delivered), too_late, unmatched or refused. Exit 1 unless accepted.
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     if not message_id.strip():
@@ -45,33 +42,5 @@ def cancel(
         "cancel",
         message_id,
         lambda producer, report: producer.cancel(message_id, on_delivery=report),
-    )
-
-
-def send_marker(
-    settings: Settings,
-    what: str,
-    message_id: str,
-    send: Callable[[DelayProducer, Callable[[Any, Any], None]], None],
-) -> None:
-    """Send one marker (`send` queues it with the delivery callback given) and print
-    where it landed; exit 1 when it was not written."""
-    reports: list[tuple[Any, Any]] = []
-
-    def delivered(err: Any, msg: Any) -> None:
-        reports.append((err, msg))
-
-    producer = DelayProducer(
-        client_config.producer(settings, f"delayservice-{what}"), settings=settings
-    )
-    send(producer, delivered)
-    producer.flush(FLUSH_TIMEOUT_S)
-    if not reports:
-        raise fail(f"{what} of {message_id} not delivered: timed out", 1)
-    err, msg = reports[0]
-    if err is not None:
-        raise fail(f"{what} of {message_id} not delivered: {err.str()}", 1)
-    typer.echo(
-        f"{what} of {message_id} is on {msg.topic()} partition {msg.partition()} "
-        f"offset {msg.offset()}"
+        wait,
     )

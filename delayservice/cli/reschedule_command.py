@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from delayservice.cli.cancel_command import send_marker
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
@@ -15,6 +14,7 @@ from delayservice.cli.common import (
     fail,
     friendly_errors,
 )
+from delayservice.cli.marker_command import WaitOption, send_marker
 from delayservice.settings import load_settings
 
 
@@ -36,15 +36,16 @@ def reschedule(
             "--at", help="Absolute time (ISO 8601; naive times are UTC).", show_default=False
         ),
     ] = None,
+    wait: WaitOption = 30.0,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
     """Move a message sent with exact precision to a new due time, earlier or later.
 
-    It keeps its id, key, value and headers and is delivered once, at the new time
-    (never before the daemon reads the request). A cancel wins over a reschedule.
-    Prints where the reschedule marker landed; the daemon counts each outcome in
-    delayservice_precise_reschedules.
+    It keeps its id, key, value and headers and is delivered once, at the new time (a
+    time already past means at once). A cancel wins over a reschedule. Prints where
+    the reschedule marker landed, then the daemon's reply: moved (and the new due
+    time), too_late, unmatched, cancelled or refused. Exit 1 unless moved.
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     if not message_id.strip():
@@ -59,4 +60,5 @@ def reschedule(
         lambda producer, report: producer.reschedule(
             message_id, delay=delay_s, deliver_at=deliver_at, on_delivery=report
         ),
+        wait,
     )

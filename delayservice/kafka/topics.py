@@ -6,10 +6,12 @@ each partition's head is its earliest-due record and producer clock skew cannot 
 a record early. Retention must be well above the level's delay, or a paused backlog
 could be deleted before it is forwarded.
 
-With `precise` on, two more: the precise topic (LogAppendTime too, since due times count
-from its append time; its records wait in the daemon's wheel, not in Kafka, so its
-retention only has to cover an unread backlog) and the done topic, where owners report
-progress and which must be compacted, so the latest report per key outlives retention.
+With `precise` on, three more: the precise topic (LogAppendTime too, since due times
+count from its append time; its records wait in the daemon's wheel, not in Kafka, so
+its retention only has to cover an unread backlog), the done topic, where owners
+report progress and which must be compacted, so the latest report per key outlives
+retention, and the outcomes topic, where the daemon replies to cancels and reschedules
+(deleted by age: a reply matters while its sender waits, and to audits of the period).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def wanted(settings: Settings) -> list[TopicSpec]:
 def _precise_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
     """One partition for the done topic: every member reads all of it (a replica needs
     the reports of its owner, whichever member that is), so more partitions would buy
-    nothing, and one keeps all reports in one order."""
+    nothing, and one keeps all reports in one order. One for the outcomes topic too:
+    a waiting sender reads it from its end, and it carries a record per marker."""
     return [
         TopicSpec(
             settings.precise_topic,
@@ -109,6 +112,13 @@ def _precise_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
             settings.replication_factor,
             {"cleanup.policy": COMPACT},
             compacted=True,
+        ),
+        TopicSpec(
+            settings.precise_outcomes_topic,
+            "precise outcomes",
+            1,
+            settings.replication_factor,
+            {"retention.ms": str(base_retention)},
         ),
     ]
 

@@ -56,13 +56,14 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.ids import named_partition
+from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, Answered, MarkerReply
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.wheel import Reschedule, Wheel
+from delayservice.precise.wheel import READ_AGAIN, Reschedule, Wheel
 from delayservice.worker import dead_letter as dl
 from delayservice.worker.consumer_loop import unread_records
 from delayservice.worker.ledger import LevelLedger, PartitionLedger
@@ -157,6 +158,14 @@ def reschedule_request(headers: Headers) -> tuple[str, int | None, int | None] |
     return message_id, numbers[0], numbers[1]
 
 
+def _marker_id(headers: Headers) -> str:
+    """The id a reschedule marker names, as far as it can be read (for its reply)."""
+    for name, value in headers:
+        if name == H_RESCHEDULE:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else value or ""
+    return ""
+
+
 class Intake:
     def __init__(
         self,
@@ -178,12 +187,17 @@ class Intake:
         on_fatal: Callable[[str], None],
         after_batch: Callable[[], None] = lambda: None,
         check_storage: Callable[[], None] = lambda: None,
+        answer: Callable[[list[Answered]], None] = lambda _answered: None,
+        roles: dict[int, Role] | None = None,
     ) -> None:
         """`dead_letter` hands a record to the forwarder to dead-letter; it settles the
         record's offset in `ledger` once that is durable. `after_batch` runs on this
         thread after every iteration (progress reports).
         `check_storage` runs after each sync, before the commit, and raises
-        `StorageError` when the data directory is no longer the one written to."""
+        `StorageError` when the data directory is no longer the one written to.
+        `answer` gets each batch's marker outcomes once they are durable. `roles` is
+        filled with this member's role per partition as partitions are assigned (pass
+        a dict to share it)."""
         self.topic = topic
         self._make_consumer = make_consumer
         self._consumer: ConsumerClient | None = None
@@ -200,7 +214,9 @@ class Intake:
         self._on_fatal = on_fatal
         self.after_batch = after_batch
         self._check_storage = check_storage
-        self.roles: dict[int, Role] = {}
+        self._answer = answer
+        self._answered: list[Answered] = []  # this batch's marker outcomes
+        self.roles: dict[int, Role] = {} if roles is None else roles
         self._origin_checked: set[int] = set()
         self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
@@ -307,6 +323,8 @@ class Intake:
         later commit of their partitions held back, until a restart."""
         firsts, self._unsettled = self._unsettled, None
         self._to_write = []
+        self._moves = []
+        self._answered = []
         if not firsts or self._consumer is None:
             return
         self._matched_at = [m for m in self._matched_at if m[1] < firsts.get(m[0], m[1] + 1)]
@@ -433,6 +451,9 @@ class Intake:
             self._retire_matched()
         if in_memory:
             self._wheel.admit(in_memory)
+        if self._answered:
+            answered, self._answered = self._answered, []
+            self._answer(answered)
 
     def _ours(self, messages: list[Message]) -> tuple[list[Message], list[PartitionLedger]]:
         """The batch's records of partitions this intake holds, each tracked in its
@@ -465,13 +486,15 @@ class Intake:
     def _retire_matched(self) -> None:
         """Drop the cancels whose messages' offsets are now committed."""
         waiting: list[tuple[int, int, str]] = []
+        retired: list[str] = []
         for partition, offset, message_id in self._matched_at:
-            committed = self.committed(partition)
+            committed = self.ledger.last_committed(partition)
             if committed is not None and committed > offset:
-                self._cancels.matched(message_id)
+                retired.append(message_id)
             elif partition in self.ledger.partitions:
                 waiting.append((partition, offset, message_id))
         self._matched_at = waiting
+        self._wheel.retire_cancels(retired)
 
     def _one(
         self, message: Message, headers: object, ledger: PartitionLedger, offset: int, now_ms: int
@@ -556,21 +579,30 @@ class Intake:
                 )
             in_memory.append((record, fire_ms / 1000))
 
+    def _reply(self, message: Message, kind: str, message_id: str, outcome: str,
+               due_ms: int | None = None) -> None:  # fmt: skip
+        """Note a marker's outcome, answered once the batch is durable (`answer`)."""
+        reply = MarkerReply(kind, message_id, outcome, due_ms)
+        self._answered.append(Answered(message.partition() or 0, message.offset() or 0, reply))
+
     def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
         if not message_id:
             if self._throttle.allow("cancel without id") is not None:
                 log.warning("%s: cancel markers without an id are ignored", self.topic)
             self._m_cancels.labels("refused").inc()
+            self._reply(message, CANCEL, message_id, "refused")
             return
         named = named_partition(message_id)
         if named is not None and named != message.partition():
             # Its message lives on the partition its id names (`ids`): kept here, the
             # cancel could never match, and would take room for up to max_delay.
             self._m_cancels.labels("unmatched").inc()
+            self._reply(message, CANCEL, message_id, "unmatched")
             return
         _, appended = message.timestamp()
         base = appended if appended > 0 else now_ms
         outcome = self._wheel.cancel(message_id, base + self._max_delay_ms + CANCEL_GRACE_MS)
+        self._reply(message, CANCEL, message_id, "accepted" if outcome == "pending" else outcome)
         if outcome != "pending":
             self._m_cancels.labels(outcome).inc()
             if outcome == "refused" and self._throttle.allow("cancel log full") is not None:
@@ -585,6 +617,7 @@ class Intake:
             if self._throttle.allow("bad reschedule") is not None:
                 log.warning("%s: reschedule marker ignored: %s", self.topic, exc)
             self._m_reschedules.labels("refused").inc()
+            self._reply(message, RESCHEDULE, _marker_id(headers), "refused")
             return True
         if request is None:
             return False
@@ -593,6 +626,7 @@ class Intake:
         named = named_partition(message_id)
         if named is not None and named != partition:
             self._m_reschedules.labels("unmatched").inc()  # its message is not here (`ids`)
+            self._reply(message, RESCHEDULE, message_id, "unmatched")
             return True
         _, appended = message.timestamp()
         base = appended if appended > 0 else now_ms
@@ -606,6 +640,7 @@ class Intake:
                     asked - base,
                 )
             self._m_reschedules.labels("refused").inc()
+            self._reply(message, RESCHEDULE, message_id, "refused")
             return True
         # A time already past means now: `asked` is never before the marker's append
         # time, and a marker read again after a crash asks for the same instant, so
@@ -637,10 +672,23 @@ class Intake:
                 except Exception:
                     log.exception("%s: reschedule of %s failed", self.topic, request.message_id)
                     results.append(("refused", None))
-        for request, (outcome, copy) in zip(moves, results, strict=True):
-            if outcome:
-                self._m_reschedules.labels(outcome).inc()
-            log.debug("%s: reschedule of %s: %s", self.topic, request.message_id, outcome)
+        for request, (result, copy) in zip(moves, results, strict=True):
+            log.debug("%s: reschedule of %s: %s", self.topic, request.message_id, result)
+            outcome, due = result, (request.due_ms if result == "moved" else None)
+            if result == READ_AGAIN:  # answered again: the first answer may be lost
+                current = self._reschedules.current(request.message_id)
+                if current is not None and current.version == request.version:
+                    outcome, due = "moved", current.due_ms
+                else:
+                    outcome = "superseded"
+            else:
+                self._m_reschedules.labels(result).inc()
+            answer = Answered(
+                request.partition,
+                request.version,
+                MarkerReply(RESCHEDULE, request.message_id, outcome, due),
+            )
+            self._answered.append(answer)
             if copy is not None:
                 in_memory.append((copy, request.fire_ms / 1000))
 
@@ -701,11 +749,6 @@ class Intake:
             self._m_commit_failures.inc()
         self.ledger.committed(confirmed)
         self._m_commits.inc()
-
-    def committed(self, partition: int) -> int | None:
-        """The last offset the broker confirmed for `partition`: all before it is durable."""
-        ledger = self.ledger.partitions.get(partition)
-        return None if ledger is None else ledger.last_committed
 
     def _shutdown(self) -> None:
         try:

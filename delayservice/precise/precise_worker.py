@@ -13,7 +13,6 @@ before they settle; nothing sent settles before a flush said it is durable.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import os
@@ -21,12 +20,10 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Producer
 
-from delayservice.errors import ConfigError
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.target_topics import TargetTopics
@@ -34,16 +31,14 @@ from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
-from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.data_dir import DataDir
 from delayservice.precise.intake import Intake
-from delayservice.precise.placement import Placement
+from delayservice.precise.marker_replies import MarkerReplies
+from delayservice.precise.placement import Placement, Role
 from delayservice.precise.progress import Progress
-from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.slot_record import SlotRecord
-from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.storage_fault import DataDirWatch, StorageError, check_data_dir
+from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
 from delayservice.settings import Settings
 from delayservice.status.census_export import CensusExport
@@ -88,32 +83,6 @@ class _Outcomes:
 def precise_group_id(settings: Settings, member: int) -> str:
     """The group member `member` commits its intake under (placement is static)."""
     return f"{settings.group_id}-precise-{member}"
-
-
-def cancel_log_path(data_dir: Path, topic: str) -> Path:
-    """Where the cancels of `topic` not yet matched are kept, beside its slot files."""
-    return data_dir / f"{topic}.cancels.log"
-
-
-def reschedule_log_path(data_dir: Path, topic: str) -> Path:
-    """Where the moves of `topic` still needed are kept, beside its slot files."""
-    return data_dir / f"{topic}.reschedules.log"
-
-
-def lock_data_dir(root: Path) -> IO[str]:
-    """Hold the wheel's directory for this process: two wheels writing one directory
-    would each delete the other's slot files. The lock file sits beside it."""
-    check_data_dir(root.parent)
-    try:
-        handle = (root.parent / f".{root.name}.lock").open("a")  # held for the process's life
-    except OSError as exc:
-        raise ConfigError("data_dir", f"{root.parent} is not usable: {exc}") from exc
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.close()
-        raise ConfigError("data_dir", f"{root} is in use by another process") from exc
-    return handle
 
 
 def precise_forwarder(
@@ -191,6 +160,29 @@ def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> 
         wheel.settle_many(slots)
 
 
+def _nothing() -> None:
+    pass
+
+
+class _Consumers:
+    """The intake's consumer and the progress reader's, under this member's group."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self._settings = settings
+        self._client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{topic}"
+        self._group = precise_group_id(settings, settings.precise_member)
+
+    def for_intake(self, callbacks: dict[str, Any]) -> ConsumerClient:
+        return self._make(callbacks, self._group)
+
+    def for_progress(self, callbacks: dict[str, Any]) -> ConsumerClient:
+        return self._make(callbacks, f"{self._group}-progress")
+
+    def _make(self, callbacks: dict[str, Any], group_id: str) -> ConsumerClient:
+        config = client_config.consumer(self._settings, group_id, self._client_id)
+        return Consumer({**config, **callbacks})
+
+
 class PreciseWorker:
     def __init__(
         self,
@@ -200,63 +192,57 @@ class PreciseWorker:
         on_fatal: Callable[[str], None],
         make_producer: Callable[[dict[str, Any]], Any] = Producer,
     ) -> None:
-        """`producer` carries progress reports (replicas); forwards go through a
-        producer of precise mode's own, made by `make_producer`, as a level's do."""
+        """`producer` carries progress reports (replicas) and replies to markers;
+        forwards go through a producer of precise mode's own, made by
+        `make_producer`, as a level's do. Every part is wired here, once, in the order
+        records flow through them."""
         topic = settings.precise_topic
         self.level = PreciseLevel(0, 0, topic)
-        root = settings.data_dir / topic
-        self._lock = lock_data_dir(root)
-        cancel_path = cancel_log_path(settings.data_dir, topic)
-        reschedule_path = reschedule_log_path(settings.data_dir, topic)
-        try:
-            self.store = SlotStore(root)
-            self.cancels = CancelLog(cancel_path)
-            self.reschedules = RescheduleLog(reschedule_path)
-        except StorageError as fault:
-            self._lock.close()
-            raise ConfigError("data_dir", f"{settings.data_dir} is not usable: {fault}") from fault
         self._on_fatal = on_fatal
         self._stopping = False
-        self.store.on_fault = self.cancels.on_fault = self._storage_fault
-        self.reschedules.on_fault = self._storage_fault
+        self.disk = DataDir(settings.data_dir, topic, self._storage_fault)
+        self.store, self.cancels, self.reschedules = (
+            self.disk.store,
+            self.disk.cancels,
+            self.disk.reschedules,
+        )
         self.placement = Placement(
             settings.precise_members, settings.precise_member, settings.replicas
-        )
-        member = settings.precise_member
-        client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{topic}"
-        group = precise_group_id(settings, member)
-
-        def make_consumer(callbacks: dict[str, Any], group_id: str = group) -> ConsumerClient:
-            return Consumer({**client_config.consumer(settings, group_id, client_id), **callbacks})
-
-        buffer = SlotBuffer(time.time)
-        outcomes = _Outcomes(metrics)
-        self.progress: Progress | None = None
-        takeover_s = settings.takeover_delay_s
-        self.wheel = Wheel(
-            self.store,
-            self.cancels,
-            self.reschedules,
-            buffer,
-            self.placement,
-            outcomes,
-            settings.precise_lookahead_s,
-            takeover_s=takeover_s,
-            max_buffered_bytes=settings.max_buffered_bytes,
-            horizon_s=settings.precise_horizon_s,
         )
         self.ledger = LevelLedger()
         """The intake's offsets: each commits once its record is durable (slot file
         synced, or dead letter flushed)."""
-        keep = buffer.keep
-
-        def keep_or_stop(records: list[SlotRecord]) -> list[SlotRecord]:
-            try:
-                return keep(records)
-            except StorageError:  # reported through `on_fault`; the records stay on disk
-                return []
-
-        buffer.keep = keep_or_stop
+        roles: dict[int, Role] = {}  # this member's role per partition, as assigned
+        consumers = _Consumers(settings, topic)
+        takeover_ms = int(settings.takeover_delay_s * 1000)
+        self.progress = (
+            Progress(
+                settings.precise_done_topic,
+                self.placement,
+                producer,
+                consumers.for_progress,
+                self.ledger.last_committed,
+                self.store.origin,
+                self.store.earliest,
+                takeover_ms,
+                roles,
+            )
+            if settings.replicas == 2
+            else None
+        )
+        self.wheel = Wheel(
+            self.store,
+            self.cancels,
+            self.reschedules,
+            self.placement,
+            _Outcomes(metrics),
+            settings.precise_lookahead_s,
+            takeover_s=settings.takeover_delay_s,
+            coverage=self.progress,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            horizon_s=settings.precise_horizon_s,
+        )
+        buffer = self.wheel.buffer
         self.forwarder = precise_forwarder(
             self.level,
             settings,
@@ -266,49 +252,43 @@ class PreciseWorker:
             on_fatal,
             functools.partial(settle_durable, wheel=self.wheel, offsets=self.ledger),
         )
-        internal = settings.internal_topics()
+        replies = MarkerReplies(
+            settings.precise_outcomes_topic,
+            topic,
+            producer,
+            settings.precise_member,
+            lambda partition: role.value if (role := roles.get(partition)) else None,
+        )
         self.intake = Intake(
             topic,
-            make_consumer,
+            consumers.for_intake,
             self.wheel,
             self.store,
             self.cancels,
             self.reschedules,
             self.ledger,
-            Admission(self.level, settings.max_delay_ms, internal, metrics),
+            Admission(self.level, settings.max_delay_ms, settings.internal_topics(), metrics),
             lambda record: buffer.schedule_many([(record, 0.0)]),
             self.placement,
             metrics,
             level_name=LEVEL_NAME,
-            takeover_ms=int(takeover_s * 1000),
+            takeover_ms=takeover_ms,
             max_delay_ms=settings.max_delay_ms,
             on_fatal=on_fatal,
-            check_storage=DataDirWatch(root, cancel_path, reschedule_path).check,
+            after_batch=self.progress.report if self.progress is not None else _nothing,
+            check_storage=self.disk.check,
+            answer=replies.send,
+            roles=roles,
         )
-        if settings.replicas == 2:
-            progress = Progress(
-                settings.precise_done_topic,
-                self.placement,
-                producer,
-                lambda callbacks: make_consumer(callbacks, f"{group}-progress"),
-                self.intake.committed,
-                self.store.origin,
-                self.wheel.earliest_unsettled_ms,
-                int(takeover_s * 1000),
-            )
-            progress.roles = self.intake.roles  # the same dict: filled as partitions come
-            self.wheel.coverage = progress
-            self.intake.after_batch = progress.report
-            self.progress = progress
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
         self._export(metrics, settings.precise_lookahead_s, buffer)
-        self.census = CensusExport(root, self.cancels, metrics, LEVEL_NAME)
+        self.census = CensusExport(self.disk.root, self.cancels, metrics, LEVEL_NAME)
         log.info(
             "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
             topic,
-            root,
-            member,
+            self.disk.root,
+            settings.precise_member,
             settings.precise_members,
             settings.replicas,
             self.wheel.disk_slots,
@@ -357,10 +337,7 @@ class PreciseWorker:
         if self.progress is not None:
             self.progress.stop(max(0.1, deadline - time.monotonic()))
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
-        self.store.close()
-        self.cancels.close()
-        self.reschedules.close()
-        self._lock.close()
+        self.disk.close()
         return stopped
 
     def health(self) -> tuple[bool, str]:

@@ -91,24 +91,27 @@ class Progress:
         make_consumer: Callable[[dict[str, Any]], ConsumerClient],
         committed: Callable[[int], int | None],
         origin: Callable[[int], int | None],
-        earliest_unsettled_ms: Callable[[], dict[int, int]],
+        earliest_s: Callable[[], dict[int, int]],
         takeover_ms: int,
+        roles: dict[int, Role],
     ) -> None:
-        """`earliest_unsettled_ms`: per partition, the earliest slot start with a file,
-        in fire time (a replica's copies fire `takeover_ms` after their due time)."""
+        """`earliest_s`: per partition, the first second of its earliest file, in fire
+        time (a replica's copies fire `takeover_ms` after their due time): every record
+        due before it is settled. `roles`: this member's role per partition held, as
+        the intake fills it."""
         self._topic = done_topic
         self._placement = placement
         self._producer = producer
         self._make_consumer = make_consumer
         self._committed = committed
         self._origin = origin
-        self._earliest = earliest_unsettled_ms
+        self._earliest_s = earliest_s
         self._takeover_ms = takeover_ms
         self._reports: dict[int, dict[tuple[int, int], Report]] = {}
         """partition -> (member, first offset of its data directory) -> latest report"""
         self._sent: dict[int, Report] = {}
         self._next_report = 0.0
-        self.roles: dict[int, Role] = {}
+        self._roles = roles
         self._caught_up = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._read, name="precise-progress", daemon=True)
@@ -132,17 +135,18 @@ class Progress:
             return
         self._next_report = now + REPORT_EVERY_S
         # `through` is read before the slots: see the module docstring.
-        throughs = {p: self._committed(p) for p in self.roles}
-        earliest = self._earliest()
+        roles = self._roles
+        throughs = {p: self._committed(p) for p in roles}
+        earliest = self._earliest_s()
         for partition, through in throughs.items():
             start = self._origin(partition)
             if through is None or start is None:
                 continue
-            fire = earliest.get(partition)
+            second = earliest.get(partition)
             due_before = FAR_FUTURE_MS
-            if fire is not None:  # a replica's copies fire the takeover delay after due
-                due_before = fire - (
-                    self._takeover_ms if self.roles[partition] is Role.REPLICA else 0
+            if second is not None:  # a replica's copies fire the takeover delay after due
+                due_before = second * 1000 - (
+                    self._takeover_ms if roles[partition] is Role.REPLICA else 0
                 )
             report = Report(partition, self._placement.member, start, through, due_before)
             if self._sent.get(partition) == report:

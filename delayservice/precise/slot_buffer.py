@@ -49,14 +49,18 @@ class SlotBuffer:
     """Its taker (`keep`) drops what must not go out any more: cancelled since it was
     loaded, or a replica's copy the owner reported done."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        keep: Callable[[list[SlotRecord]], list[SlotRecord]] = lambda records: records,
+    ) -> None:
         self._clock = clock
+        self._keep = keep
         self._heap: list[tuple[float, int, _Run]] = []
         self._seq = itertools.count()
         self._size = 0
         self._cond = threading.Condition(threading.Lock())
         self._alarm = Alarm(self._cond, clock)
-        self.keep: Callable[[list[SlotRecord]], list[SlotRecord]] = lambda records: records
 
     def schedule_many(self, items: list[tuple[SlotRecord, float]]) -> None:
         """Hold `items`, (record, fire time in clock seconds) each, as one run."""
@@ -92,7 +96,7 @@ class SlotBuffer:
                     heapq.heappop(heap)
             self._size -= len(records)
         runs: dict[int, list[SlotRecord]] = {}
-        for record in self.keep(records):
+        for record in self._keep(records):
             runs.setdefault(record.partition(), []).append(record)
         return list(runs.items())
 

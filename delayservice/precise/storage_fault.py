@@ -17,15 +17,11 @@ stop the daemon whichever thread meets it.
 
 from __future__ import annotations
 
-import errno
 import functools
-import os
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
-from delayservice.errors import ConfigError, DelayServiceError
+from delayservice.errors import DelayServiceError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,50 +59,3 @@ def reported(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, 
             raise wrapped from exc
 
     return wrapper
-
-
-class DataDirWatch:
-    """Notices a data directory removed (or replaced) under a running daemon.
-
-    Descriptors opened before an `rm -rf` keep writing, and their fsyncs succeed, into
-    files no directory names any more: a restart would find nothing. Checked after each
-    sync and before the offsets it covers are committed.
-    """
-
-    def __init__(self, directory: Path, *files: Path) -> None:
-        self._directory = directory
-        self._files = files
-        self._identity = self._stat(directory)
-
-    @staticmethod
-    def _stat(path: Path) -> tuple[int, int]:
-        try:
-            found = path.stat()
-        except OSError as exc:
-            raise StorageError(f"cannot find {path}: {exc.strerror or exc}") from exc
-        return found.st_dev, found.st_ino
-
-    def check(self) -> None:
-        if self._stat(self._directory) != self._identity:
-            raise StorageError(f"{self._directory} was replaced by another directory")
-        for path in self._files:
-            self._stat(path)
-
-
-def check_data_dir(data_dir: Path) -> None:
-    """Refuse a data directory precise mode cannot use, as a configuration error:
-    one that cannot be created, is not a directory, or cannot take a synced write
-    (read-only file system, no permission, full)."""
-    try:
-        if data_dir.exists() and not data_dir.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
-        data_dir.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=data_dir)
-        try:
-            os.write(fd, b"probe\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-            os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError("data_dir", f"{data_dir} is not usable: {exc.strerror or exc}") from exc

@@ -33,6 +33,7 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.copy_finder import find_copies
 from delayservice.precise.heap_trim import release_free_heap
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.recent_ids import RecentIds
 from delayservice.precise.reschedule_log import Move, RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_file import StoredRecord, encode, encode_settled
@@ -56,8 +57,8 @@ MAX_LEAD_S: Final = 60.0
 MARKS_EVERY_S: Final = 0.05
 """How often settled marks are written to their slot files, in one write per slot."""
 RECENTLY_FORWARDED: Final = 100_000
-"""Ids of records lately sent (at least the last half this many, at most this many), so
-a cancel that comes after can be told it is too late."""
+"""Ids of records lately sent, and of those lately called off, kept (at least the last
+half this many, at most this many), so a marker that comes after can be told so."""
 EXPIRE_EVERY_S: Final = 60.0
 RECORD_OVERHEAD: Final = 900
 """Bytes a held record costs in memory beyond its frame: the record, its envelope, the
@@ -74,6 +75,9 @@ are being forwarded, pages given back would only be faulted in again."""
 FILL_SLICE_S: Final = 0.1
 """At most this long reading records in at a time, so settled marks keep being written."""
 UNBOUNDED: Final = 2**62
+READ_AGAIN: Final = "read_again"
+"""A reschedule marker read again after a restart: it, or a later marker, moved the
+message already."""
 FIND_TRIES: Final = 3
 """Searches for a reschedule's copies outside the wheel's lock before one holding it."""
 
@@ -126,7 +130,6 @@ class Wheel:
         store: SlotStore,
         cancels: CancelLog,
         reschedules: RescheduleLog,
-        buffer: SlotBuffer,
         placement: Placement,
         outcomes: Outcomes,
         lookahead_s: float,
@@ -143,13 +146,13 @@ class Wheel:
         self._store = store
         self._cancels = cancels
         self._reschedules = reschedules
-        self.buffer = buffer
-        buffer.keep = self._keep
+        self.buffer = SlotBuffer(clock, keep=self._keep_or_stop)
+        """What the forwarder takes from; its taker drops what must not go out."""
         self._placement = placement
         self._outcomes = outcomes
         self._lookahead = lookahead_s
         self._takeover = takeover_s
-        self.coverage = coverage
+        self._coverage = coverage
         self._clock = clock
         self._lock = threading.Lock()
         self._tiers = Tiers.for_horizon(horizon_s)
@@ -175,8 +178,8 @@ class Wheel:
         self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
         self._in_memory: set[str] = set()  # ids loaded and not yet taken
         self._cancelled_in_memory: set[str] = set()
-        self._recent: set[str] = set()
-        self._recent_before: set[str] = set()
+        self._recent = RecentIds(RECENTLY_FORWARDED)  # sent: later markers are too late
+        self._called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
@@ -213,11 +216,6 @@ class Wheel:
     def held_bytes(self) -> int:
         """Estimated bytes of the records this wheel holds in memory."""
         return self._held
-
-    def earliest_unsettled_ms(self) -> dict[int, int]:
-        """Per partition, the start of its earliest file, slot or span, loaded or not:
-        every record of the partition due before it has been settled."""
-        return {partition: second * 1000 for partition, second in self._store.earliest().items()}
 
     # -- intake side ---------------------------------------------------------------
     def append(self, partition: int, fire_ms: int, frame: bytes) -> SlotTracker | None:
@@ -302,7 +300,7 @@ class Wheel:
         so a restart before the message's slot is deleted cannot bring it back.
         """
         with self._lock:
-            if message_id in self._recent or message_id in self._recent_before:
+            if message_id in self._recent:
                 return "too_late"
             if not self._cancels.add(message_id, expires_ms):
                 return "refused"
@@ -318,9 +316,10 @@ class Wheel:
 
     def move_many(self, requests: list[Reschedule]) -> list[tuple[str, SlotRecord | None]]:
         """Move pending messages to new due times: per request, its outcome ("moved",
-        "too_late", "unmatched", "cancelled", "refused", or "" for a marker read again
-        or overtaken by a later one) and the copy when it belongs in memory now (the
-        caller buffers it, through `admit`, once its offset is committed).
+        "too_late", "unmatched", "cancelled", "refused", or `READ_AGAIN` for a marker
+        whose move, or a later one's, is done already) and the copy when it belongs in
+        memory now (the caller buffers it, through `admit`, once its offset is
+        committed).
 
         Each move writes a copy of the message due at the new time and then names it
         live in the reschedule log; the copies are synced before the log entries are
@@ -394,13 +393,13 @@ class Wheel:
         as stored and its slot's tracker when the slot is in memory. The log entry
         goes into `moves`, to be written once the copies are durable."""
         message_id = request.message_id
-        if message_id in self._cancels:
+        if message_id in self._cancels or message_id in self._called_off:
             return "cancelled", None, None
-        if message_id in self._recent or message_id in self._recent_before:
+        if message_id in self._recent:
             return "too_late", None, None
         current = moves.get(message_id) or self._reschedules.current(message_id)
         if current is not None and current.version >= request.version:
-            return "", None, None  # read again after a restart, or overtaken by a later marker
+            return READ_AGAIN, None, None  # after a restart: this marker, or a later one, moved it
         # The live copy: the entry's, else the message as first stored. Its settled
         # mark, or its file gone, means it was sent (the search skips both).
         live = [
@@ -426,6 +425,14 @@ class Wheel:
         return "moved", stored, tracker
 
     # -- forwarder side ------------------------------------------------------------
+    def _keep_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """`_keep`, on the forwarder's thread: a fault of the disk (reported through
+        `on_fault`, the daemon is stopping) sends nothing; the records stay on disk."""
+        try:
+            return self._keep(records)
+        except StorageError:
+            return []
+
     def _keep(self, records: list[SlotRecord]) -> list[SlotRecord]:
         """Runs on the taking thread, just before the records are sent."""
         if not records:
@@ -439,7 +446,7 @@ class Wheel:
         sent: list[str] = []
         # An owner's record due before this may have been taken over meanwhile.
         overdue_before_ms = now_ms - self._takeover * 1000
-        coverage = self.coverage
+        coverage = self._coverage
         with self._lock:
             in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
             stale = self._moved_away(records)
@@ -480,7 +487,7 @@ class Wheel:
                     self._outcomes.took_over()
                 sent.append(message_id)
                 out.append(record)
-            self._remember(sent)
+            self._recent.add_all(sent)
         self._kept(cancelled, settled, deferred)
         return out
 
@@ -498,12 +505,6 @@ class Wheel:
             self.settled(tracker, offset)
         if deferred:
             self.buffer.schedule_many(deferred)
-
-    def _remember(self, message_ids: list[str]) -> None:
-        """Note ids as sent, for cancels that come too late (lock held)."""
-        self._recent.update(message_ids)
-        if len(self._recent) >= RECENTLY_FORWARDED // 2:  # two generations: no per-id aging
-            self._recent_before, self._recent = self._recent, set()
 
     def settled(self, tracker: SlotTracker, offset: int) -> None:
         """One record of a loaded slot is done: delete the file with the last one, and
@@ -552,6 +553,13 @@ class Wheel:
             with self._lock:
                 self._matches_durable.extend(message_ids)
             raise
+        self.retire_cancels(message_ids)
+
+    def retire_cancels(self, message_ids: list[str]) -> None:
+        """Drop cancels whose messages are gone for good, remembering the ids for a
+        while so that a reschedule after them is told the message was cancelled."""
+        with self._lock:
+            self._called_off.add_all(message_ids)
         for message_id in message_ids:
             self._cancels.matched(message_id)
 

@@ -23,7 +23,8 @@ from delayservice.envelope import H_DELAY_MS, H_DUE_MS
 from delayservice.kafka import client_config
 from delayservice.levels import Level
 from delayservice.precise.cancel_log import pending_cancels
-from delayservice.precise.precise_worker import LEVEL_NAME, cancel_log_path, precise_group_id
+from delayservice.precise.data_dir import cancel_log_path
+from delayservice.precise.precise_worker import LEVEL_NAME, precise_group_id
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head, PartitionBacklog, backlog
 from delayservice.status.precise_census import Census, take_census

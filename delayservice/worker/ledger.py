@@ -147,6 +147,12 @@ class LevelLedger:
                     out.append((partition, offset))
         return out
 
+    def last_committed(self, partition: int) -> int | None:
+        """The last offset the broker confirmed for `partition`: all before it is done."""
+        with self.lock:
+            ledger = self.partitions.get(partition)
+            return None if ledger is None else ledger.last_committed
+
     def committed(self, pairs: list[tuple[int, int]]) -> None:
         with self.lock:
             for partition, offset in pairs:

@@ -11,6 +11,7 @@ COMMANDS = [
     ["run"],
     ["send"],
     ["cancel"],
+    ["reschedule"],
     ["check"],
     ["topics"],
     ["topics", "create"],
@@ -118,7 +119,7 @@ def test_cancel_sends_a_marker_to_the_partition_of_the_id(testbed):
         "DELAYSERVICE_LEVELS": settings.levels,
         "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
     }
-    result = _cli("cancel", message_id, "-b", testbed.bootstrap, env=env)
+    result = _cli("cancel", message_id, "--wait", "0", "-b", testbed.bootstrap, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         f"cancel of {message_id} is on {settings.precise_topic} partition {partition} offset 0"
@@ -132,9 +133,24 @@ def test_cancel_sends_a_marker_to_the_partition_of_the_id(testbed):
 @pytest.mark.kafka
 def test_cancel_without_the_precise_topic_fails_in_one_line(testbed):
     env = {"DELAYSERVICE_PRECISE_TOPIC": f"nope-{testbed.tag}"}
-    result = _cli("cancel", "abc", "-b", testbed.bootstrap, env=env)
+    result = _cli("cancel", "abc", "--wait", "0", "-b", testbed.bootstrap, env=env)
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"delayservice: the precise topic nope-{testbed.tag} is not available")
     assert "delayservice topics create" in line
+    # Waiting for the reply needs the outcomes topic: it is checked before anything is sent.
+    result = _cli("reschedule", "abc", "--delay", "5s", "-b", testbed.bootstrap, env=env)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        f"delayservice: the outcomes topic nope-{testbed.tag}_outcomes is not available"
+    )
+
+
+def test_reschedule_refuses_bad_input_with_exit_2():
+    assert _cli("reschedule", "", "--delay", "5s").returncode == 2
+    both = _cli("reschedule", "abc", "--delay", "5s", "--at", "2030-01-01T00:00:00")
+    assert both.returncode == 2
+    assert "give one of --delay and --at" in both.stderr
+    assert "not a duration" in _cli("reschedule", "abc", "--delay", "soon").stderr

@@ -148,7 +148,7 @@ def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
     )
     outcomes = {spec.role: outcome for spec, outcome in topics.create(testbed.admin, settings)}
     assert outcomes == dict.fromkeys(
-        ["level 1s", "dead letters", "precise", "precise done"], "created"
+        ["level 1s", "dead letters", "precise", "precise done", "precise outcomes"], "created"
     )
     testbed.wait_for(
         lambda: all(s.exists for s in topics.describe(testbed.admin, settings, timeout=5)),
@@ -163,8 +163,13 @@ def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
     assert int(precise.config["retention.ms"]) >= 24 * topics.HOUR_MS
     assert (done.spec.name, done.partitions) == (settings.precise_done_topic, 1)
     assert done.config["cleanup.policy"] == "compact"
+    outcomes_topic = statuses["precise outcomes"]
+    assert (outcomes_topic.spec.name, outcomes_topic.partitions) == (
+        settings.precise_outcomes_topic,
+        1,
+    )
     again = topics.create(testbed.admin, settings)
-    assert [outcome for _spec, outcome in again] == ["exists"] * 4
+    assert [outcome for _spec, outcome in again] == ["exists"] * 5
 
 
 @pytest.mark.kafka

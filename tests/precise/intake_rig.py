@@ -16,14 +16,14 @@ from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_DUE_MS, H_RESCHEDULE, 
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.data_dir import DataDirWatch
 from delayservice.precise.intake import Intake
+from delayservice.precise.marker_replies import Answered
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
 from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.storage_fault import DataDirWatch
 from delayservice.precise.wheel import Wheel
 from delayservice.worker.ledger import LevelLedger
 from tests.worker.fakes import message
@@ -165,6 +165,7 @@ class Rig:
         self.fatal: list[str] = []
         self.store.on_fault = self.cancels.on_fault = lambda f: self.fatal.append(str(f))
         self.reschedules.on_fault = self.store.on_fault
+        self.answered: list[Answered] = []
         self.consumer = Consumer(partitions)
         self.dead = DeadLetters()
         placement = Placement(1, 0, 1)
@@ -172,7 +173,6 @@ class Rig:
             self.store,
             self.cancels,
             self.reschedules,
-            SlotBuffer(lambda: NOW_MS / 1000),
             placement,
             cast(Any, _Outcomes()),
             lookahead_s=2.0,
@@ -198,6 +198,7 @@ class Rig:
             check_storage=DataDirWatch(
                 root / "slots", root / "cancels.log", root / "reschedules.log"
             ).check,
+            answer=self.answered.extend,
         )
 
     def feed(self, *batches: list[Message]) -> None:
@@ -213,6 +214,12 @@ class Rig:
     def _committed_past(self, batch: list[Message]) -> bool:
         last = batch[-1]
         return self.consumer.committed_offsets.get(last.partition() or 0, -1) > (last.offset() or 0)
+
+    def replies(self) -> list[tuple[int, str, str, int | None]]:
+        """(marker offset, id, outcome, due ms) of every reply so far."""
+        return [
+            (a.offset, a.reply.message_id, a.reply.outcome, a.reply.due_ms) for a in self.answered
+        ]
 
     def stop(self) -> None:
         self.intake.request_stop()

@@ -13,7 +13,7 @@ import pytest
 
 from delayservice.errors import ConfigError
 from delayservice.kafka.local_broker import free_port
-from delayservice.precise.storage_fault import check_data_dir
+from delayservice.precise.data_dir import check_data_dir
 
 
 def _run(data_dir: Path) -> subprocess.CompletedProcess[str]:

@@ -41,6 +41,7 @@ def test_a_message_and_its_reschedule_in_one_batch_move_it_into_memory(rig):
     assert (move.version, move.due_ms) == (1, NOW_MS + 1000)
     assert wait(lambda: len(rig.wheel.buffer) == 1)  # the copy's slot is in memory
     assert rig.consumer.committed_offsets[partition] == 2
+    assert rig.replies() == [(1, mid, "moved", NOW_MS + 1000)]
     assert not rig.fatal
 
 
@@ -76,6 +77,14 @@ def test_markers_that_cannot_apply_are_counted_and_read_past(rig):
     assert _outcome(rig, "refused") == 3
     assert _outcome(rig, "moved") == 0
     assert rig.consumer.committed_offsets[partition] == 6
+    assert wait(lambda: len(rig.answered) == 5)
+    assert sorted(rig.replies()) == [
+        (1, mid, "unmatched", None),
+        (2, "nobody", "unmatched", None),
+        (3, mid, "refused", None),
+        (4, mid, "refused", None),
+        (5, "", "refused", None),
+    ]
     assert mid not in rig.reschedules
     assert rig.intake.is_alive()
     assert not rig.fatal
@@ -93,6 +102,7 @@ def test_a_cancelled_message_is_not_moved(rig):
     assert wait(lambda: _outcome(rig, "cancelled") == 1)
     assert mid not in rig.reschedules
     assert len(rig.wheel.buffer) == 0
+    assert rig.replies() == [(1, mid, "accepted", None), (2, mid, "cancelled", None)]
 
 
 _VALUES = st.one_of(st.none(), st.binary(max_size=24), st.text(max_size=24))
@@ -127,3 +137,26 @@ def test_a_bad_marker_next_to_a_good_one_stops_nothing(tmp_path):
         assert wait(lambda: _outcome(rig, "moved") == 1)
         assert _outcome(rig, "refused") == 1
         assert rig.intake.is_alive()
+
+
+def test_a_marker_read_again_after_a_restart_is_answered_again(tmp_path):
+    """The first reply may have been lost with the process: the marker read again gets
+    the same answer, and moves nothing twice."""
+    mid = "legacy-id"
+    with running(tmp_path) as rig:
+        rig.run_batch([record(0, message_id=mid), reschedule(1, mid, delay_ms=5000)])
+        assert wait(lambda: len(rig.answered) == 1)
+        rig.store.close()
+        rig.cancels.close()
+        rig.reschedules.close()
+    with running(tmp_path) as again:
+        again.run_batch([reschedule(1, mid, delay_ms=5000)])
+        again.run_batch([reschedule(2, mid, delay_ms=9000)])
+        again.run_batch([reschedule(1, mid, delay_ms=5000)])
+        assert wait(lambda: len(again.answered) == 3)
+        assert again.replies() == [
+            (1, mid, "moved", NOW_MS + 5000),
+            (2, mid, "moved", NOW_MS + 9000),
+            (1, mid, "superseded", None),  # moved, then moved again by marker 2
+        ]
+        assert _outcome(again, "moved") == 1

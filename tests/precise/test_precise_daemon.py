@@ -156,7 +156,7 @@ def test_a_batch_the_intake_failed_to_handle_is_read_again_on_the_real_broker(
 
     worker = _precise_worker(daemon)
     testbed.wait_for(
-        lambda: sum(worker.intake.committed(p) or 0 for p in range(settings.partitions)) == 30,
+        lambda: sum(worker.ledger.last_committed(p) or 0 for p in range(settings.partitions)) == 30,
         30,
         "the intake to commit every record (it read the failed batch again)",
     )

@@ -44,9 +44,7 @@ def worker(tmp_path: Path):
     )
     made.fatal = fatal  # type: ignore[attr-defined]
     yield made
-    made.store.close()
-    made.cancels.close()
-    made._lock.close()
+    made.disk.close()
 
 
 def _full(*_args: Any, **_kwargs: Any) -> None:

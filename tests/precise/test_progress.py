@@ -42,8 +42,9 @@ def _progress(member: int = 1, members: int = 2, **state) -> tuple[Progress, Fak
         lambda _callbacks: None,  # the reader thread is not started here
         committed=lambda p: state.get("through", {}).get(p),
         origin=lambda p: state.get("origin", {}).get(p),
-        earliest_unsettled_ms=lambda: state.get("earliest", {}),
+        earliest_s=lambda: state.get("earliest", {}),
         takeover_ms=3_000,
+        roles=state.get("roles", {}),
     )
     return progress, producer
 
@@ -110,9 +111,12 @@ def test_coverage_never_moves_back_and_outlives_a_lost_disk():
 
 def test_each_holder_reports_what_is_durable_and_settled_only_when_it_moves():
     progress, producer = _progress(
-        member=0, through={0: 50, 1: 70}, origin={0: 10, 1: 20}, earliest={1: 7_000}
+        member=0,
+        through={0: 50, 1: 70},
+        origin={0: 10, 1: 20},
+        earliest={1: 7},
+        roles={0: Role.OWNER, 1: Role.REPLICA},
     )
-    progress.roles = {0: Role.OWNER, 1: Role.REPLICA}
     progress.report()
     assert sorted(k for _, k, _ in producer.sent) == [b"0:0", b"1:0"]
     sent = {r.partition: r for r in (parse_report(v) for _, _, v in producer.sent) if r}

@@ -13,7 +13,6 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import settle_durable
 from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
@@ -77,7 +76,6 @@ class Rig:
             self.store,
             self.cancels,
             self.reschedules,
-            SlotBuffer(self.clock),
             placement,
             self.outcomes,
             lookahead_s=5.0,
@@ -145,7 +143,7 @@ def test_far_slots_stay_on_disk_until_the_pointer_comes_near(rig):
     rig.append(1, ms(60))
     rig.append(2, ms(2))
     rig.append(3, ms(90), partition=1)
-    assert rig.wheel.earliest_unsettled_ms() == {0: ms(2) // 1000 * 1000, 1: ms(90) // 1000 * 1000}
+    assert rig.store.earliest() == {0: ms(2) // 1000, 1: ms(90) // 1000}
     assert len(rig.wheel.buffer) == 1  # only the near one is in memory
     assert rig.wheel.disk_slots == 3
     assert rig.wheel.loaded_slots == 1

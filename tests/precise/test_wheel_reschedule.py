@@ -11,7 +11,7 @@ import pytest
 from delayservice.precise import wheel as wheel_module
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.wheel import Reschedule
+from delayservice.precise.wheel import READ_AGAIN, Reschedule
 from delayservice.worker.level_forwarder import TAKE
 from tests.precise.test_wheel import NOW, Rig, ms
 
@@ -133,8 +133,8 @@ def test_moves_in_later_batches_supersede_earlier_ones(rig):
 def test_a_marker_read_again_or_overtaken_does_nothing(rig):
     rig.append(1, ms(600))
     assert move(rig, "id-1", 51, 100) == "moved"
-    assert move(rig, "id-1", 51, 100) == ""  # read again after a restart
-    assert move(rig, "id-1", 50, 200) == ""  # an older marker
+    assert move(rig, "id-1", 51, 100) == READ_AGAIN  # read again after a restart
+    assert move(rig, "id-1", 50, 200) == READ_AGAIN  # an older marker
     assert sent(rig, NOW + 100) == [("id-1", 51, ms(100))]
     assert sent(rig, NOW + 600) == []
 

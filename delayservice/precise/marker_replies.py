@@ -1,0 +1,146 @@
+"""Replies to cancel and reschedule markers: what the daemon did with each one.
+
+A marker is an ordinary record: its sender learns where it landed, not what it did.
+So once a marker's outcome is durable on the daemon's disk, each holder of its
+partition writes one reply to the outcomes topic (`{precise_topic}_outcomes`, one
+partition, deleted by age), keyed by where the marker landed, `topic:partition:offset`.
+`delayservice cancel` and `reschedule` wait for theirs (`marker_outcome`), and the
+audit reads the moves from them. A marker read again after a crash is answered again
+with the same outcome, or not at all when the reschedule was done already; readers
+take the first reply per key.
+
+Value: JSON `{"v": 1, "kind": "cancel" | "reschedule", "id", "outcome", "due_ms"
+(a move's new due time, else null), "member", "role"}`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from delayservice.kafka.client_seam import ProducerClient
+from delayservice.log_throttle import Throttle
+
+log = logging.getLogger(__name__)
+
+VERSION: Final = 1
+CANCEL: Final = "cancel"
+RESCHEDULE: Final = "reschedule"
+
+APPLIED: Final = frozenset({"accepted", "moved"})
+"""Outcomes that did what the marker asked: a cancel kept (the message, if pending,
+will not be delivered), a message moved."""
+
+
+def reply_key(topic: str, partition: int, offset: int) -> bytes:
+    """Where the marker landed: the key of its replies."""
+    return f"{topic}:{partition}:{offset}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerReply:
+    kind: str
+    message_id: str
+    outcome: str
+    due_ms: int | None = None
+    member: int | None = None
+    role: str | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "v": VERSION,
+                "kind": self.kind,
+                "id": self.message_id,
+                "outcome": self.outcome,
+                "due_ms": self.due_ms,
+                "member": self.member,
+                "role": self.role,
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome in APPLIED
+
+
+def parse_reply(raw: bytes | None) -> MarkerReply | None:
+    """A reply read back, or None for anything malformed (never raises: the topic is
+    writable by anyone who can write the precise topic)."""
+    try:
+        data: Any = json.loads(raw or b"")
+        if not isinstance(data, dict) or data.get("v") != VERSION:
+            return None
+        kind, message_id, outcome = data["kind"], data["id"], data["outcome"]
+        due_ms, member, role = data.get("due_ms"), data.get("member"), data.get("role")
+        if not all(isinstance(x, str) for x in (kind, message_id, outcome)):
+            return None
+        if not all(x is None or type(x) is int for x in (due_ms, member)):
+            return None
+        if role is not None and not isinstance(role, str):
+            return None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return MarkerReply(kind, message_id, outcome, due_ms, member, role)
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """One marker's outcome, as the intake decided it."""
+
+    partition: int
+    offset: int
+    reply: MarkerReply
+
+
+class MarkerReplies:
+    """Writes the replies of one member through the daemon's shared producer; a reply
+    that cannot be written is logged, never retried (the outcome itself is durable)."""
+
+    def __init__(
+        self,
+        outcomes_topic: str,
+        marker_topic: str,
+        producer: ProducerClient,
+        member: int,
+        role_of: Callable[[int], str | None],
+    ) -> None:
+        self._topic = outcomes_topic
+        self._marker_topic = marker_topic
+        self._producer = producer
+        self._member = member
+        self._role_of = role_of
+        self._throttle = Throttle()
+
+    def send(self, answered: list[Answered]) -> None:
+        for item in answered:
+            reply = MarkerReply(
+                item.reply.kind,
+                item.reply.message_id,
+                item.reply.outcome,
+                item.reply.due_ms,
+                self._member,
+                self._role_of(item.partition),
+            )
+            try:
+                self._producer.produce(
+                    self._topic,
+                    reply.encode(),
+                    reply_key(self._marker_topic, item.partition, item.offset),
+                    on_delivery=self._delivered,
+                )
+            except Exception as exc:  # a full queue, a bad topic: never the intake's problem
+                self._failed(str(exc))
+        self._producer.poll(0)
+
+    def _delivered(self, error: Any, _message: Any) -> None:
+        if error is not None:
+            self._failed(error.str() if hasattr(error, "str") else str(error))
+
+    def _failed(self, why: str) -> None:
+        if self._throttle.allow("reply") is not None:
+            log.warning("replies to markers on %s not written: %s", self._topic, why)

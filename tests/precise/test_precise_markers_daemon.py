@@ -1,0 +1,90 @@
+"""`delayservice reschedule` and `cancel` against a real daemon: each says what the
+daemon did, and the message goes out once, at the time the last move gave it."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.test_commands import _cli
+from tests.precise.test_precise_daemon import _exact_producer, _headers, _precise
+
+pytestmark = pytest.mark.kafka
+
+
+def _env(settings: Any) -> dict[str, str]:
+    return {
+        "DELAYSERVICE_PRECISE": "true",
+        "DELAYSERVICE_PRECISE_TOPIC": settings.precise_topic,
+        "DELAYSERVICE_LEVELS": settings.levels,
+        "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
+        "DELAYSERVICE_BOOTSTRAP_SERVERS": settings.bootstrap_servers,
+    }
+
+
+def _reply(result: Any) -> str:
+    """The reply line of a marker command (its last line, stdout or stderr)."""
+    return (result.stdout + result.stderr).strip().splitlines()[-1]
+
+
+def _records_in(testbed: Any, topic: str) -> int:
+    """Every record the topic holds, from its end offsets."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": testbed.bootstrap, "group.id": topic})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        )
+    finally:
+        consumer.close()
+
+
+def test_reschedule_and_cancel_say_what_the_daemon_did(testbed, tmp_path: Path):
+    settings = _precise(testbed, tmp_path)
+    target = testbed.create_topic(f"moved-{testbed.tag}")
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = _exact_producer(testbed, settings)
+    moved = producer.produce(target, b"moved", delay=60)
+    doomed = producer.produce(target, b"cancelled", delay=8)
+    assert producer.flush(10) == 0
+    env = _env(settings)
+
+    asked_at = time.time()
+    result = _cli("reschedule", moved, "--delay", "3s", env=env)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r": moved by member 0 \(owner\): due \S+ \S+Z \(in ", _reply(result))
+    assert _cli("cancel", doomed, env=env).returncode == 0
+    cancelled = _cli("reschedule", doomed, "--delay", "1s", env=env)
+    assert cancelled.returncode == 1
+    assert "cancelled by member 0 (owner): a cancel came first" in _reply(cancelled)
+    unknown = _cli("reschedule", "0123456789abcdef0123456789abcdef-p0", "-d", "1s", env=env)
+    assert unknown.returncode == 1
+    assert ": unmatched by member 0 (owner)" in _reply(unknown)
+
+    (record,) = testbed.collect(target, 1, timeout=30)
+    headers = _headers(record)
+    assert headers["delay-id"].decode() == moved
+    due_ms = int(headers["delay-due-ms"])
+    assert asked_at * 1000 + 3000 <= due_ms <= time.time() * 1000
+    assert record.timestamp()[1] >= due_ms
+    assert record.value() == b"moved"
+
+    late = _cli("reschedule", moved, "--delay", "30s", env=env)
+    assert late.returncode == 1
+    assert ": too_late by member 0 (owner): the message was already sent" in _reply(late)
+    time.sleep(max(0.0, asked_at + 8 + 1 - time.time()))  # past the cancelled one's due
+    assert _records_in(testbed, target) == 1
+    sample = daemon.registry.get_sample_value
+    counts = {
+        outcome: sample("delayservice_precise_reschedules_total", {"outcome": outcome})
+        for outcome in ("moved", "cancelled", "unmatched", "too_late")
+    }
+    assert counts == dict.fromkeys(counts, 1.0)
