@@ -7,6 +7,11 @@ clock) + max(level delay, `delay-ms`). Its envelope is judged by the documented 
 digits, text is UTF-8, every `delay-*` header appears once. A source then has to show
 up on its target (matched by `delay-id`) or on the dead-letter topic (matched by the
 `dlq-origin-*` headers, because many hostile records have no usable id).
+
+In precise mode a reschedule marker on the partition of a message, appended before the
+message was due, moves its due time to max(the marker's append time + `delay-ms`,
+`delay-due-ms`), in marker order; the scenarios send them in time. A delivery that
+carries a due time a later marker replaced is `superseded`.
 """
 
 from __future__ import annotations
@@ -157,6 +162,7 @@ class Source:
     expect: Expectation
     due_ms: int | None
     echo: bool = False  # a copy the daemon forwarded into a level topic
+    replaced: tuple[int, ...] = ()  # due times reschedules replaced, in order
     deliveries: list[Rec] = field(default_factory=list)
     dead: list[Rec] = field(default_factory=list)
 
@@ -239,6 +245,20 @@ class Report:
         ]
 
     @property
+    def superseded(self) -> list[str]:
+        """Deliveries at a due time a reschedule had replaced."""
+        return [
+            f"{s.where()} ({s.expect.id}) delivered for {due}, moved to {s.due_ms}"
+            for s in self.sources
+            for d in s.deliveries
+            if (due := _number(d.header("delay-due-ms"))) is not None and due in s.replaced
+        ]
+
+    @property
+    def moved(self) -> list[Source]:
+        return [s for s in self.sources if s.replaced]
+
+    @property
     def lateness_s(self) -> list[float]:
         return [
             (first.ts - s.due_ms) / 1000
@@ -258,6 +278,12 @@ class Report:
         p99, worst = percentile(late, 0.99), max(late, default=None)
         leaked = f"{len(self.cancels_leaked)} of {len(self.cancelled)} cancels leaked"
         cancels = [leaked] if self.cancelled else []
+        if self.moved:
+            twice = sum(1 for s in self.moved if len(s.deliveries) > 1)
+            cancels.append(
+                f"{len(self.moved)} rescheduled: {len(self.superseded)} at a superseded "
+                f"time, {twice} twice"
+            )
         return {
             "scenario": self.scenario,
             "records": str(len(self.ours)),
@@ -285,6 +311,7 @@ class Report:
             ("early", self.early),
             ("wrong", self.wrong),
             ("cancels leaked", self.cancels_leaked),
+            ("superseded", self.superseded),
         ):
             if items:
                 parts.append(f"{len(items)} {kind}, e.g.:\n  " + "\n  ".join(items[:5]))
@@ -336,11 +363,12 @@ def evaluate(
     sources: list[Source] = []
     wrong: list[str] = []
     dead_reasons: Counter[str] = Counter()
+    moves = _moves(reader.records.get(topology.precise or "", []))
     for topic, records in reader.records.items():
         for rec in records:
             position = (rec.topic, rec.partition, rec.offset)
-            if topic == topology.precise and rec.has("delay-cancel"):
-                continue  # a cancel marker: the cancel tests judge those
+            if topic == topology.precise and (rec.has("delay-cancel") or rec.has(_RESCHEDULE)):
+                continue  # a marker: the cancel tests judge those, reschedules move dues
             if topic in topology.levels or topic == topology.precise:
                 produced = sent.get(position)
                 exp = expect(rec, topology)
@@ -375,6 +403,7 @@ def evaluate(
         positions.add(position)
         if not source.echo and source.expect.id is not None:
             source.deliveries = by_id.get(source.expect.id, [])
+            _apply_moves(source, moves.get((source.rec.partition, source.expect.id), []))
         source.dead = dead_by_origin.get(position, [])
         wrong.extend(_judge(source, may_dead_letter))
     for origin, letters in dead_by_origin.items():
@@ -388,6 +417,34 @@ def evaluate(
         if r.ts_type != LOG_APPEND_TIME and r.topic != topology.dead_letter_topic
     )
     return Report(scenario, sources, missing, wrong, dead_reasons)
+
+
+_RESCHEDULE = "delay-reschedule"
+
+
+def _moves(markers: list[Rec]) -> dict[tuple[int, str], list[tuple[int, int, int]]]:
+    """Reschedule markers by (partition, id): (offset, append time, asked due) each."""
+    out: dict[tuple[int, str], list[tuple[int, int, int]]] = defaultdict(list)
+    for rec in markers:
+        message_id = _text(rec.header(_RESCHEDULE))
+        if message_id is None:
+            continue
+        delay_ms = _number(rec.header("delay-ms")) or 0
+        asked = max(rec.ts + delay_ms, _number(rec.header("delay-due-ms")) or 0)
+        out[(rec.partition, message_id)].append((rec.offset, rec.ts, asked))
+    return out
+
+
+def _apply_moves(source: Source, moves: list[tuple[int, int, int]]) -> None:
+    """The markers after the message, in order, each read before the due time it
+    replaces (a marker after that is too late and changes nothing)."""
+    replaced: list[int] = []
+    for offset, appended, asked in sorted(moves):
+        if source.due_ms is None or offset < source.rec.offset or appended >= source.due_ms:
+            continue
+        replaced.append(source.due_ms)
+        source.due_ms = asked
+    source.replaced = tuple(replaced)
 
 
 def _judge(source: Source, may_dead_letter: Callable[[Source], bool] | None) -> list[str]:
