@@ -277,6 +277,18 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+def series_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of every series of `name` that has these labels (-1 when there is none):
+    precise mode's gauges have one series per wheel (`level` exact and exact-far)."""
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    found = [
+        value
+        for series, value in metrics.items()
+        if series.partition("{")[0] == name and all(w in series for w in wanted)
+    ]
+    return sum(found) if found else -1.0
+
+
 # -- on the broker ---------------------------------------------------------------------
 def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
     return Consumer(

@@ -54,6 +54,7 @@ from precise_common import (
     read_topic,
     report_log,
     scrape,
+    series_sum,
     stderr,
     tag_for,
     vm_rss,
@@ -228,7 +229,7 @@ def main() -> int:
     late = joined.lateness
     growth = after - idle
     consumer = f"; consumer {json.dumps(args.consumer)}" if args.consumer else ""
-    on_disk_metric = metrics.get('delayservice_precise_slot_files{state="on_disk"}', -1)
+    on_disk_metric = series_sum(metrics, "delayservice_precise_slot_files", state="on_disk")
     print(
         f"\n{n:,} pending exact messages of {args.value_bytes} B, due uniformly over now + "
         f"2 h .. now + {args.to_days:g} days, precise topic of {args.partitions} partitions "

@@ -50,6 +50,7 @@ from precise_common import (
     precise_settings,
     report_log,
     scrape,
+    series_sum,
     stderr,
     tag_for,
     vm_rss,
@@ -225,10 +226,11 @@ def main() -> int:
         files, size = on_disk(root)
 
     steady = 0.8 * n / (marks[90] - marks[10]) if 10 in marks and 90 in marks and n >= 10 else 0.0
-    on_disk_metric = metrics.get('delayservice_precise_slot_files{state="on_disk"}', -1)
-    loaded_metric = metrics.get('delayservice_precise_slot_files{state="loaded"}', -1)
-    bytes_metric = metrics.get("delayservice_precise_disk_bytes", -1)
-    buffered = metrics.get('delayservice_buffered_messages{level="exact"}', -1)
+    on_disk_metric = series_sum(metrics, "delayservice_precise_slot_files", state="on_disk")
+    loaded_metric = series_sum(metrics, "delayservice_precise_slot_files", state="loaded")
+    bytes_metric = series_sum(metrics, "delayservice_precise_disk_bytes")
+    buffered = series_sum(metrics, "delayservice_buffered_messages", level="exact")
+    buffered += max(0.0, series_sum(metrics, "delayservice_buffered_messages", level="exact-far"))
     print(
         f"\n{n:,} pending exact messages of {args.value_bytes} B, due uniformly over now + "
         f"{args.from_s / 3600:g} h .. now + {args.to_s / 3600:g} h, precise topic of "

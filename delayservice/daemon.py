@@ -28,6 +28,7 @@ from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.data_dir import check_data_dir
+from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.settings import Settings
 from delayservice.worker.level_worker import LevelWorker
@@ -118,7 +119,11 @@ class Daemon:
         if self.settings.precise:
             client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
             producer = Producer(client_config.producer(self.settings, client_id))
-            workers.append(PreciseWorker(self.settings, self.metrics, producer, self.fail))
+            held = HeldBytes(self.settings.max_buffered_bytes)  # one cap for both wheels
+            workers.extend(
+                PreciseWorker(self.settings, self.metrics, producer, self.fail, far=far, held=held)
+                for far in (False, True)
+            )
         self.workers = workers
         for worker in self.workers:
             worker.start()

@@ -5,17 +5,17 @@ The application keeps its librdkafka config and its `produce()` calls and adds
 with the envelope in headers; an undelayed one goes straight to its topic. Levels come
 from the same settings as the daemon, so both sides always agree.
 
-With `precision="exact"` a delayed message goes instead to the one precise topic, where
-the precise-mode daemon forwards it at exactly its due time (any delay up to
-`max_delay`), and `cancel()` can withdraw it before then. An exact message's id names
-the precise-topic partition it was sent to (`precise_id`), and its cancel goes there
-(`precise_partition`), so the instances holding the message read its cancel however
-many partitions the topic has gained since.
+With `precision="exact"` a delayed message goes instead to a precise topic, where the
+precise-mode daemon forwards it at exactly its due time (any delay up to `max_delay`):
+the precise topic up to `precise_far_after`, the far topic beyond, so that far-future
+messages are read by an intake of their own. `cancel()` can withdraw it and
+`reschedule()` move it before then. An exact message's id names the topic and the
+partition it was sent to (`ids.precise_id`), and its markers go there, so the instances
+holding the message read them however many partitions the topic has gained since.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Final, Literal
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 
 from delayservice.envelope import (
     H_CANCEL,
@@ -39,7 +39,8 @@ from delayservice.envelope import (
 )
 from delayservice.errors import DelayServiceError, DelayTooLongError
 from delayservice.levels import LevelSet, format_duration_ms
-from delayservice.precise.ids import named_partition, precise_id, precise_partition
+from delayservice.precise.ids import named_place, precise_id, precise_partition
+from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.settings import Settings, load_settings
 
 DeliveryCallback = Callable[[Any, Any], None]
@@ -47,12 +48,6 @@ Precision = Literal["level", "exact"]
 """`level`: the smallest level at least as long as the delay (the default). `exact`: the
 precise topic, delivered at the requested time."""
 PRECISIONS: Final = ("level", "exact")
-METADATA_TIMEOUT_S: Final = 10.0
-"""How long the first exact send or cancel waits for the precise topic's partition count."""
-PARTITIONS_REFRESH_S: Final = 300.0
-"""How often exact sends look for partitions the precise topic has gained (librdkafka's
-own metadata refresh interval), so new partitions take a share of the messages."""
-REFRESH_TIMEOUT_S: Final = 1.0
 
 
 def _epoch_seconds(deliver_at: datetime | float) -> float:
@@ -154,9 +149,8 @@ class DelayProducer:
             settings = load_settings()  # a configuration error shows now, not at a send
         self.levels = levels
         self._settings = settings
-        self._precise_partitions: int | None = None
-        self._partitions_checked = 0.0  # monotonic time of the last partition count
         self._producer = Producer(config)
+        self._partitions = TopicPartitions(self._producer)
 
     def produce(
         self,
@@ -190,8 +184,9 @@ class DelayProducer:
         if mode == "exact":
             timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
             if timing is not None:
-                precise_topic = self._exact_settings().precise_topic
-                message_id, kwargs["partition"] = precise_id(self._partition_count(refresh=True))
+                precise_topic, far = self._precise_route(*timing)
+                count = self._partitions.count(precise_topic, refresh=True)
+                message_id, kwargs["partition"] = precise_id(count, far=far)
                 envelope = Envelope(
                     topic,
                     timing[0],
@@ -272,15 +267,30 @@ class DelayProducer:
     def _send_marker(
         self, message_id: str, headers: Headers, on_delivery: DeliveryCallback | None
     ) -> None:
-        """Send a cancel or reschedule marker to the partition that holds the message."""
+        """Send a cancel or reschedule marker to where the message is: the topic and
+        partition its id names, else (a hand-made or older id) crc32 of the id over
+        the precise topic's partitions."""
         kwargs: dict[str, Any] = {}
         if on_delivery is not None:
             kwargs["on_delivery"] = on_delivery
-        topic = self._exact_settings().precise_topic
-        partition = named_partition(message_id)
-        if partition is None:
-            partition = precise_partition(message_id, self._partition_count())
+        settings = self._exact_settings()
+        place = named_place(message_id)
+        if place is not None:
+            topic = settings.precise_far_topic if place.far else settings.precise_topic
+            partition = place.partition
+        else:
+            topic = settings.precise_topic
+            partition = precise_partition(message_id, self._partitions.count(topic))
         self._producer.produce(topic, None, None, partition=partition, headers=headers, **kwargs)
+
+    def _precise_route(self, delay_ms: int, due_ms: int | None) -> tuple[str, bool]:
+        """The precise topic for a message due within `precise_far_after`, else the
+        far topic; and whether it is the far one."""
+        settings = self._exact_settings()
+        ahead_ms = max(delay_ms, (due_ms or 0) - time.time() * 1000)
+        if ahead_ms > settings.precise_far_after_ms:
+            return settings.precise_far_topic, True
+        return settings.precise_topic, False
 
     def _exact_settings(self) -> Settings:
         """Loaded on first need when only `levels=` was given, so a level producer that
@@ -288,44 +298,6 @@ class DelayProducer:
         if self._settings is None:
             self._settings = load_settings()
         return self._settings
-
-    def _partition_count(self, *, refresh: bool = False) -> int:
-        """The precise topic's partition count: asked at the first need, then (with
-        `refresh`) again every `PARTITIONS_REFRESH_S`. A count known before stays valid
-        (partitions are never removed), so a failed refresh keeps it and sends go on."""
-        count = self._precise_partitions
-        now = time.monotonic()
-        if count is None:
-            count = self._read_partition_count(METADATA_TIMEOUT_S)
-        elif refresh and now - self._partitions_checked >= PARTITIONS_REFRESH_S:
-            with contextlib.suppress(DelayServiceError):
-                count = max(count, self._read_partition_count(REFRESH_TIMEOUT_S))
-        else:
-            return count
-        self._precise_partitions, self._partitions_checked = count, now
-        return count
-
-    def _read_partition_count(self, timeout: float) -> int:
-        topic = self._exact_settings().precise_topic
-        try:
-            meta = self._producer.list_topics(topic, timeout=timeout)
-        except KafkaException as exc:
-            error = exc.args[0]
-            raise DelayServiceError(
-                f"cannot read the partitions of the precise topic {topic}: {error.str()}",
-                code=error.code(),
-                retriable=True,
-            ) from exc
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None or not info.partitions:
-            problem = info.error.str() if info is not None and info.error else "no partitions"
-            raise DelayServiceError(
-                f"the precise topic {topic} is not available ({problem}); create it with "
-                "`delayservice topics create` with precise = true (DELAYSERVICE_PRECISE=true)",
-                code=info.error.code() if info is not None and info.error else None,
-                retriable=True,
-            )
-        return len(info.partitions)
 
     def poll(self, timeout: float = 0) -> int:
         return int(self._producer.poll(timeout))

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from delayservice.errors import ConfigError
@@ -137,8 +137,13 @@ class Settings(BaseSettings):
     )
     precise_topic: str = Field(
         "delay_precise",
-        description="The one topic for precise delays of any length up to max_delay; "
-        "owners report progress on PRECISE_TOPIC_done.",
+        description="The topic for precise delays up to precise_far_after; longer ones go to "
+        "PRECISE_TOPIC_far. Owners report progress on PRECISE_TOPIC_done (and _far_done).",
+    )
+    precise_far_after: str = Field(
+        "1h",
+        description="Exact delays longer than this go to the far topic, read by an intake of "
+        "its own, so a flood of far-future messages never delays one due soon.",
     )
     data_dir: Path = Field(
         Path("/var/lib/delayservice"), description="Where the precise wheel's slot files live."
@@ -185,15 +190,16 @@ class Settings(BaseSettings):
         LevelSet.parse(value)  # raises ConfigError with the reason
         return value
 
-    @field_validator("max_delay")
+    @field_validator("max_delay", "precise_far_after")
     @classmethod
-    def _max_delay_parses(cls, value: str) -> str:
+    def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
+        name = info.field_name or "duration"
         try:
             delay_ms = parse_duration_ms(value)
         except ValueError as exc:
-            raise ConfigError("max_delay", str(exc)) from None
+            raise ConfigError(name, str(exc)) from None
         if delay_ms <= 0:
-            raise ConfigError("max_delay", "must be longer than 0")
+            raise ConfigError(name, "must be longer than 0")
         return value
 
     @model_validator(mode="after")
@@ -277,6 +283,21 @@ class Settings(BaseSettings):
         return f"{self.precise_topic}_done"
 
     @property
+    def precise_far_after_ms(self) -> int:
+        return parse_duration_ms(self.precise_far_after)
+
+    @property
+    def precise_far_topic(self) -> str:
+        """Where exact messages due further out than `precise_far_after` go."""
+        return f"{self.precise_topic}_far"
+
+    @property
+    def precise_far_done_topic(self) -> str:
+        """The far topic's progress reports (replicas), kept apart from the near ones:
+        each topic has its own partitions and offsets."""
+        return f"{self.precise_far_topic}_done"
+
+    @property
     def precise_outcomes_topic(self) -> str:
         """Where each holder replies to cancel and reschedule markers with what it did
         (`precise.marker_replies`)."""
@@ -284,7 +305,13 @@ class Settings(BaseSettings):
 
     def precise_topics(self) -> tuple[str, ...]:
         """Every topic precise mode owns."""
-        return (self.precise_topic, self.precise_done_topic, self.precise_outcomes_topic)
+        return (
+            self.precise_topic,
+            self.precise_done_topic,
+            self.precise_far_topic,
+            self.precise_far_done_topic,
+            self.precise_outcomes_topic,
+        )
 
     def commit_interval(self) -> float:
         """The commit interval in force: exactly-once readers wait for it, so it is short."""

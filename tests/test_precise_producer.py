@@ -15,7 +15,9 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice import producer as producer_module
 from delayservice.errors import ConfigError, DelayServiceError, DelayTooLongError, EnvelopeError
 from delayservice.levels import LevelSet
-from delayservice.producer import DelayProducer, named_partition, precise_partition
+from delayservice.precise import topic_partitions
+from delayservice.precise.ids import named_partition, precise_partition
+from delayservice.producer import DelayProducer
 from delayservice.settings import load_settings
 
 PRECISE = "timers"
@@ -60,7 +62,14 @@ def fake(monkeypatch):
 
 
 def _settings(**overrides: Any) -> Any:
-    values = {"levels": "1s,2s", "topic_prefix": "lv-", "precise_topic": PRECISE, **overrides}
+    """Everything goes to the near precise topic unless `precise_far_after` is given."""
+    values = {
+        "levels": "1s,2s",
+        "topic_prefix": "lv-",
+        "precise_topic": PRECISE,
+        "precise_far_after": "400d",
+        **overrides,
+    }
     return load_settings(**values)
 
 
@@ -278,11 +287,11 @@ def test_a_cancel_after_the_topic_grew_still_goes_to_its_message(fake):
 
 def test_exact_sends_take_up_partitions_added_while_the_producer_runs(fake, monkeypatch):
     clock = {"now": 1000.0}
-    monkeypatch.setattr(producer_module.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(topic_partitions.time, "monotonic", lambda: clock["now"])
     producer = _producer()
     producer.produce("orders", b"v", delay=10)
     fake.partitions = 40
-    clock["now"] += producer_module.PARTITIONS_REFRESH_S - 1
+    clock["now"] += topic_partitions.REFRESH_S - 1
     for _ in range(50):
         producer.produce("orders", b"v", delay=10)
     assert max(r.partition for r in fake.sent) < PARTITIONS
@@ -295,11 +304,11 @@ def test_exact_sends_take_up_partitions_added_while_the_producer_runs(fake, monk
 
 def test_a_failed_refresh_keeps_the_known_count_and_sends_on(fake, monkeypatch):
     clock = {"now": 1000.0}
-    monkeypatch.setattr(producer_module.time, "monotonic", lambda: clock["now"])
+    monkeypatch.setattr(topic_partitions.time, "monotonic", lambda: clock["now"])
     producer = _producer()
     producer.produce("orders", b"v", delay=10)
     fake.failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-    clock["now"] += producer_module.PARTITIONS_REFRESH_S
+    clock["now"] += topic_partitions.REFRESH_S
     producer.produce("orders", b"v", delay=10)
     producer.produce("orders", b"v", delay=10)
     assert len(fake.sent) == 3
@@ -357,3 +366,28 @@ def test_a_reschedule_needs_an_id_and_one_time_within_max_delay(fake):
     with pytest.raises(DelayTooLongError):
         producer.reschedule("abc", delay=timedelta(days=2))
     assert fake.sent == []
+
+
+def test_delays_beyond_precise_far_after_go_to_the_far_topic_and_their_ids_say_so(fake):
+    producer = _producer(precise_far_after="1h")
+    near = producer.produce("orders", b"v", delay=timedelta(minutes=59))
+    far = producer.produce("orders", b"v", delay=timedelta(minutes=61))
+    far_at = producer.produce("orders", b"v", deliver_at=time.time() + 2 * 3600)
+    near_record, far_record, at_record = fake.sent
+    assert near_record.topic == PRECISE
+    assert named_partition(near) == near_record.partition
+    assert {far_record.topic, at_record.topic} == {f"{PRECISE}_far"}
+    assert named_partition(far) is None  # it names no partition of the near topic
+    assert named_partition(far, far=True) == far_record.partition
+    assert named_partition(far_at, far=True) == at_record.partition
+    assert far.endswith(f"-f{far_record.partition}")
+
+
+def test_markers_of_a_far_message_go_to_its_far_partition(fake):
+    producer = _producer(precise_far_after="1h")
+    far = producer.produce("orders", b"v", delay=timedelta(days=3))
+    producer.cancel(far)
+    producer.reschedule(far, delay=5)
+    message, cancel, move = fake.sent
+    assert {(r.topic, r.partition) for r in (cancel, move)} == {(message.topic, message.partition)}
+    assert message.topic == f"{PRECISE}_far"

@@ -33,7 +33,7 @@ def _precise_settings(testbed):
 
 def test_exact_messages_and_a_cancel_land_on_the_partition_of_their_id(testbed):
     settings = _precise_settings(testbed)
-    at = datetime.now(UTC) + timedelta(hours=2)
+    at = datetime.now(UTC) + timedelta(minutes=50)  # within precise_far_after (1 h)
     delivered = []
     with DelayProducer(
         {"bootstrap.servers": testbed.bootstrap}, settings=settings, precision="exact"

@@ -314,7 +314,7 @@ def test_precise_mode_runs_in_one_process():
         (".", "not a legal topic name"),
         ("__consumer_offsets", "internal Kafka topic"),
         ("x" * 250, "Kafka allows 249"),
-        ("x" * 245, "Kafka allows 249"),  # fine alone, too long with "_done"
+        ("x" * 245, "Kafka allows 249"),  # fine alone, too long with "_far_done"
     ],
 )
 def test_a_precise_topic_kafka_would_refuse_is_a_configuration_error(name, problem):
@@ -322,9 +322,9 @@ def test_a_precise_topic_kafka_would_refuse_is_a_configuration_error(name, probl
         load_settings(precise_topic=name)
 
 
-def test_the_longest_legal_precise_topic_leaves_room_for_its_done_topic():
-    name = "x" * (249 - len("_done"))
-    assert len(load_settings(precise_topic=name).precise_done_topic) == 249
+def test_the_longest_legal_precise_topic_leaves_room_for_its_far_done_topic():
+    name = "x" * (249 - len("_far_done"))
+    assert len(load_settings(precise_topic=name).precise_far_done_topic) == 249
 
 
 @pytest.mark.parametrize(

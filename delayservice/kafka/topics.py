@@ -6,12 +6,13 @@ each partition's head is its earliest-due record and producer clock skew cannot 
 a record early. Retention must be well above the level's delay, or a paused backlog
 could be deleted before it is forwarded.
 
-With `precise` on, three more: the precise topic (LogAppendTime too, since due times
-count from its append time; its records wait in the daemon's wheel, not in Kafka, so
-its retention only has to cover an unread backlog), the done topic, where owners
-report progress and which must be compacted, so the latest report per key outlives
-retention, and the outcomes topic, where the daemon replies to cancels and reschedules
-(deleted by age: a reply matters while its sender waits, and to audits of the period).
+With `precise` on, five more: the precise topic and the far topic (LogAppendTime too,
+since due times count from their append time; their records wait in the daemon's
+wheels, not in Kafka, so retention only has to cover an unread backlog), a done topic
+for each, where owners report progress and which must be compacted, so the latest
+report per key outlives retention, and the outcomes topic, where the daemon replies
+to cancels and reschedules (deleted by age: a reply matters while its sender waits,
+and to audits of the period).
 """
 
 from __future__ import annotations
@@ -93,26 +94,36 @@ def _precise_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
     the reports of its owner, whichever member that is), so more partitions would buy
     nothing, and one keeps all reports in one order. One for the outcomes topic too:
     a waiting sender reads it from its end, and it carries a record per marker."""
+    specs = []
+    for topic, done, role in (
+        (settings.precise_topic, settings.precise_done_topic, "precise"),
+        (settings.precise_far_topic, settings.precise_far_done_topic, "precise far"),
+    ):
+        specs.append(
+            TopicSpec(
+                topic,
+                role,
+                settings.partitions,
+                settings.replication_factor,
+                {
+                    "message.timestamp.type": LOG_APPEND_TIME,
+                    "retention.ms": str(max(base_retention, min_retention_ms(0))),
+                },
+                min_retention_ms(0),
+            )
+        )
+        specs.append(
+            TopicSpec(
+                done,
+                f"{role} done",
+                1,
+                settings.replication_factor,
+                {"cleanup.policy": COMPACT},
+                compacted=True,
+            )
+        )
     return [
-        TopicSpec(
-            settings.precise_topic,
-            "precise",
-            settings.partitions,
-            settings.replication_factor,
-            {
-                "message.timestamp.type": LOG_APPEND_TIME,
-                "retention.ms": str(max(base_retention, min_retention_ms(0))),
-            },
-            min_retention_ms(0),
-        ),
-        TopicSpec(
-            settings.precise_done_topic,
-            "precise done",
-            1,
-            settings.replication_factor,
-            {"cleanup.policy": COMPACT},
-            compacted=True,
-        ),
+        *specs,
         TopicSpec(
             settings.precise_outcomes_topic,
             "precise outcomes",

@@ -198,13 +198,15 @@ class ServiceMetrics:
         )
         self.precise_slot_files = Gauge(
             "delayservice_precise_slot_files",
-            "Slot files of the precise wheel, by state: on_disk (not yet read) or loaded.",
-            ["state"],
+            "Slot and span files of a precise wheel (level exact: the precise topic's, "
+            "exact-far: the far topic's), by state: on_disk (not yet read) or loaded.",
+            ["level", "state"],
             registry=registry,
         )
         self.precise_disk_bytes = Gauge(
             "delayservice_precise_disk_bytes",
-            "Bytes of slot files in the precise wheel's data directory.",
+            "Bytes of slot and span files in a precise wheel's data directory.",
+            ["level"],
             registry=registry,
         )
         self.next_due = Gauge(
@@ -222,11 +224,12 @@ class ServiceMetrics:
         )
         self.precise_pending = Gauge(
             "delayservice_precise_pending_messages",
-            "Precise-mode messages on this instance's disk by due class (overdue, within "
+            "Precise-mode messages on this instance's disk, per wheel (level exact or "
+            "exact-far), by due class (overdue, within "
             "1m, 1h, 1d, 30d, later) and copy (owner, or replica: sent only on takeover), "
             "cancelled ones left out; from a census of the data directory (see "
             "delayservice_precise_census_age_seconds).",
-            ["copy", "due"],
+            ["level", "copy", "due"],
             registry=registry,
         )
         self.precise_census_age = Gauge(
@@ -234,5 +237,6 @@ class ServiceMetrics:
             "Seconds since the census behind delayservice_precise_pending_messages was "
             "taken (retaken every 30 s, or 20 times as long as the last one took: it reads "
             "the whole data directory).",
+            ["level"],
             registry=registry,
         )

@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar, Final
 
+from delayservice.precise.durable_io import fsync_path as _fsync_path
+from delayservice.precise.durable_io import write_all as _write_all
 from delayservice.precise.storage_fault import StorageError, ignore
 
 log = logging.getLogger(__name__)
@@ -90,20 +92,6 @@ def read_entries(path: Path, width: int) -> dict[str, Values]:
     with contextlib.suppress(FileNotFoundError):
         replay(path.read_bytes(), entries, width)
     return entries
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class IdLog:
@@ -206,7 +194,7 @@ class IdLog:
                 try:
                     os.fsync(self._fd)
                     if self._created:
-                        _fsync_dir(self._path.parent)
+                        _fsync_path(self._path.parent)
                 except OSError as exc:  # not retriable: a retried fsync can lie after a failure
                     raise self.error(f"cannot fsync {self._path}: {exc}") from exc
                 self._created = False
@@ -243,7 +231,7 @@ class IdLog:
         self._size = len(data)
         self._lines = len(self._entries)
         try:
-            _fsync_dir(self._path.parent)
+            _fsync_path(self._path.parent)
         except OSError:
             self._created = self._dirty = True  # the rename is durable only at the next sync
             log.warning("%s: cannot fsync the directory after compaction", self._path)

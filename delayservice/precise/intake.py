@@ -48,6 +48,7 @@ from delayservice.envelope import (
     Headers,
 )
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.consumer_keeper import ConsumerKeeper, is_fatal, unread_records
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import headers_of_run
@@ -55,17 +56,17 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
-from delayservice.precise.ids import named_partition
+from delayservice.precise.ids import names_elsewhere
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, Answered, MarkerReply
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.reschedule_log import RescheduleLog
+from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule
 from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.wheel import READ_AGAIN, Reschedule, Wheel
+from delayservice.precise.wheel import Wheel
 from delayservice.worker import dead_letter as dl
-from delayservice.worker.consumer_loop import unread_records
 from delayservice.worker.ledger import LevelLedger, PartitionLedger
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ CANCEL_GRACE_MS: Final = 60_000
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 
-_COORDINATOR_MOVES: Final = frozenset(
+_PASSING_CODES: Final = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -95,6 +96,8 @@ _COORDINATOR_MOVES: Final = frozenset(
         KafkaError._TIMED_OUT,
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
     }
 )
 
@@ -104,16 +107,19 @@ _STARTING: Final = frozenset(
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
     }
 )
-"""What a fresh broker answers for a while as it loads its offsets log: INFO, not a
-WARNING, until it has lasted longer than a start-up takes."""
+"""What a fresh broker answers for a while as it loads its offsets log, and a topic
+just created until its leaders are elected: INFO, not a WARNING, until it has lasted
+longer than a start-up takes."""
 
 
 def _passing(error: KafkaError) -> bool:
     """Errors that go away by themselves (a coordinator moving or loading, a broker
     away); librdkafka does not flag all of them retriable when an offset fetch fails."""
-    return bool(error.retriable()) or error.code() in _COORDINATOR_MOVES
+    return bool(error.retriable()) or error.code() in _PASSING_CODES
 
 
 def cancel_target(headers: Headers) -> str | None:
@@ -166,6 +172,16 @@ def _marker_id(headers: Headers) -> str:
     return ""
 
 
+class _Times:
+    """When the intake next reads the partition count and the lag."""
+
+    __slots__ = ("lag", "metadata")
+
+    def __init__(self) -> None:
+        self.metadata = 0.0
+        self.lag = 0.0
+
+
 class Intake:
     def __init__(
         self,
@@ -189,6 +205,7 @@ class Intake:
         check_storage: Callable[[], None] = lambda: None,
         answer: Callable[[list[Answered]], None] = lambda _answered: None,
         roles: dict[int, Role] | None = None,
+        far: bool = False,
     ) -> None:
         """`dead_letter` hands a record to the forwarder to dead-letter; it settles the
         record's offset in `ledger` once that is durable. `after_batch` runs on this
@@ -197,10 +214,12 @@ class Intake:
         `StorageError` when the data directory is no longer the one written to.
         `answer` gets each batch's marker outcomes once they are durable. `roles` is
         filled with this member's role per partition as partitions are assigned (pass
-        a dict to share it)."""
+        a dict to share it). `far`: this intake reads the far topic, whose ids say
+        so (`ids`)."""
         self.topic = topic
         self._make_consumer = make_consumer
-        self._consumer: ConsumerClient | None = None
+        self._keeper: ConsumerKeeper | None = None  # made on this intake's thread
+        self._reading: set[int] = set()  # partitions assigned to the present client
         self._wheel = wheel
         self._store = store
         self._cancels = cancels
@@ -215,6 +234,7 @@ class Intake:
         self.after_batch = after_batch
         self._check_storage = check_storage
         self._answer = answer
+        self._far = far
         self._answered: list[Answered] = []  # this batch's marker outcomes
         self.roles: dict[int, Role] = {} if roles is None else roles
         self._origin_checked: set[int] = set()
@@ -259,54 +279,48 @@ class Intake:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def _consumer(self) -> ConsumerClient | None:
+        return None if self._keeper is None else self._keeper.client
+
     def on_error(self, error: KafkaError) -> None:
         code = error.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_down = True
-        if error.fatal():
-            self._on_fatal(f"consumer of {self.topic} hit a fatal error: {error.str()}")
+        if is_fatal(error) and self._keeper is not None:
+            self._keeper.fail(error.str())  # replaced at the loop's next turn
         elif self._throttle.allow(code) is not None:
             log.info("%s: %s", self.topic, error.str())
+
+    def _callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
+        def on_error(error: KafkaError) -> None:
+            if current():
+                self.on_error(error)
+
+        return {"error_cb": on_error}
 
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
         try:
-            self._consumer = self._make_consumer({"error_cb": self.on_error})
+            self._keeper = ConsumerKeeper(
+                self.topic, self._make_consumer, self._callbacks, self._on_fatal
+            )
         except Exception as exc:
             log.exception("consumer of %s could not be created", self.topic)
             self._on_fatal(f"consumer of {self.topic} could not be created: {exc}")
             return
-        next_metadata = next_lag = 0.0
+        keeper = self._keeper
+        times = _Times()
         while not self._stopping.is_set():
             try:
-                if time.monotonic() >= next_metadata:
-                    self._assign()
-                    next_metadata = time.monotonic() + METADATA_EVERY_S
-                messages = ready_batch(self._consumer, BATCH, POLL_TIMEOUT_S)
-                if messages:
-                    self.broker_down = False
-                    self.handle(messages)
-                self._commit()
-                self.after_batch()
-                if not self.caught_up.is_set():
-                    self._check_caught_up()
-                if time.monotonic() >= next_lag:
-                    next_lag = time.monotonic() + LAG_EVERY_S
-                    self._m_lag.set(unread_records(self._consumer, self.topic, list(self.roles)))
+                if keeper.failed is not None:
+                    if not keeper.replace():
+                        break  # the daemon is stopping (`on_fatal`)
+                    self._reading.clear()  # the new client reads from where this left
+                    times.metadata = 0.0
+                self._iteration(keeper.client, times)
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if not (isinstance(error, KafkaError) and _passing(error)):
-                    self._m_loop_errors.inc()
-                    log.exception("intake of %s: Kafka error; continuing", self.topic)
-                elif self._throttle.allow(("retriable", error.code())) is not None:
-                    young = error.code() in _STARTING and self._starting.young(error.code())
-                    log.log(
-                        logging.INFO if young else logging.WARNING,
-                        "intake of %s: %s; retrying",
-                        self.topic,
-                        error.str(),
-                    )
-                self._stopping.wait(ERROR_PAUSE_S)
+                self._kafka_error(keeper, exc)
             except (StorageError, OSError) as fault:
                 self._storage_fault(fault)
                 break
@@ -316,6 +330,43 @@ class Intake:
                 self._rewind()
                 self._stopping.wait(ERROR_PAUSE_S)
         self._shutdown()
+
+    def _iteration(self, consumer: ConsumerClient, times: _Times) -> None:
+        if time.monotonic() >= times.metadata:
+            self._assign()
+            times.metadata = time.monotonic() + METADATA_EVERY_S
+        messages = ready_batch(consumer, BATCH, POLL_TIMEOUT_S)
+        if messages:
+            self.broker_down = False
+            self.handle(messages)
+        self._commit()
+        self.after_batch()
+        if not self.caught_up.is_set():
+            self._check_caught_up()
+        if time.monotonic() >= times.lag:
+            times.lag = time.monotonic() + LAG_EVERY_S
+            self._m_lag.set(unread_records(consumer, self.topic, list(self.roles)))
+
+    def _kafka_error(self, keeper: ConsumerKeeper, exc: KafkaException) -> None:
+        """A client made unusable is replaced at the next turn; one that goes away by
+        itself is retried, quietly while a fresh start explains it; anything else is
+        logged, counted and survived."""
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and is_fatal(error):
+            keeper.fail(error.str())
+            return
+        if not (isinstance(error, KafkaError) and _passing(error)):
+            self._m_loop_errors.inc()
+            log.error("intake of %s: Kafka error; continuing", self.topic, exc_info=exc)
+        elif self._throttle.allow(("retriable", error.code())) is not None:
+            young = error.code() in _STARTING and self._starting.young(error.code())
+            log.log(
+                logging.INFO if young else logging.WARNING,
+                "intake of %s: %s; retrying",
+                self.topic,
+                error.str(),
+            )
+        self._stopping.wait(ERROR_PAUSE_S)
 
     def _rewind(self) -> None:
         """Read a batch whose handling failed before it was settled again, from its first
@@ -357,39 +408,19 @@ class Intake:
         )
 
     def _assign(self) -> None:
-        """Assign this member's partitions, and any the topic has gained since."""
+        """Assign this member's partitions to the present client: any the topic has
+        gained since, and all of them to a client that replaced a failed one."""
         assert self._consumer is not None
         metadata = self._consumer.list_topics(self.topic, timeout=10.0)
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             raise KafkaException(topic.error if topic is not None else KafkaError._UNKNOWN_TOPIC)
         roles = self._placement.mine(len(topic.partitions))
-        new = [p for p in roles if p not in self.roles]
+        new = [p for p in roles if p not in self._reading]
         if new:
-            # Positions are fetched here rather than left to the client: an offset fetch
-            # that failed during a coordinator move left a partition unread for good.
-            wanted = [TopicPartition(self.topic, p) for p in new]
-            positions = self._consumer.committed(wanted, timeout=10.0)
-            for tp in positions:
-                if tp.error is not None:
-                    raise KafkaException(tp.error)
-            for tp in positions:
-                ledger = self.ledger.assign(tp.partition)
-                if tp.offset >= 0:
-                    # Durable up to here already: progress reports may say so at once,
-                    # and a fresh data directory holds records from here on.
-                    ledger.last_committed = ledger.next_offset = tp.offset
-                    self._check_origin(tp.partition, tp.offset)
-                else:
-                    tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
-            if not self.caught_up.is_set():
-                for tp in positions:
-                    _, end = self._consumer.get_watermark_offsets(
-                        TopicPartition(self.topic, tp.partition), timeout=10.0
-                    )
-                    if end > max(tp.offset, 0):
-                        self._catch_up[tp.partition] = end
+            positions = self._start_positions(new)
             self._consumer.incremental_assign(positions)
+            self._reading.update(new)
             self.roles.update(roles)
             self._m_assigned.set(len(self.roles))
             log.info(
@@ -398,6 +429,44 @@ class Intake:
                 ", ".join(f"{p} ({roles[p].value})" for p in sorted(new)),
             )
         self.assigned.set()
+
+    def _start_positions(self, partitions: list[int]) -> list[TopicPartition]:
+        """Where to read each partition from: after what this intake has read already
+        (a replaced client: whatever is pending settles as before), else from the
+        committed offset, fetched here rather than left to the client: an offset
+        fetch that failed during a coordinator move left a partition unread for good."""
+        assert self._consumer is not None
+        held = self.ledger.partitions
+        resumed = [
+            TopicPartition(self.topic, p, next_offset)
+            for p in partitions
+            if p in held and (next_offset := held[p].next_offset) is not None
+        ]
+        fresh = [p for p in partitions if p not in {tp.partition for tp in resumed}]
+        if not fresh:
+            return resumed
+        wanted = [TopicPartition(self.topic, p) for p in fresh]
+        positions = self._consumer.committed(wanted, timeout=10.0)
+        for tp in positions:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+        for tp in positions:
+            ledger = self.ledger.assign(tp.partition)
+            if tp.offset >= 0:
+                # Durable up to here already: progress reports may say so at once,
+                # and a fresh data directory holds records from here on.
+                ledger.last_committed = ledger.next_offset = tp.offset
+                self._check_origin(tp.partition, tp.offset)
+            else:
+                tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
+        if not self.caught_up.is_set():
+            for tp in positions:
+                _, end = self._consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, tp.partition), timeout=10.0
+                )
+                if end > max(tp.offset, 0):
+                    self._catch_up[tp.partition] = end
+        return [*resumed, *positions]
 
     def _check_caught_up(self) -> None:
         """Drop the partitions whose position reached the end they had at start (the
@@ -592,10 +661,9 @@ class Intake:
             self._m_cancels.labels("refused").inc()
             self._reply(message, CANCEL, message_id, "refused")
             return
-        named = named_partition(message_id)
-        if named is not None and named != message.partition():
-            # Its message lives on the partition its id names (`ids`): kept here, the
-            # cancel could never match, and would take room for up to max_delay.
+        if names_elsewhere(message_id, message.partition() or 0, far=self._far):
+            # Its message lives where its id names (`ids`): kept here, the cancel could
+            # never match, and would take room for up to max_delay.
             self._m_cancels.labels("unmatched").inc()
             self._reply(message, CANCEL, message_id, "unmatched")
             return
@@ -623,8 +691,7 @@ class Intake:
             return False
         message_id, delay_ms, due_ms = request
         partition = message.partition() or 0
-        named = named_partition(message_id)
-        if named is not None and named != partition:
+        if names_elsewhere(message_id, partition, far=self._far):
             self._m_reschedules.labels("unmatched").inc()  # its message is not here (`ids`)
             self._reply(message, RESCHEDULE, message_id, "unmatched")
             return True
@@ -757,8 +824,5 @@ class Intake:
             log.exception(
                 "%s: final commit failed; uncommitted records will be re-read", self.topic
             )
-        try:
-            if self._consumer is not None:
-                self._consumer.close()
-        except Exception:
-            log.exception("%s: closing the consumer failed", self.topic)
+        if self._keeper is not None:
+            self._keeper.close()

@@ -32,6 +32,7 @@ from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.data_dir import DataDir
+from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.intake import Intake
 from delayservice.precise.marker_replies import MarkerReplies
 from delayservice.precise.placement import Placement, Role
@@ -49,15 +50,19 @@ from delayservice.worker.level_forwarder import LevelForwarder, Routes
 log = logging.getLogger(__name__)
 
 LEVEL_NAME = "exact"
+FAR_LEVEL_NAME = "exact-far"
+"""The far topic's `level` label: its wheel and threads are its own."""
 
 
 @dataclass(frozen=True, slots=True)
 class PreciseLevel(Level):
-    """The precise topic in the shape the shared forwarder and metrics expect."""
+    """A precise topic in the shape the shared forwarder and metrics expect."""
+
+    label: str = LEVEL_NAME
 
     @property
     def name(self) -> str:
-        return LEVEL_NAME
+        return self.label
 
 
 class _Outcomes:
@@ -80,9 +85,10 @@ class _Outcomes:
         self._takeovers.inc()
 
 
-def precise_group_id(settings: Settings, member: int) -> str:
-    """The group member `member` commits its intake under (placement is static)."""
-    return f"{settings.group_id}-precise-{member}"
+def precise_group_id(settings: Settings, member: int, *, far: bool = False) -> str:
+    """The group member `member` commits its intake of the precise topic (or the far
+    one) under; placement is static, so the group only keeps offsets."""
+    return f"{settings.group_id}-precise{'-far' if far else ''}-{member}"
 
 
 def precise_forwarder(
@@ -167,10 +173,10 @@ def _nothing() -> None:
 class _Consumers:
     """The intake's consumer and the progress reader's, under this member's group."""
 
-    def __init__(self, settings: Settings, topic: str) -> None:
+    def __init__(self, settings: Settings, topic: str, *, far: bool) -> None:
         self._settings = settings
         self._client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{topic}"
-        self._group = precise_group_id(settings, settings.precise_member)
+        self._group = precise_group_id(settings, settings.precise_member, far=far)
 
     def for_intake(self, callbacks: dict[str, Any]) -> ConsumerClient:
         return self._make(callbacks, self._group)
@@ -191,13 +197,18 @@ class PreciseWorker:
         producer: ProducerClient,
         on_fatal: Callable[[str], None],
         make_producer: Callable[[dict[str, Any]], Any] = Producer,
+        *,
+        far: bool = False,
+        held: HeldBytes | None = None,
     ) -> None:
-        """`producer` carries progress reports (replicas) and replies to markers;
-        forwards go through a producer of precise mode's own, made by
-        `make_producer`, as a level's do. Every part is wired here, once, in the order
-        records flow through them."""
-        topic = settings.precise_topic
-        self.level = PreciseLevel(0, 0, topic)
+        """The precise topic's worker, or with `far` the far topic's. `producer`
+        carries progress reports (replicas) and replies to markers; forwards go through
+        a producer of the worker's own, made by `make_producer`, as a level's do.
+        `held`: the memory cap this wheel shares with the other's. Every part is wired
+        here, once, in the order records flow through them."""
+        topic = settings.precise_far_topic if far else settings.precise_topic
+        level_name = FAR_LEVEL_NAME if far else LEVEL_NAME
+        self.level = PreciseLevel(0, 0, topic, level_name)
         self._on_fatal = on_fatal
         self._stopping = False
         self.disk = DataDir(settings.data_dir, topic, self._storage_fault)
@@ -213,11 +224,11 @@ class PreciseWorker:
         """The intake's offsets: each commits once its record is durable (slot file
         synced, or dead letter flushed)."""
         roles: dict[int, Role] = {}  # this member's role per partition, as assigned
-        consumers = _Consumers(settings, topic)
+        consumers = _Consumers(settings, topic, far=far)
         takeover_ms = int(settings.takeover_delay_s * 1000)
         self.progress = (
             Progress(
-                settings.precise_done_topic,
+                settings.precise_far_done_topic if far else settings.precise_done_topic,
                 self.placement,
                 producer,
                 consumers.for_progress,
@@ -239,8 +250,8 @@ class PreciseWorker:
             settings.precise_lookahead_s,
             takeover_s=settings.takeover_delay_s,
             coverage=self.progress,
-            max_buffered_bytes=settings.max_buffered_bytes,
             horizon_s=settings.precise_horizon_s,
+            held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
         )
         buffer = self.wheel.buffer
         self.forwarder = precise_forwarder(
@@ -271,7 +282,7 @@ class PreciseWorker:
             lambda record: buffer.schedule_many([(record, 0.0)]),
             self.placement,
             metrics,
-            level_name=LEVEL_NAME,
+            level_name=level_name,
             takeover_ms=takeover_ms,
             max_delay_ms=settings.max_delay_ms,
             on_fatal=on_fatal,
@@ -279,11 +290,12 @@ class PreciseWorker:
             check_storage=self.disk.check,
             answer=replies.send,
             roles=roles,
+            far=far,
         )
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
         self._export(metrics, settings.precise_lookahead_s, buffer)
-        self.census = CensusExport(self.disk.root, self.cancels, metrics, LEVEL_NAME)
+        self.census = CensusExport(self.disk.root, self.cancels, metrics, level_name)
         log.info(
             "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
             topic,
@@ -295,13 +307,14 @@ class PreciseWorker:
         )
 
     def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:
-        metrics.level_delay.labels(LEVEL_NAME, self.level.topic).set(lookahead_s)
-        metrics.buffered_messages.labels(LEVEL_NAME).set_function(lambda: float(len(buffer)))
-        loaded = metrics.precise_slot_files.labels("loaded")
+        name = self.level.name
+        metrics.level_delay.labels(name, self.level.topic).set(lookahead_s)
+        metrics.buffered_messages.labels(name).set_function(lambda: float(len(buffer)))
+        loaded = metrics.precise_slot_files.labels(name, "loaded")
         loaded.set_function(lambda: float(self.wheel.loaded_slots))
-        on_disk = metrics.precise_slot_files.labels("on_disk")
+        on_disk = metrics.precise_slot_files.labels(name, "on_disk")
         on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
-        metrics.precise_disk_bytes.set_function(lambda: float(self.store.disk_bytes()))
+        metrics.precise_disk_bytes.labels(name).set_function(lambda: float(self.store.disk_bytes()))
 
     def _storage_fault(self, fault: StorageError) -> None:
         """A fault of the disk on any thread stops the daemon (see `storage_fault`)."""

@@ -18,41 +18,37 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import logging
 import os
-import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-from delayservice.precise.slot_file import (
-    FRAME_OVERHEAD,
-    StoredRecord,
-    decode,
-    frame_length,
-    frames,
+from delayservice.precise.durable_io import fsync_path as _fsync_path
+from delayservice.precise.durable_io import syncfs as _syncfs
+from delayservice.precise.durable_io import write_all as _write_all
+from delayservice.precise.slot_file import StoredRecord, decode
+from delayservice.precise.slot_layout import (
+    ORIGIN,
+    ORIGIN_TMP,
+    Key,
+    file_name,
+    partition_dirs,
+    valid_prefix,
 )
 from delayservice.precise.storage_fault import StorageError, ignore, reported
 
+__all__ = ["Key", "SlotStore", "SlotStoreError", "partition_dirs"]
+
 log = logging.getLogger(__name__)
 
-ORIGIN: Final = "origin"
-_ORIGIN_TMP: Final = "origin.tmp"
-_SLOT_RE: Final = re.compile(r"-?[0-9]+\.slot")
-_SPAN_RE: Final = re.compile(r"(-?[0-9]+)_([0-9]+)\.span")
-_PARTITION_RE: Final = re.compile(r"p[0-9]+")
 OPEN_FILES: Final = 512
 """Append descriptors kept open: at least the span files a batch of far-future records
 touches (the tiers bound them at about 125 per partition), so a batch reopens few."""
 SYNCFS_ABOVE: Final = 32
 """More touched files than this and one `syncfs` beats an fsync per file."""
-
-Key = tuple[int, int, int]  # (partition, first second, width in seconds; 1: a slot)
-TAIL_CHUNK: Final = 8 * 1024 * 1024
-"""Bytes read at a time when a file's torn tail is looked for."""
 
 
 class SlotStoreError(StorageError):
@@ -61,36 +57,6 @@ class SlotStoreError(StorageError):
 
 def _fail(action: str, path: Path, exc: OSError, *, retriable: bool = True) -> SlotStoreError:
     return SlotStoreError(f"cannot {action} {path}: {exc}", retriable=retriable)
-
-
-@functools.cache
-def _syncfs() -> Callable[[int], int] | None:
-    """libc's `syncfs`, or None where there is none (not Linux, no glibc)."""
-    try:
-        func = ctypes.CDLL(None, use_errno=True).syncfs
-    except (OSError, AttributeError):
-        return None
-    func.argtypes = [ctypes.c_int]
-    func.restype = ctypes.c_int
-    return func
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_path(path: Path, flags: int = os.O_RDONLY) -> None:
-    """fsync a file or directory by path; a file deleted meanwhile needs no sync."""
-    try:
-        fd = os.open(path, flags | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SlotStore:
@@ -127,7 +93,7 @@ class SlotStore:
                 self._bytes += size
 
     def _path(self, partition: int, second: int, width: int = 1) -> Path:
-        return self._root / f"p{partition}" / _name(second, width)
+        return self._root / f"p{partition}" / file_name(second, width)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -155,7 +121,7 @@ class SlotStore:
         parse nor its size in memory."""
         size = os.fstat(fd).st_size
         if size:
-            valid = _valid_prefix(path, size)
+            valid = valid_prefix(path, size)
             if valid < size:
                 log.warning("truncating torn tail of %s: %d bytes dropped", path, size - valid)
                 os.ftruncate(fd, valid)
@@ -463,7 +429,7 @@ class SlotStore:
                     directory.mkdir(exist_ok=True)
                     self._partitions.add(partition)
                     _fsync_path(self._root)
-                tmp = directory / _ORIGIN_TMP
+                tmp = directory / ORIGIN_TMP
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
                     _write_all(fd, f"{offset}\n".encode())
@@ -487,65 +453,3 @@ class SlotStore:
             self._closed = True
             while self._handles:
                 self._close_handle(next(iter(self._handles)))
-
-
-def partition_dirs(root: Path) -> Iterator[tuple[int, Iterator[tuple[Key, str, int]]]]:
-    """Each partition directory under `root` with its slot and span files (key, path,
-    size); anything this store never writes is logged and skipped, never touched."""
-    for entry in root.iterdir():
-        if not (entry.is_dir() and _PARTITION_RE.fullmatch(entry.name)):
-            log.warning("ignoring unknown entry %s in the slot directory", entry)
-            continue
-        partition = int(entry.name[1:])
-        if entry.name != f"p{partition}":  # p01 would never be written
-            log.warning("ignoring unknown entry %s in the slot directory", entry)
-            continue
-        yield partition, _files(partition, entry)
-
-
-def _files(partition: int, directory: Path) -> Iterator[tuple[Key, str, int]]:
-    for file in os.scandir(directory):
-        if file.name in (ORIGIN, _ORIGIN_TMP):
-            continue
-        key = _parse_name(partition, file.name)
-        if key is None or not file.is_file():
-            log.warning("ignoring unknown entry %s in the slot directory", file.path)
-            continue
-        try:
-            size = file.stat().st_size
-        except FileNotFoundError:  # deleted meanwhile (a reader beside a running daemon)
-            continue
-        yield key, file.path, size
-
-
-def _name(start: int, width: int) -> str:
-    return f"{start}.slot" if width == 1 else f"{start}_{width}.span"
-
-
-def _parse_name(partition: int, name: str) -> Key | None:
-    """The file a directory entry is, or None for anything this store never writes."""
-    if _SLOT_RE.fullmatch(name):
-        key = (partition, int(name[:-5]), 1)
-    elif match := _SPAN_RE.fullmatch(name):
-        key = (partition, int(match[1]), int(match[2]))
-        if key[2] < 2:
-            return None
-    else:
-        return None
-    return key if _name(key[1], key[2]) == name else None  # "05.slot" is never written
-
-
-def _valid_prefix(path: Path, size: int) -> int:
-    """Length of the whole frames at the start of a file's first `size` bytes."""
-    valid = 0
-    with open(path, "rb") as file:
-        while valid < size:
-            file.seek(valid)
-            head = file.read(FRAME_OVERHEAD)
-            want = max(TAIL_CHUNK, frame_length(head) or 0)
-            file.seek(valid)
-            _, end = frames(file.read(min(size - valid, want)))
-            if end == 0:
-                break
-            valid += end
-    return valid

@@ -43,7 +43,7 @@ class CensusExport:
         self._taken = 0.0
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="precise-census", daemon=True)
-        metrics.precise_census_age.set_function(
+        metrics.precise_census_age.labels(level_name).set_function(
             lambda: time.monotonic() - self._taken if self._taken else 0.0
         )
 
@@ -71,7 +71,7 @@ class CensusExport:
         gauge = self._metrics.precise_pending
         for copy, counts in (("owner", census.owner), ("replica", census.replica)):
             for due in due_buckets.NAMES:
-                gauge.labels(copy, due).set(counts[due])
+                gauge.labels(self._level, copy, due).set(counts[due])
         earliest = census.earliest_due_ms
         self._metrics.next_due.labels(self._level).set(earliest / 1000 if earliest else 0.0)
         overdue = max(0.0, (now_ms - earliest) / 1000) if earliest else 0.0

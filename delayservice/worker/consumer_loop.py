@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +34,12 @@ from confluent_kafka import (
 )
 
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.consumer_keeper import (
+    ConsumerKeeper,
+    MakeConsumer,
+    is_fatal,
+    unread_records,
+)
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
@@ -50,9 +55,6 @@ POLL_TIMEOUT_S = 0.2
 LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
 ERROR_PAUSE_S = 0.5
-REBUILDS_ALLOWED = 5
-REBUILD_WINDOW_S = 300.0
-CLOSE_WAIT_S = 5.0
 PAUSED_POLL_S = 0.01
 BEHIND_WAIT_S = 0.005
 BEHIND_MAX_S = 0.5
@@ -63,24 +65,6 @@ STABLE_WAIT_NOTE_S = 1.0
 STABLE_WAIT_WARN_S = 60.0
 """Waiting longer than this for stable offsets (an open transaction is aborted by the
 broker within its timeout, 10 s, plus its abort check) is logged as a warning."""
-
-MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
-"""Builds the consumer from the callbacks this loop must receive (error_cb, on_commit)."""
-
-
-def unread_records(consumer: ConsumerClient, topic: str, partitions: list[int]) -> int:
-    """Records on `partitions` past the consumer's position, from cached watermarks."""
-    tps = [TopicPartition(topic, p) for p in partitions]
-    if not tps:
-        return 0
-    total = 0
-    for tp in consumer.position(tps):
-        low, high = consumer.get_watermark_offsets(tp, cached=True)
-        if high < 0:
-            continue
-        position = tp.offset if tp.offset >= 0 else low
-        total += max(0, high - position)
-    return total
 
 
 class ConsumerLoop:
@@ -99,14 +83,13 @@ class ConsumerLoop:
         """`rejoin_timeout_s`: how long a level may go without an assignment after losing
         its partitions before its consumer is taken as wedged and replaced."""
         self.level = level
-        self._make_consumer = make_consumer
-        self._generation = 0
-        self._consumer = self._new_consumer()
+        self._m_rebuilds = metrics.consumer_rebuilds.labels(level.name)
+        self.keeper = ConsumerKeeper(
+            level.topic, make_consumer, self._bound_callbacks, on_fatal, self._m_rebuilds.inc
+        )
         self._rejoin_timeout = rejoin_timeout_s
         self.unassigned_since: float | None = None
         """Monotonic time the level lost its partitions and has not been assigned since."""
-        self._consumer_failed: str | None = None
-        self._rebuilds: deque[float] = deque()
         self._throttle = Throttle()
         self._stop_timeout = stop_timeout_s
         self._group = group
@@ -137,7 +120,6 @@ class ConsumerLoop:
         self._m_commit_failures = metrics.commit_failures.labels(name)
         self._m_assigned = metrics.assigned_partitions.labels(name)
         self._m_loop_errors = metrics.loop_errors.labels(name, "consumer")
-        self._m_rebuilds = metrics.consumer_rebuilds.labels(name)
         self.paused: set[int] = set()
         self._rewind: dict[int, int] = {}
         self._to_resume_on_assign: list[int] = []
@@ -171,21 +153,23 @@ class ConsumerLoop:
         """Offsets made durable but not yet confirmed committed (at-least-once)."""
         return dict(self._wanted)
 
-    def _new_consumer(self) -> ConsumerClient:
-        """Callbacks are bound to this client: a replaced one that still reports while
-        it closes must not touch the state of its successor."""
-        self._generation += 1
-        generation = self._generation
+    @property
+    def _consumer(self) -> ConsumerClient:
+        return self.keeper.client
+
+    def _bound_callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
+        """A client's callbacks: a replaced one that still reports while it closes must
+        not touch the state of its successor."""
 
         def on_error(error: KafkaError) -> None:
-            if generation == self._generation:
+            if current():
                 self.on_error(error)
 
         def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-            if generation == self._generation:
+            if current():
                 self.on_commit(error, partitions)
 
-        return self._make_consumer({"error_cb": on_error, "on_commit": on_commit})
+        return {"error_cb": on_error, "on_commit": on_commit}
 
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during poll."""
@@ -193,10 +177,10 @@ class ConsumerLoop:
         if code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_down = True
             log.warning("%s: all brokers are down; retrying", self.level.topic)
-        elif error.fatal() or code == KafkaError._FATAL:
+        elif is_fatal(error):
             # The client is unusable (for example fenced after a coordinator failover);
             # the loop replaces it rather than stopping the process.
-            self._consumer_failed = error.str()
+            self.keeper.fail(error.str())
         elif self._throttle.allow(code) is not None:
             log.info("%s: %s", self.level.topic, error.str())
 
@@ -209,12 +193,12 @@ class ConsumerLoop:
 
     # -- the loop ------------------------------------------------------------------
     def _subscribe(self) -> None:
-        generation = self._generation
+        current = self.keeper.current_check()
         self._consumer.subscribe(
             [self.level.topic],
-            on_assign=self._guarded(self._assigned, generation),
-            on_revoke=self._guarded(self._revoked, generation),
-            on_lost=self._guarded(self._lost, generation),
+            on_assign=self._guarded(self._assigned, current),
+            on_revoke=self._guarded(self._revoked, current),
+            on_lost=self._guarded(self._lost, current),
         )
 
     def _main(self) -> None:
@@ -236,17 +220,15 @@ class ConsumerLoop:
         next_commit = next_lag = next_probe = time.monotonic()
         while not self._stopping.is_set():
             try:
-                if self._consumer_failed is not None and not self._rebuild():
+                if self.keeper.failed is not None and not self._rebuild():
                     return
                 next_commit, next_lag, next_probe = self._iteration(
                     next_commit, next_lag, next_probe
                 )
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and (
-                    error.fatal() or error.code() == KafkaError._FATAL
-                ):
-                    self._consumer_failed = error.str()
+                if isinstance(error, KafkaError) and is_fatal(error):
+                    self.keeper.fail(error.str())
                     continue
                 self._survive(exc)
             except Exception as exc:
@@ -260,41 +242,17 @@ class ConsumerLoop:
         be forwarded twice). Fencing that repeats means another live process uses this
         instance name, which only an operator can fix.
         """
-        why, topic = self._consumer_failed, self.level.topic
-        now = time.monotonic()
-        while self._rebuilds and now - self._rebuilds[0] > REBUILD_WINDOW_S:
-            self._rebuilds.popleft()
-        if len(self._rebuilds) >= REBUILDS_ALLOWED:
-            self._on_fatal(
-                f"consumer of {topic} failed {len(self._rebuilds) + 1} times in "
-                f"{REBUILD_WINDOW_S:.0f}s (last: {why}); if it is fenced, another live "
-                "process uses the same instance_name"
-            )
+        hint = "; if it is fenced, another live process uses the same instance_name"
+        if not self.keeper.replace(hint):
             return False
-        self._rebuilds.append(now)
-        self._m_rebuilds.inc()
-        log.error("%s: consumer failed (%s); joining the group again with a new one", topic, why)
         self._let_go(set(self.owned_partitions), commit=False)
         self._to_resume_on_assign.clear()
         self.first_assignment.clear()
         self.unassigned_since = None
         self.paused.clear()
         self._rewind.clear()
-        failed = self._consumer
-        self._consumer_failed = None
-        self._consumer = self._new_consumer()  # from here on the old one's callbacks are moot
-        # A wedged client may block in close(); never let it hold this thread.
-        closer = threading.Thread(target=self._close_quietly, args=(failed,), daemon=True)
-        closer.start()
-        closer.join(CLOSE_WAIT_S)
         self._subscribe()
         return True
-
-    def _close_quietly(self, consumer: ConsumerClient) -> None:
-        try:
-            consumer.close()
-        except Exception as exc:  # a failed client may refuse even this
-            log.warning("%s: closing the failed consumer: %s", self.level.topic, exc)
 
     def _survive(self, exc: Exception) -> None:
         """An iteration failed for a reason of its own: log it, count it, carry on."""
@@ -338,7 +296,7 @@ class ConsumerLoop:
             and now - self.unassigned_since > self._rejoin_timeout
             and not self.broker_down
         ):
-            self._consumer_failed = (
+            self.keeper.fail(
                 f"no assignment {now - self.unassigned_since:.0f}s after losing its "
                 "partitions while the broker answers"
             )
@@ -506,13 +464,15 @@ class ConsumerLoop:
 
     # -- rebalancing ---------------------------------------------------------------
     def _guarded(
-        self, callback: Callable[[ConsumerClient, list[TopicPartition]], None], generation: int
+        self,
+        callback: Callable[[ConsumerClient, list[TopicPartition]], None],
+        current: Callable[[], bool],
     ) -> Callable[[Any, list[TopicPartition]], None]:
         """An exception inside a rebalance callback would surface from consume(); and a
         replaced client's callbacks (while it closes) are ignored."""
 
         def run(consumer: Any, partitions: list[TopicPartition]) -> None:
-            if generation != self._generation:
+            if not current():
                 return
             try:
                 callback(consumer, partitions)

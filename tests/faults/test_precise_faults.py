@@ -29,7 +29,8 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewPartitions
 
-from delayservice.producer import DelayProducer, named_partition
+from delayservice.precise.ids import named_partition
+from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, Reader, now_ms, wait_until
 from tests.faults.hostile import FuzzTopics, HostileFactory
 

@@ -148,7 +148,16 @@ def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
     )
     outcomes = {spec.role: outcome for spec, outcome in topics.create(testbed.admin, settings)}
     assert outcomes == dict.fromkeys(
-        ["level 1s", "dead letters", "precise", "precise done", "precise outcomes"], "created"
+        [
+            "level 1s",
+            "dead letters",
+            "precise",
+            "precise done",
+            "precise far",
+            "precise far done",
+            "precise outcomes",
+        ],
+        "created",
     )
     testbed.wait_for(
         lambda: all(s.exists for s in topics.describe(testbed.admin, settings, timeout=5)),
@@ -169,7 +178,11 @@ def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
         1,
     )
     again = topics.create(testbed.admin, settings)
-    assert [outcome for _spec, outcome in again] == ["exists"] * 5
+    far = statuses["precise far"]
+    assert (far.spec.name, far.partitions) == (settings.precise_far_topic, 4)
+    assert far.config["message.timestamp.type"] == "LogAppendTime"
+    assert statuses["precise far done"].config["cleanup.policy"] == "compact"
+    assert [outcome for _spec, outcome in again] == ["exists"] * 7
 
 
 @pytest.mark.kafka

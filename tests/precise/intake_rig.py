@@ -80,8 +80,14 @@ class Consumer:
         """(num_messages, timeout) of every consume() call."""
         self.handed: list[Message] = []
         self.seeks: list[tuple[int, int]] = []
+        self.assigned: list[list[tuple[int, int]]] = []  # (partition, offset) per call
+        self.made = 0
+        self.fail_next: Exception | None = None
+        """Raised by the next consume(), once."""
 
     def make(self, _config: dict[str, Any]) -> Consumer:
+        self.made += 1
+        self.closed = False
         return self
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
@@ -95,10 +101,13 @@ class Consumer:
         return [TopicPartition(TOPIC, tp.partition, -1001) for tp in partitions]
 
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
-        pass
+        self.assigned.append([(tp.partition, tp.offset) for tp in partitions])
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         with self.lock:
+            failure, self.fail_next = self.fail_next, None
+            if failure is not None:
+                raise failure
             self.calls.append((num_messages, timeout))
             if self.batches:
                 self.taken += 1

@@ -39,10 +39,12 @@ def _exact_producer(testbed: Any, settings: Any) -> Any:
     )
 
 
-def _precise_worker(daemon: Any) -> Any:
-    from delayservice.precise.precise_worker import PreciseWorker
+def _precise_worker(daemon: Any, *, far: bool = False) -> Any:
+    """The worker of the precise topic, or of the far one."""
+    from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME, PreciseWorker
 
-    (worker,) = [w for w in daemon.workers if isinstance(w, PreciseWorker)]
+    name = FAR_LEVEL_NAME if far else LEVEL_NAME
+    (worker,) = [w for w in daemon.workers if isinstance(w, PreciseWorker) and w.level.name == name]
     return worker
 
 
@@ -96,7 +98,7 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
     target = testbed.create_topic(f"far-{testbed.tag}")
     daemon = testbed.start_daemon(settings)
     testbed.wait_assigned(daemon, partitions=settings.partitions)
-    worker = _precise_worker(daemon)
+    near_worker, far_worker = _precise_worker(daemon), _precise_worker(daemon, far=True)
     producer = _exact_producer(testbed, settings)
     far = [
         producer.produce(target, b"ten minutes", delay=600),
@@ -110,19 +112,34 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
     assert _headers(record)["delay-id"].decode() == soon
     assert record.timestamp()[1] >= int(soon_at * 1000)
     # The far ones are files on disk, and nothing of them is in memory: ten minutes out
-    # a slot file, three days out a day-wide span file.
-    testbed.wait_for(lambda: worker.wheel.disk_slots == 2, 10, "two files")
-    assert worker.wheel.loaded_slots == 0
-    assert len(worker.wheel.buffer) == 0
-    root = settings.data_dir / settings.precise_topic
-    (slot,) = [int(p.name.removesuffix(".slot")) for p in root.rglob("*.slot")]
+    # a slot file of the precise topic's wheel, three days out (beyond precise_far_after)
+    # a day-wide span file of the far topic's.
+    testbed.wait_for(lambda: near_worker.wheel.disk_slots == 1, 10, "the slot file")
+    testbed.wait_for(lambda: far_worker.wheel.disk_slots == 1, 10, "the span file")
+    for worker in (near_worker, far_worker):
+        assert worker.wheel.loaded_slots == 0
+        assert len(worker.wheel.buffer) == 0
+    (slot,) = [
+        int(p.name.removesuffix(".slot"))
+        for p in (settings.data_dir / settings.precise_topic).rglob("*.slot")
+    ]
     assert slot >= int(time.time()) + 590
     ((start, width),) = [
-        map(int, p.name.removesuffix(".span").split("_")) for p in root.rglob("*.span")
+        map(int, p.name.removesuffix(".span").split("_"))
+        for p in (settings.data_dir / settings.precise_far_topic).rglob("*.span")
     ]
     assert width == 86400
     assert start <= int(time.time()) + 3 * 86400 < start + width + 10
-    assert far[0] != far[1]
+    assert far[0].endswith(f"-p{_place(far[0])}")
+    assert far[1].endswith(f"-f{_place(far[1])}")
+
+
+def _place(message_id: str) -> int:
+    from delayservice.precise.ids import named_place
+
+    place = named_place(message_id)
+    assert place is not None
+    return place.partition
 
 
 def test_a_batch_the_intake_failed_to_handle_is_read_again_on_the_real_broker(

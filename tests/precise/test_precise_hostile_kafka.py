@@ -48,7 +48,8 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from delayservice.producer import DelayProducer, named_partition
+from delayservice.precise.ids import named_partition
+from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, Fleet, Reader, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -501,8 +502,8 @@ def test_a_cancel_sent_while_the_owner_is_down_is_honoured_by_the_replica(pair, 
     # Until the owner has judged what its disk held: every slot file settled.
     assert wait_until(
         lambda: (
-            _sample(back, "delayservice_precise_slot_files", state="on_disk")
-            + _sample(back, "delayservice_precise_slot_files", state="loaded")
+            _sample(back, "delayservice_precise_slot_files", level="exact", state="on_disk")
+            + _sample(back, "delayservice_precise_slot_files", level="exact", state="loaded")
             == 0
         ),
         30,

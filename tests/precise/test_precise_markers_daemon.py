@@ -88,3 +88,41 @@ def test_reschedule_and_cancel_say_what_the_daemon_did(testbed, tmp_path: Path):
         for outcome in ("moved", "cancelled", "unmatched", "too_late")
     }
     assert counts == dict.fromkeys(counts, 1.0)
+
+
+def test_far_messages_are_held_by_the_far_wheel_and_move_and_cancel_like_near_ones(
+    testbed, tmp_path: Path
+):
+    """Beyond `precise_far_after` the producer sends to the far topic, whose own wheel
+    holds the message; its markers follow it there, and a move brings it back on time."""
+    from delayservice.precise.ids import named_place
+
+    settings = _precise(testbed, tmp_path, precise_far_after="30s")
+    target = testbed.create_topic(f"farmove-{testbed.tag}")
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = _exact_producer(testbed, settings)
+    pulled_in = producer.produce(target, b"pulled in", delay=3600)
+    cancelled = producer.produce(target, b"cancelled", delay=3600)
+    pushed_out = producer.produce(target, b"pushed out", delay=10)
+    assert producer.flush(10) == 0
+    assert [named_place(m).far for m in (pulled_in, cancelled, pushed_out)] == [  # type: ignore[union-attr]
+        True,
+        True,
+        False,
+    ]
+    env = _env(settings)
+    asked_at = time.time()
+    moved = _cli("reschedule", pulled_in, "--delay", "2s", env=env)
+    assert moved.returncode == 0, moved.stderr
+    assert ": moved by member 0 (owner)" in _reply(moved)
+    assert _cli("reschedule", pushed_out, "--delay", "1h", env=env).returncode == 0
+    assert _cli("cancel", cancelled, env=env).returncode == 0
+    (record,) = testbed.collect(target, 1, timeout=30)
+    assert _headers(record)["delay-id"].decode() == pulled_in
+    assert record.timestamp()[1] >= int(_headers(record)["delay-due-ms"]) >= asked_at * 1000 + 2000
+    time.sleep(max(0.0, asked_at + 12 - time.time()))  # past the pushed-out one's old time
+    assert _records_in(testbed, target) == 1
+    far = settings.data_dir / settings.precise_far_topic
+    assert far.is_dir()
+    assert f"{settings.precise_far_topic}.cancels.log" in {p.name for p in tmp_path.rglob("*.log")}

@@ -10,9 +10,10 @@ import pytest
 
 from delayservice.precise import splitter
 from delayservice.precise.slot_file import encode
+from delayservice.precise.slot_loading import LOAD_AT_MOST
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.tiers import Tiers
-from delayservice.precise.wheel import LOAD_AT_MOST, RECORD_OVERHEAD
+from delayservice.precise.wheel_state import RECORD_OVERHEAD
 from tests.precise.test_wheel import NOW, Rig, ms
 
 HORIZON = 60  # tiers of 1 s, 60 s, 24 min and 12.8 h

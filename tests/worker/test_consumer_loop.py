@@ -565,7 +565,7 @@ def test_consume_errors_are_reported_and_survived(rig):
     rig.consumer.injected.append(message(0, 0, 0, error=fatal))
     step(rig)
     assert rig.fatal == []  # a fatal consumer error is the client's: it gets replaced
-    assert rig.loop._consumer_failed is not None
+    assert rig.loop.keeper.failed is not None
     forward(rig, commit=True)
     assert forwarded(rig) == ["id-0-0"]
 
@@ -643,7 +643,7 @@ def test_a_stop_with_a_full_producer_queue_commits_nothing_unsent():
 def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     """After a coordinator failover librdkafka can fence a static member's commit; the
     loop replaces the client instead of stopping, and drops what it held uncommitted."""
-    from delayservice.worker.consumer_loop import REBUILDS_ALLOWED
+    from delayservice.kafka.consumer_keeper import REPLACEMENTS_ALLOWED
 
     prepare_two_partitions(rig)
     fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced", fatal=True)
@@ -657,7 +657,7 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     assert rig.metric("delayservice_consumer_rebuilds_total") == 1
     assert rig.fatal == []
 
-    for _ in range(REBUILDS_ALLOWED - 1):
+    for _ in range(REPLACEMENTS_ALLOWED - 1):
         rig.loop.on_error(fenced)
         assert rig.loop._rebuild()
     rig.loop.on_error(fenced)
@@ -674,10 +674,10 @@ def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_co
     assert rig.loop.unassigned_since == clock.monotonic()
     clock.advance(29.0)  # within the rejoin timeout (30 s in the rig): keep waiting
     step(rig)
-    assert rig.loop._consumer_failed is None
+    assert rig.loop.keeper.failed is None
     clock.advance(2.0)
     step(rig)
-    assert "no assignment" in (rig.loop._consumer_failed or "")
+    assert "no assignment" in (rig.loop.keeper.failed or "")
     assert rig.loop._rebuild()
     assert rig.loop.unassigned_since is None
     rig.consumer.queue_rebalance("assign", 0, 1)
@@ -696,4 +696,4 @@ def test_an_empty_assignment_is_not_taken_for_a_lost_one(rig, clock):
     clock.advance(3600)
     step(rig)
     assert rig.loop.unassigned_since is None
-    assert rig.loop._consumer_failed is None
+    assert rig.loop.keeper.failed is None

@@ -1,0 +1,103 @@
+"""Taking due records for the forwarder: the last look before a record is sent.
+
+What must not go out any more is held back here, under the wheel's lock: a record
+cancelled since it was loaded, a copy a reschedule has replaced, a replica's copy the
+owner reported done (or, just after a start, one whose fate waits for the other
+holder's reports). What goes out is remembered, so a cancel or reschedule that comes
+later is told it is too late.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from delayservice.precise.placement import Role
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.storage_fault import StorageError
+from delayservice.precise.wheel_state import WheelState
+
+NOT_READY_RETRY_S: Final = 0.5
+"""How soon a copy waiting for the other holder's reports to be read is looked at again."""
+
+
+class SlotTaking(WheelState):
+    def _keep_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """`_keep`, on the forwarder's thread: a fault of the disk (reported through
+        `on_fault`, the daemon is stopping) sends nothing; the records stay on disk."""
+        try:
+            return self._keep(records)
+        except StorageError:
+            return []
+
+    def _keep(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """Runs on the taking thread, just before the records are sent."""
+        if not records:
+            return records
+        out: list[SlotRecord] = []
+        settled: list[tuple[SlotTracker, int]] = []
+        deferred: list[tuple[SlotRecord, float]] = []
+        cancelled = 0
+        now_ms = self._clock() * 1000
+        replicas: dict[int, bool] = {}  # partition -> this member holds its replica
+        sent: list[str] = []
+        # An owner's record due before this may have been taken over meanwhile.
+        overdue_before_ms = now_ms - self._takeover * 1000
+        coverage = self._coverage
+        with self._lock:
+            in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
+            stale = self._moved_away(records)
+            for record in records:
+                envelope = record.envelope
+                tracker = record.slot
+                if envelope is None or not isinstance(tracker, SlotTracker):
+                    out.append(record)  # a dead letter from the intake, or a retry of one
+                    continue
+                message_id = envelope.id
+                if stale and (message_id, record.offset()) in stale:
+                    settled.append((tracker, record.offset()))  # moved: another copy is live
+                    continue
+                in_memory.discard(message_id)
+                if message_id in cancelled_in_memory:
+                    cancelled_in_memory.discard(message_id)
+                    # Match and mark under one hold of the lock, so no write of marks
+                    # in between can retire the cancel before its message's mark.
+                    self._matches.setdefault(tracker, []).append(message_id)
+                    self._settle_locked(tracker, record.offset())
+                    cancelled += 1
+                    continue
+                partition = record.partition()
+                replica = replicas.get(partition)
+                if replica is None:
+                    replica = replicas[partition] = self._placement.role(partition) is Role.REPLICA
+                overdue = record.due_ms < overdue_before_ms
+                if (replica or overdue) and coverage is not None:
+                    if not coverage.ready:  # just started: the other's word is not read yet
+                        deferred.append((record, now_ms / 1000 + NOT_READY_RETRY_S))
+                        in_memory.add(message_id)
+                        continue
+                    if coverage.covers(record.partition(), record.offset(), record.due_ms):
+                        self._outcomes.cleaned()
+                        settled.append((tracker, record.offset()))
+                        continue
+                if replica:
+                    self._outcomes.took_over()
+                sent.append(message_id)
+                out.append(record)
+            self._recent.add_all(sent)
+        self._kept(cancelled, settled, deferred)
+        return out
+
+    def _kept(
+        self,
+        cancelled: int,
+        settled: list[tuple[SlotTracker, int]],
+        deferred: list[tuple[SlotRecord, float]],
+    ) -> None:
+        """What `_keep` held back: count the cancelled, settle the covered and hold the
+        deferred again (outside the lock)."""
+        if cancelled:
+            self._outcomes.cancelled("cancelled", cancelled)
+        self.settle_many(settled)
+        if deferred:
+            self.buffer.schedule_many(deferred)

@@ -1,0 +1,203 @@
+"""What the wheel's parts share: the slots in memory, the records held, and one lock.
+
+The wheel (`wheel`) is put together from a part per job, each in a module of its own:
+loading slots (`slot_loading`), splitting spans (`span_splitting`), handing due records
+to the forwarder (`slot_taking`) and moving messages for reschedules
+(`reschedule_moves`). They share this state and the few operations that change it:
+appending framed records to their files, settling a record, deleting a slot's file.
+One lock orders appends against loads, splits, moves and deletes, so a record is in
+memory exactly once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Iterable
+from typing import Final, Protocol
+
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.held_bytes import HeldBytes
+from delayservice.precise.placement import Placement
+from delayservice.precise.recent_ids import RecentIds
+from delayservice.precise.reschedule_log import RescheduleLog
+from delayservice.precise.slot_buffer import SlotBuffer
+from delayservice.precise.slot_index import SlotIndex
+from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.slot_store import Key, SlotStore
+from delayservice.precise.tiers import Tiers
+from delayservice.timers.base import Clock
+
+RECENTLY_FORWARDED: Final = 100_000
+"""Ids of records lately sent, and of those lately called off, kept (at least the last
+half this many, at most this many), so a marker that comes after can be told so."""
+RECORD_OVERHEAD: Final = 900
+"""Bytes a held record costs in memory beyond its frame: the record, its envelope, the
+key, value and header objects and its heap row (about 610 B by tracemalloc on CPython
+3.11), and its share of the client's send buffers while in flight (the rest of the
+1.1 KB per held record a 500,000 burst cost in resident memory)."""
+UNBOUNDED: Final = 2**62
+
+
+class Coverage(Protocol):
+    """What the other holder of a partition has reported settled (replicas only)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    def covers(self, partition: int, offset: int, due_ms: int) -> bool: ...
+
+
+class Outcomes(Protocol):
+    """Counters the wheel reports to; the metrics object provides them."""
+
+    def cancelled(self, outcome: str, count: int = 1) -> None: ...
+
+    def cleaned(self) -> None: ...
+
+    def took_over(self) -> None: ...
+
+
+class WheelState:
+    """The shared state; set up by `Wheel.__init__` (see there for the arguments)."""
+
+    buffer: SlotBuffer
+
+    def __init__(
+        self,
+        store: SlotStore,
+        cancels: CancelLog,
+        reschedules: RescheduleLog,
+        placement: Placement,
+        outcomes: Outcomes,
+        lookahead_s: float,
+        takeover_s: float,
+        coverage: Coverage | None,
+        clock: Clock,
+        horizon_s: int,
+        held: HeldBytes,
+    ) -> None:
+        self._store = store
+        self._cancels = cancels
+        self._reschedules = reschedules
+        self._placement = placement
+        self._outcomes = outcomes
+        self._lookahead = lookahead_s
+        self._takeover = takeover_s
+        self._coverage = coverage
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._tiers = Tiers.for_horizon(horizon_s)
+        self._bounds = self._tiers.boundaries(clock())
+        self._shared = held
+        self._held = 0  # estimated bytes of records this wheel holds in memory
+        self._cost: dict[SlotTracker, int] = {}  # estimated bytes per record, by slot
+        self._loading: dict[SlotTracker, SlotIndex] = {}  # slots partly in memory
+        self._trackers: dict[tuple[int, int], SlotTracker] = {}
+        self._unloaded = store.slots()  # heap of (second, partition) on disk only
+        heapq.heapify(self._unloaded)
+        self._near: list[tuple[int, int]] = []  # unloaded, taken off the heap: due soon
+        # Per partition, the first second of its earliest span: slots from there on
+        # wait until that span is split, so a loaded slot never gains records on disk.
+        self._span_floor: dict[int, int] = {}
+        for partition, start, _ in store.spans():
+            self._span_floor[partition] = min(start, self._span_floor.get(partition, start))
+        self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
+        # Cancels that removed their message, by the slot that held it: a cancel leaves
+        # the cancel log only once the message's settled mark (or the slot's deletion)
+        # is durable, so no crash can find the message on disk and its cancel gone.
+        self._matches: dict[SlotTracker, list[str]] = {}
+        self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
+        self._in_memory: set[str] = set()  # ids loaded and not yet taken
+        self._cancelled_in_memory: set[str] = set()
+        self._recent = RecentIds(RECENTLY_FORWARDED)  # sent: later markers are too late
+        self._called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+
+    def _hold(self, delta: int) -> None:
+        """Count bytes into (or out of) memory, here and against the shared cap."""
+        self._held += delta
+        self._shared.add(delta)
+
+    def _horizon(self) -> int:
+        """The last slot second that belongs in memory now."""
+        return int((self._clock() + self._lookahead) // 1)
+
+    def _append_locked(self, records: list[tuple[int, int, bytes]]) -> list[SlotTracker | None]:
+        out: list[SlotTracker | None] = []
+        writes: dict[Key, list[bytes]] = {}
+        new: set[tuple[int, int]] = set()
+        place, bounds = self._tiers.place, self._bounds
+        for partition, fire_ms, frame in records:
+            second = fire_ms // 1000
+            start, width = place(second, bounds)
+            writes.setdefault((partition, start, width), []).append(frame)
+            out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
+        self._write(writes)
+        return out
+
+    def _slot_for(
+        self, partition: int, second: int, frame: bytes, new: set[tuple[int, int]]
+    ) -> SlotTracker | None:
+        """The tracker a record of a slot joins, if its slot is in memory (lock held)."""
+        key = (partition, second)
+        tracker = self._trackers.get(key)
+        if tracker is None and key not in new and self._store.size(partition, second) is None:
+            new.add(key)  # a new file: in memory at once if near and no span covers it
+            if second <= self._horizon() and second < self._span_floor.get(partition, UNBOUNDED):
+                tracker = self._trackers[key] = SlotTracker(partition, second)
+                self._cost[tracker] = len(frame) + RECORD_OVERHEAD
+        if tracker is not None:
+            tracker.outstanding += 1
+            self._hold(self._cost.get(tracker, RECORD_OVERHEAD))
+        return tracker
+
+    def _write(self, writes: dict[Key, list[bytes]]) -> None:
+        """Append grouped frames; note the files this creates (lock held)."""
+        for partition, start, width in self._store.append_many(writes):
+            if width != 1:
+                floor = self._span_floor.get(partition, UNBOUNDED)
+                self._span_floor[partition] = min(floor, start)
+            elif (partition, start) not in self._trackers:
+                heapq.heappush(self._unloaded, (start, partition))
+                if self._unloaded[0] == (start, partition):
+                    self._wake.set()  # a new earliest slot: the loader may sleep less
+
+    def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
+        tracker.outstanding -= 1
+        self._hold(-self._cost.get(tracker, RECORD_OVERHEAD))
+        if tracker.deleted:
+            return
+        if tracker.outstanding <= 0 and not tracker.loading:
+            self._delete(tracker)
+        else:
+            self._marks.setdefault(tracker, []).append(offset)
+
+    def _delete(self, tracker: SlotTracker) -> None:
+        tracker.deleted = True
+        self._marks.pop(tracker, None)
+        self._matches_durable.extend(self._matches.pop(tracker, ()))
+        self._trackers.pop((tracker.partition, tracker.second), None)
+        self._cost.pop(tracker, None)
+        self._store.delete(tracker.partition, tracker.second)
+
+    def _moved_away(self, records: Iterable[SlotRecord]) -> set[tuple[str, int]]:
+        """(id, offset) of the records a reschedule has made stale: another copy is live."""
+        return self._reschedules.superseded(
+            (record.envelope.id, record.offset(), False) for record in records if record.envelope
+        )
+
+    def settled(self, tracker: SlotTracker, offset: int) -> None:
+        """One record of a loaded slot is done: delete the file with the last one, and
+        until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
+        so a restart does not send it again."""
+        self.settle_many([(tracker, offset)])
+
+    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+        """`settled` for many records (those a commit point made durable), in one hold
+        of the lock."""
+        with self._lock:
+            for tracker, offset in done:
+                self._settle_locked(tracker, offset)
