@@ -89,13 +89,17 @@ def pending(
     now_ms = int(time.time() * 1000)
     rows = level_rows(settings, urls)
     if settings.precise:
-        root = (data_dir or settings.data_dir) / settings.precise_topic
-        files = count_files(root)
+        base = data_dir or settings.data_dir
+        topics = (settings.precise_topic, settings.precise_far_topic)
+        files = sum(count_files(base / topic) for topic in topics)
         if files >= PROGRESS_FROM_FILES and sys.stderr.isatty() and not as_json:
             with typer.progressbar(length=files, label="census", file=sys.stderr) as bar:
-                rows.append(precise_row(settings, now_ms, data_dir, lambda _: bar.update(1)))
+                rows.extend(
+                    precise_row(settings, now_ms, data_dir, lambda _: bar.update(1), far=far)
+                    for far in (False, True)
+                )
         else:
-            rows.append(precise_row(settings, now_ms, data_dir))
+            rows.extend(precise_row(settings, now_ms, data_dir, far=far) for far in (False, True))
     if as_json:
         typer.echo(json.dumps({"now_ms": now_ms, "rows": [r.as_json(now_ms) for r in rows]}))
     else:

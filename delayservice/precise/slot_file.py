@@ -263,6 +263,7 @@ class Frame(NamedTuple):
     offset: int
     fire_ms: int  # due_ms, plus `takeover_ms` for a replica's copy (0 for a mark)
     replica: bool = False  # a replica's copy
+    copy: bool = False  # a reschedule's copy (live only while the reschedule log names it)
 
 
 def frames(
@@ -299,7 +300,8 @@ def frames(
             offset, due_ms, _delay, _partition, flags, _ = fixed(body, 0)
             fire_ms = due_ms + (takeover_ms if flags & _FLAG_REPLICA else 0)
             replica = bool(flags & _FLAG_REPLICA)
-            out.append(Frame(pos, body_end, False, offset, fire_ms, replica))
+            copy = bool(flags & _FLAG_COPY)
+            out.append(Frame(pos, body_end, False, offset, fire_ms, replica, copy))
         pos = body_end
     return out, pos
 

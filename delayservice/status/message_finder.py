@@ -2,9 +2,11 @@
 
 The message's own record says when it is due and where it goes; then its target says
 whether it was forwarded, the dead-letter topic whether it was given up, and for
-precise mode its partition whether a cancel was written. An exact id names its
-partition of the precise topic, so only that partition is read; a level id may be on
-any level, so every level partition in the window is.
+precise mode its partition which cancels and reschedules were written, and the
+outcomes topic what the daemon did with each (`marker_trail`): a moved message is due
+when its last move says. An exact id names its partition of the precise topic, so
+only that partition is read; a level id may be on any level, so every level partition
+in the window is.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from delayservice.envelope import H_CANCEL, H_ID, H_TARGET
+from delayservice.envelope import H_CANCEL, H_ID, H_RESCHEDULE, H_TARGET
 from delayservice.kafka import client_config
-from delayservice.precise.ids import named_partition
-from delayservice.precise.precise_worker import LEVEL_NAME
+from delayservice.precise.ids import named_place
+from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
+from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head
+from delayservice.status.marker_trail import Marker, calls_off, moved_due_ms, read_replies
 from delayservice.status.pending_report import level_due_ms, precise_due_ms
 from delayservice.status.topic_scan import Headers, Hit, TopicScan, header_text
 from delayservice.worker import dead_letter as dl
@@ -43,7 +47,12 @@ class Whereabouts:
     target: str | None = None
     forwarded: list[Hit] = field(default_factory=list)
     dead_letters: list[Hit] = field(default_factory=list)
-    cancels: list[Hit] = field(default_factory=list)
+    cancels: list[Marker] = field(default_factory=list)
+    reschedules: list[Marker] = field(default_factory=list)
+    original_due_ms: int | None = None
+    """The due time the message was sent with; `due_ms` is the last move's, if any."""
+    outcomes_topic: str | None = None  # where replies to its markers are read from
+    outcomes_read: bool | None = None  # None: no marker to ask about; False: no such topic
     searched: list[str] = field(default_factory=list)
     records_read: int = 0
 
@@ -61,6 +70,7 @@ class Whereabouts:
             "state": self.state,
             "level": self.level,
             "due_ms": self.due_ms,
+            "original_due_ms": self.original_due_ms,
             "target": self.target,
             "source": hit(self.source) if self.source else None,
             "forwarded": [hit(h) for h in self.forwarded],
@@ -68,7 +78,10 @@ class Whereabouts:
                 {**hit(h), "reason": h.headers.get(dl.H_REASON, b"").decode(errors="replace")}
                 for h in self.dead_letters
             ],
-            "cancels": [hit(h) for h in self.cancels],
+            "cancels": [m.as_json() for m in self.cancels],
+            "reschedules": [m.as_json() for m in self.reschedules],
+            "outcomes_topic": self.outcomes_topic,
+            "outcomes_read": self.outcomes_read,
             "searched_since_ms": self.since_ms,
             "searched": self.searched,
             "records_read": self.records_read,
@@ -102,30 +115,34 @@ def _is(message_id: str) -> Callable[[Headers], bool]:
     return match
 
 
+@dataclass(frozen=True)
+class PreciseHome:
+    """Where an exact message and its markers are, and where the daemon answers them."""
+
+    topic: str
+    partition: int
+    outcomes_topic: str
+    far: bool = False
+
+
+def precise_home(settings: Settings, message_id: str) -> PreciseHome | None:
+    """The precise topic (or the far one) and partition an exact id names; None for any
+    other id, or with precise mode off."""
+    place = named_place(message_id)
+    if not settings.precise or place is None:
+        return None
+    topic = settings.precise_far_topic if place.far else settings.precise_topic
+    return PreciseHome(topic, place.partition, settings.precise_outcomes_topic, place.far)
+
+
 def _locate(
     scan: TopicScan, settings: Settings, out: Whereabouts, on_read: Callable[[int], None] | None
 ) -> None:
-    """Find the message's own record (and, in precise mode, cancels of it)."""
+    """Find the message's own record (and, in precise mode, its markers)."""
+    home = precise_home(settings, out.message_id)
+    if home is not None and _locate_exact(scan, home, out, on_read):
+        return
     message_id = out.message_id
-    partition = named_partition(message_id)
-    if settings.precise and partition is not None:
-        topic = settings.precise_topic
-        plan = scan.planned(topic, [partition], out.since_ms)
-        out.searched.append(f"{topic}[{partition}]")
-
-        def ours(headers: Headers) -> bool:
-            return header_text(headers, H_ID) == message_id or (
-                header_text(headers, H_CANCEL) == message_id
-            )
-
-        for hit in scan.scan(topic, plan, ours, on_read):
-            if H_CANCEL in hit.headers:
-                out.cancels.append(hit)
-            elif out.source is None:
-                out.source, out.level = hit, LEVEL_NAME
-        if out.source is not None:
-            out.due_ms = precise_due_ms(_head(out.source))
-            return
     for level in settings.level_set():
         partitions = scan.partitions(level.topic)
         if partitions is None:
@@ -139,8 +156,46 @@ def _locate(
         )
         if found:
             out.source, out.level = found[0], level.name
-            out.due_ms = level_due_ms(level, _head(found[0]))
+            out.original_due_ms = out.due_ms = level_due_ms(level, _head(found[0]))
             return
+
+
+def _locate_exact(
+    scan: TopicScan, home: PreciseHome, out: Whereabouts, on_read: Callable[[int], None] | None
+) -> bool:
+    """Read the partition an exact id names for the message and its markers, then the
+    replies to them; False when the message is not there."""
+    message_id = out.message_id
+    plan = scan.planned(home.topic, [home.partition], out.since_ms)
+    out.searched.append(f"{home.topic}[{home.partition}]")
+
+    def ours(headers: Headers) -> bool:
+        return (
+            header_text(headers, H_ID) == message_id
+            or header_text(headers, H_CANCEL) == message_id
+            or header_text(headers, H_RESCHEDULE) == message_id
+        )
+
+    for hit in scan.scan(home.topic, plan, ours, on_read):
+        if H_CANCEL in hit.headers:
+            out.cancels.append(Marker(CANCEL, hit))
+        elif H_RESCHEDULE in hit.headers:
+            out.reschedules.append(Marker(RESCHEDULE, hit))
+        elif out.source is None:
+            out.source, out.level = hit, (FAR_LEVEL_NAME if home.far else LEVEL_NAME)
+    if out.source is None:
+        return False
+    out.original_due_ms = out.due_ms = precise_due_ms(_head(out.source))
+    markers = [*out.cancels, *out.reschedules]
+    if markers:
+        out.outcomes_topic = home.outcomes_topic
+        out.outcomes_read = read_replies(scan, home.outcomes_topic, markers, on_read)
+        if out.outcomes_read:
+            out.searched.append(home.outcomes_topic)
+    moved = moved_due_ms(out.reschedules)
+    if moved is not None:
+        out.due_ms = moved
+    return True
 
 
 def _head(hit: Hit) -> Head:
@@ -182,7 +237,7 @@ def _follow(
         out.state = FORWARDED
     elif out.dead_letters:
         out.state = DEAD_LETTERED
-    elif out.cancels:
+    elif calls_off(out.cancels):
         out.state = CANCELLED
     elif out.due_ms is not None and out.due_ms <= out.now_ms:
         out.state = OVERDUE

@@ -24,7 +24,7 @@ from delayservice.kafka import client_config
 from delayservice.levels import Level
 from delayservice.precise.cancel_log import pending_cancels
 from delayservice.precise.data_dir import cancel_log_path
-from delayservice.precise.precise_worker import LEVEL_NAME, precise_group_id
+from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME, precise_group_id
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head, PartitionBacklog, backlog
 from delayservice.status.precise_census import Census, take_census
@@ -38,7 +38,7 @@ HELD_METRIC = "delayservice_buffered_messages"
 
 @dataclass
 class PendingRow:
-    """One level, or precise mode (`level` "exact")."""
+    """One level, or a precise topic (`level` "exact", or "exact-far" for the far one)."""
 
     level: str
     topic: str
@@ -57,7 +57,7 @@ class PendingRow:
     @property
     def waiting(self) -> int:
         """Every message not yet delivered that this report can see."""
-        if self.level == LEVEL_NAME:
+        if self.level in (LEVEL_NAME, FAR_LEVEL_NAME):
             return self.in_kafka + (self.held or 0)
         return self.in_kafka
 
@@ -153,11 +153,14 @@ def precise_row(
     now_ms: int,
     data_dir: Path | None,
     on_file: Callable[[int], None] | None = None,
+    *,
+    far: bool = False,
 ) -> PendingRow:
-    """Precise mode: the intake's backlog in Kafka, per owner member's group, and a
-    census of the data directory when it is on this host."""
+    """A precise topic (the far one with `far`): the intake's backlog in Kafka, per
+    owner member's group, and a census of its data directory when that is on this host
+    (each message once, by the copy the daemon would send)."""
     client = client_config.common(settings)
-    topic = settings.precise_topic
+    topic = settings.precise_far_topic if far else settings.precise_topic
     parts: list[PartitionBacklog] = []
     members = settings.precise_members
     for member in range(members):  # each partition's owner commits its intake
@@ -165,9 +168,9 @@ def precise_row(
         def owned(partition: int, member: int = member) -> bool:
             return partition % members == member
 
-        parts += backlog(client, precise_group_id(settings, member), topic, owned)
+        parts += backlog(client, precise_group_id(settings, member, far=far), topic, owned)
     row = PendingRow(
-        LEVEL_NAME,
+        FAR_LEVEL_NAME if far else LEVEL_NAME,
         topic,
         in_kafka=sum(p.waiting for p in parts),
         held=None,

@@ -8,18 +8,22 @@ daemon: a file deleted meanwhile is skipped (its records were settled), and a to
 tail ends the walk as it would a restart.
 
 A message whose cancel the daemon holds (its cancel file) is not counted, though it
-stays on disk until its slot is loaded. What a census cannot see: during a span split,
+stays on disk until its slot is loaded. A rescheduled message has several copies on
+disk, and the reschedule log names the live one: only that one counts, at its own due
+time, as the wheel would send only it. What a census cannot see: during a span split,
 records copied to their slots and not yet deleted from the span count twice until the
 split deletes the span (seconds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from delayservice.precise.slot_file import frame_length, frames, message_id_of
+from delayservice.precise.data_dir import reschedule_log_path
+from delayservice.precise.reschedule_log import Move, pending_moves
+from delayservice.precise.slot_file import Frame, frame_length, frames, message_id_of
 from delayservice.precise.slot_store import partition_dirs
 from delayservice.status import due_buckets
 
@@ -60,13 +64,18 @@ def take_census(
     on_file: Callable[[int], None] | None = None,
 ) -> Census:
     """Count what `root` (one precise topic's directory of an instance) holds, leaving
-    out the ids in `cancelled`; `on_file(bytes)` is called after each file."""
+    out the ids in `cancelled` and the copies its reschedule log does not name live;
+    `on_file(bytes)` is called after each file."""
     census = Census()
     if not root.is_dir():
         return census
+    # The log before the files: a move made while the files are walked writes its copy
+    # before its entry, so that copy is an orphan or superseded here and the message
+    # counts once, by the copy this reading names (or its original).
+    skip = _Skip(cancelled or (), pending_moves(reschedule_log_path(root.parent, root.name)))
     for _partition, entries in partition_dirs(root):
         for _key, path, _size in entries:
-            size = _count_file(path, now_ms, census, cancelled or ())
+            size = _count_file(path, now_ms, census, skip)
             census.files += 1
             census.bytes += size
             if on_file is not None:
@@ -74,7 +83,30 @@ def take_census(
     return census
 
 
-def _count_file(path: str, now_ms: int, census: Census, cancelled: Container[str]) -> int:
+class _Skip:
+    """Which record frames will never be sent: their id is cancelled, or another copy
+    of it is live (`RescheduleLog.superseded` decides the same for the wheel)."""
+
+    def __init__(self, cancelled: Container[str], moves: Mapping[str, Move]) -> None:
+        self._cancelled = cancelled
+        self._moves = moves
+
+    def __call__(self, data: bytes, frame: Frame) -> bool:
+        moves = self._moves
+        if not (frame.copy or moves or self._cancelled):
+            return False  # the common case: no id to read
+        message_id = message_id_of(data, frame)
+        if message_id is None:
+            return frame.copy  # not an id any entry can name: a copy of it is an orphan
+        if message_id in self._cancelled:
+            return True
+        move = moves.get(message_id)
+        if move is None:
+            return frame.copy  # a copy no entry names: its move did not complete
+        return frame.offset != move.version
+
+
+def _count_file(path: str, now_ms: int, census: Census, skip: _Skip) -> int:
     """Add one file's unsettled records to `census`; returns the bytes read."""
     records: dict[int, tuple[int, bool]] = {}  # offset -> (due ms, replica)
     settled: set[int] = set()
@@ -90,7 +122,7 @@ def _count_file(path: str, now_ms: int, census: Census, cancelled: Container[str
                 for frame in found:
                     if frame.settled:
                         settled.add(frame.offset)
-                    elif cancelled and message_id_of(data, frame) in cancelled:
+                    elif skip(data, frame):
                         settled.add(frame.offset)  # will never be sent
                     else:
                         records[frame.offset] = (frame.fire_ms, frame.replica)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,12 +102,48 @@ class TopicScan:
         on_read: Callable[[int], None] | None = None,
     ) -> list[Hit]:
         """Every record of `plan` whose headers `keep` accepts, in read order."""
+        hits: list[Hit] = []
+
+        def look(record: Any) -> None:
+            headers = readable_headers(record)
+            if headers and keep(headers):
+                hits.append(_hit(topic, record, headers))
+
+        self._read(topic, plan, look, on_read)
+        return hits
+
+    def scan_keys(
+        self,
+        topic: str,
+        plan: dict[int, tuple[int, int]],
+        keys: Container[bytes],
+        on_read: Callable[[int], None] | None = None,
+    ) -> list[tuple[bytes, bytes | None]]:
+        """(key, value) of every record of `plan` whose key is one of `keys`, in read
+        order. Headers are never read: a topic keyed by what it answers needs none."""
+        found: list[tuple[bytes, bytes | None]] = []
+
+        def look(record: Any) -> None:
+            key = record.key()
+            if isinstance(key, bytes) and key in keys:
+                found.append((key, record.value()))
+
+        self._read(topic, plan, look, on_read)
+        return found
+
+    def _read(
+        self,
+        topic: str,
+        plan: dict[int, tuple[int, int]],
+        look: Callable[[Any], None],
+        on_read: Callable[[int], None] | None,
+    ) -> None:
+        """Hand every record of `plan` to `look`, once, in read order."""
         if not plan:
-            return []
+            return
         consumer = self._consumer
         consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in plan.items()])
         ends = {p: end for p, (_, end) in plan.items()}
-        hits: list[Hit] = []
         last_read = time.monotonic()
         try:
             while ends:
@@ -127,21 +163,7 @@ class TopicScan:
                         raise DelayServiceError(f"reading {topic}[{partition}]: {error.str()}")
                     if error is None:
                         read += 1
-                        headers = readable_headers(record)
-                        if headers and keep(headers):
-                            hits.append(
-                                Hit(
-                                    topic,
-                                    partition,
-                                    offset,
-                                    record.timestamp()[1],
-                                    {
-                                        k: v if isinstance(v, bytes) else str(v).encode()
-                                        for k, v in headers
-                                        if v is not None
-                                    },
-                                )
-                            )
+                        look(record)
                     if error is not None or offset + 1 >= end:
                         del ends[partition]  # the end of its window (or of the partition)
                 if batch:
@@ -151,4 +173,13 @@ class TopicScan:
                     on_read(read)
         finally:
             consumer.unassign()
-        return hits
+
+
+def _hit(topic: str, record: Any, headers: Headers) -> Hit:
+    return Hit(
+        topic,
+        record.partition() or 0,
+        record.offset() or 0,
+        record.timestamp()[1],
+        {k: v if isinstance(v, bytes) else str(v).encode() for k, v in headers if v is not None},
+    )
