@@ -15,6 +15,14 @@ Each side is read at its own isolation level (see isolation.py): the delay topic
 daemon reads them, the target topics as the audit was asked to. The pinned end offsets
 come from a consumer at the same level, so a read_committed range ends at the last
 stable offset and never waits on a transaction that is still open.
+
+With precise mode on, the outcomes topic (the daemon's replies to cancel and reschedule
+markers) is read too, as the delay topics are, and pinned last: the daemon may forward
+a moved copy before its reply is written, and a delivery read without the reply that
+moved it would look early. It is read from `--since` (less the clock skew: replies carry
+the daemon host's clock) to its end, since a message accepted in the window may be
+moved at any time after. An older deployment has no outcomes topic; the audit then
+knows of no reschedules and says so.
 """
 
 from __future__ import annotations
@@ -48,6 +56,11 @@ daemon host's clock, acceptance times from the broker's, and the two may disagre
 
 KEPT = ("topic", "partition", "offset", "timestamp", "headers")
 """Columns the audit uses; keys and values (the payload) are dropped before caching."""
+REPLY_COLUMNS = ("topic", "partition", "offset", "timestamp", "key", "value")
+"""A marker reply says everything in its key and value, and carries no payload."""
+
+NO_OUTCOMES = "no reschedule is known, so each message is judged by its own due time"
+"""What an audit without the outcomes topic cannot know (an older deployment)."""
 
 Progress = Callable[[str], None]
 """Where the job reports what it is doing, one line at a time."""
@@ -82,14 +95,26 @@ class Window:
 
 
 @dataclass
+class Outcomes:
+    """The replies to markers, read from the outcomes topics that exist."""
+
+    records: DataFrame
+    ranges: Ranges
+    absent: list[str] = field(default_factory=list)
+    """Outcomes topics precise mode should have and the broker does not."""
+
+
+@dataclass
 class Extracted:
-    """Raw Kafka rows of both sides plus the pinned ranges they came from."""
+    """Raw Kafka rows of both sides and the replies to markers, with the pinned ranges
+    they came from."""
 
     delay_records: DataFrame
     target_records: DataFrame
     delay_ranges: Ranges
     target_ranges: Ranges
     as_of_ms: int
+    outcomes: Outcomes
     targets: list[str] = field(default_factory=list)
     target_isolation: Isolation = DEFAULT
     delay_isolation: Isolation = DEFAULT
@@ -294,11 +319,62 @@ def precise_topic(settings: Settings) -> str | None:
     return settings.precise_topic if settings.precise else None
 
 
+def precise_topics(settings: Settings) -> list[str]:
+    """Every topic that holds precise-mode messages (level `exact`): the precise topic
+    and the far one; none when precise mode is off."""
+    main = precise_topic(settings)
+    return [] if main is None else [main, settings.precise_far_topic]
+
+
+def outcomes_topics(settings: Settings) -> list[str]:
+    """Where the daemon replies to the markers sent to `precise_topics`."""
+    return [settings.precise_outcomes_topic] if settings.precise else []
+
+
 def delay_topics(settings: Settings) -> list[str]:
-    """Every topic that accepts delayed messages: the levels', then the precise topic."""
-    topics = [level.topic for level in settings.level_set()]
-    precise = precise_topic(settings)
-    return [*topics, precise] if precise is not None else topics
+    """Every topic that accepts delayed messages: the levels', then the precise ones."""
+    return [*(level.topic for level in settings.level_set()), *precise_topics(settings)]
+
+
+def pin_outcomes(
+    settings: Settings, topics: list[str], since_ms: int | None, isolation: Isolation
+) -> Ranges:
+    """The outcomes topics' ranges, from `since_ms` (or their start) to their end now;
+    a topic that does not exist is left out."""
+    resolver = OffsetResolver(settings, isolation)
+    try:
+        return resolver.ranges(topics, start=EARLIEST, end=LATEST, since_ms=since_ms)
+    finally:
+        resolver.close()
+
+
+def read_outcomes(
+    spark: SparkSession,
+    settings: Settings,
+    window: Window,
+    *,
+    kafka_options: Mapping[str, str],
+    progress: Progress,
+    isolation: Isolation,
+) -> Outcomes:
+    """Pin and read the outcomes topics (see the module's docstring for when and why)."""
+    topics = outcomes_topics(settings)
+    since = None if window.since_ms is None else window.since_ms - CLOCK_SKEW_MS
+    ranges = pin_outcomes(settings, topics, since, isolation) if topics else {}
+    absent = [topic for topic in topics if topic not in ranges]
+    for topic in absent:
+        progress(f"outcomes topic {topic} does not exist: {NO_OUTCOMES}")
+    if ranges:
+        progress(
+            f"outcomes topic {', '.join(ranges)} ({isolation.value}): "
+            f"{record_count(ranges)} records"
+        )
+    records = (
+        read_kafka(spark, settings.bootstrap_servers, ranges, kafka_options, isolation)
+        .select(*REPLY_COLUMNS)
+        .persist()
+    )
+    return Outcomes(records, ranges, absent)
 
 
 def extract(
@@ -311,8 +387,9 @@ def extract(
     progress: Progress,
     isolation: Isolation = DEFAULT,
 ) -> Extracted:
-    """Pin both sides, read the delay topics, discover targets unless given, read those
-    (the target topics at `isolation`, the delay topics as the daemon reads them)."""
+    """Pin both sides, read the delay topics, discover targets unless given, read those,
+    then the outcomes topics (the target topics at `isolation`, the others as the daemon
+    reads them)."""
     levels = settings.level_set()
     daemon_isolation = of_daemon(settings)
     resolver = OffsetResolver(settings, daemon_isolation)
@@ -328,9 +405,10 @@ def extract(
         if not delay_ranges:
             names = f"{levels.levels[0].topic}..{levels.levels[-1].topic}"
             check = "levels and topic_prefix"
-            precise = precise_topic(settings)
-            if precise is not None:
-                names, check = f"{names} or {precise}", "levels, topic_prefix and precise_topic"
+            precise = precise_topics(settings)
+            if precise:
+                names = f"{names} or {', '.join(precise)}"
+                check = "levels, topic_prefix and precise_topic"
             raise AuditError(f"none of the delay topics {names} exists; check the {check} settings")
         progress(
             f"delay topics ({daemon_isolation.value}): {record_count(delay_ranges)} records "
@@ -367,12 +445,21 @@ def extract(
         .select(*KEPT)
         .persist()
     )
+    outcomes = read_outcomes(
+        spark,
+        settings,
+        window,
+        kafka_options=kafka_options,
+        progress=progress,
+        isolation=daemon_isolation,
+    )
     return Extracted(
         delay_records,
         target_records,
         delay_ranges,
         target_ranges,
         as_of_ms,
+        outcomes,
         targets,
         target_isolation=isolation,
         delay_isolation=daemon_isolation,

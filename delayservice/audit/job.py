@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, transform
 from delayservice.audit.extract import (
+    NO_OUTCOMES,
     Extracted,
     Progress,
     Window,
     extract,
     precise_topic,
+    precise_topics,
     record_count,
 )
 from delayservice.audit.isolation import DEFAULT, Isolation, refuse_explicit
@@ -79,6 +81,12 @@ class AuditReport:
     @property
     def exit_code(self) -> int:
         return EXIT_OK if self.ok else EXIT_VIOLATIONS
+
+    @property
+    def note(self) -> str | None:
+        """What the audit could not take into account, if anything."""
+        note = self.document["reschedules"]["note"]
+        return None if note is None else str(note)
 
 
 def _log_progress(message: str) -> None:
@@ -146,16 +154,18 @@ def audit(
         records_read = {
             "delay_topics": data.delay_records.count(),
             "target_topics": data.target_records.count(),
+            "outcomes_topics": data.outcomes.records.count(),
         }
-        precise = precise_topic(settings)
+        precise = precise_topics(settings)
         accepted = transform.accepted(
-            data.delay_records, levels, options.targets, precise_topic=precise
+            data.delay_records, levels, options.targets, precise_topics=precise
         )
         delivered = transform.deliveries(data.target_records)
         messages = transform.reconcile(
             accepted,
             transform.cancels(data.delay_records, precise),
             delivered,
+            transform.moves(data.outcomes.records, precise),
             as_of_ms=data.as_of_ms,
             grace_ms=options.grace_ms,
         )
@@ -166,11 +176,13 @@ def audit(
         progress("counting per level and per target")
         rows = transform.collect_summary(transform.summarize(written))
         unmatched = transform.unmatched(delivered, accepted)
+        moved = transform.moved_count(written)
         progress("plotting lateness per level")
         plot = load.plot_lateness(transform.lateness_histogram(written), rows, options.out_dir)
     finally:
         data.delay_records.unpersist()
         data.target_records.unpersist()
+        data.outcomes.records.unpersist()
     outputs = {"messages": parquet, "plot": plot, "summary": options.out_dir / load.SUMMARY}
     document = _document(
         settings,
@@ -179,11 +191,25 @@ def audit(
         rows=rows,
         records_read=records_read,
         unmatched=unmatched,
+        moved=moved,
         outputs=outputs,
         seconds=time.monotonic() - started,
     )
     load.write_summary(document, options.out_dir)
     return AuditReport(rows, document, outputs)
+
+
+def _reschedules(data: Extracted, moved: int) -> dict[str, Any]:
+    """Where the moves came from, how many messages they moved, and a note when the
+    outcomes topic is absent: the audit then judges a moved message by its old time."""
+    absent = data.outcomes.absent
+    note = None
+    if absent:
+        note = (
+            f"outcomes topic {', '.join(absent)} does not exist (a deployment from before "
+            f"reschedules): {NO_OUTCOMES}"
+        )
+    return {"outcomes_topics": sorted(data.outcomes.ranges), "messages_moved": moved, "note": note}
 
 
 def _document(
@@ -194,13 +220,13 @@ def _document(
     rows: list[SummaryRow],
     records_read: dict[str, int],
     unmatched: int,
+    moved: int,
     outputs: dict[str, Path],
     seconds: float,
 ) -> dict[str, Any]:
     total = next(r for r in rows if r.scope == "total")
-    ok = total.counts["missing"] == 0 and total.counts["early"] == 0
     return {
-        "ok": ok,
+        "ok": transform.promises_kept(total.counts),
         # Duplicates are what a reader at this level sees: read_uncommitted counts the
         # copies aborted transactions left on the target topics, read_committed does not.
         "isolation": {
@@ -220,7 +246,9 @@ def _document(
         "offsets_spanned": {
             "delay_topics": record_count(data.delay_ranges),
             "target_topics": record_count(data.target_ranges),
+            "outcomes_topics": record_count(data.outcomes.ranges),
         },
+        "reschedules": _reschedules(data, moved),
         "unmatched_deliveries": unmatched,
         "total": total.as_dict(),
         "by_level": [r.as_dict() for r in rows if r.scope == "level"],

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import PRECISE_LEVEL
-from delayservice.audit.transform import COUNTS, SummaryRow
+from delayservice.audit.transform import BROKEN, COUNTS, SummaryRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,7 +88,7 @@ def plot_lateness(
     out_dir: Path,
 ) -> Path:
     """One histogram per level (the precise topic's `exact` last), with its p50/p95/p99
-    marked and 'due' at zero."""
+    marked, 'due' at zero, and its broken promises in the title."""
     # A bare Figure renders with Agg and leaves pyplot's global state (and backend) alone.
     from matplotlib.figure import Figure  # optional extra, heavy: import only when auditing
 
@@ -147,7 +147,7 @@ def _panel(
         ax.legend(fontsize=7, loc="upper right")
     ax.axvline(0, color="#c44e52", linewidth=1)
     ax.set_ylabel("messages")
-    faults = "".join(f", {row.counts[k]} {k}" for k in ("missing", "early") if row.counts[k])
+    faults = "".join(f", {row.counts[k]} {k}" for k in BROKEN if row.counts[k])
     # The precise topic's index only sorts it last; it is no level number.
     name = "precise topic" if row.level == PRECISE_LEVEL else f"level {row.level_index}"
     ax.set_title(

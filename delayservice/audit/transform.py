@@ -3,10 +3,12 @@
 Nothing here talks to Kafka, so every rule can be tested on a handful of rows built in
 the test. The rules:
 
-- accepted: a delay-topic record with a valid version-1 envelope. Its due time follows
-  the daemon's rule (`worker/sender.py`, `precise/admission.py`), recomputed here rather
-  than trusted from the daemon, from the record's timestamp (LogAppendTime, the broker's clock):
-  on a level topic, append time + max(level delay, `delay-ms`), and never before
+- accepted: a delay-topic record with a valid version-1 envelope that is not a marker
+  (a record carrying `delay-cancel` or `delay-reschedule` is one whatever else it
+  carries, as the precise intake reads it). Its due time follows the daemon's rule
+  (`worker/sender.py`, `precise/admission.py`), recomputed here rather than trusted from
+  the daemon, from the record's timestamp (LogAppendTime, the broker's clock): on a
+  level topic, append time + max(level delay, `delay-ms`), and never before
   `delay-due-ms` when the envelope carries one, since the envelope only ever asks for
   more; on the precise topic (precise mode, shown as level `exact`), which has no level
   delay, max(append time + `delay-ms`, `delay-due-ms`). An id accepted twice counts
@@ -32,16 +34,47 @@ the test. The rules:
   accepted = delivered + missing + pending + (cancelled and not delivered).
 - missing: not delivered, not cancelled, and due plus the grace period had passed when
   the audit pinned its input. Not yet that old: pending, judged by a later audit.
+- moved: a message rescheduled by id (precise mode) is due when its last move says, not
+  when its own record says. The daemon answers each reschedule marker on the outcomes
+  topic (`precise/marker_replies.py`), keyed by where the marker landed; a marker's
+  record says only what was asked, its reply what was done. A move is matched by id
+  alone: the daemon answers `moved` only for a message it holds. A reply counts when
+  it is a version-1 JSON object saying a reschedule `moved` a non-empty id to a
+  `due_ms`, and its key names a marker on a precise topic; anything else, malformed or
+  not, changes nothing, since whoever can write the precise topic can write the
+  outcomes topic too. Replies are deduplicated by key (owner and replica answer the
+  same marker, and a marker read again after a crash is answered again): the first
+  `moved` reply per key stands. Of an id's moved markers the one with the highest
+  offset wins: all markers for one id go to the partition that holds it, in the order
+  they were sent, and a later marker replaces an earlier one's move whatever order the
+  replies came in. The winner's `due_ms` is the due time for early, lateness, missing,
+  pending and whether a cancel came in time. Other outcomes (`too_late`, `unmatched`,
+  `cancelled`, `refused`, `superseded`) leave the due time as it was.
+- superseded: a moved message with a delivered copy whose `delay-due-ms` is not the due
+  time its last move gave it: a copy sent at a time a later reschedule had replaced
+  (its own record's, or an earlier move's). Any copy counts, not only the first. The
+  message was promised at one time and went out at another, so this breaks a promise
+  as early and missing do (`BROKEN`). A copy without `delay-due-ms` cannot be judged
+  and is not counted.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import H_CANCEL, PRECISE_LEVEL
-from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_TARGET, H_VERSION, VERSION
+from delayservice.envelope import (
+    H_DELAY_MS,
+    H_DUE_MS,
+    H_ID,
+    H_RESCHEDULE,
+    H_TARGET,
+    H_VERSION,
+    VERSION,
+)
 from delayservice.levels import LevelSet
 
 if TYPE_CHECKING:
@@ -49,11 +82,34 @@ if TYPE_CHECKING:
 
     from pyspark.sql import Column, DataFrame
 
-COUNTS = ("accepted", "delivered", "missing", "duplicated", "early", "cancelled", "pending")
+COUNTS = (
+    "accepted",
+    "delivered",
+    "missing",
+    "duplicated",
+    "early",
+    "superseded",
+    "cancelled",
+    "pending",
+)
+BROKEN = ("missing", "early", "superseded")
+"""The counts that are broken promises: any one of them fails the audit."""
+REPLY_SCHEMA = (
+    "v int, kind string, id string, outcome string, due_ms bigint, member int, role string"
+)
+"""A marker reply's JSON (`precise/marker_replies.py`). A field of another JSON type
+reads as null (a number where a string is expected reads as its text)."""
+REPLY_KEY = r"^(.+):([0-9]+):([0-9]+)$"
+"""`topic:partition:offset` of the marker a reply answers; Kafka topic names hold no colon."""
 PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 LATENESS = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
 SCOPES = {0: "level+target", 1: "level", 2: "target", 3: "total"}
 """Spark's grouping_id for cube(level, target), named."""
+
+
+def promises_kept(counts: Mapping[str, int]) -> bool:
+    """The audit's verdict on one row of counts (the total decides the exit status)."""
+    return all(counts[name] == 0 for name in BROKEN)
 
 
 def _functions() -> ModuleType:
@@ -88,6 +144,7 @@ def _parsed_delay_side(delay_records: DataFrame) -> DataFrame:
         header(H_DUE_MS).alias("due_text"),
         header(H_DUE_MS).try_cast("bigint").alias("requested_due_ms"),
         header(H_CANCEL).alias("cancel_id"),
+        header(H_RESCHEDULE).alias("reschedule_id"),
     )
 
 
@@ -107,6 +164,7 @@ def _valid(parsed: DataFrame) -> DataFrame:
     F = _functions()  # noqa: N806
     return parsed.where(
         F.col("cancel_id").isNull()
+        & F.col("reschedule_id").isNull()
         & (F.col("version") == str(VERSION))
         & (F.length("id") > 0)
         & (F.length("target") > 0)
@@ -121,22 +179,21 @@ def accepted(
     levels: LevelSet,
     targets: list[str] | None = None,
     *,
-    precise_topic: str | None = None,
+    precise_topics: Sequence[str] = (),
 ) -> DataFrame:
     """One row per accepted id: level, requested delay, append time and due time.
 
     With `targets`, only messages bound for those topics: the others' deliveries are not
-    read, and counting them would report every one of them as missing. With
-    `precise_topic` (precise mode on), its messages count too, as level `exact`, indexed
-    after the last level so tables and plots show it last; its level delay is null.
+    read, and counting them would report every one of them as missing. The messages of
+    `precise_topics` (precise mode on) count too, as level `exact`, indexed after the
+    last level so tables and plots show it last; its level delay is null.
     """
     F = _functions()  # noqa: N806
     spark = delay_records.sparkSession
     topics: list[tuple[str, int, str, int | None]] = [
         (lv.topic, lv.index, lv.name, lv.delay_ms) for lv in levels
     ]
-    if precise_topic is not None:
-        topics.append((precise_topic, len(levels) + 1, PRECISE_LEVEL, None))
+    topics.extend((topic, len(levels) + 1, PRECISE_LEVEL, None) for topic in precise_topics)
     level_rows = spark.createDataFrame(
         topics, "topic string, level_index int, level string, level_delay_ms bigint"
     )
@@ -150,25 +207,76 @@ def accepted(
         valid.groupBy("id")
         .agg(first.alias("r"), F.count("*").alias("accepted_copies"))
         .select("id", "r.*", "accepted_copies")
-        .drop("version", "cancel_id", "due_text")
+        .drop("version", "cancel_id", "reschedule_id", "due_text")
         .withColumn("due_ms", due_ms)
     )
 
 
-def cancels(delay_records: DataFrame, precise_topic: str | None = None) -> DataFrame:
-    """The earliest cancel marker per id and place: `cancel_partition` is the partition
-    of a marker on `precise_topic`, null for one on a level topic (see the module's rules
-    for which place counts for which message)."""
+def cancels(delay_records: DataFrame, precise_topics: Sequence[str] = ()) -> DataFrame:
+    """The earliest cancel marker per id and place: `cancel_topic` and `cancel_partition`
+    say where a marker on one of `precise_topics` landed, both null for one on a level
+    topic (see the module's rules for which place counts for which message)."""
     F = _functions()  # noqa: N806
     parsed = _parsed_delay_side(delay_records)
-    on_precise = F.lit(False) if precise_topic is None else F.col("topic") == precise_topic
+    on_precise = F.col("topic").isin(list(precise_topics))
     return (
         parsed.where(F.length("cancel_id") > 0)
         .groupBy(
             F.col("cancel_id").alias("id"),
+            F.when(on_precise, F.col("topic")).alias("cancel_topic"),
             F.when(on_precise, F.col("partition")).alias("cancel_partition"),
         )
         .agg(F.min("append_ms").alias("cancel_ms"))
+    )
+
+
+def replies(outcome_records: DataFrame) -> DataFrame:
+    """Every record of the outcomes topics read as a marker reply: where its marker
+    landed (null when the key does not say) and the fields of its JSON value (null when
+    the value is not a JSON object, field by field when one has the wrong type)."""
+    F = _functions()  # noqa: N806
+    key = F.col("key").cast("string")
+    value = F.from_json(F.col("value").cast("string"), REPLY_SCHEMA)
+    return (
+        outcome_records.select(
+            F.col("offset").alias("reply_offset"),
+            key.alias("marker"),
+            F.nullif(F.regexp_extract(key, REPLY_KEY, 1), F.lit("")).alias("marker_topic"),
+            F.regexp_extract(key, REPLY_KEY, 2).try_cast("int").alias("marker_partition"),
+            F.regexp_extract(key, REPLY_KEY, 3).try_cast("bigint").alias("marker_offset"),
+            value.alias("reply"),
+        )
+        .select("*", "reply.*")
+        .drop("reply")
+    )
+
+
+def moves(outcome_records: DataFrame, precise_topics: Sequence[str]) -> DataFrame:
+    """Per message id, the due time its last move gave it (`moved_due_ms`) and the marker
+    that decided (`moved_by`, as `topic:partition:offset`); ids never moved are absent."""
+    F = _functions()  # noqa: N806
+    moved = replies(outcome_records).where(
+        (F.col("v") == VERSION)
+        & (F.col("kind") == "reschedule")
+        & (F.col("outcome") == "moved")
+        & (F.length("id") > 0)
+        & (F.col("due_ms") >= 0)
+        & F.col("marker_topic").isin(list(precise_topics))
+        & F.col("marker_partition").isNotNull()
+        & F.col("marker_offset").isNotNull()
+    )
+    # The first moved reply per marker: the others are its other holder's, or a re-read's.
+    place = ("marker_topic", "marker_partition", "marker_offset")
+    per_marker = (
+        moved.groupBy(*place)
+        .agg(F.min_by(F.struct("id", "due_ms", "marker"), "reply_offset").alias("r"))
+        .select(*place, "r.*")
+    )
+    last = F.max_by(F.struct("due_ms", "marker"), F.struct("marker_offset", *place))
+    return (
+        per_marker.groupBy("id")
+        .agg(last.alias("m"))
+        .select("id", F.col("m.due_ms").alias("moved_due_ms"), F.col("m.marker").alias("moved_by"))
     )
 
 
@@ -185,41 +293,80 @@ def deliveries(target_records: DataFrame) -> DataFrame:
     ).where(F.length("id") > 0)
 
 
-def reconcile(
-    accepted_ids: DataFrame,
-    cancel_marks: DataFrame,
-    delivered: DataFrame,
-    *,
-    as_of_ms: int,
-    grace_ms: int,
-) -> DataFrame:
-    """One row per accepted message with its verdict; the Parquet output."""
+def _deliveries_per_id(delivered: DataFrame, moved: DataFrame) -> DataFrame:
+    """Copies per id, the first copy's place, and how many copies carry a due time the
+    id's last move replaced (null compares as unknown, and is not counted)."""
     F = _functions()  # noqa: N806
     first = F.min_by(
         F.struct("delivered_topic", "delivered_partition", "delivered_offset", "delivered_due_ms"),
         "forward_ms",
     )
-    per_id = (
-        delivered.groupBy("id")
+    stale = F.col("delivered_due_ms") != F.col("moved_due_ms")
+    return (
+        delivered.join(moved.select("id", "moved_due_ms"), "id", "left")
+        .groupBy("id")
         .agg(
             F.count("*").alias("deliveries"),
             F.min("forward_ms").alias("first_forward_ms"),
             F.max("forward_ms").alias("last_forward_ms"),
             first.alias("d"),
+            F.count_if(stale).alias("superseded_copies"),
         )
         .select("*", "d.*")
         .drop("d")
     )
-    joined = accepted_ids.join(per_id, "id", "left").withColumn(
-        "cancel_key", F.when(F.col("level") == PRECISE_LEVEL, F.col("partition"))
+
+
+def _with_cancels(joined: DataFrame, cancel_marks: DataFrame) -> DataFrame:
+    """Each message with the earliest cancel marker from where its holder reads them:
+    its own precise-topic partition for an exact message, any level topic otherwise."""
+    F = _functions()  # noqa: N806
+    exact = F.col("level") == PRECISE_LEVEL
+    keyed = joined.withColumn("cancel_key_topic", F.when(exact, F.col("topic"))).withColumn(
+        "cancel_key_partition", F.when(exact, F.col("partition"))
     )
     marks = cancel_marks.withColumnRenamed("id", "cancel_id")
-    same_place = joined["cancel_key"].eqNullSafe(marks["cancel_partition"])
-    m = (
-        joined.join(marks, (joined["id"] == marks["cancel_id"]) & same_place, "left")
-        .drop("cancel_key", "cancel_id", "cancel_partition")
-        .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
+    same_place = keyed["cancel_key_topic"].eqNullSafe(marks["cancel_topic"]) & keyed[
+        "cancel_key_partition"
+    ].eqNullSafe(marks["cancel_partition"])
+    return keyed.join(marks, (keyed["id"] == marks["cancel_id"]) & same_place, "left").drop(
+        "cancel_key_topic",
+        "cancel_key_partition",
+        "cancel_id",
+        "cancel_topic",
+        "cancel_partition",
     )
+
+
+def reconcile(
+    accepted_ids: DataFrame,
+    cancel_marks: DataFrame,
+    delivered: DataFrame,
+    moved: DataFrame,
+    *,
+    as_of_ms: int,
+    grace_ms: int,
+) -> DataFrame:
+    """One row per accepted message with its verdict; the Parquet output. `due_ms` is
+    the due time it is judged by: its last move's (`moves`), else its own record's,
+    which stays beside it as `original_due_ms`."""
+    F = _functions()  # noqa: N806
+    judged = (
+        accepted_ids.withColumnRenamed("due_ms", "original_due_ms")
+        .join(moved, "id", "left")
+        .withColumn("due_ms", F.coalesce("moved_due_ms", "original_due_ms"))
+    )
+    joined = judged.join(_deliveries_per_id(delivered, moved), "id", "left")
+    m = (
+        _with_cancels(joined, cancel_marks)
+        .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
+        .withColumn("superseded_copies", F.coalesce("superseded_copies", F.lit(0)))
+    )
+    return _verdicts(m, as_of_ms=as_of_ms, grace_ms=grace_ms)
+
+
+def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int) -> DataFrame:
+    F = _functions()  # noqa: N806
     is_delivered = F.col("deliveries") > 0
     in_time = F.col("cancel_ms") < F.col("due_ms")
     # Precise mode calls off a message it has not sent yet even after its due time (a
@@ -234,6 +381,7 @@ def reconcile(
         .withColumn("cancelled", is_cancelled)
         .withColumn("duplicated", F.col("deliveries") > 1)
         .withColumn("early", is_delivered & (F.col("first_forward_ms") < F.col("due_ms")))
+        .withColumn("superseded", F.col("superseded_copies") > 0)
         .withColumn("missing", ~is_delivered & ~is_cancelled & overdue)
         .withColumn("pending", ~is_delivered & ~is_cancelled & ~overdue)
         .withColumn("lateness_ms", F.col("first_forward_ms") - F.col("due_ms"))
@@ -245,6 +393,12 @@ def reconcile(
             .otherwise("pending"),
         )
     )
+
+
+def moved_count(messages: DataFrame) -> int:
+    """Messages judged by a due time a reschedule gave them."""
+    F = _functions()  # noqa: N806
+    return int(messages.where(F.col("moved_due_ms").isNotNull()).count())
 
 
 def unmatched(delivered: DataFrame, accepted_ids: DataFrame) -> int:

@@ -1,8 +1,8 @@
 """`delayservice audit`: the Spark job that proves nothing was lost and nothing was early.
 
 Exit status is the verdict, so the command can gate a cron job or a CI stage: 0 when
-no message is missing or early, 3 when one is, 1 when the audit could not run, 2 for
-bad options or settings.
+no message is missing, early or superseded, 3 when one is, 1 when the audit could not
+run, 2 for bad options or settings.
 """
 
 from __future__ import annotations
@@ -190,10 +190,15 @@ def audit(
     isolation: IsolationOption = DEFAULT_ISOLATION,
 ) -> None:
     """Reconcile the delay topics with the target topics on Spark; exit 3 if any message is
-    missing or early.
+    missing, early or superseded.
 
     With precise = true in the settings the precise topic is read too; its messages show
-    as level exact, and a cancel marker counts for them only on their own partition.
+    as level exact, and a cancel marker counts for them only on their own partition. The
+    daemon's replies on the outcomes topic ({precise_topic}_outcomes) say which
+    reschedules moved a message: its last move sets the due time it is judged by, and a
+    copy delivered at a time a later move replaced counts as superseded. Without that
+    topic (an older deployment) the audit says so and judges each message by its own
+    due time.
 
     Spark reads Kafka with the same settings as the daemon: the settings file's kafka and
     consumer keys are translated from librdkafka to the Java client. security.protocol
@@ -209,6 +214,7 @@ def audit(
     from delayservice.audit.job import AuditOptions, run
     from delayservice.audit.load import console_table
     from delayservice.audit.session import stderr_is_terminal
+    from delayservice.audit.transform import BROKEN
 
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     setup_logging(settings.log_level)
@@ -251,10 +257,13 @@ def audit(
         f"\nas of {report.document['as_of']}, grace {format_duration_ms(grace_ms)}; "
         f"{report.document['unmatched_deliveries']} deliveries outside the audited range"
     )
+    if report.note is not None:
+        typer.echo(f"note: {report.note}")
     for name, path in report.outputs.items():
         typer.echo(f"{name:9} {path}")
     if not report.ok:
-        typer.echo(f"FAILED: {total['missing']} missing, {total['early']} early", err=True)
+        broken = ", ".join(f"{total[name]} {name}" for name in BROKEN)
+        typer.echo(f"FAILED: {broken}", err=True)
     raise typer.Exit(report.exit_code)
 
 

@@ -1,12 +1,16 @@
 """`delayservice audit` as a real process, on the real broker, after the real daemon ran.
 
 The daemon, in precise mode beside its levels, delivers a known set of messages: level
-messages, exact ones on the precise topic, and one exact message cancelled before its
-due time. The audit of that run must pass, with the exact messages under level `exact`
-and the cancelled one counted as cancelled. Then one missing delivery (a message
-accepted on a delay topic while no daemon runs, so nothing ever forwards it) and one
-duplicated delivery (a forwarded record produced again, same headers) are planted, and
-the audit must name exactly those two and exit non-zero.
+messages, exact ones on the precise topic, one exact message cancelled before its due
+time, and two rescheduled ones: one due in a minute moved twice (to 30 s, then to 1.5 s
+after its second marker), one moved 1.5 s later. The audit of that run must pass, with
+the exact messages under level `exact`, the cancelled one counted as cancelled, and each
+moved one judged by the due time the daemon's reply to its last marker gave it (judged
+by its own record, the first would be early). Then one missing delivery (a message
+accepted on a delay topic while no daemon runs, so nothing ever forwards it), one
+duplicated delivery (a forwarded record produced again, same headers) and one superseded
+delivery (the twice-moved message again, carrying its first move's due time) are
+planted, and the audit must name exactly those and exit non-zero.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 
+from delayservice.precise.marker_replies import parse_reply
 from delayservice.producer import DelayProducer
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -70,8 +76,23 @@ def _config(settings, path: Path) -> Path:
 
 def _verdicts(spark, out: Path) -> dict[str, set[str]]:
     rows = spark.read.parquet(str(out / "messages.parquet")).collect()
-    flags = ("missing", "duplicated", "early", "cancelled")
+    flags = ("missing", "duplicated", "early", "superseded", "cancelled")
     return {flag: {r["id"] for r in rows if r[flag]} for flag in flags}
+
+
+def _rows(spark, out: Path) -> dict[str, Any]:
+    return {r["id"]: r for r in spark.read.parquet(str(out / "messages.parquet")).collect()}
+
+
+class Landed:
+    """Where each marker landed, from its delivery report: the key of its replies."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        assert err is None, err
+        self.keys.append(f"{msg.topic()}:{msg.partition()}:{msg.offset()}")
 
 
 def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, tmp_path):
@@ -79,6 +100,7 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
         partitions=2,
         precise=True,
         precise_topic=f"dp-{testbed.tag}",
+        precise_far_after="30s",  # the message sent for 60 s waits on the far topic
         data_dir=tmp_path / "data",
         precise_lookahead_s=2.0,
     )
@@ -107,21 +129,38 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     )
     precise_ids = {exact.produce(targets[i], b"exact", delay=d) for i, d in enumerate((1.3, 2.7))}
     cancelled_id = exact.produce(targets[0], b"cancelled", delay=2)
+    earlier_id = exact.produce(targets[0], b"moved earlier", delay=60)
+    later_id = exact.produce(targets[1], b"moved later", delay=2.5)
     assert exact.flush(10) == 0
     exact.cancel(cancelled_id)
+    earlier, later = Landed(), Landed()
+    exact.reschedule(earlier_id, delay=30, on_delivery=earlier)
+    exact.reschedule(earlier_id, delay=1.5, on_delivery=earlier)
+    exact.reschedule(later_id, delay=4, on_delivery=later)
     assert exact.flush(10) == 0
     assert producer.flush(10) == 0
-    cancels = {"outcome": "cancelled"}
+    sample = daemon.registry.get_sample_value
     testbed.wait_for(
         lambda: (
-            daemon.registry.get_sample_value("delayservice_precise_cancels_total", cancels) == 1
+            sample("delayservice_precise_cancels_total", {"outcome": "cancelled"}) == 1
+            and sample("delayservice_precise_reschedules_total", {"outcome": "moved"}) == 3
         ),
         10,
-        "the daemon to call off the cancelled message",
+        "the daemon to call off the cancelled message and move the rescheduled ones",
     )
-    delivered = testbed.collect(targets[0], 16) + testbed.collect(targets[1], 16)
+    delivered = testbed.collect(targets[0], 17) + testbed.collect(targets[1], 17)
     ids = {dict(r.headers())["delay-id"].decode() for r in delivered}
-    assert ids == set(sent) | precise_ids
+    assert ids == set(sent) | precise_ids | {earlier_id, later_id}
+    # One reply per marker (one daemon holds every partition): the cancel's and three moves.
+    replies = {
+        r.key().decode(): parse_reply(r.value())
+        for r in testbed.collect(settings.precise_outcomes_topic, 4)
+    }
+    assert {k: (v.message_id, v.outcome) for k, v in replies.items() if v.kind == "reschedule"} == {
+        earlier.keys[0]: (earlier_id, "moved"),
+        earlier.keys[1]: (earlier_id, "moved"),
+        later.keys[0]: (later_id, "moved"),
+    }
     daemon.stop()
     config = _config(settings, tmp_path / "audit.toml")
 
@@ -129,35 +168,62 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     assert clean.returncode == 0, clean.stdout + clean.stderr
     summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
     assert summary["ok"] is True
-    assert {
-        k: summary["total"][k]
-        for k in ("accepted", "delivered", "missing", "duplicated", "early", "cancelled", "pending")
-    } == {
-        "accepted": 33,
-        "delivered": 32,
+    counts = (
+        "accepted",
+        "delivered",
+        "missing",
+        "duplicated",
+        "early",
+        "superseded",
+        "cancelled",
+        "pending",
+    )
+    assert {k: summary["total"][k] for k in counts} == {
+        "accepted": 35,
+        "delivered": 34,
         "missing": 0,
         "duplicated": 0,
         "early": 0,
+        "superseded": 0,
         "cancelled": 1,
         "pending": 0,
     }
     assert [row["level"] for row in summary["by_level"]] == ["1s", "2s", "3s", "exact"]
     by_level = {row["level"]: row for row in summary["by_level"]}
     assert {k: by_level["exact"][k] for k in ("accepted", "delivered", "cancelled")} == {
-        "accepted": 3,
-        "delivered": 2,
+        "accepted": 5,
+        "delivered": 4,
         "cancelled": 1,
     }
     assert summary["precise_topic"] == settings.precise_topic
+    assert summary["reschedules"] == {
+        "outcomes_topics": [settings.precise_outcomes_topic],
+        "messages_moved": 2,
+        "note": None,
+    }
+    rows = _rows(spark, tmp_path / "clean")
+    for mid, marker in ((earlier_id, earlier.keys[1]), (later_id, later.keys[0])):
+        row = rows[mid]
+        assert row["moved_by"] == marker  # the last marker's reply decided
+        assert row["due_ms"] == row["moved_due_ms"] == replies[marker].due_ms
+        assert row["due_ms"] == row["delivered_due_ms"]  # the daemon sent the copy it moved
+        assert (row["early"], row["superseded"]) == (False, False)
+    assert rows[earlier_id]["original_due_ms"] > rows[earlier_id]["due_ms"] + 25_000
+    assert rows[later_id]["original_due_ms"] < rows[later_id]["due_ms"]
     assert sorted(row["target"] for row in summary["by_target"]) == sorted(targets)
     assert summary["total"]["lateness_ms"]["max"] >= 0
     assert (tmp_path / "clean" / "lateness.png").stat().st_size > 0
 
-    # Plant a duplicate: the first forwarded record, produced again with the same headers.
-    copy = delivered[0]
+    # Plant a duplicate: a forwarded level record, produced again with the same headers.
+    copy = next(r for r in delivered if dict(r.headers())["delay-id"].decode() in sent)
     duplicated_id = dict(copy.headers())["delay-id"].decode()
     plain = Producer({"bootstrap.servers": testbed.bootstrap})
     plain.produce(copy.topic(), copy.value(), copy.key(), headers=copy.headers())
+    # Plant a superseded delivery: the twice-moved message, sent at its first move's time.
+    moved = next(r for r in delivered if dict(r.headers())["delay-id"].decode() == earlier_id)
+    replaced_due = str(replies[earlier.keys[0]].due_ms).encode()
+    stale = [(k, replaced_due if k == "delay-due-ms" else v) for k, v in moved.headers()]
+    plain.produce(moved.topic(), moved.value(), moved.key(), headers=stale)
     # Plant a missing delivery: accepted on level 1s while no daemon runs to forward it.
     appended: list[int] = []
     late = testbed.producer(settings)
@@ -176,17 +242,23 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
 
     planted = _audit(config, tmp_path / "planted")
     assert planted.returncode == 3, planted.stdout + planted.stderr
-    assert "FAILED: 1 missing, 0 early" in planted.stderr
+    assert "FAILED: 1 missing, 0 early, 1 superseded" in planted.stderr
     summary = json.loads((tmp_path / "planted" / "summary.json").read_text())
     assert summary["ok"] is False
-    assert {
-        k: summary["total"][k] for k in ("accepted", "delivered", "missing", "duplicated", "early")
-    } == {"accepted": 34, "delivered": 32, "missing": 1, "duplicated": 1, "early": 0}
+    assert {k: summary["total"][k] for k in counts[:6]} == {
+        "accepted": 36,
+        "delivered": 34,
+        "missing": 1,
+        "duplicated": 2,
+        "early": 0,
+        "superseded": 1,
+    }
     level_1s = next(row for row in summary["by_level"] if row["level"] == "1s")
     assert level_1s["missing"] == 1
     assert _verdicts(spark, tmp_path / "planted") == {
         "missing": {missing_id},
-        "duplicated": {duplicated_id},
+        "duplicated": {duplicated_id, earlier_id},
         "early": set(),
+        "superseded": {earlier_id},
         "cancelled": {cancelled_id},
     }

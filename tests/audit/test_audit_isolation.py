@@ -118,6 +118,7 @@ def _report(isolation: Isolation) -> job.AuditReport:
         "as_of": "2026-01-01T00:00:00+00:00",
         "unmatched_deliveries": 0,
         "isolation": {"header": header(isolation, Isolation.READ_COMMITTED)},
+        "reschedules": {"note": None},
     }
     return job.AuditReport(rows, document, {})
 

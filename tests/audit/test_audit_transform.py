@@ -113,14 +113,20 @@ def sides(spark):
     return frame(spark, delay), frame(spark, target)
 
 
+def no_moves(spark):
+    """What the outcomes topics say when nothing was rescheduled."""
+    return transform.moves(frame(spark, []), [PRECISE])
+
+
 @pytest.fixture(scope="module")
-def messages(sides):
+def messages(sides, spark):
     delay, target = sides
     accepted = transform.accepted(delay, LEVELS)
     return transform.reconcile(
         accepted,
         transform.cancels(delay),
         transform.deliveries(target),
+        no_moves(spark),
         as_of_ms=AS_OF,
         grace_ms=GRACE,
     ).cache()
@@ -174,6 +180,7 @@ def test_counts_per_level(summary):
         "missing": 2,
         "duplicated": 1,
         "early": 1,
+        "superseded": 0,
         "cancelled": 1,
         "pending": 1,
     }
@@ -183,6 +190,7 @@ def test_counts_per_level(summary):
         "missing": 0,
         "duplicated": 0,
         "early": 0,
+        "superseded": 0,
         "cancelled": 0,
         "pending": 0,
     }
@@ -192,6 +200,7 @@ def test_counts_per_level(summary):
         "missing": 0,
         "duplicated": 0,
         "early": 0,
+        "superseded": 0,
         "cancelled": 0,
         "pending": 0,
     }
@@ -208,6 +217,7 @@ def test_counts_per_target_and_in_total(summary):
         "missing": 2,
         "duplicated": 1,
         "early": 1,
+        "superseded": 0,
         "cancelled": 1,
         "pending": 1,
     }
@@ -253,6 +263,7 @@ def test_no_input_still_gives_a_total_and_a_plot(spark, tmp_path):
         transform.accepted(empty, LEVELS),
         transform.cancels(empty),
         transform.deliveries(empty),
+        no_moves(spark),
         as_of_ms=AS_OF,
         grace_ms=GRACE,
     )
@@ -339,20 +350,21 @@ def precise_sides(spark):
     return frame(spark, delay), frame(spark, target)
 
 
-def _precise_messages(sides, precise_topic):
+def _precise_messages(spark, sides, precise_topics):
     delay, target = sides
     return transform.reconcile(
-        transform.accepted(delay, LEVELS, precise_topic=precise_topic),
-        transform.cancels(delay, precise_topic),
+        transform.accepted(delay, LEVELS, precise_topics=precise_topics),
+        transform.cancels(delay, precise_topics),
         transform.deliveries(target),
+        no_moves(spark),
         as_of_ms=AS_OF,
         grace_ms=GRACE,
     )
 
 
 @pytest.fixture(scope="module")
-def precise_messages(precise_sides):
-    return _precise_messages(precise_sides, PRECISE).cache()
+def precise_messages(spark, precise_sides):
+    return _precise_messages(spark, precise_sides, [PRECISE]).cache()
 
 
 @pytest.fixture(scope="module")
@@ -407,8 +419,8 @@ def test_level_due_honours_delay_ms_and_delay_due_ms_as_floors(precise_by_id):
     assert (l4["due_ms"], l4["early"], l4["lateness_ms"]) == (T0 + 2000, False, 0)
 
 
-def test_precise_mode_off_accepts_only_the_levels(precise_sides):
-    ids = {r["id"] for r in _precise_messages(precise_sides, None).collect()}
+def test_precise_mode_off_accepts_only_the_levels(spark, precise_sides):
+    ids = {r["id"] for r in _precise_messages(spark, precise_sides, []).collect()}
     assert ids == {"l1", "l2", "l3", "l4"}
 
 
@@ -423,6 +435,7 @@ def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, t
         "missing": 1,
         "duplicated": 0,
         "early": 1,
+        "superseded": 0,
         "cancelled": 3,
         "pending": 1,
     }
@@ -433,7 +446,7 @@ def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, t
     assert (total.counts["accepted"], total.counts["early"]) == (13, 3)
     table = load.console_table(rows).splitlines()
     assert [line.split()[0] for line in table[2:5]] == ["1s", "2s", "exact"]
-    assert table[4].split()[1:8] == ["9", "5", "1", "0", "1", "3", "1"]
+    assert table[4].split()[1:9] == ["9", "5", "1", "0", "1", "0", "3", "1"]
     histogram = transform.lateness_histogram(precise_messages)
     assert {level for _, level, _, _ in histogram[1]} == {"1s", "2s", "exact"}
     plot = load.plot_lateness(histogram, rows, tmp_path)

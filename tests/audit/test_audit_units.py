@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from delayservice.audit import PRECISE_LEVEL, AuditError, jars, load, session
+from delayservice.audit import PRECISE_LEVEL, AuditError, jars, job, load, session
 from delayservice.audit.extract import (
     EARLIEST,
     LATEST,
     Window,
     _pick,
     delay_topics,
+    outcomes_topics,
     parse_offsets,
+    precise_topics,
 )
-from delayservice.audit.transform import COUNTS, SummaryRow, bin_width
+from delayservice.audit.transform import COUNTS, SummaryRow, bin_width, promises_kept
 from delayservice.cli.app import app
 from delayservice.cli.audit_command import parse_instant
 from delayservice.settings import Settings
@@ -58,10 +60,16 @@ def test_instants_as_iso_epoch_or_duration_ago():
         parse_instant("last tuesday", NOW)
 
 
-def test_the_precise_topic_is_a_delay_topic_only_in_precise_mode():
+def test_the_precise_topics_are_delay_topics_only_in_precise_mode():
     base = {"levels": "1s,2s", "topic_prefix": "dt_", "precise_topic": "dp"}
     assert delay_topics(Settings(**base, precise=False)) == ["dt_1", "dt_2"]
-    assert delay_topics(Settings(**base, precise=True)) == ["dt_1", "dt_2", "dp"]
+    assert delay_topics(Settings(**base, precise=True)) == ["dt_1", "dt_2", "dp", "dp_far"]
+    assert (precise_topics(Settings(**base, precise=False)), outcomes_topics(Settings(**base))) == (
+        [],
+        [],
+    )
+    assert precise_topics(Settings(**base, precise=True)) == ["dp", "dp_far"]
+    assert outcomes_topics(Settings(**base, precise=True)) == ["dp_outcomes"]
 
 
 def test_exact_is_the_daemons_own_label_for_precise_mode():
@@ -148,6 +156,7 @@ def test_console_table_puts_the_total_last_under_a_rule():
         "0",
         "0",
         "0",
+        "0",
         "1ms",
         "2ms",
         "3ms",
@@ -176,3 +185,22 @@ def test_a_second_resolution_needs_neither_maven_nor_the_network(spark_available
     assert any(j.name.startswith(jars.CONNECTOR_ARTIFACT) for j in first)
     monkeypatch.setattr(jars.shutil, "which", lambda _: None)
     assert jars.connector_jars() == first
+
+
+def test_the_command_prints_the_note_and_fails_on_a_superseded_message(monkeypatch, tmp_path):
+    counts = dict.fromkeys(COUNTS, 0) | {"accepted": 1, "delivered": 1, "superseded": 1}
+    lateness = dict.fromkeys(("p50", "p95", "p99", "max"))
+    total = SummaryRow("total", None, None, None, None, counts, lateness)
+    note = "outcomes topic dp_outcomes does not exist"
+    document = {
+        "ok": promises_kept(counts),
+        "isolation": {"header": "target topics read read_committed"},
+        "as_of": "2026-01-01T00:00:00+00:00",
+        "unmatched_deliveries": 0,
+        "reschedules": {"note": note},
+    }
+    monkeypatch.setattr(job, "run", lambda *_, **__: job.AuditReport([total], document, {}))
+    result = CliRunner().invoke(app, ["audit", "--out", str(tmp_path)])
+    assert result.exit_code == 3, result.output
+    assert f"note: {note}" in result.stdout
+    assert "FAILED: 0 missing, 0 early, 1 superseded" in result.stderr
