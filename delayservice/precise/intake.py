@@ -38,11 +38,6 @@ from typing import Any, Final, cast
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.envelope import (
-    H_CANCEL,
-    H_DELAY_MS,
-    H_DUE_MS,
-    H_RESCHEDULE,
-    MAX_DIGITS,
     ByteHeaders,
     Envelope,
     Headers,
@@ -56,11 +51,13 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
-from delayservice.precise.ids import names_elsewhere
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, Answered, MarkerReply
+from delayservice.precise.marker_intake import MarkerIntake
+from delayservice.precise.marker_replies import (
+    Answered,
+    MarkerRepliesError,
+)
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule
 from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
@@ -82,8 +79,6 @@ METADATA_EVERY_S: Final = 10.0
 """How often the partition count is read: partitions added to the precise topic are
 read within this long."""
 LAG_EVERY_S: Final = 5.0
-CANCEL_GRACE_MS: Final = 60_000
-"""A cancel is kept until max_delay after it was appended, plus this much for clocks."""
 
 MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 
@@ -120,56 +115,6 @@ def _passing(error: KafkaError) -> bool:
     """Errors that go away by themselves (a coordinator moving or loading, a broker
     away); librdkafka does not flag all of them retriable when an offset fetch fails."""
     return bool(error.retriable()) or error.code() in _PASSING_CODES
-
-
-def cancel_target(headers: Headers) -> str | None:
-    """The id a cancel marker names, or None when the record is not one."""
-    for name, value in headers:
-        if name == H_CANCEL:
-            if isinstance(value, bytes):
-                return value.decode("utf-8", "replace")
-            return value or ""
-    return None
-
-
-class BadMarkerError(ValueError):
-    """A reschedule marker that says no id, or no new time, or one that is not a number."""
-
-
-def reschedule_request(headers: Headers) -> tuple[str, int | None, int | None] | None:
-    """(id, delay ms, due ms) a reschedule marker asks for, or None when the record is
-    not one. Raises `BadMarkerError` for a marker that cannot be read."""
-    fields: dict[str, str | bytes | None] = {}
-    for name, value in headers:
-        if name in (H_RESCHEDULE, H_DELAY_MS, H_DUE_MS) and name not in fields:
-            fields[name] = value
-    if H_RESCHEDULE not in fields:
-        return None
-    raw_id = fields[H_RESCHEDULE]
-    message_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else raw_id
-    if not message_id:
-        raise BadMarkerError("a reschedule marker without an id")
-    numbers: list[int | None] = []
-    for name in (H_DELAY_MS, H_DUE_MS):
-        raw = fields.get(name)
-        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-        if text is None and name not in fields:
-            numbers.append(None)
-        elif text is None or not text.isdigit() or not text.isascii() or len(text) > MAX_DIGITS:
-            raise BadMarkerError(f"{name} of a reschedule marker is not a number: {text!r}")
-        else:
-            numbers.append(int(text))
-    if numbers == [None, None]:
-        raise BadMarkerError(f"a reschedule marker needs {H_DELAY_MS} or {H_DUE_MS}")
-    return message_id, numbers[0], numbers[1]
-
-
-def _marker_id(headers: Headers) -> str:
-    """The id a reschedule marker names, as far as it can be read (for its reply)."""
-    for name, value in headers:
-        if name == H_RESCHEDULE:
-            return value.decode("utf-8", "replace") if isinstance(value, bytes) else value or ""
-    return ""
 
 
 class _Times:
@@ -212,7 +157,8 @@ class Intake:
         thread after every iteration (progress reports).
         `check_storage` runs after each sync, before the commit, and raises
         `StorageError` when the data directory is no longer the one written to.
-        `answer` gets each batch's marker outcomes once they are durable. `roles` is
+        `answer` gets each batch's marker outcomes once they are durable, and raises
+        unless it made them durable too (the batch is then read again). `roles` is
         filled with this member's role per partition as partitions are assigned (pass
         a dict to share it). `far`: this intake reads the far topic, whose ids say
         so (`ids`)."""
@@ -229,19 +175,25 @@ class Intake:
         self._send_dead_letter = dead_letter
         self._placement = placement
         self._takeover_ms = takeover_ms
-        self._max_delay_ms = max_delay_ms
         self._on_fatal = on_fatal
         self.after_batch = after_batch
         self._check_storage = check_storage
         self._answer = answer
-        self._far = far
-        self._answered: list[Answered] = []  # this batch's marker outcomes
         self.roles: dict[int, Role] = {} if roles is None else roles
+        self._markers = MarkerIntake(
+            topic,
+            wheel,
+            reschedules,
+            ledger,
+            self.roles,
+            metrics,
+            far=far,
+            takeover_ms=takeover_ms,
+            max_delay_ms=max_delay_ms,
+        )
         self._origin_checked: set[int] = set()
-        self._matched_at: list[tuple[int, int, str]] = []  # (partition, offset, cancel id)
         self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
         """This batch's records: (partition, fire ms, frame, the record or its fields)."""
-        self._moves: list[Reschedule] = []  # this batch's reschedule markers
         self._unsettled: dict[int, int] | None = None
         """partition -> first offset of the batch being handled, until it is settled."""
         self._throttle = Throttle()
@@ -252,8 +204,6 @@ class Intake:
         self._m_assigned = metrics.assigned_partitions.labels(level_name)
         self._m_lag = metrics.consumer_lag.labels(level_name)
         self._m_loop_errors = metrics.loop_errors.labels(level_name, "intake")
-        self._m_cancels = metrics.precise_cancels
-        self._m_reschedules = metrics.precise_reschedules
         self.broker_down = False
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
@@ -321,6 +271,11 @@ class Intake:
                 self._iteration(keeper.client, times)
             except KafkaException as exc:
                 self._kafka_error(keeper, exc)
+            except MarkerRepliesError as exc:  # the broker is away: read the batch again
+                if self._throttle.allow("replies") is not None:
+                    log.warning("intake of %s: %s; reading the batch again", self.topic, exc)
+                self._rewind()
+                self._stopping.wait(ERROR_PAUSE_S)
             except (StorageError, OSError) as fault:
                 self._storage_fault(fault)
                 break
@@ -374,11 +329,9 @@ class Intake:
         later commit of their partitions held back, until a restart."""
         firsts, self._unsettled = self._unsettled, None
         self._to_write = []
-        self._moves = []
-        self._answered = []
+        self._markers.forget_from(firsts or {})
         if not firsts or self._consumer is None:
             return
-        self._matched_at = [m for m in self._matched_at if m[1] < firsts.get(m[0], m[1] + 1)]
         self.ledger.rewind(firsts)
         try:
             for partition, offset in firsts.items():
@@ -507,22 +460,21 @@ class Intake:
                 )
                 self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}")
         self._write_batch(in_memory)
-        self._move(in_memory)
+        self._markers.apply_moves(in_memory)
         if durable or in_memory:
             self._store.sync()
             self._cancels.sync()
             self._reschedules.sync()
             self._check_storage()
+        if self._markers.answered:  # acknowledged before the markers' offsets commit
+            answered, self._markers.answered = self._markers.answered, []
+            self._answer(answered)
         self.ledger.settle_many(durable)
         self._unsettled = None
         self._commit()
-        if self._matched_at:
-            self._retire_matched()
+        self._markers.retire_matched()
         if in_memory:
             self._wheel.admit(in_memory)
-        if self._answered:
-            answered, self._answered = self._answered, []
-            self._answer(answered)
 
     def _ours(self, messages: list[Message]) -> tuple[list[Message], list[PartitionLedger]]:
         """The batch's records of partitions this intake holds, each tracked in its
@@ -552,19 +504,6 @@ class Intake:
         self._m_consumed.inc(consumed)
         return ours, ledgers
 
-    def _retire_matched(self) -> None:
-        """Drop the cancels whose messages' offsets are now committed."""
-        waiting: list[tuple[int, int, str]] = []
-        retired: list[str] = []
-        for partition, offset, message_id in self._matched_at:
-            committed = self.ledger.last_committed(partition)
-            if committed is not None and committed > offset:
-                retired.append(message_id)
-            elif partition in self.ledger.partitions:
-                waiting.append((partition, offset, message_id))
-        self._matched_at = waiting
-        self._wheel.retire_cancels(retired)
-
     def _one(
         self, message: Message, headers: object, ledger: PartitionLedger, offset: int, now_ms: int
     ) -> bool:
@@ -576,7 +515,7 @@ class Intake:
         if plain is not None and not isinstance(key, str) and not isinstance(value, str):
             due, target, delay_ms, message_id, due_header, user = plain
             if message_id in self._cancels:
-                return self._cancelled_first(partition, offset, message_id)
+                return self._markers.cancelled_first(partition, offset, message_id)
             frame = encode_fields(
                 offset, due, replica, message_id, target, None, delay_ms, key, value, user
             )
@@ -584,12 +523,7 @@ class Intake:
             fire_ms = due + (self._takeover_ms if replica else 0)
             self._to_write.append((partition, fire_ms, frame, fields))
             return True
-        marker_headers = headers if type(headers) is list else []
-        cancel_id = cancel_target(marker_headers)
-        if cancel_id is not None:
-            self._cancel(cancel_id, message, now_ms)
-            return True
-        if self._reschedule(marker_headers, message, now_ms):
+        if self._markers.read(headers if type(headers) is list else [], message, now_ms):
             return True
         record = self._admission.hold(message, ledger, now_ms, headers)
         held = record.envelope
@@ -599,7 +533,7 @@ class Intake:
                 return False
             return True  # the owner dead-letters it
         if held.id in self._cancels:
-            return self._cancelled_first(partition, offset, held.id)
+            return self._markers.cancelled_first(partition, offset, held.id)
         frame = encode_fields(
             offset,
             record.due_ms,
@@ -614,17 +548,6 @@ class Intake:
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
         self._to_write.append((partition, fire_ms, frame, record))
-        return True
-
-    def _cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
-        """A message whose cancel came before it: not stored. Its cancel is retired only
-        once this offset is committed: a crash before would read the message again and
-        must still find its cancel. A moved message is read again after a crash: its
-        cancel stays for the copy the move wrote, which it calls off when it loads."""
-        if message_id in self._reschedules:
-            return True
-        self._matched_at.append((partition, offset, message_id))
-        self._m_cancels.labels("cancelled").inc()
         return True
 
     def _write_batch(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
@@ -647,117 +570,6 @@ class Intake:
                     partition, offset, key, value, cast("Headers", user), envelope, due, tracker
                 )
             in_memory.append((record, fire_ms / 1000))
-
-    def _reply(self, message: Message, kind: str, message_id: str, outcome: str,
-               due_ms: int | None = None) -> None:  # fmt: skip
-        """Note a marker's outcome, answered once the batch is durable (`answer`)."""
-        reply = MarkerReply(kind, message_id, outcome, due_ms)
-        self._answered.append(Answered(message.partition() or 0, message.offset() or 0, reply))
-
-    def _cancel(self, message_id: str, message: Message, now_ms: int) -> None:
-        if not message_id:
-            if self._throttle.allow("cancel without id") is not None:
-                log.warning("%s: cancel markers without an id are ignored", self.topic)
-            self._m_cancels.labels("refused").inc()
-            self._reply(message, CANCEL, message_id, "refused")
-            return
-        if names_elsewhere(message_id, message.partition() or 0, far=self._far):
-            # Its message lives where its id names (`ids`): kept here, the cancel could
-            # never match, and would take room for up to max_delay.
-            self._m_cancels.labels("unmatched").inc()
-            self._reply(message, CANCEL, message_id, "unmatched")
-            return
-        _, appended = message.timestamp()
-        base = appended if appended > 0 else now_ms
-        outcome = self._wheel.cancel(message_id, base + self._max_delay_ms + CANCEL_GRACE_MS)
-        self._reply(message, CANCEL, message_id, "accepted" if outcome == "pending" else outcome)
-        if outcome != "pending":
-            self._m_cancels.labels(outcome).inc()
-            if outcome == "refused" and self._throttle.allow("cancel log full") is not None:
-                log.warning("%s: cancels refused: the cancel log is full", self.topic)
-
-    def _reschedule(self, headers: Headers, message: Message, now_ms: int) -> bool:
-        """Queue a reschedule marker's move for after the batch's writes; False when the
-        record is not one."""
-        try:
-            request = reschedule_request(headers)
-        except BadMarkerError as exc:
-            if self._throttle.allow("bad reschedule") is not None:
-                log.warning("%s: reschedule marker ignored: %s", self.topic, exc)
-            self._m_reschedules.labels("refused").inc()
-            self._reply(message, RESCHEDULE, _marker_id(headers), "refused")
-            return True
-        if request is None:
-            return False
-        message_id, delay_ms, due_ms = request
-        partition = message.partition() or 0
-        if names_elsewhere(message_id, partition, far=self._far):
-            self._m_reschedules.labels("unmatched").inc()  # its message is not here (`ids`)
-            self._reply(message, RESCHEDULE, message_id, "unmatched")
-            return True
-        _, appended = message.timestamp()
-        base = appended if appended > 0 else now_ms
-        asked = max(base + (delay_ms or 0), due_ms or 0)
-        if asked > base + self._max_delay_ms:
-            if self._throttle.allow("reschedule too far") is not None:
-                log.warning(
-                    "%s: reschedule of %s refused: %d ms ahead is beyond max_delay",
-                    self.topic,
-                    message_id,
-                    asked - base,
-                )
-            self._m_reschedules.labels("refused").inc()
-            self._reply(message, RESCHEDULE, message_id, "refused")
-            return True
-        # A time already past means now: `asked` is never before the marker's append
-        # time, and a marker read again after a crash asks for the same instant, so
-        # its copy lands where the first reading's did.
-        due = asked
-        replica = self.roles.get(partition) is Role.REPLICA
-        fire_ms = due + (self._takeover_ms if replica else 0)
-        offset = message.offset() or 0
-        self._moves.append(Reschedule(message_id, partition, offset, due, replica, fire_ms))
-        return True
-
-    def _move(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
-        """Apply the batch's reschedules; copies due in memory join `in_memory`. One
-        that fails unexpectedly is counted refused and logged, and the rest go on."""
-        moves, self._moves = self._moves, []
-        if not moves:
-            return
-        try:
-            results = self._wheel.move_many(moves)
-        except (StorageError, OSError):
-            raise
-        except Exception:
-            results = []
-            for request in moves:
-                try:
-                    results.extend(self._wheel.move_many([request]))
-                except (StorageError, OSError):
-                    raise
-                except Exception:
-                    log.exception("%s: reschedule of %s failed", self.topic, request.message_id)
-                    results.append(("refused", None))
-        for request, (result, copy) in zip(moves, results, strict=True):
-            log.debug("%s: reschedule of %s: %s", self.topic, request.message_id, result)
-            outcome, due = result, (request.due_ms if result == "moved" else None)
-            if result == READ_AGAIN:  # answered again: the first answer may be lost
-                current = self._reschedules.current(request.message_id)
-                if current is not None and current.version == request.version:
-                    outcome, due = "moved", current.due_ms
-                else:
-                    outcome = "superseded"
-            else:
-                self._m_reschedules.labels(result).inc()
-            answer = Answered(
-                request.partition,
-                request.version,
-                MarkerReply(RESCHEDULE, request.message_id, outcome, due),
-            )
-            self._answered.append(answer)
-            if copy is not None:
-                in_memory.append((copy, request.fire_ms / 1000))
 
     def _dead_letter(
         self, message: Message, ledger: PartitionLedger, now_ms: int, why: str

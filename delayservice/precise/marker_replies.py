@@ -3,11 +3,12 @@
 A marker is an ordinary record: its sender learns where it landed, not what it did.
 So once a marker's outcome is durable on the daemon's disk, each holder of its
 partition writes one reply to the outcomes topic (`{precise_topic}_outcomes`, one
-partition, deleted by age), keyed by where the marker landed, `topic:partition:offset`.
-`delayservice cancel` and `reschedule` wait for theirs (`marker_outcome`), and the
-audit reads the moves from them. A marker read again after a crash is answered again
-with the same outcome, or not at all when the reschedule was done already; readers
-take the first reply per key.
+partition, deleted by age), keyed by where the marker landed, `topic:partition:offset`,
+and the marker's offset is committed only once the reply is acknowledged: a crash in
+between reads the marker again and answers it again (a move already done is answered
+`moved` again), so no applied move goes unanswered. `delayservice cancel` and
+`reschedule` wait for theirs (`marker_outcome`), and the audit judges moved messages
+by them. Readers take the first reply per key.
 
 Value: JSON `{"v": 1, "kind": "cancel" | "reschedule", "id", "outcome", "due_ms"
 (a move's new due time, else null), "member", "role"}`.
@@ -21,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from delayservice.errors import DelayServiceError
 from delayservice.kafka.client_seam import ProducerClient
-from delayservice.log_throttle import Throttle
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +98,13 @@ class Answered:
     reply: MarkerReply
 
 
+class MarkerRepliesError(DelayServiceError):
+    """Replies were not acknowledged: the markers are read (and answered) again."""
+
+
 class MarkerReplies:
-    """Writes the replies of one member through the daemon's shared producer; a reply
-    that cannot be written is logged, never retried (the outcome itself is durable)."""
+    """Writes the replies of one member through the daemon's shared producer, and waits
+    until the broker has them."""
 
     def __init__(
         self,
@@ -108,15 +113,24 @@ class MarkerReplies:
         producer: ProducerClient,
         member: int,
         role_of: Callable[[int], str | None],
+        flush_timeout_s: float = 10.0,
     ) -> None:
         self._topic = outcomes_topic
         self._marker_topic = marker_topic
         self._producer = producer
         self._member = member
         self._role_of = role_of
-        self._throttle = Throttle()
+        self._flush_timeout = flush_timeout_s
 
     def send(self, answered: list[Answered]) -> None:
+        """Produce the replies and flush; raises `MarkerRepliesError` unless every one
+        was acknowledged."""
+        failures: list[str] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failures.append(error.str() if hasattr(error, "str") else str(error))
+
         for item in answered:
             reply = MarkerReply(
                 item.reply.kind,
@@ -131,16 +145,13 @@ class MarkerReplies:
                     self._topic,
                     reply.encode(),
                     reply_key(self._marker_topic, item.partition, item.offset),
-                    on_delivery=self._delivered,
+                    on_delivery=delivered,
                 )
-            except Exception as exc:  # a full queue, a bad topic: never the intake's problem
-                self._failed(str(exc))
-        self._producer.poll(0)
-
-    def _delivered(self, error: Any, _message: Any) -> None:
-        if error is not None:
-            self._failed(error.str() if hasattr(error, "str") else str(error))
-
-    def _failed(self, why: str) -> None:
-        if self._throttle.allow("reply") is not None:
-            log.warning("replies to markers on %s not written: %s", self._topic, why)
+            except BufferError as exc:
+                raise MarkerRepliesError(
+                    f"replies on {self._topic}: {exc}", retriable=True
+                ) from exc
+        left = self._producer.flush(self._flush_timeout)
+        if left or failures:
+            why = failures[0] if failures else f"{left} not acknowledged in {self._flush_timeout} s"
+            raise MarkerRepliesError(f"replies on {self._topic} not written: {why}", retriable=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from delayservice.precise.intake import BadMarkerError, reschedule_request
+from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
 from delayservice.precise.marker_replies import (
     RESCHEDULE,
     MarkerReply,

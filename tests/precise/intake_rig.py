@@ -175,6 +175,7 @@ class Rig:
         self.store.on_fault = self.cancels.on_fault = lambda f: self.fatal.append(str(f))
         self.reschedules.on_fault = self.store.on_fault
         self.answered: list[Answered] = []
+        self.answer_fails: Exception | None = None
         self.consumer = Consumer(partitions)
         self.dead = DeadLetters()
         placement = Placement(1, 0, 1)
@@ -207,7 +208,7 @@ class Rig:
             check_storage=DataDirWatch(
                 root / "slots", root / "cancels.log", root / "reschedules.log"
             ).check,
-            answer=self.answered.extend,
+            answer=self._answer,
         )
 
     def feed(self, *batches: list[Message]) -> None:
@@ -223,6 +224,13 @@ class Rig:
     def _committed_past(self, batch: list[Message]) -> bool:
         last = batch[-1]
         return self.consumer.committed_offsets.get(last.partition() or 0, -1) > (last.offset() or 0)
+
+    def _answer(self, answered: list[Answered]) -> None:
+        """What the replies' producer does: acknowledged, unless told to fail once."""
+        failure, self.answer_fails = self.answer_fails, None
+        if failure is not None:
+            raise failure
+        self.answered.extend(answered)
 
     def replies(self) -> list[tuple[int, str, str, int | None]]:
         """(marker offset, id, outcome, due ms) of every reply so far."""

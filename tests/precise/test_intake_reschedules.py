@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_RESCHEDULE
 from delayservice.precise.ids import precise_id
-from delayservice.precise.intake import BadMarkerError, reschedule_request
+from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
 from tests.precise.intake_rig import NOW_MS, Rig, record, reschedule, running, wait
 
 
@@ -160,3 +160,17 @@ def test_a_marker_read_again_after_a_restart_is_answered_again(tmp_path):
             (1, mid, "superseded", None),  # moved, then moved again by marker 2
         ]
         assert _outcome(again, "moved") == 1
+
+
+def test_a_reply_the_broker_did_not_take_reads_the_markers_again(tmp_path):
+    """The marker's offset commits only once its reply is acknowledged, so no applied
+    move goes unanswered: the batch is read again and the move answered again."""
+    from delayservice.precise.marker_replies import MarkerRepliesError
+
+    with running(tmp_path) as rig:
+        rig.answer_fails = MarkerRepliesError("replies on outcomes not written: timed out")
+        rig.run_batch([record(0, message_id="legacy-id"), reschedule(1, "legacy-id", delay_ms=5)])
+        assert rig.consumer.seeks == [(0, 0)]
+        assert rig.replies() == [(1, "legacy-id", "moved", NOW_MS + 5)]
+        assert rig.consumer.committed_offsets == {0: 2}
+        assert _outcome(rig, "moved") == 1  # moved once, answered after the second reading
