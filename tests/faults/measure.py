@@ -41,7 +41,7 @@ class Topology:
     dead_letter_topic: str
     targets: dict[str, int]  # plain target topic -> partitions
     partitions: int  # of the level and dead-letter topics
-    precise: str | None = None  # the precise topic, when precise mode is on
+    precise: tuple[str, ...] = ()  # the precise and far topics, when precise mode is on
     max_delay_ms: int = 0  # precise mode's longest delay
 
     @classmethod
@@ -51,7 +51,7 @@ class Topology:
             settings.dead_letter_topic,
             dict(targets),
             settings.partitions,
-            settings.precise_topic if settings.precise else None,
+            (settings.precise_topic, settings.precise_far_topic) if settings.precise else (),
             settings.max_delay_ms if settings.precise else 0,
         )
 
@@ -60,8 +60,8 @@ class Topology:
         return max(*self.levels.values(), self.max_delay_ms)
 
     def sources(self) -> list[str]:
-        """Topics whose records are delayed messages: the levels and the precise topic."""
-        return [*self.levels, *([self.precise] if self.precise else [])]
+        """Topics whose records are delayed messages: the levels and the precise ones."""
+        return [*self.levels, *self.precise]
 
     def existing(self) -> dict[str, int]:
         """Every topic a valid envelope may name: targets, levels and the dead-letter topic."""
@@ -363,19 +363,19 @@ def evaluate(
     sources: list[Source] = []
     wrong: list[str] = []
     dead_reasons: Counter[str] = Counter()
-    moves = _moves(reader.records.get(topology.precise or "", []))
+    moves = _moves([r for t in topology.precise for r in reader.records.get(t, [])])
     for topic, records in reader.records.items():
         for rec in records:
             position = (rec.topic, rec.partition, rec.offset)
-            if topic == topology.precise and (rec.has("delay-cancel") or rec.has(_RESCHEDULE)):
+            if topic in topology.precise and (rec.has("delay-cancel") or rec.has(_RESCHEDULE)):
                 continue  # a marker: the cancel tests judge those, reschedules move dues
-            if topic in topology.levels or topic == topology.precise:
+            if topic in topology.levels or topic in topology.precise:
                 produced = sent.get(position)
                 exp = expect(rec, topology)
                 due = None
                 if exp.kind != "dead":
                     due = rec.ts + max(topology.levels.get(topic, 0), exp.delay_ms)
-                    if topic == topology.precise and exp.due_ms is not None:
+                    if topic in topology.precise and exp.due_ms is not None:
                         due = max(due, exp.due_ms)  # an absolute due time is a floor
                 # Not ours and no envelope: the daemon forwarded into a level topic (a
                 # hostile target). That is a delivery, and a new source to dead-letter.
@@ -403,7 +403,8 @@ def evaluate(
         positions.add(position)
         if not source.echo and source.expect.id is not None:
             source.deliveries = by_id.get(source.expect.id, [])
-            _apply_moves(source, moves.get((source.rec.partition, source.expect.id), []))
+            home = (source.rec.topic, source.rec.partition, source.expect.id)
+            _apply_moves(source, moves.get(home, []))
         source.dead = dead_by_origin.get(position, [])
         wrong.extend(_judge(source, may_dead_letter))
     for origin, letters in dead_by_origin.items():
@@ -422,16 +423,16 @@ def evaluate(
 _RESCHEDULE = "delay-reschedule"
 
 
-def _moves(markers: list[Rec]) -> dict[tuple[int, str], list[tuple[int, int, int]]]:
-    """Reschedule markers by (partition, id): (offset, append time, asked due) each."""
-    out: dict[tuple[int, str], list[tuple[int, int, int]]] = defaultdict(list)
+def _moves(markers: list[Rec]) -> dict[tuple[str, int, str], list[tuple[int, int, int]]]:
+    """Reschedule markers by (topic, partition, id): (offset, append time, asked due)."""
+    out: dict[tuple[str, int, str], list[tuple[int, int, int]]] = defaultdict(list)
     for rec in markers:
         message_id = _text(rec.header(_RESCHEDULE))
         if message_id is None:
             continue
         delay_ms = _number(rec.header("delay-ms")) or 0
         asked = max(rec.ts + delay_ms, _number(rec.header("delay-due-ms")) or 0)
-        out[(rec.partition, message_id)].append((rec.offset, rec.ts, asked))
+        out[(rec.topic, rec.partition, message_id)].append((rec.offset, rec.ts, asked))
     return out
 
 
