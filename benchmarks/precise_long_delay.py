@@ -2,7 +2,9 @@
 
 One run, the daemon as `python -m delayservice run` in its own process, measured from
 outside (RSS from /proc, readiness from /readyz, progress from the committed offsets of
-its group `{group_id}-precise-0`):
+its group on the topic the messages go to: `{group_id}-precise-far-0` on the far topic
+with the default `--far-after`, `{group_id}-precise-0` on the precise topic when
+`--far-after` is longer than every delay here):
 
 1. started on the empty precise topic: RSS idle; then stopped;
 2. `--messages` exact messages (default 1,000,000) of `--value-bytes`, due uniformly
@@ -14,12 +16,14 @@ its group `{group_id}-precise-0`):
    (after `--settle` s) minus RSS idle, and the peak is sampled from the spawn on;
 4. it is killed with SIGKILL and started again on the same data directory: the time
    until /readyz answers, and until the intake has caught up again;
-5. with that daemon running, `--far` (default 200,000) more far-future messages are
-   produced from this process, and right behind them `--near` (default 300) messages
-   due in 2 to 12 s. Their lateness is the target's append time minus their due time
-   (precise-topic append time + delay), joined by `delay-id`.
+5. with that daemon running, `--far` (default 1,000,000) more far-future messages are
+   produced from this process as fast as one producer goes, and right behind them
+   `--near` (default 300) messages due in 2 to 12 s. Their lateness is the target's
+   append time minus their due time (precise-topic append time + delay), joined by
+   `delay-id`.
 
     python benchmarks/precise_long_delay.py [--messages 1000000] [--producers 2]
+    python benchmarks/precise_long_delay.py --far-after 366d   # one topic for every delay
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from precise_common import (
 )
 from precise_memory import on_disk, produce_all, settle_rss
 
+from delayservice.precise.precise_worker import precise_group_id
 from delayservice.settings import Settings
 
 DAY = 86_400.0
@@ -73,15 +78,23 @@ GOALS = {
 }
 
 
+def held_on(settings: Settings) -> tuple[str, str]:
+    """The topic this benchmark's far-future messages go to (due 2 h and more out), and
+    the group its intake commits under."""
+    far = settings.precise_far_after_ms < 2 * 3600 * 1000
+    topic = settings.precise_far_topic if far else settings.precise_topic
+    return topic, precise_group_id(settings, 0, far=far)
+
+
 def caught_up(
     settings: Settings, ends: dict[int, int], deadline: float, marks: dict[int, float] | None = None
 ) -> float | None:
     """Seconds until the daemon's committed offsets reach `ends`, None past `deadline`;
     `marks` gets the monotonic time each tenth of the way was first seen."""
     started = time.monotonic()
-    group = f"{settings.group_id}-precise-0"
+    topic, group = held_on(settings)
     total = max(1, sum(ends.values()))
-    reader = CommittedReader(settings.bootstrap_servers, group, settings.precise_topic)
+    reader = CommittedReader(settings.bootstrap_servers, group, topic)
     try:
         while time.monotonic() < deadline:
             done = reader(ends)
@@ -137,7 +150,12 @@ def main() -> int:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--producers", type=int, default=2, help="producer processes")
     parser.add_argument("--partitions", type=int, default=3, help="of the precise topic")
-    parser.add_argument("--far", type=int, default=200_000, help="far ones before the near")
+    parser.add_argument("--far", type=int, default=1_000_000, help="far ones before the near")
+    parser.add_argument(
+        "--far-after",
+        default=None,
+        help="precise_far_after for producer and daemon (default: the setting's, 1h)",
+    )
     parser.add_argument("--near", type=int, default=300, help="due in 2 to 12 s")
     parser.add_argument("--settle", type=float, default=5.0, help="seconds of RSS sampling")
     parser.add_argument("--seed", type=int, default=11)
@@ -156,17 +174,19 @@ def main() -> int:
     n = args.messages
     with broker(args.bootstrap) as bootstrap, data_dir("long-delay") as root:
         tag = tag_for("long")
+        far_after = {"precise_far_after": args.far_after} if args.far_after else {}
         settings = precise_settings(
-            bootstrap, tag, root, partitions=args.partitions, consumer=args.consumer
+            bootstrap, tag, root, partitions=args.partitions, consumer=args.consumer, **far_after
         )
         topic, target = settings.precise_topic, f"{tag}-target"
+        held_topic, _ = held_on(settings)
         create_topics(settings, [target], 3)
 
         with logged_daemon(settings, tag, log_path) as daemon:
             idle = settle_rss(daemon.pid, args.settle)
         stderr(f"idle daemon: {idle / MiB:.0f} MiB RSS; producing {n:,} messages")
         produce_s = produce_all(settings, target, args)
-        ends = end_offsets(bootstrap, topic)
+        ends = end_offsets(bootstrap, held_topic)
         stderr(f"produced {n:,} in {produce_s:.0f} s; starting the daemon for the intake")
 
         # The daemon reports ready only once its intake has caught up, so the intake is
@@ -232,7 +252,7 @@ def main() -> int:
     on_disk_metric = series_sum(metrics, "delayservice_precise_slot_files", state="on_disk")
     print(
         f"\n{n:,} pending exact messages of {args.value_bytes} B, due uniformly over now + "
-        f"2 h .. now + {args.to_days:g} days, precise topic of {args.partitions} partitions "
+        f"2 h .. now + {args.to_days:g} days, on {held_topic} of {args.partitions} partitions "
         f"(default settings: max_delay {settings.max_delay}, horizon "
         f"{settings.precise_horizon_s} s{consumer}); daemon in its own process"
     )
@@ -258,7 +278,8 @@ def main() -> int:
         f"intake caught up {caught} later; RSS {restarted / MiB:.0f} MiB"
     )
     print(
-        f"near behind far        : {args.far:,} far-future produced in {far_s:.1f} s, then "
+        f"near behind far        : {args.far:,} far-future produced in {far_s:.1f} s "
+        f"({args.far / max(far_s, 0.001):,.0f} msg/s) to {held_topic}, then "
         f"{len(near)} due in 2-12 s: {len(late)} arrived (lost {joined.lost}, early "
         f"{joined.early}, duplicates {joined.duplicates}); lateness p50 / p99 / max "
         f"{pct(late, 0.5):,.0f} / {pct(late, 0.99):,.0f} / {max(late, default=0):,} ms "
