@@ -386,6 +386,27 @@ def read_topic(bootstrap: str, topic: str, starts: dict[int, int] | None = None)
     return out
 
 
+def bare_consume_rate(bootstrap: str, topic: str, ends: dict[int, int]) -> float:
+    """Records per second a bare consumer reads `topic` to `ends` at, touching each
+    record's headers once (as any reader of an envelope must) and nothing else: the
+    baseline an intake is measured against, in the same run on the same broker."""
+    consumer = _consumer(bootstrap)
+    consumer.assign([TopicPartition(topic, p, 0) for p in ends])
+    left = sum(ends.values())
+    started = time.monotonic()
+    try:
+        while left > 0:
+            for message in consumer.consume(2_000, 1.0):
+                if message.error() is None:
+                    message.headers()
+                    left -= 1
+            if time.monotonic() - started > 600:
+                raise SystemExit(f"the bare consumer stalled with {left:,} records left")
+        return sum(ends.values()) / (time.monotonic() - started)
+    finally:
+        consumer.close()
+
+
 def wait_for_count(
     bootstrap: str, topic: str, expected: int, deadline: float, what: str = "arrived"
 ) -> int:

@@ -45,6 +45,7 @@ from precise_common import (
     CommittedReader,
     MiB,
     RssSampler,
+    bare_consume_rate,
     create_topics,
     data_dir,
     due_ms,
@@ -187,7 +188,11 @@ def main() -> int:
         stderr(f"idle daemon: {idle / MiB:.0f} MiB RSS; producing {n:,} messages")
         produce_s = produce_all(settings, target, args)
         ends = end_offsets(bootstrap, held_topic)
-        stderr(f"produced {n:,} in {produce_s:.0f} s; starting the daemon for the intake")
+        bare = bare_consume_rate(bootstrap, held_topic, ends)
+        stderr(
+            f"produced {n:,} in {produce_s:.0f} s; a bare consume() reads them at "
+            f"{bare:,.0f} msg/s; starting the daemon for the intake"
+        )
 
         # The daemon reports ready only once its intake has caught up, so the intake is
         # watched from the moment the process is spawned: progress and RSS.
@@ -259,7 +264,8 @@ def main() -> int:
     print(f"produce time           : {produce_s:.0f} s ({n / produce_s:,.0f} msg/s)")
     print(
         f"intake                 : {intake_s:.1f} s from the daemon's start, "
-        f"{n / intake_s:,.0f} msg/s; {steady} from 10% to 90% of the backlog; ready "
+        f"{n / intake_s:,.0f} msg/s ({n / intake_s / bare:.2f} of a bare consume() at "
+        f"{bare:,.0f} msg/s, same backlog); {steady} from 10% to 90% of the backlog; ready "
         f"(/readyz) {ready_intake_s:.1f} s after the start "
         f"(goal {GOALS['intake']})"
     )
@@ -288,7 +294,8 @@ def main() -> int:
     problems = report_log(log_path)
     print(
         f"\nsummary: {n:,} pending over a year: RSS growth {growth / MiB:.0f} MiB, intake "
-        f"{n / intake_s:,.0f} msg/s ({steady} from 10% to 90%), ready {ready_s:.1f} s "
+        f"{n / intake_s:,.0f} msg/s ({steady} from 10% to 90%; bare consume() "
+        f"{bare:,.0f} msg/s), ready {ready_s:.1f} s "
         "after kill -9, near behind "
         f"{args.far:,} far p99 {pct(late, 0.99):,.0f} ms; early {joined.early}, lost "
         f"{joined.lost}; {problems} daemon log warnings"

