@@ -68,7 +68,10 @@ from delayservice.worker.ledger import LevelLedger, PartitionLedger
 
 log = logging.getLogger(__name__)
 
-BATCH: Final = 2000
+BATCH: Final = 10_000
+"""Records handled at most per sync and commit: a sync waits for the disk, so fewer and
+larger batches keep the intake reading (what is queued is taken at once, so a quiet
+topic's batches stay small and nothing waits for a batch to fill)."""
 _Fields = tuple[int, bytes | None, bytes | None, ByteHeaders, str, int, str, int | None, int]
 """A stored record's (offset, key, value, user headers, target, delay ms, id,
 `delay-due-ms`, due ms): its `SlotRecord` is built only if its slot is in memory (most
@@ -197,6 +200,7 @@ class Intake:
         self._unsettled: dict[int, int] | None = None
         """partition -> first offset of the batch being handled, until it is settled."""
         self._batch_ends: dict[PartitionLedger, int] = {}  # the next offset after it
+        self._asked: dict[int, int] = {}  # partition -> offset committed, not yet answered
         self._throttle = Throttle()
         self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
@@ -248,7 +252,11 @@ class Intake:
             if current():
                 self.on_error(error)
 
-        return {"error_cb": on_error}
+        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+            if current():
+                self.on_commit(error, partitions)
+
+        return {"error_cb": on_error, "on_commit": on_commit}
 
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
@@ -268,6 +276,7 @@ class Intake:
                     if not keeper.replace():
                         break  # the daemon is stopping (`on_fatal`)
                     self._reading.clear()  # the new client reads from where this left
+                    self._asked.clear()  # the old client's answers will not come
                     times.metadata = 0.0
                 self._iteration(keeper.client, times)
             except KafkaException as exc:
@@ -638,30 +647,49 @@ class Intake:
         if self._throttle.allow(("message", error.code())) is not None:
             log.warning("%s: %s", self.topic, error.str())
 
-    def _commit(self) -> None:
-        """Commit synchronously what is durable; only confirmed offsets count."""
-        pairs = self.ledger.to_commit()
+    def _commit(self, *, final: bool = False) -> None:
+        """Commit what is durable: asynchronously while running (the broker's answer
+        comes back through `on_commit` during a later consume, and waiting for it was a
+        sixth of the intake's time), synchronously at the end. Only confirmed offsets
+        count as committed."""
+        asked = self._asked
+        pairs = [(p, o) for p, o in self.ledger.to_commit() if final or asked.get(p) != o]
         if not pairs or self._consumer is None:
             return
         offsets = [TopicPartition(self.topic, p, o) for p, o in pairs]
         try:
-            results = self._consumer.commit(offsets=offsets, asynchronous=False)
+            if final:
+                self.on_commit(None, self._consumer.commit(offsets=offsets, asynchronous=False))
+                return
+            self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
             self._m_commit_failures.inc()
             if self._throttle.allow("commit") is not None:
                 log.warning("%s: commit failed (%s); trying again", self.topic, exc)
             return
+        asked.update(pairs)
+
+    def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition] | None) -> None:
+        """The broker's answer to a commit: what it confirmed is committed; anything else
+        is asked again at the next commit."""
         confirmed = [
-            (tp.partition, tp.offset) for tp in results or [] if tp.error is None and tp.offset >= 0
+            (tp.partition, tp.offset)
+            for tp in partitions or []
+            if tp.error is None and tp.offset >= 0 and error is None
         ]
-        if len(confirmed) < len(pairs):
+        for tp in partitions or []:
+            if self._asked.get(tp.partition) == tp.offset:
+                del self._asked[tp.partition]
+        if len(confirmed) < len(partitions or []) or error is not None:
             self._m_commit_failures.inc()
+            if error is not None and self._throttle.allow("commit") is not None:
+                log.warning("%s: commit failed (%s); trying again", self.topic, error.str())
         self.ledger.committed(confirmed)
         self._m_commits.inc()
 
     def _shutdown(self) -> None:
         try:
-            self._commit()
+            self._commit(final=True)
         except Exception:
             log.exception(
                 "%s: final commit failed; uncommitted records will be re-read", self.topic

@@ -84,10 +84,15 @@ class Consumer:
         self.made = 0
         self.fail_next: Exception | None = None
         """Raised by the next consume(), once."""
+        self.on_commit: Any = None
+        self.answers: list[tuple[Any, list[TopicPartition]]] = []  # commit results, undelivered
+        self.commit_error: Any = None
+        """The answer to the next asynchronous commit: refused with this error, once."""
 
-    def make(self, _config: dict[str, Any]) -> Consumer:
+    def make(self, config: dict[str, Any]) -> Consumer:
         self.made += 1
         self.closed = False
+        self.on_commit = config.get("on_commit")
         return self
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
@@ -104,6 +109,11 @@ class Consumer:
         self.assigned.append([(tp.partition, tp.offset) for tp in partitions])
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
+        """As librdkafka's: the answers to asynchronous commits come back here."""
+        with self.lock:
+            answers, self.answers = self.answers, []
+        for error, answer in answers:
+            self.on_commit(error, answer)
         with self.lock:
             failure, self.fail_next = self.fail_next, None
             if failure is not None:
@@ -136,9 +146,17 @@ class Consumer:
 
     def commit(self, *, offsets: list[TopicPartition], asynchronous: bool) -> Any:
         with self.lock:
+            answer = [TopicPartition(TOPIC, tp.partition, tp.offset) for tp in offsets]
+            if asynchronous:
+                error, self.commit_error = self.commit_error, None
+                if error is None:
+                    for tp in offsets:
+                        self.committed_offsets[tp.partition] = tp.offset
+                self.answers.append((error, answer))
+                return None
             for tp in offsets:
                 self.committed_offsets[tp.partition] = tp.offset
-        return [TopicPartition(TOPIC, tp.partition, tp.offset) for tp in offsets]
+        return answer
 
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return partitions

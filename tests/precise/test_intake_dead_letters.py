@@ -24,3 +24,16 @@ def test_offsets_commit_past_a_dead_letter_only_once_it_is_durable(tmp_path: Pat
         (letter,) = rig.dead.submitted
         rig.intake.ledger.settle(letter.slot, letter.offset(), 0)  # the forwarder's commit point
         assert wait(lambda: rig.consumer.committed_offsets.get(0) == 5)
+
+
+def test_a_commit_the_broker_refused_is_asked_again(tmp_path: Path):
+    """Commits are asynchronous: a refusal comes back in a later consume, and the same
+    offsets are committed again rather than taken as done."""
+    from confluent_kafka import KafkaError
+
+    with running(tmp_path) as rig:
+        with rig.consumer.lock:
+            rig.consumer.commit_error = KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+        rig.run_batch([record(0), record(1)])
+        assert wait(lambda: rig.intake.ledger.last_committed(0) == 2)
+        assert rig.metrics.commit_failures.labels("exact")._value.get() == 1
