@@ -13,10 +13,11 @@ that instant as the expiry. The file (`id_log`) holds one line per change:
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from pathlib import Path
 
 from delayservice.precise.id_log import COMPACT_MIN_DEAD, IdLog, IdLogError, read_entries
-from delayservice.precise.storage_fault import reported
+from delayservice.precise.storage_fault import StorageError, ignore, reported
 
 __all__ = ["COMPACT_MIN_DEAD", "CancelLog", "CancelLogError", "pending_cancels"]
 
@@ -36,9 +37,14 @@ class CancelLog(IdLog):
     error = CancelLogError
     noun = "cancels"
 
-    def __init__(self, path: Path, max_entries: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        path: Path,
+        max_entries: int = 1_000_000,
+        on_fault: Callable[[StorageError], None] = ignore,
+    ) -> None:
         """No clock here: expired entries stay until the first `expire`."""
-        super().__init__(path, max_entries)
+        super().__init__(path, max_entries, on_fault)
         self._heap = [(values[0], message_id) for message_id, values in self._entries.items()]
         heapq.heapify(self._heap)  # (expires_ms, id), stale rows skipped
 

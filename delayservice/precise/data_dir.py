@@ -61,13 +61,12 @@ class DataDir:
         cancel_path = cancel_log_path(data_dir, topic)
         reschedule_path = reschedule_log_path(data_dir, topic)
         try:
-            self.store = SlotStore(self.root)
-            self.cancels = CancelLog(cancel_path)
-            self.reschedules = RescheduleLog(reschedule_path)
+            self.store = SlotStore(self.root, on_fault=on_fault)
+            self.cancels = CancelLog(cancel_path, on_fault=on_fault)
+            self.reschedules = RescheduleLog(reschedule_path, on_fault=on_fault)
         except StorageError as fault:
             self._lock.close()
             raise ConfigError("data_dir", f"{data_dir} is not usable: {fault}") from fault
-        self.store.on_fault = self.cancels.on_fault = self.reschedules.on_fault = on_fault
         self.check = DataDirWatch(self.root, cancel_path, reschedule_path).check
         """Raises `StorageError` once the directory is no longer the one opened."""
 

@@ -102,8 +102,14 @@ class IdLog:
     error: ClassVar[type[IdLogError]] = IdLogError
     noun: ClassVar[str] = "entries"
 
-    def __init__(self, path: Path, max_entries: int = 1_000_000) -> None:
-        """Load what an earlier process stored."""
+    def __init__(
+        self,
+        path: Path,
+        max_entries: int = 1_000_000,
+        on_fault: Callable[[StorageError], None] = ignore,
+    ) -> None:
+        """Load what an earlier process stored; `on_fault` hears of every storage fault
+        (see `reported`)."""
         self._path = path
         self._max_entries = max_entries
         self._lock = threading.Lock()
@@ -113,7 +119,7 @@ class IdLog:
         self._created = False  # the file's directory entry still needs an fsync
         self._dirty = False  # written since the last fsync
         self._fd = -1
-        self.on_fault: Callable[[StorageError], None] = ignore  # see `reported`
+        self.on_fault = on_fault
         try:
             self._size = self._load()
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)

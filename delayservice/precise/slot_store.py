@@ -60,7 +60,13 @@ def _fail(action: str, path: Path, exc: OSError, *, retriable: bool = True) -> S
 
 
 class SlotStore:
-    def __init__(self, root: Path, open_files: int = OPEN_FILES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        open_files: int = OPEN_FILES,
+        on_fault: Callable[[StorageError], None] = ignore,
+    ) -> None:
+        """`on_fault` hears of every storage fault, on whatever thread (see `reported`)."""
         if open_files < 1:
             raise ValueError(f"open_files must be >= 1, got {open_files}")
         self._root = root
@@ -78,7 +84,7 @@ class SlotStore:
         self._dirty_dirs: set[int] = set()  # entries added or removed since the last sync
         self._dirty_root = False
         self._closed = False
-        self.on_fault: Callable[[StorageError], None] = ignore  # see `reported`
+        self.on_fault = on_fault
         try:
             root.mkdir(parents=True, exist_ok=True)
             self._scan()

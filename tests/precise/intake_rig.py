@@ -186,12 +186,11 @@ class Rig:
     def __init__(self, root: Path, partitions: int = 1) -> None:
         self.metrics = metrics = ServiceMetrics(CollectorRegistry())
         self.root = root
-        self.store = SlotStore(root / "slots")
-        self.cancels = CancelLog(root / "cancels.log")
-        self.reschedules = RescheduleLog(root / "reschedules.log")
         self.fatal: list[str] = []
-        self.store.on_fault = self.cancels.on_fault = lambda f: self.fatal.append(str(f))
-        self.reschedules.on_fault = self.store.on_fault
+        fault = self._fault
+        self.store = SlotStore(root / "slots", on_fault=fault)
+        self.cancels = CancelLog(root / "cancels.log", on_fault=fault)
+        self.reschedules = RescheduleLog(root / "reschedules.log", on_fault=fault)
         self.answered: list[Answered] = []
         self.answer_fails: Exception | None = None
         self.consumer = Consumer(partitions)
@@ -228,6 +227,9 @@ class Rig:
             ).check,
             answer=self._answer,
         )
+
+    def _fault(self, fault: Exception) -> None:
+        self.fatal.append(str(fault))
 
     def feed(self, *batches: list[Message]) -> None:
         with self.consumer.lock:

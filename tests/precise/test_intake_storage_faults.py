@@ -124,9 +124,8 @@ def test_the_store_and_the_cancel_log_report_faults_on_any_thread(tmp_path, monk
     """The loader and the forwarder handle errors their own way; `on_fault` is how a
     fault they meet still stops the daemon."""
     faults: list[StorageError] = []
-    store = SlotStore(tmp_path / "slots")
-    cancels = CancelLog(tmp_path / "cancels.log")
-    store.on_fault = cancels.on_fault = faults.append
+    store = SlotStore(tmp_path / "slots", on_fault=faults.append)
+    cancels = CancelLog(tmp_path / "cancels.log", on_fault=faults.append)
     store.append(0, 5, b"frame")
     store.sync()
     monkeypatch.setattr(Path, "unlink", _failing(errno.EIO))
