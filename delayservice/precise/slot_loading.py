@@ -88,7 +88,7 @@ class SlotLoading(WheelState):
             with self._lock:
                 self._cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
                 self._loading[tracker] = index
-                self._hold(index.memory)
+                self._held += index.memory
         return 0.0 if self._fill() else wait
 
     def _fill(self) -> bool:
@@ -165,11 +165,11 @@ class SlotLoading(WheelState):
             self._in_memory.update(record.envelope.id for record, _ in out if record.envelope)
             cost = self._cost.get(tracker, RECORD_OVERHEAD)
             tracker.outstanding += len(out)
-            self._hold(cost * len(out))
+            self._held += cost * len(out)
             if finished:
                 index = self._loading.pop(tracker, None)
                 if index is not None:
-                    self._hold(-index.memory)
+                    self._held -= index.memory
                 tracker.loading = False
                 if tracker.outstanding <= 0:
                     self._delete(tracker)

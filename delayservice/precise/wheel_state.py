@@ -92,6 +92,7 @@ class WheelState:
         self._bounds = self._tiers.boundaries(clock())
         self._shared = held
         self._held = 0  # estimated bytes of records this wheel holds in memory
+        held.add_holder(lambda: self._held)
         self._cost: dict[SlotTracker, int] = {}  # estimated bytes per record, by slot
         self._loading: dict[SlotTracker, SlotIndex] = {}  # slots partly in memory
         self._trackers: dict[tuple[int, int], SlotTracker] = {}
@@ -115,11 +116,6 @@ class WheelState:
         self._called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
         self._wake = threading.Event()
         self._stopping = threading.Event()
-
-    def _hold(self, delta: int) -> None:
-        """Count bytes into (or out of) memory, here and against the shared cap."""
-        self._held += delta
-        self._shared.add(delta)
 
     def _horizon(self) -> int:
         """The last slot second that belongs in memory now."""
@@ -151,7 +147,7 @@ class WheelState:
                 self._cost[tracker] = len(frame) + RECORD_OVERHEAD
         if tracker is not None:
             tracker.outstanding += 1
-            self._hold(self._cost.get(tracker, RECORD_OVERHEAD))
+            self._held += self._cost.get(tracker, RECORD_OVERHEAD)
         return tracker
 
     def _write(self, writes: dict[Key, list[bytes]]) -> None:
@@ -167,7 +163,7 @@ class WheelState:
 
     def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
         tracker.outstanding -= 1
-        self._hold(-self._cost.get(tracker, RECORD_OVERHEAD))
+        self._held -= self._cost.get(tracker, RECORD_OVERHEAD)
         if tracker.deleted:
             return
         if tracker.outstanding <= 0 and not tracker.loading:
