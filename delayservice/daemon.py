@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
+from delayservice.level.level_worker import LevelWorker
+from delayservice.level.memory_budget import MemoryBudget
 from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -31,8 +33,6 @@ from delayservice.precise.data_dir import check_data_dir
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.settings import Settings
-from delayservice.worker.level_worker import LevelWorker
-from delayservice.worker.memory_budget import MemoryBudget
 
 log = logging.getLogger(__name__)
 

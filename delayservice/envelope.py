@@ -199,7 +199,7 @@ def plain_tail(headers: object) -> PlainTail | None:
     (`RecordSender.send_run`) makes the same checks inline: calling this from there cost
     0.05-0.10 of the bare pipe's rate (0.44-0.47 against 0.52-0.54 at-least-once, runs
     alternated), so the two copies stay, and must keep agreeing
-    (`tests/worker/test_fast_path_agreement.py` checks that they do)."""
+    (`tests/forward/test_fast_path_agreement.py` checks that they do)."""
     if type(headers) is not list:
         return None
     count = len(headers)

@@ -17,12 +17,12 @@ from delayservice.cli.common import (
     friendly_errors,
 )
 from delayservice.cli.pending_command import when
+from delayservice.forward import dead_letter as dl
 from delayservice.levels import format_duration_ms, parse_duration_ms
 from delayservice.settings import load_settings
 from delayservice.status.marker_trail import MOVED, Marker
 from delayservice.status.message_finder import NOT_FOUND, Whereabouts, find
 from delayservice.status.topic_scan import Hit
-from delayservice.worker import dead_letter as dl
 
 DEFAULT_SINCE = "1d"
 

@@ -12,10 +12,10 @@ from typing import Annotated
 import typer
 
 from delayservice.cli.common import BootstrapOption, ConfigOption, friendly_errors
+from delayservice.precise import due_buckets
+from delayservice.precise.census import count_files
 from delayservice.settings import load_settings
-from delayservice.status import due_buckets
 from delayservice.status.pending_report import PendingRow, level_rows, precise_row
-from delayservice.status.precise_census import count_files
 
 PROGRESS_FROM_FILES = 200
 """A census of fewer files finishes before a progress bar would help."""

@@ -19,13 +19,13 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.envelope import ByteHeaders, Envelope, Headers, plain_tail, unwrap
 from delayservice.errors import EnvelopeError
+from delayservice.forward import dead_letter as dl
+from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.record_headers import UNREADABLE, read_headers, readable_headers
 from delayservice.levels import Level, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.slot_record import SlotRecord
-from delayservice.worker import dead_letter as dl
-from delayservice.worker.target_names import TargetNames
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from delayservice.envelope import (
     Envelope,
     Headers,
 )
+from delayservice.forward import dead_letter as dl
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, is_fatal, unread_records
 from delayservice.kafka.log_levels import GraceStreaks
@@ -56,6 +57,7 @@ from delayservice.precise.marker_replies import (
     Answered,
     MarkerRepliesError,
 )
+from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_file import encode_fields
@@ -63,8 +65,6 @@ from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
-from delayservice.worker import dead_letter as dl
-from delayservice.worker.ledger import LevelLedger, PartitionLedger
 
 log = logging.getLogger(__name__)
 

@@ -22,13 +22,13 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.ids import names_elsewhere
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, Answered, MarkerReply
+from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Role
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
-from delayservice.worker.ledger import LevelLedger
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Precise mode, wired: intake thread -> slot files -> loader -> buffer -> forwarder.
 
-It forwards through the level workers' forwarder (`LevelForwarder`, at-least-once: a
+It forwards through the level workers' forwarder (`Forwarder`, at-least-once: a
 producer that reports only failures, and commit points that flush it) with its own
 producer; its metrics carry the level label `exact`. The settle protocol: at each
 commit point the forwarder hands over the records it made durable (forwarded or
@@ -24,17 +24,20 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Producer
 
+from delayservice.forward.buffer import Runs
+from delayservice.forward.build import build_forwarder
+from delayservice.forward.forwarder import Routes
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
-from delayservice.kafka.target_topics import TargetTopics
-from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
+from delayservice.precise.census_export import CensusExport
 from delayservice.precise.data_dir import DataDir
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.intake import Intake
 from delayservice.precise.marker_replies import MarkerReplies
+from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.progress import Progress
 from delayservice.precise.slot_buffer import SlotBuffer
@@ -42,10 +45,6 @@ from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
 from delayservice.settings import Settings
-from delayservice.status.census_export import CensusExport
-from delayservice.worker.buffer import Runs
-from delayservice.worker.ledger import LevelLedger, PartitionLedger
-from delayservice.worker.level_forwarder import LevelForwarder, Routes
 
 log = logging.getLogger(__name__)
 
@@ -91,58 +90,22 @@ def precise_group_id(settings: Settings, member: int, *, far: bool = False) -> s
     return f"{settings.group_id}-precise{'-far' if far else ''}-{member}"
 
 
-def precise_forwarder(
-    level: Level,
-    settings: Settings,
-    metrics: ServiceMetrics,
-    buffer: SlotBuffer,
-    make_producer: Callable[[dict[str, Any]], Any],
-    on_fatal: Callable[[str], None],
-    settle: Callable[[Runs], None],
-    clock: Any = time,
-) -> LevelForwarder:
-    """The level workers' forwarder over the wheel's buffer, at-least-once, with a
-    producer of its own that reports only failures."""
-    client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
-    config = client_config.level_producer(settings, client_id)
-    unconfirmed = watch_unconfirmed(config)
-    box: list[LevelForwarder] = []
-
-    def on_report(error: Any, message: Any) -> None:
-        box[0].on_report(error, message)
-
-    def new_producer() -> Any:
-        return make_producer({**config, "on_delivery": on_report})
-
-    producer = new_producer()
-    routes = Routes(
+def precise_routes(settings: Settings) -> Routes:
+    """Where a precise record may go: its target, or the dead-letter topic; never back
+    into a level (it is forwarded at its exact time, not re-published)."""
+    return Routes(
         settings.level_set(),
         None,
         settings.dead_letter_topic,
         settings.internal_topics(),
         exact=True,
     )
+
+
+def precise_commit_interval(settings: Settings) -> float:
+    """Precise mode forwards at-least-once: a second between commit points unless set."""
     interval = settings.commit_interval_s
-    forwarder = LevelForwarder(
-        level,
-        buffer,
-        producer,
-        TargetTopics(producer),
-        routes,
-        metrics,
-        on_fatal,
-        transactional=False,
-        unconfirmed=unconfirmed,
-        commit_interval_s=1.0 if interval is None else interval,
-        flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
-        backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),
-        give_up_s=settings.retry_give_up_s,
-        clock=clock,
-        make_producer=new_producer,
-        settle=settle,
-    )
-    box.append(forwarder)
-    return forwarder
+    return 1.0 if interval is None else interval
 
 
 class SettlesSlots(Protocol):
@@ -254,14 +217,16 @@ class PreciseWorker:
             held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
         )
         buffer = self.wheel.buffer
-        self.forwarder = precise_forwarder(
+        self.forwarder = build_forwarder(
             self.level,
             settings,
             metrics,
             buffer,
+            precise_routes(settings),
             make_producer,
             on_fatal,
-            functools.partial(settle_durable, wheel=self.wheel, offsets=self.ledger),
+            commit_interval_s=precise_commit_interval(settings),
+            settle=functools.partial(settle_durable, wheel=self.wheel, offsets=self.ledger),
         )
         replies = MarkerReplies(
             settings.precise_outcomes_topic,

@@ -1,4 +1,4 @@
-"""The forwarder's buffer in precise mode (`worker.buffer.Buffer`): records in memory,
+"""The forwarder's buffer in precise mode (`forward.buffer.Buffer`): records in memory,
 taken in fire-time order.
 
 Records arrive in runs (a loaded slice of a slot, an intake batch, records put back)
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Final
 
+from delayservice.forward.buffer import NEVER, Alarm, Runs
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.timers.base import Clock
-from delayservice.worker.buffer import NEVER, Alarm, Runs
 
 _FIRE: Final = itemgetter(1)
 

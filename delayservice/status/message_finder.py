@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delayservice.envelope import H_CANCEL, H_ID, H_RESCHEDULE, H_TARGET
+from delayservice.forward import dead_letter as dl
 from delayservice.kafka import client_config
 from delayservice.precise.ids import named_place
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
@@ -25,7 +26,6 @@ from delayservice.status.kafka_backlog import Head
 from delayservice.status.marker_trail import Marker, calls_off, moved_due_ms, read_replies
 from delayservice.status.pending_report import level_due_ms, precise_due_ms
 from delayservice.status.topic_scan import Headers, Hit, TopicScan, header_text
-from delayservice.worker import dead_letter as dl
 
 WAITING = "waiting"
 OVERDUE = "overdue"

@@ -21,14 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS
 from delayservice.kafka import client_config
+from delayservice.level.level_worker import level_group_id
 from delayservice.levels import Level
 from delayservice.precise.cancel_log import pending_cancels
+from delayservice.precise.census import Census, take_census
 from delayservice.precise.data_dir import cancel_log_path
 from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME, precise_group_id
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head, PartitionBacklog, backlog
-from delayservice.status.precise_census import Census, take_census
-from delayservice.worker.level_worker import level_group_id
 
 log = logging.getLogger(__name__)
 

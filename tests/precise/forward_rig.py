@@ -1,6 +1,7 @@
 """Precise mode's forwarding on fakes: the wheel's buffer, the forwarder `PreciseWorker`
-builds (`precise_forwarder`) and its settle protocol (`settle_durable`), with a fake
-producer and a stand-in for the wheel that records what settles."""
+builds (`build_forwarder` with `precise_routes`) and its settle protocol
+(`settle_durable`), with a fake producer and a stand-in for the wheel that records what
+settles."""
 
 from __future__ import annotations
 
@@ -10,21 +11,23 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from delayservice.forward.build import build_forwarder
+from delayservice.forward.forwarder import Forwarder
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
+from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.precise_worker import (
     LEVEL_NAME,
     PreciseLevel,
-    precise_forwarder,
+    precise_commit_interval,
+    precise_routes,
     settle_durable,
 )
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.settings import Settings, load_settings
-from delayservice.worker.ledger import LevelLedger
-from delayservice.worker.level_forwarder import LevelForwarder
-from tests.worker.fakes import (
+from tests.level.fakes import (
     DLQ,
     OTHER_TARGET,
     TARGET,
@@ -55,7 +58,7 @@ class PreciseRig:
     registry: CollectorRegistry
     clock: FakeClock | None
     buffer: SlotBuffer
-    forwarder: LevelForwarder
+    forwarder: Forwarder
     admission: Admission
     wheel: SlotsSettled
     offsets: LevelLedger
@@ -162,15 +165,17 @@ def make_precise_rig(
     def settle(runs: Any) -> None:
         settle_durable(runs, wheel=wheel, offsets=offsets)
 
-    forwarder = precise_forwarder(
+    forwarder = build_forwarder(
         LEVEL,
         settings,
         metrics,
         buffer,
+        precise_routes(settings),
         make_producer,
         fatal.append,
-        settle,
-        clock if clock is not None else time,
+        commit_interval_s=precise_commit_interval(settings),
+        settle=settle,
+        clock=clock if clock is not None else time,
     )
     admission = Admission(LEVEL, settings.max_delay_ms, settings.internal_topics(), metrics)
     return PreciseRig(

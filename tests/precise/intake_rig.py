@@ -19,14 +19,14 @@ from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.data_dir import DataDirWatch
 from delayservice.precise.intake import Intake
 from delayservice.precise.marker_replies import Answered
+from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Wheel
-from delayservice.worker.ledger import LevelLedger
-from tests.worker.fakes import message
+from tests.level.fakes import message
 
 TOPIC = "precise"
 NOW_MS = 1_800_000_000_000

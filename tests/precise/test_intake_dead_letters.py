@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from delayservice.envelope import H_VERSION
+from tests.level.fakes import message
 from tests.precise.intake_rig import NOW_MS, TOPIC, record, running, wait
-from tests.worker.fakes import message
 
 
 def test_offsets_commit_past_a_dead_letter_only_once_it_is_durable(tmp_path: Path):

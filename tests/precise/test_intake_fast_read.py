@@ -17,8 +17,8 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.precise_worker import PreciseLevel
 from delayservice.precise.slot_file import StoredRecord, decode
+from tests.level.fakes import message
 from tests.precise.intake_rig import FAR_MS, NOW_MS, TOPIC, Rig, record, running
-from tests.worker.fakes import message
 
 
 @pytest.fixture

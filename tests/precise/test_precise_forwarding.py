@@ -13,9 +13,8 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from delayservice.worker.sender import ForwarderFatalError
-from tests.precise.forward_rig import PRECISE_TOPIC, PreciseRig, make_precise_rig
-from tests.worker.fakes import (
+from delayservice.forward.sender import ForwarderFatalError
+from tests.level.fakes import (
     DLQ,
     OTHER_TARGET,
     TARGET,
@@ -26,6 +25,7 @@ from tests.worker.fakes import (
     kafka_error,
     wait_for,
 )
+from tests.precise.forward_rig import PRECISE_TOPIC, PreciseRig, make_precise_rig
 
 TIMED_OUT = KafkaError._MSG_TIMED_OUT
 

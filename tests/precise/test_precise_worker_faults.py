@@ -19,7 +19,7 @@ from delayservice.precise.slot_file import StoredRecord
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.settings import load_settings
-from tests.worker.fakes import TARGET, FakeProducer
+from tests.level.fakes import TARGET, FakeProducer
 
 
 class NoProducer:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from delayservice.envelope import Envelope
+from delayservice.forward.forwarder import TAKE
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import settle_durable
 from delayservice.precise.reschedule_log import RescheduleLog
@@ -19,8 +21,6 @@ from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Wheel
-from delayservice.worker.ledger import LevelLedger
-from delayservice.worker.level_forwarder import TAKE
 
 NOW = 1_800_000_000.0
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from delayservice.forward.forwarder import TAKE
 from delayservice.precise import reschedule_moves as wheel_module
 from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule
 from delayservice.precise.slot_file import StoredRecord, encode
 from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.worker.level_forwarder import TAKE
 from tests.precise.test_wheel import NOW, Rig, ms
 
 

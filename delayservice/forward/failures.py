@@ -29,10 +29,10 @@ from typing import Final
 from confluent_kafka import KafkaError, Message
 
 from delayservice.envelope import Headers, unwrap
+from delayservice.forward import dead_letter as dl
+from delayservice.forward.buffer import Runs
 from delayservice.kafka.record_headers import readable_headers
 from delayservice.log_throttle import Throttle
-from delayservice.worker import dead_letter as dl
-from delayservice.worker.buffer import Runs
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 drives its own: init once per producer, begin, send the offsets with the group's
 metadata, commit, abort, replace.
 
-The forwarder decides what a failure means for the records (`LevelForwarder`); this
+The forwarder decides what a failure means for the records (`Forwarder`); this
 module keeps the calls honest about what librdkafka does:
 
 - `init_transactions` is run at start and right after a producer is replaced: it fences
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from delayservice.worker.sender import ForwarderFatalError, SendLaterError, producer_failed
+from delayservice.forward.sender import ForwarderFatalError, SendLaterError, producer_failed
 
 log = logging.getLogger(__name__)
 

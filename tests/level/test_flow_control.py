@@ -1,7 +1,7 @@
 import pytest
 
-from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
+from delayservice.level.flow_control import FlowControl
+from delayservice.level.memory_budget import RECORD_OVERHEAD, MemoryBudget
 
 
 class Level:
@@ -88,7 +88,7 @@ def test_water_marks_must_make_sense():
 
 
 def test_each_level_sees_the_others_admissions_within_the_recheck_window():
-    from delayservice.worker.flow_control import RECHECK_EVERY
+    from delayservice.level.flow_control import RECHECK_EVERY
 
     per_record = 100 + RECORD_OVERHEAD
     budget = MemoryBudget(10 * RECHECK_EVERY * per_record)

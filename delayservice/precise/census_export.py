@@ -17,8 +17,8 @@ from collections.abc import Container
 from pathlib import Path
 
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.status import due_buckets
-from delayservice.status.precise_census import Census, take_census
+from delayservice.precise import due_buckets
+from delayservice.precise.census import Census, take_census
 
 log = logging.getLogger(__name__)
 

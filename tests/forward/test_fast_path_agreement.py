@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from delayservice.envelope import plain_tail
-from tests.worker.fakes import LEVEL, PREVIOUS_DELAY_MS, TARGET, FakeClock, make_level_rig
-from tests.worker.test_consumer_loop import append, cycle, subscribed
+from tests.level.fakes import LEVEL, PREVIOUS_DELAY_MS, TARGET, FakeClock, make_level_rig
+from tests.level.test_consumer_loop import append, cycle, subscribed
 
 RECORDS = 600
 

@@ -12,10 +12,10 @@ import threading
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from delayservice.worker import level_forwarder as level_forwarder_module
-from delayservice.worker import transaction as transaction_module
-from tests.worker import fakes
-from tests.worker.fakes import (
+from delayservice.forward import forwarder as forwarder_module
+from delayservice.forward import transaction as transaction_module
+from tests.level import fakes
+from tests.level.fakes import (
     DLQ,
     LEVEL,
     TARGET,
@@ -27,7 +27,7 @@ from tests.worker.fakes import (
     kafka_error,
     make_level_rig,
 )
-from tests.worker.test_consumer_loop import (
+from tests.level.test_consumer_loop import (
     append,
     dead,
     forward,
@@ -240,7 +240,7 @@ def test_a_report_that_matches_nothing_sent_sends_the_interval_again(clock, exac
     append(rig, 0, 2)
     step(rig)
     forward(rig)
-    from tests.worker.fakes import message
+    from tests.level.fakes import message
 
     stray = message(0, 99, 0, key=b"other", value=b"other", topic=TARGET)
     rig.forwarder.on_report(kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True), stray)
@@ -365,7 +365,7 @@ def test_a_fenced_producer_stops_the_daemon_and_commits_nothing(clock):
         KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
     )
     step(rig)
-    with pytest.raises(level_forwarder_module.ForwarderFatalError):
+    with pytest.raises(forwarder_module.ForwarderFatalError):
         forward(rig, commit=True)
     assert rig.producer.committed_txns == []
     assert forwarded(rig) == []
@@ -381,7 +381,7 @@ def test_a_fenced_producer_on_its_thread_reports_fatal_once():
     rig.forwarder.start()
     rig.loop.start()
     try:
-        from tests.worker.fakes import wait_for
+        from tests.level.fakes import wait_for
 
         wait_for(lambda: rig.fatal != [], "the fatal report")
     finally:
@@ -395,7 +395,7 @@ def test_an_exactly_once_forwarder_fences_its_predecessor_before_any_record_come
     """A killed predecessor's open transaction holds its pending offset commit, and a
     read_committed consumer's offset fetch waits on it: init_transactions (which aborts
     it) must not wait for a record to send, or none would come until it timed out."""
-    from tests.worker.fakes import wait_for
+    from tests.level.fakes import wait_for
 
     rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
     rig.forwarder.start()
@@ -432,7 +432,7 @@ def test_a_send_offsets_call_that_hangs_past_its_timeout_is_fatal(clock, monkeyp
     append(rig, 0, 1)
     step(rig)
     try:
-        with pytest.raises(level_forwarder_module.ForwarderFatalError, match="did not return"):
+        with pytest.raises(forwarder_module.ForwarderFatalError, match="did not return"):
             forward(rig, commit=True)
     finally:
         release.set()
@@ -469,7 +469,7 @@ def test_stop_mid_interval_makes_what_was_sent_durable(exactly_once):
     append(rig, 0, 4)
     rig.forwarder.start()
     rig.loop.start()
-    from tests.worker.fakes import wait_for
+    from tests.level.fakes import wait_for
 
     wait_for(lambda: len(rig.producer.sent) == 4, "the records to be sent")
     rig.loop.request_stop()
@@ -511,7 +511,7 @@ def test_transactions_that_cannot_start_yet_leave_the_records_in_the_buffer(cloc
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 2)
     step(rig)
-    with pytest.raises(level_forwarder_module.SendLaterError):
+    with pytest.raises(forwarder_module.SendLaterError):
         forward(rig)
     assert rig.group.counts[0] == 2
     rig.producer.txn_inits = 1
@@ -527,7 +527,7 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
     """After a broker restart librdkafka can refuse to end a transaction (invalid state,
     fatal): a new producer takes over, its init_transactions ends the old transaction,
     and what was not committed is sent again through it."""
-    from tests.worker.fakes import FakeProducer
+    from tests.level.fakes import FakeProducer
 
     rig = rig_for(clock, exactly_once)
     second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)

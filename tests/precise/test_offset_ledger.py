@@ -1,4 +1,4 @@
-from delayservice.worker.ledger import LevelLedger
+from delayservice.precise.offset_ledger import LevelLedger
 
 
 def test_commit_waits_for_the_lowest_unsettled_offset():

@@ -11,18 +11,17 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 
+from delayservice.forward.build import build_forwarder
+from delayservice.forward.forwarder import Routes
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient
-from delayservice.kafka.target_topics import TargetTopics
-from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
+from delayservice.level.consumer_loop import ConsumerLoop
+from delayservice.level.flow_control import FlowControl
+from delayservice.level.memory_budget import MemoryBudget
+from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
-from delayservice.worker.consumer_loop import ConsumerLoop
-from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.level_forwarder import LevelForwarder, Routes
-from delayservice.worker.memory_budget import MemoryBudget
-from delayservice.worker.partition_group import PartitionGroup
 
 log = logging.getLogger(__name__)
 
@@ -63,38 +62,17 @@ class LevelWorker:
             settings.internal_topics(),
             previous,
         )
-        forwarder_box: list[LevelForwarder] = []
-
-        def on_report(error: Any, message: Any) -> None:
-            forwarder_box[0].on_report(error, message)
-
-        config = client_config.level_producer(
-            settings, client_id, transactional_id(settings, level) if exactly_once else None
-        )
-        unconfirmed = watch_unconfirmed(config)
-
-        def new_producer() -> Any:
-            return make_producer({**config, "on_delivery": on_report})
-
-        self.producer = new_producer()
-        interval = settings.commit_interval()
-        self.forwarder = LevelForwarder(
+        self.forwarder = build_forwarder(
             level,
-            self.group,
-            self.producer,
-            TargetTopics(self.producer),
-            routes,
+            settings,
             metrics,
+            self.group,
+            routes,
+            make_producer,
             on_fatal,
-            transactional=exactly_once,
-            unconfirmed=unconfirmed,
-            commit_interval_s=interval,
-            flush_timeout_s=max(1.0, settings.shutdown_timeout_s - 10.0),
-            backoff=(settings.retry_backoff_s, settings.retry_backoff_max_s),
-            give_up_s=settings.retry_give_up_s,
-            make_producer=new_producer,
+            commit_interval_s=settings.commit_interval(),
+            transactional_id=transactional_id(settings, level) if exactly_once else None,
         )
-        forwarder_box.append(self.forwarder)
         group_id = level_group_id(settings, level)
         instance_id = f"{settings.instance_name}-{level.topic}"
 

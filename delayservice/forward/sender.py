@@ -35,15 +35,9 @@ from delayservice.envelope import (
     unwrap,
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
-from delayservice.kafka.record_headers import UNREADABLE, headers_of_run, read_headers
-from delayservice.kafka.target_topics import TargetTopics
-from delayservice.levels import Level, LevelSet, format_duration_ms
-from delayservice.log_throttle import Throttle
-from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
-from delayservice.worker import dead_letter as dl
-from delayservice.worker.buffer import Buffer
-from delayservice.worker.failures import (
+from delayservice.forward import dead_letter as dl
+from delayservice.forward.buffer import Buffer
+from delayservice.forward.failures import (
     Doom,
     Failures,
     Key,
@@ -51,7 +45,13 @@ from delayservice.worker.failures import (
     dead_letter_copy,
     permanent_reason,
 )
-from delayservice.worker.target_names import TargetNames
+from delayservice.forward.target_names import TargetNames
+from delayservice.kafka.record_headers import UNREADABLE, headers_of_run, read_headers
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.levels import Level, LevelSet, format_duration_ms
+from delayservice.log_throttle import Throttle
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import (
     ConsumerKeeper,
@@ -41,12 +42,11 @@ from delayservice.kafka.consumer_keeper import (
     unread_records,
 )
 from delayservice.kafka.ready_batch import ready_batch
+from delayservice.level.flow_control import FlowControl
+from delayservice.level.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.level_forwarder import LevelForwarder
-from delayservice.worker.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class ConsumerLoop:
         make_consumer: MakeConsumer,
         group: PartitionGroup,
         flow: FlowControl,
-        forwarder: LevelForwarder,
+        forwarder: Forwarder,
         metrics: ServiceMetrics,
         on_fatal: Callable[[str], None],
         rejoin_timeout_s: float = 30.0,

@@ -24,7 +24,7 @@ once, with its absolute due time, to where it fits (the precise topic when preci
 runs, else the smallest level that holds what remains) and its partition moves on.
 
 Precise mode forwards through this forwarder too, at-least-once, over its own buffer
-(`worker.buffer.Buffer`): each commit point hands the records it made durable to
+(`forward.buffer.Buffer`): each commit point hands the records it made durable to
 `settle`, which settles them in their slots (`precise_worker.settle_durable`).
 
 No exception from one record escapes a send; the loop survives anything else.
@@ -42,15 +42,10 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
-from delayservice.kafka.target_topics import TargetTopics
-from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
-from delayservice.levels import Level
-from delayservice.log_throttle import Throttle
-from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.worker import dead_letter as dl
-from delayservice.worker.buffer import Buffer, Runs
-from delayservice.worker.failures import UNKNOWN_TARGET, Failures, Key
-from delayservice.worker.sender import (
+from delayservice.forward import dead_letter as dl
+from delayservice.forward.buffer import Buffer, Runs
+from delayservice.forward.failures import UNKNOWN_TARGET, Failures, Key
+from delayservice.forward.sender import (
     FENCED,
     ForwarderFatalError,
     RecordSender,
@@ -58,9 +53,14 @@ from delayservice.worker.sender import (
     SendLaterError,
     producer_failed,
 )
-from delayservice.worker.transaction import Transaction
+from delayservice.forward.transaction import Transaction
+from delayservice.kafka.target_topics import TargetTopics
+from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
+from delayservice.levels import Level
+from delayservice.log_throttle import Throttle
+from delayservice.metrics.service_metrics import ServiceMetrics
 
-__all__ = ["ForwarderFatalError", "LevelForwarder", "Routes", "commit_floor"]
+__all__ = ["Forwarder", "ForwarderFatalError", "Routes", "commit_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class _Request:
     ok: bool = False
 
 
-class LevelForwarder:
+class Forwarder:
     def __init__(
         self,
         level: Level,

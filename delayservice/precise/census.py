@@ -21,11 +21,11 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from delayservice.precise import due_buckets
 from delayservice.precise.data_dir import reschedule_log_path
 from delayservice.precise.reschedule_log import Move, pending_moves
 from delayservice.precise.slot_file import Frame, frame_length, frames, message_id_of
 from delayservice.precise.slot_store import partition_dirs
-from delayservice.status import due_buckets
 
 CHUNK = 4 << 20
 

@@ -39,15 +39,15 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
+from delayservice.forward.forwarder import Forwarder, Routes
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
+from delayservice.level.consumer_loop import ConsumerLoop
+from delayservice.level.flow_control import FlowControl
+from delayservice.level.memory_budget import MemoryBudget
+from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level, LevelSet
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.worker.consumer_loop import ConsumerLoop
-from delayservice.worker.flow_control import FlowControl
-from delayservice.worker.level_forwarder import LevelForwarder, Routes
-from delayservice.worker.memory_budget import MemoryBudget
-from delayservice.worker.partition_group import PartitionGroup
 
 LEVEL_TOPIC = "delay_topic_2"
 LEVEL = Level(2, 5_000, LEVEL_TOPIC)
@@ -755,7 +755,7 @@ class LevelRig(_Fakes):
     group: PartitionGroup
     budget: MemoryBudget
     flow: FlowControl
-    forwarder: LevelForwarder
+    forwarder: Forwarder
     loop: ConsumerLoop
     fatal: list[str]
 
@@ -765,7 +765,7 @@ LEVELS = LevelSet([PREVIOUS_DELAY_MS, LEVEL.delay_ms, 20_000, MAX_DELAY_MS], "de
 
 PRODUCERS: list[FakeProducer] = []
 """Every level rig's producer, for the check that no test committed what it did not own
-(`tests/worker/conftest.py`)."""
+(`tests/level/conftest.py`)."""
 
 
 def make_level_rig(
@@ -785,7 +785,7 @@ def make_level_rig(
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
     consumer = FakeConsumer()
-    box: list[LevelForwarder] = []
+    box: list[Forwarder] = []
     config: dict[str, Any] = {
         "delivery.report.only.error": True,
         "on_delivery": lambda error, msg: box[0].on_report(error, msg),  # noqa: PLW0108  # bound later
@@ -813,7 +813,7 @@ def make_level_rig(
         frozenset({*(lv.topic for lv in LEVELS), DLQ}),
         PREVIOUS_DELAY_MS,
     )
-    forwarder = LevelForwarder(
+    forwarder = Forwarder(
         LEVEL,
         group,
         producer,

@@ -15,7 +15,7 @@ import time
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
-from tests.worker.fakes import (
+from tests.level.fakes import (
     DLQ,
     LEVEL,
     LEVEL_TOPIC,

@@ -1,4 +1,4 @@
-"""What the worker tests share: a fake clock for the modules that read time, and the
+"""What the level and forward tests share: a fake clock for the modules that read time, and the
 exactly-once ownership check that every test on the fake level rig runs under."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from delayservice.worker import consumer_loop as consumer_loop_module
-from delayservice.worker import dead_letter as dead_letter_module
-from tests.worker import fakes
-from tests.worker.fakes import FakeClock
+from delayservice.forward import dead_letter as dead_letter_module
+from delayservice.level import consumer_loop as consumer_loop_module
+from tests.level import fakes
+from tests.level.fakes import FakeClock
 
 
 @pytest.fixture(autouse=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Final
 
 from delayservice.envelope import preview
+from delayservice.forward import dead_letter as dl
 from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 from delayservice.topic_names import invalid_reason
-from delayservice.worker import dead_letter as dl
 
 MEMO_SIZE: Final = 10_000
 

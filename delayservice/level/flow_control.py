@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence, Sized
 from typing import Final
 
-from delayservice.worker.memory_budget import RECORD_OVERHEAD, MemoryBudget
+from delayservice.level.memory_budget import RECORD_OVERHEAD, MemoryBudget
 
 RECHECK_EVERY: Final = 64
 """Records admitted against a local estimate of the budget's room before it is summed

@@ -29,7 +29,7 @@ from typing import Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
-from delayservice.worker.buffer import NEVER, Alarm
+from delayservice.forward.buffer import NEVER, Alarm
 
 Clock = Callable[[], float]
 RECORD_KEY_ALLOWANCE: Final = 64

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from delayservice.precise import due_buckets
 from delayservice.precise.cancel_log import CancelLog, pending_cancels
+from delayservice.precise.census import count_files, take_census
 from delayservice.precise.data_dir import cancel_log_path, reschedule_log_path
 from delayservice.precise.placement import Placement
 from delayservice.precise.reschedule_log import Move, RescheduleLog
 from delayservice.precise.slot_file import StoredRecord, encode, encode_settled
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.wheel import Reschedule, Wheel
-from delayservice.status import due_buckets
-from delayservice.status.precise_census import count_files, take_census
 from tests.precise.test_wheel import Clock, Outcomes
 
 NOW_MS = 1_800_000_000_000

@@ -1,7 +1,7 @@
 """Exactly-once across rebalances: the hand-over of a revoked or lost partition, on fakes.
 
 The rule every test here is held to (`FakeProducer._check_ownership`, checked after each
-test by `tests/worker/conftest.py`): a transaction holds records and offsets of a
+test by `tests/level/conftest.py`): a transaction holds records and offsets of a
 partition only if they were read during its current assignment. Each test drives one
 path by which the forwarder used to break it:
 
@@ -27,13 +27,13 @@ import threading
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
-from delayservice.worker import consumer_loop as consumer_loop_module
-from delayservice.worker import level_forwarder as level_forwarder_module
-from delayservice.worker import transaction as transaction_module
-from delayservice.worker.partition_group import PartitionGroup
-from tests.worker import fakes
-from tests.worker.fakes import FakeClock, FakeProducer, LevelRig, make_level_rig, message
-from tests.worker.test_consumer_loop import append, forward, step, subscribed
+from delayservice.forward import forwarder as forwarder_module
+from delayservice.forward import transaction as transaction_module
+from delayservice.level import consumer_loop as consumer_loop_module
+from delayservice.level.partition_group import PartitionGroup
+from tests.level import fakes
+from tests.level.fakes import FakeClock, FakeProducer, LevelRig, make_level_rig, message
+from tests.level.test_consumer_loop import append, forward, step, subscribed
 
 
 def exactly_once_rig(clock: FakeClock) -> tuple[LevelRig, FakeProducer]:
@@ -110,7 +110,7 @@ def test_1_a_fatal_error_during_the_hand_over_still_forgets_the_partition(clock)
 def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, monkeypatch):
     """A forwarder thread busy elsewhere: the revoke callback does not return before
     the forwarder has served it, and what it then commits is still owned."""
-    monkeypatch.setattr(level_forwarder_module, "HANDOVER_WAIT_S", 0.1)
+    monkeypatch.setattr(forwarder_module, "HANDOVER_WAIT_S", 0.1)
     rig = two_partitions_in_a_transaction(clock)
     busy = threading.Event()
     rig.forwarder._thread = threading.Thread(target=busy.wait, daemon=True)

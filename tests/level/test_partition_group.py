@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-from delayservice.worker.partition_group import PartitionGroup
-from tests.worker.fakes import FakeClock, message
+from delayservice.level.partition_group import PartitionGroup
+from tests.level.fakes import FakeClock, message
 
 DELAY_MS = 5_000
 

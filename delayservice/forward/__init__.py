@@ -1,0 +1,2 @@
+"""What both modes forward through: the forwarder thread, its send path and commit
+points, transactions, failures and dead letters."""

@@ -1,0 +1,1 @@
+"""Level mode: per level, a consumer thread -> per-partition queues -> the forwarder."""

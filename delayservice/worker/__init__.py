@@ -1,1 +1,0 @@
-"""Per-level worker: consumer thread -> DelayQueue-style buffer -> forwarder thread."""
