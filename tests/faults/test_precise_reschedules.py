@@ -121,7 +121,7 @@ def _restart(run: FaultRun, daemon: DaemonProcess, name: str, after: float) -> D
     return daemon
 
 
-ROUNDS = 6
+ROUNDS = 5
 PER_ROUND = 10
 
 
@@ -143,18 +143,18 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
     run.traffic([target], rate=100, seed=SEED, precision="exact")
     mover = Rescheduler(run, rng)
     start = time.time()
-    # Old and new times after every kill: the rounds below take about 25 s.
-    ids = mover.send(target, ROUNDS * PER_ROUND, start + 50, start + 65)
+    # Old and new times after every kill: the rounds below take about 15 to 25 s.
+    ids = mover.send(target, ROUNDS * PER_ROUND, start + 40, start + 50)
     moved: set[str] = set()
     kills = []
     for round_ in range(ROUNDS):
         fresh = ids[round_ * PER_ROUND : (round_ + 1) * PER_ROUND]
         again = rng.sample(sorted(moved), min(3, len(moved)))  # moved a second time
-        mover.move(fresh + again, start + 40, start + 75)  # earlier and later
+        mover.move(fresh + again, start + 32, start + 58)  # earlier and later
         moved.update(fresh)
         kills.append(rng.uniform(0.1, 1.1))
         daemon = _restart(run, daemon, name, kills[-1])
-    assert time.time() < start + 40, "the rounds ran past the earliest new due time"
+    assert time.time() < start + 32, "the rounds ran past the earliest new due time"
     mover.wait_past_due()
     report = run.drain(f"14. precise: reschedules then kill -9 x{ROUNDS}", timeout=90)
     late = report.lateness_where(lambda s: bool(s.replaced))
@@ -168,6 +168,7 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
     _verdict(run, report, fault_summary, moved)
 
 
+@pytest.mark.long
 def test_precise_replica_takes_over_while_reschedules_are_in_flight(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
 ):
@@ -216,6 +217,7 @@ def test_precise_replica_takes_over_while_reschedules_are_in_flight(
     _verdict(run, report, fault_summary, set(ids[:30]))
 
 
+@pytest.mark.long
 def test_precise_cancels_and_reschedules_of_the_same_ids_cancels_win(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
 ):
