@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Every row of the README's performance table in one sitting, one after another, so the
+# figures come from one machine state. Each benchmark starts its own local broker
+# unless BOOTSTRAP=host:port names one. The output of each row goes to
+# $OUT/<row>.txt (default benchmarks/results/<date>), and the lines that carry its
+# figures are printed as it ends. About 35 minutes on a 2-vCPU machine.
+#
+#   benchmarks/sitting.sh                  # every row
+#   benchmarks/sitting.sh forwarding burst # only the rows named
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-benchmarks/results/$(date -u +%Y%m%dT%H%M)}
+mkdir -p "$out"
+py=.venv/bin/python
+extra=()
+if [ -n "${BOOTSTRAP:-}" ]; then
+  extra=(--bootstrap "$BOOTSTRAP")
+fi
+
+declare -A rows=(
+  [forwarding]="benchmarks/forwarding.py --messages 200000 --rounds 2"
+  [catch_up]="benchmarks/forwarding.py --messages 1000000 --rounds 1"
+  [steady_alo]="benchmarks/steady_lateness.py"
+  [steady_eos]="benchmarks/steady_lateness.py --guarantee exactly-once"
+  [burst]="benchmarks/steady_lateness.py --burst 300000 --levels 5s"
+  [memory]="benchmarks/memory_per_message.py --messages 300000"
+  [precise_burst_300k]="benchmarks/precise_burst.py --messages 300000 --max-buffered-mib 256"
+  [precise_burst_500k]="benchmarks/precise_burst.py --messages 500000 --max-buffered-mib 256"
+  [precise_restart]="benchmarks/precise_restart.py"
+  [precise_long_delay]="benchmarks/precise_long_delay.py --messages 500000"
+)
+order=(forwarding catch_up steady_alo steady_eos burst memory precise_burst_300k
+  precise_burst_500k precise_restart precise_long_delay)
+if [ "$#" -gt 0 ]; then
+  order=("$@")
+fi
+
+for row in "${order[@]}"; do
+  command=${rows[$row]:-}
+  if [ -z "$command" ]; then
+    echo "unknown row $row; rows: ${!rows[*]}" >&2
+    exit 2
+  fi
+  echo "== $row: python $command (started $(date -u +%H:%M:%S))"
+  # shellcheck disable=SC2086  # the command is a word list on purpose
+  $py $command "${extra[@]}" >"$out/$row.txt" 2>&1 || echo "   $row exited $?"
+  grep -vE '^%[0-9]\|' "$out/$row.txt" | tail -n 25 | sed 's/^/   /'
+done
+echo "results in $out"
