@@ -422,6 +422,17 @@ def wait_for_count(
     return count
 
 
+def wait_for_ids(bootstrap: str, topic: str, expected: int, deadline: float) -> int:
+    """Like `wait_for_count`, but counts distinct `delay-id`s: after a kill -9 some
+    records arrive twice, and a count of records would stop before the last arrive."""
+    wait_for_count(bootstrap, topic, expected, deadline)
+    while True:  # the whole topic each time: these runs hold a few thousand records
+        seen = {r.message_id for r in read_topic(bootstrap, topic) if r.message_id is not None}
+        if len(seen) >= expected or time.monotonic() >= deadline:
+            return len(seen)
+        time.sleep(0.5)
+
+
 # -- the join ----------------------------------------------------------------------------
 def due_ms(source: Seen, floor_ms: int = 0) -> int:
     due = source.append_ms + max(floor_ms, source.delay_ms)

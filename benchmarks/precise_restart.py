@@ -44,7 +44,7 @@ from precise_common import (
     report_log,
     stderr,
     tag_for,
-    wait_for_count,
+    wait_for_ids,
 )
 
 from delayservice.producer import DelayProducer
@@ -102,7 +102,7 @@ def one_run(bootstrap: str, args: argparse.Namespace, number: int) -> Run:
             ready_ms = int(time.time() * 1000)
             stderr(f"run {number}: ready {ready_s:.2f} s after the kill ({load()})")
             deadline = time.monotonic() + args.max_delay + 60
-            wait_for_count(bootstrap, target, args.pending, deadline)
+            wait_for_ids(bootstrap, target, args.pending, deadline)
         sources = read_topic(bootstrap, settings.precise_topic)
         arrivals = read_topic(bootstrap, target)
     dues = {s.message_id: due_ms(s) for s in sources if s.message_id is not None}
