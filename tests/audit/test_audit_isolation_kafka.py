@@ -24,7 +24,8 @@ from confluent_kafka import Producer
 
 from delayservice.producer import DelayProducer
 
-pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+# Two Spark audits (about 90 s): CI's audit of a real broker is test_audit_e2e.
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.long]
 
 
 def _audit(config: Path, out: Path, isolation: str | None) -> subprocess.CompletedProcess[str]:

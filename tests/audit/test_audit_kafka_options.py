@@ -738,6 +738,7 @@ topic_prefix = "{prefix}"
 
 @pytest.mark.spark
 @pytest.mark.kafka
+@pytest.mark.long  # CI's audits of a real broker: test_audit_e2e and the isolation test
 def test_a_real_audit_reads_the_plaintext_broker_with_the_daemons_consumer_settings(
     testbed, tmp_path
 ):
