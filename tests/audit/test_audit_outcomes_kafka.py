@@ -30,6 +30,7 @@ def _older_deployment(testbed, tmp_path):
     return settings
 
 
+@pytest.mark.long  # a Spark audit of its own; CI's audit_e2e reads the outcomes topic
 def test_an_audit_without_the_outcomes_topic_runs_and_says_so(testbed, spark, tmp_path):
     settings = _older_deployment(testbed, tmp_path)
     lines: list[str] = []

@@ -440,6 +440,7 @@ def _nothing_dead_lettered(report: Report) -> None:
     assert not report.dead_reasons, report.dead_reasons
 
 
+@pytest.mark.long  # CI keeps the storage-fault units in tests/precise; --all runs this
 def test_precise_full_disk_during_intake_stops_the_daemon_and_loses_nothing(
     fault_run, kafka_bootstrap, fault_summary, small_disk, testbed
 ):

@@ -460,7 +460,8 @@ def test_strangers_claims_do_not_stop_a_replica_taking_over_a_killed_owner(pair)
 # -- a cancel across a take-over --------------------------------------------------------
 
 
-@pytest.mark.parametrize("disk", ["kept", "lost"])
+# CI runs the harder case, the owner's disk lost with it; --all runs both.
+@pytest.mark.parametrize("disk", [pytest.param("kept", marks=pytest.mark.long), "lost"])
 def test_a_cancel_sent_while_the_owner_is_down_is_honoured_by_the_replica(pair, disk):
     """The owner of partition 0 is killed with SIGKILL (its data directory kept, or lost
     with it); cancels of some of its messages go out before they are due, so before the
