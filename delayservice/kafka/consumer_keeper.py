@@ -57,16 +57,19 @@ class ConsumerKeeper:
         self,
         name: str,
         make: MakeConsumer,
-        callbacks: Callable[[Callable[[], bool]], dict[str, Any]],
+        on_error: Callable[[KafkaError], None],
+        on_commit: Callable[[KafkaError | None, list[TopicPartition]], None],
         on_fatal: Callable[[str], None],
         count_replacement: Callable[[], None] = lambda: None,
     ) -> None:
-        """`callbacks(current)` builds the callbacks of one client; each should do
-        nothing once `current()` is False (its client was replaced). `on_fatal` stops
-        the daemon when replacing does not help."""
+        """Each client reports errors and commits to `on_error` and `on_commit` until it
+        is replaced; a replaced one that still reports while it closes must not touch
+        the state of its successor. `on_fatal` stops the daemon when replacing does not
+        help."""
         self._name = name
         self._make = make
-        self._callbacks = callbacks
+        self._on_error = on_error
+        self._on_commit = on_commit
         self._on_fatal = on_fatal
         self._count = count_replacement
         self._generation = 0
@@ -77,7 +80,18 @@ class ConsumerKeeper:
 
     def _new(self) -> ConsumerClient:
         self._generation += 1
-        return self._make(self._callbacks(self.current_check()))
+        return self._make(self._bound_callbacks(self.current_check()))
+
+    def _bound_callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
+        def on_error(error: KafkaError) -> None:
+            if current():
+                self._on_error(error)
+
+        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
+            if current():
+                self._on_commit(error, partitions)
+
+        return {"error_cb": on_error, "on_commit": on_commit}
 
     def current_check(self) -> Callable[[], bool]:
         """A test that stays true while the present client is the kept one: for

@@ -85,7 +85,12 @@ class ConsumerLoop:
         self.level = level
         self._m_rebuilds = metrics.consumer_rebuilds.labels(level.name)
         self.keeper = ConsumerKeeper(
-            level.topic, make_consumer, self._bound_callbacks, on_fatal, self._m_rebuilds.inc
+            level.topic,
+            make_consumer,
+            self.on_error,
+            self.on_commit,
+            on_fatal,
+            self._m_rebuilds.inc,
         )
         self._rejoin_timeout = rejoin_timeout_s
         self.unassigned_since: float | None = None
@@ -156,20 +161,6 @@ class ConsumerLoop:
     @property
     def _consumer(self) -> ConsumerClient:
         return self.keeper.client
-
-    def _bound_callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
-        """A client's callbacks: a replaced one that still reports while it closes must
-        not touch the state of its successor."""
-
-        def on_error(error: KafkaError) -> None:
-            if current():
-                self.on_error(error)
-
-        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-            if current():
-                self.on_commit(error, partitions)
-
-        return {"error_cb": on_error, "on_commit": on_commit}
 
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during poll."""

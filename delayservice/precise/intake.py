@@ -247,22 +247,11 @@ class Intake:
         elif self._throttle.allow(code) is not None:
             log.info("%s: %s", self.topic, error.str())
 
-    def _callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
-        def on_error(error: KafkaError) -> None:
-            if current():
-                self.on_error(error)
-
-        def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
-            if current():
-                self.on_commit(error, partitions)
-
-        return {"error_cb": on_error, "on_commit": on_commit}
-
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
         try:
             self._keeper = ConsumerKeeper(
-                self.topic, self._make_consumer, self._callbacks, self._on_fatal
+                self.topic, self._make_consumer, self.on_error, self.on_commit, self._on_fatal
             )
         except Exception as exc:
             log.exception("consumer of %s could not be created", self.topic)
