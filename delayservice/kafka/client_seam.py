@@ -69,11 +69,14 @@ class ProducerClient(Protocol):
         topic: str,
         value: bytes | None = ...,
         key: bytes | None = ...,
-        *,
         partition: int = ...,
+        callback: DeliveryCallback | None = ...,
         on_delivery: DeliveryCallback | None = ...,
+        timestamp: int = ...,
         headers: list[tuple[str, str | bytes | None]] | None = ...,
-    ) -> None: ...
+    ) -> None:
+        """confluent-kafka's order: the forwarder's fast paths pass every argument by
+        position (`forward.sender.ANY_PARTITION`)."""
 
     def poll(self, timeout: float = ...) -> int: ...
 

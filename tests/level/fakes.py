@@ -493,11 +493,15 @@ class FakeProducer:
         topic: str,
         value: bytes | None = None,
         key: bytes | None = None,
-        *,
         partition: int = -1,
+        callback: Callable[[Any, Any], None] | None = None,
         on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int = 0,
         headers: Any = None,
     ) -> None:
+        """confluent-kafka's argument order, positional or by keyword."""
+        on_delivery = on_delivery or callback
+        assert timestamp == 0, "the forwarder never sets a timestamp"
         if not isinstance(topic, str):
             raise TypeError("topic must be a string")
         checked = _check_headers(headers)
