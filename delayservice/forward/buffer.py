@@ -76,5 +76,9 @@ class Alarm:
 
     def wake(self) -> None:
         with self._cond:
-            self._woken = True
-            self._cond.notify_all()
+            self.wake_locked()
+
+    def wake_locked(self) -> None:
+        """`wake`, for a caller that holds the condition's lock."""
+        self._woken = True
+        self._cond.notify_all()

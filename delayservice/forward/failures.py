@@ -31,6 +31,7 @@ from confluent_kafka import KafkaError, Message
 from delayservice.envelope import Headers, unwrap
 from delayservice.forward import dead_letter as dl
 from delayservice.forward.buffer import Runs
+from delayservice.forward.held_record import TARGET, offset_of, record_of
 from delayservice.kafka.record_headers import readable_headers
 from delayservice.log_throttle import Throttle
 
@@ -124,6 +125,9 @@ class Failures:
         now = self._clock()
         for _, records in runs:
             for record in records:
+                if type(record) is tuple:
+                    self.acked_at[record[TARGET]] = now
+                    continue
                 try:
                     envelope, _, _ = unwrap(readable_headers(record))
                 except Exception:  # noqa: S112  # not a forward: nothing accepted
@@ -138,7 +142,8 @@ class Failures:
         index: dict[tuple, list[Key]] = {}  # type: ignore[type-arg]
         if any(spot is None for _, _, spot in reports):
             for partition, records in runs:
-                for record in records:
+                for entry in records:
+                    record = record_of(partition, entry)
                     spot = (partition, record.offset() or 0)
                     index.setdefault(self._content_of(spot, record, rerouted), []).append(spot)
         again: set[Key] = set()
@@ -156,7 +161,7 @@ class Failures:
                     error.str(),
                 )
                 for partition, records in runs:
-                    again.update((partition, r.offset() or 0) for r in records)
+                    again.update((partition, offset_of(r)) for r in records)
                 backoff_ms = max(backoff_ms, self.backoff_ms(1))
                 continue
             if len(spots) > 1:
@@ -245,13 +250,13 @@ class Failures:
         if self.failing or self.doomed:
             for partition, records in runs:
                 for record in records:
-                    spot = (partition, record.offset() or 0)
+                    spot = (partition, offset_of(record))
                     self.failing.pop(spot, None)
                     self.doomed.pop(spot, None)
         if self.suspects:
             for partition, records in runs:
                 for record in records:
-                    self.suspects.discard((partition, record.offset() or 0))
+                    self.suspects.discard((partition, offset_of(record)))
         self.dead_sent.clear()
 
     def forget(self, partitions: set[int]) -> None:

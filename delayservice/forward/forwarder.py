@@ -45,6 +45,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from delayservice.forward import dead_letter as dl
 from delayservice.forward.buffer import Buffer, Runs
 from delayservice.forward.failures import UNKNOWN_TARGET, Failures, Key
+from delayservice.forward.held_record import offset_of
 from delayservice.forward.sender import (
     FENCED,
     ForwarderFatalError,
@@ -93,10 +94,6 @@ def commit_floor(interval_s: float) -> float:
     throughput (nothing is due); the floor keeps a trickle of records from turning
     into a commit per record (each commit is a flush and one or two round trips)."""
     return min(0.2, max(0.01, interval_s / 5))
-
-
-def _offset(record: Message) -> int:
-    return record.offset() or 0
 
 
 @dataclass
@@ -499,7 +496,7 @@ class Forwarder:
                 records = taken[:sent]
             if records:
                 self._runs.append((partition, records))
-                self._sent_through[partition] = (records[-1].offset() or 0) + 1
+                self._sent_through[partition] = offset_of(records[-1]) + 1
             if sent < len(taken) and self._stopping.is_set():
                 for later, rest in runs[index + 1 :]:
                     self.group.put_back(later, rest)
@@ -602,7 +599,9 @@ class Forwarder:
             self._m_forwarded.inc(forwarded)
         if self.sender.lateness:
             lateness, self.sender.lateness = self.sender.lateness, []
-            self._m_lateness.observe_many(self.level.name, [max(0, ms) / 1000 for ms in lateness])
+            self._m_lateness.observe_counted(
+                self.level.name, [(max(0, ms) / 1000, n) for ms, n in lateness]
+            )
         self._m_commits.inc()
 
     def _commit_transaction(self, offsets: dict[int, int]) -> bool:
@@ -655,7 +654,7 @@ class Forwarder:
         for partition, records in runs:
             again.setdefault(partition, []).extend(records)
         for partition, records in again.items():
-            records.sort(key=_offset)  # a record sent again on its own came after later ones
+            records.sort(key=offset_of)  # a record sent again on its own came after later ones
             committed = self._committed.get(partition)
             if committed is None:
                 self._sent_through.pop(partition, None)
@@ -677,7 +676,7 @@ class Forwarder:
         for partition, records in self._runs:
             stay = []
             for record in records:
-                spot = (partition, record.offset() or 0)
+                spot = (partition, offset_of(record))
                 if spot in again:
                     wait = backoff_ms if spot in failing else 0
                     self._waiting.setdefault(partition, {})[spot[1]] = (until + wait, record)

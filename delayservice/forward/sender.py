@@ -19,16 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from delayservice.envelope import (
     H_DELAY_MS,
     H_DUE_MS,
     H_ID,
-    H_TARGET,
-    H_VERSION,
-    MAX_DIGITS,
-    PREFIX,
     Envelope,
     Headers,
     forwarded_headers,
@@ -36,6 +32,7 @@ from delayservice.envelope import (
 )
 from delayservice.errors import DelayServiceError, EnvelopeError
 from delayservice.forward import dead_letter as dl
+from delayservice.forward import speedups
 from delayservice.forward.buffer import Buffer
 from delayservice.forward.failures import (
     Doom,
@@ -46,12 +43,11 @@ from delayservice.forward.failures import (
     permanent_reason,
 )
 from delayservice.forward.target_names import TargetNames
-from delayservice.kafka.record_headers import UNREADABLE, headers_of_run, read_headers
+from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level, LevelSet, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +61,6 @@ through a dictionary built per call, which cost about 3,700 instructions of the 
 a bare `produce(..., headers=...)` of a forwarded record takes (callgrind, 20,000
 records). `tests/forward/test_positional_produce_kafka.py` holds that order to a real
 broker."""
-TARGET_MEMO: Final = 10_000
-_PREFIX_LENGTH: Final = len(PREFIX)
 BELOW_LEVEL: Final = "delay_below_level"
 ABOVE_LEVEL: Final = "delay_above_level"
 UNREADABLE_DOOM: Final = Doom(dl.REASON_UNREADABLE_HEADERS, dl.UNREADABLE_HEADERS_DETAIL)
@@ -144,13 +138,13 @@ class RecordSender:
         }
         self._throttle = Throttle()
         self._names = TargetNames(routes.reserved)
-        self._target_names: dict[bytes, str] = {}
         self.reports: list[Report] = []
         """Failed deliveries, filled while the producer is served (poll, flush)."""
         self.rerouted: dict[Key, str] = {}
         """Records of the open interval re-published to another delay topic."""
-        self.lateness: list[int] = []
-        """ms between due time and send of each forward in the open interval."""
+        self.lateness: list[tuple[int, int]] = []
+        """(ms between due time and send, forwards) of the open interval."""
+        self._fast = speedups.fast_path()
 
     def replace_producer(self, producer: Any) -> None:
         """Send through `producer` from now on (the old one failed)."""
@@ -171,87 +165,34 @@ class RecordSender:
         if error is not None:
             self.reports.append((error, message, spot))
 
-    def send_run(self, partition: int, records: list[Message]) -> int:  # inline on purpose
+    def send_run(self, partition: int, records: list[Any]) -> int:
         """Send one partition's due records in order; how many went (the rest must wait).
 
-        The common record (broker timestamp, the envelope as `DelayProducer` writes it,
-        a delay this level holds, a known target) takes the fast path inline: it runs
-        once per forwarded record, where every call and allocation counts against the
-        bare pipe. Anything else, and anything that goes wrong, takes `_send_one`."""
+        A `Held` record (its envelope read when it was admitted, `forward.held_record`)
+        for a target known to exist is sent as it is, by `fast_path.send_held_run`:
+        this runs once per forwarded record. Anything else (a record kept as the
+        client's message, a record doomed or suspected by an earlier failure), and
+        anything that goes wrong, takes `_send_one`."""
         if self._routes.exact:
             return self._send_held(partition, records)
-        produce = self._producer.produce
-        lateness = self.lateness
-        level_delay = self.level.delay_ms
-        previous = self._routes.previous_delay_ms
-        plain = not self.failures.doomed and not self.failures.suspects
-        known: dict[bytes, str | None] = {}  # raw target -> its name when it can be sent to
-        now_ms = int(self._clock.time() * 1000)
-        last_stamp, due, due_text = -1, 0, b""
-        index = 0
-        heads = headers_of_run(records)  # never record.headers(): see record_headers
-        try:
-            for index, record in enumerate(records):  # read by the handlers
-                kind, stamp = record.timestamp()
-                headers = heads[index]
-                # The envelope as DelayProducer writes it, read from the end of the
-                # headers: the checks of `envelope.plain_tail`, inline because a call
-                # per record costs here. Any other shape (and anything doubtful) takes
-                # `_send_one`, which parses in full. The user's headers are checked for
-                # the reserved prefix, so one that hides a second envelope field never
-                # passes here.
-                if (
-                    plain
-                    and kind == TIMESTAMP_LOG_APPEND_TIME
-                    and type(headers) is list
-                    and len(headers) >= 4
-                ):
-                    (v, version), (t, raw_target), (m, raw_ms), (i, raw_id) = headers[-4:]
-                    if (
-                        v == H_VERSION
-                        and t == H_TARGET
-                        and m == H_DELAY_MS
-                        and i == H_ID
-                        and version == b"1"
-                        and type(raw_ms) is bytes
-                        and type(raw_id) is bytes
-                        and raw_id.isascii()
-                        and raw_id
-                        and raw_ms.isdigit()
-                        and len(raw_ms) <= MAX_DIGITS
-                        and previous < int(raw_ms) <= level_delay
-                    ):
-                        target = known.get(raw_target, "")
-                        if target == "":
-                            target = known[raw_target] = self._sendable(raw_target)
-                        user = headers[:-4]
-                        for name, _ in user:
-                            if name[:_PREFIX_LENGTH] == PREFIX:
-                                target = None
-                        if target is not None:
-                            if stamp != last_stamp:
-                                last_stamp, due = stamp, stamp + level_delay
-                                due_text = str(due).encode()
-                            user.append((H_ID, raw_id))
-                            user.append((H_DUE_MS, due_text))
-                            try:
-                                produce(
-                                    target, record.value(), record.key(), ANY_PARTITION,
-                                    None, None, 0, user,
-                                )  # fmt: skip
-                            except BufferError:
-                                self._produce(
-                                    produce, target, record.value(), record.key(), user, None
-                                )
-                            except Exception:  # the slow path says what it was
-                                self._send_one(partition, record, now_ms)
-                                continue
-                            lateness.append(now_ms - due)
-                            continue
-                self._send_one(partition, record, now_ms)
-        except SendLaterError:
-            return index
-        return len(records)
+        failures = self.failures
+        return int(
+            self._fast.send_held_run(
+                partition,
+                records,
+                self._producer.produce,
+                int(self._clock.time() * 1000),
+                not failures.doomed and not failures.suspects,
+                self.lateness,
+                self._can_send,
+                self._produce,
+                self._send_one,
+                SendLaterError,
+            )
+        )
+
+    def _can_send(self, target: str) -> bool:
+        return self._sendable_name(target) is not None
 
     def _send_held(self, partition: int, records: list[Any]) -> int:
         """`send_run` for precise records (`SlotRecord`), whose envelope and due time were
@@ -277,7 +218,7 @@ class RecordSender:
                     continue
             except SendLaterError:
                 return index
-            lateness.append(now_ms - record.due_ms)
+            lateness.append((now_ms - record.due_ms, 1))
         return len(records)
 
     def _fast_produce(self, produce: Callable[..., None], target: str, record: Any) -> bool:
@@ -295,28 +236,6 @@ class RecordSender:
     def _sendable_name(self, target: str) -> str | None:
         """`target` when it is a valid, existing topic, else None."""
         return target if self._known_target(target) is not None else None
-
-    def _sendable(self, raw: Any) -> str | None:
-        """The name of a valid, existing target, else None: the slow path then decides
-        what is wrong (and nothing here raises)."""
-        if type(raw) is not bytes or not raw:
-            return None
-        target = self._target_names.get(raw)
-        if target is None:
-            target = self._target_name(raw)
-        return target if target and self._known_target(target) is not None else None
-
-    def _target_name(self, raw: bytes) -> str:
-        """A target name as text, shared by every record naming it ('' if not UTF-8)."""
-        try:
-            name = raw.decode()
-        except UnicodeDecodeError:
-            return ""
-        if len(raw) <= MAX_TOPIC_NAME:
-            if len(self._target_names) >= TARGET_MEMO:
-                self._target_names.clear()
-            self._target_names[raw] = name
-        return name
 
     def _known_target(self, target: str) -> int | None:
         """The partition count of a valid, existing target, else None (the slow path
@@ -382,7 +301,7 @@ class RecordSender:
                     user,
                     envelope.partition,
                 )
-            self.lateness.append(now_ms - due)
+            self.lateness.append((now_ms - due, 1))
         except EnvelopeError as exc:
             self._dead_letter_safely(partition, record, Doom(dl.REASON_ENVELOPE, str(exc)))
         except (SendLaterError, ForwarderFatalError):

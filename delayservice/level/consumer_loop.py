@@ -21,8 +21,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from itertools import groupby
+from typing import Any, Final
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -49,6 +50,9 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
+
+_PARTITION: Final = Message.partition
+_ERROR: Final = Message.error
 
 BATCH = 1000
 POLL_TIMEOUT_S = 0.2
@@ -113,7 +117,6 @@ class ConsumerLoop:
         name = level.name
         self._m_consumed = metrics.consumed.labels(name)
         self._m_clock = metrics.clock_offset.labels(name)
-        self._m_not_append = metrics.level_mismatches.labels(name, "not_append_time")
         self._m_buffered = metrics.buffered_messages.labels(name)
         self._m_next_due = metrics.next_due.labels(name)
         self._m_overdue = metrics.oldest_overdue.labels(name)
@@ -317,7 +320,9 @@ class ConsumerLoop:
         never waits out the timeout per batch.
         """
         now = time.monotonic()
-        if self._behind() and now - self._last_consume < BEHIND_MAX_S:
+        if self._group.handover_full() or (
+            self._behind() and now - self._last_consume < BEHIND_MAX_S
+        ):
             self._group.wait_drained(self._flow.pause_at, BEHIND_WAIT_S)
             return []
         self._last_consume = now  # rebalances are served from consume(): never for long
@@ -350,23 +355,37 @@ class ConsumerLoop:
     # -- admitting records ---------------------------------------------------------
     def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
         """The batch's records per owned partition, in offset order; errors reported,
-        records of a partition about to be sought back skipped (they are read again)."""
+        records of a partition about to be sought back skipped (they are read again).
+
+        No Python runs per record: the client returns each partition's records in
+        chunks, which `groupby` cuts and `extend` joins in C."""
+        if any(map(_ERROR, messages)):
+            messages = self._without_errors(messages)
         runs: dict[int, list[Message]] = {}
+        chunks: Iterable[tuple[int, Iterator[Message]]] = groupby(messages, _PARTITION)  # type: ignore[arg-type]
+        for partition, chunk in chunks:
+            run = runs.get(partition)
+            if run is None:
+                runs[partition] = list(chunk)
+            else:
+                run.extend(chunk)
         rewind, owned = self._rewind, self.owned_partitions
-        for message in messages:
-            partition = message.partition()
-            run = runs.get(partition)  # type: ignore[arg-type]
-            error = message.error()
-            if run is not None and error is None:
-                run.append(message)
-            elif error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    self.on_error(error)
-            elif partition is not None and partition in rewind:
-                rewind.setdefault(partition, message.offset() or 0)
-            elif partition is not None and partition in owned:
-                runs[partition] = [message]
+        for partition in [p for p in runs if p in rewind or p not in owned]:
+            run = runs.pop(partition)
+            if partition in rewind:
+                rewind.setdefault(partition, run[0].offset() or 0)
         return runs
+
+    def _without_errors(self, messages: list[Message]) -> list[Message]:
+        """The batch without the client's error events, which are reported."""
+        kept = []
+        for message in messages:
+            error = message.error()
+            if error is None:
+                kept.append(message)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                self.on_error(error)
+        return kept
 
     def _admit_batch(self, messages: list[Message]) -> int:
         """Append each partition's records to its queue, as many as flow control admits;
@@ -395,9 +414,7 @@ class ConsumerLoop:
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
                     self._read_delay_min = min(self._read_delay_min, read_ms - stamp)
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
-                late = group.add(partition, run, size, read_ms)
-                if late:
-                    self._m_not_append.inc(late)
+                group.add(partition, run, size, read_ms)
                 admitted += len(run)
             if not refused:
                 self._pause_if_near(partition)

@@ -69,7 +69,7 @@ class FlowControl:
         if fits == 0:
             return 0
         cost = sum(map(len, records[:fits])) + fits * (allowance + RECORD_OVERHEAD)
-        if level_buffered > 0 and self.budget.used + cost <= self.budget.max_bytes:
+        if self.budget.used + cost <= self.budget.max_bytes:
             self._room = 0  # the next `admits` sums again
             return fits
         taken = pending = 0

@@ -49,12 +49,17 @@ class LevelWorker:
         """Each level has its own producer: a commit point flushes (or commits the
         transaction of) exactly what this level sent."""
         self.level = level
-        self.group = PartitionGroup(level.delay_ms, time.time)
-        budget.register(self.group)
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
         exactly_once = settings.guarantee == "exactly-once"
         levels = settings.level_set()
         previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
+        self.group = PartitionGroup(
+            level.delay_ms,
+            time.time,
+            previous,
+            metrics.level_mismatches.labels(level.name, "not_append_time").inc,
+        )
+        budget.register(self.group)
         routes = Routes(
             levels,
             settings.precise_topic if settings.precise else None,

@@ -2,19 +2,23 @@
 
 Due = append time + the level's delay is monotonic in offset order within a level
 partition (LogAppendTime), so each partition is already a queue in due order and only
-its head can be the next due record. The buffer therefore keeps the records as the
-client returned them, one deque per partition, and a heap with one entry per
-non-empty partition (its head's due time), as Kafka Streams' `PartitionGroup` keeps
-one `RecordQueue` per partition. Admitting a record is an append; nothing per record
-is wrapped or pushed on a heap. Records without a broker-written timestamp (a topic
-switched to CreateTime) are due a level after they were read, kept beside the queue
-in `overrides`; reading times only grow, so the order holds for them too. A broker
-whose clock steps back breaks the order: a record can then be due before the one ahead
-of it. It waits behind it (late, never early), and the shortcut that takes a whole
-backlog at once trusts the latest due time ever queued on the partition, not the tail's.
+its head can be the next due record. The buffer keeps one deque per partition and a
+heap with one entry per non-empty partition (its head's due time), as Kafka Streams'
+`PartitionGroup` keeps one `RecordQueue` per partition.
 
-The consumer thread appends; the forwarder thread takes. One condition orders the
-two and wakes the forwarder when a new head is due earlier than what it waits for.
+The consumer thread hands over whole runs of one partition's records (`add`) and does
+nothing per record: the runs wait in a hand-over queue, counted against their
+partition at once so that flow control sees them. The forwarder thread admits them
+when it takes (`take`), reading each record's envelope once (`forward.held_record`),
+and alone touches the partitions' queues and the heap. It is woken when a handed-over
+run may be due before what it waits for, or when the hand-over queue fills.
+
+Records without a broker-written timestamp (a topic switched to CreateTime) are due a
+level after they were read, kept beside the queue in `overrides`; reading times only
+grow, so the order holds for them too. A broker whose clock steps back breaks the
+order: a record can then be due before the one ahead of it. It waits behind it (late,
+never early), and the shortcut that takes a whole backlog at once trusts the latest due
+time ever queued on the partition, not the tail's.
 """
 
 from __future__ import annotations
@@ -25,16 +29,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
+from delayservice.forward import speedups
 from delayservice.forward.buffer import NEVER, Alarm
+from delayservice.forward.held_record import DUE, HeldView, entry_bytes
 
 Clock = Callable[[], float]
 RECORD_KEY_ALLOWANCE: Final = 64
 """Bytes counted per record beside its value (`len(message)`): key and headers, which
 the client does not measure without copying them out."""
+HANDOVER_MAX: Final = 2_000
+"""Records handed over and not yet admitted before the consumer thread waits for the
+forwarder (and wakes it): flow control's counts never lag the queues by more."""
 
 
 def record_bytes(record: Message) -> int:
@@ -43,33 +52,53 @@ def record_bytes(record: Message) -> int:
 
 
 class PartitionGroup:
-    def __init__(self, delay_ms: int, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        delay_ms: int,
+        clock: Clock = time.time,
+        previous_delay_ms: int = 0,
+        on_not_append_time: Callable[[int], None] | None = None,
+    ) -> None:
+        """`previous_delay_ms`: the next shorter level's delay (envelopes asking for no
+        more than that belong there). `on_not_append_time(n)`: n records admitted
+        without a broker-written timestamp."""
         self.delay_ms = delay_ms
+        self.previous_delay_ms = previous_delay_ms
         self._clock = clock
+        self._on_not_append = on_not_append_time
         lock = threading.Lock()
         self._cond = threading.Condition(lock)
-        """Wakes the forwarder: an earlier head, a stop."""
+        """Wakes the forwarder: an earlier head, a full hand-over queue, a stop."""
         self._drained = threading.Condition(lock)
-        """Wakes the consumer thread: the forwarder took records."""
-        self.queues: dict[int, deque[Message]] = {}
+        """Wakes the consumer thread: the forwarder admitted or took records."""
+        self.queues: dict[int, deque[Any]] = {}
         self.overrides: dict[int, dict[int, int]] = {}
         """partition -> offset -> due ms, for records whose timestamp is not the broker's."""
         self.counts: dict[int, int] = {}
+        """partition -> records held, handed over and not yet admitted included."""
         self.bytes: dict[int, int] = {}
         self.not_before: dict[int, int] = {}
+        """partition -> epoch ms before which it gives nothing (a forward being retried)."""
         self.latest_due: dict[int, int] = {}
         """partition -> the latest due ms of any record queued since it was last empty."""
-        """partition -> epoch ms before which it gives nothing (a forward being retried)."""
         self._heap: list[tuple[int, int]] = []  # (due ms, partition), one per non-empty queue
         self._in_heap: set[int] = set()
         self.incarnations: dict[int, int] = {}
         """partition -> which assignment its queue belongs to: a new number each time the
         queue is made, so records taken under an earlier assignment never return to it."""
         self._incarnation = itertools.count(1)
+        self._handed: deque[tuple[int, int, list[Message], int]] = deque()
+        """(partition, incarnation, records, read ms) handed over, not yet admitted."""
+        self._handed_heads: dict[int, Message] = {}
+        """partition -> its first record handed over and not yet admitted."""
+        self._handed_due = NEVER
+        """Epoch s before which no handed-over record is due (a lower bound)."""
+        self.handed_records = 0
         self.total_buffered = 0
         self.total_bytes = 0
         self.peak_partition_buffered = 0
         self._alarm = Alarm(self._cond, clock)
+        self._hold_run = speedups.fast_path().hold_run
 
     # -- consumer side -------------------------------------------------------------
     def assign(self, partition: int) -> None:
@@ -80,48 +109,37 @@ class PartitionGroup:
             self.counts.setdefault(partition, 0)
             self.bytes.setdefault(partition, 0)
 
-    def add(self, partition: int, records: list[Message], size: int, read_ms: int) -> int:
-        """Append `records` (in offset order) of `partition`, `size` payload bytes in all;
-        returns how many carried no broker-written timestamp."""
-        queue = self.queues.get(partition)
-        if queue is None or not records:
-            return 0
-        delay = self.delay_ms
-        stamps = [record.timestamp() for record in records]
-        late = [
-            (record.offset() or 0, read_ms + delay)
-            for record, (kind, _) in zip(records, stamps, strict=True)
-            if kind != TIMESTAMP_LOG_APPEND_TIME
-        ]
-        if late:  # their own timestamps mean nothing: due a level after reading
-            appended = [stamp for kind, stamp in stamps if kind == TIMESTAMP_LOG_APPEND_TIME]
-            latest = max([read_ms, *appended]) + delay
-        else:
-            latest = max(stamp for _, stamp in stamps) + delay
+    def add(self, partition: int, records: list[Message], size: int, read_ms: int) -> None:
+        """Hand over `records` (in offset order) of `partition`, `size` payload bytes in
+        all, read at `read_ms`; the forwarder admits them when it next takes."""
+        if not records:
+            return
+        kind, stamp = records[0].timestamp()
+        first_due = (stamp if kind == TIMESTAMP_LOG_APPEND_TIME else read_ms) + self.delay_ms
         with self._cond:
-            if self.queues.get(partition) is not queue:
-                return 0  # dropped meanwhile
-            if late:
-                self.overrides.setdefault(partition, {}).update(late)
-            if queue and self.latest_due.get(partition, 0) > latest:
-                latest = self.latest_due[partition]
-            self.latest_due[partition] = latest
-            was_empty = not queue
-            queue.extend(records)
+            incarnation = self.incarnations.get(partition)
+            if incarnation is None:
+                return  # not assigned (dropped meanwhile)
+            self._handed.append((partition, incarnation, records, read_ms))
+            self._handed_heads.setdefault(partition, records[0])
             count = self.counts[partition] + len(records)
             self.counts[partition] = count
             self.bytes[partition] += size
             self.total_buffered += len(records)
             self.total_bytes += size
+            self.handed_records += len(records)
             self.peak_partition_buffered = max(self.peak_partition_buffered, count)
-            if was_empty and partition not in self._in_heap:
-                due = max(self._due(partition, queue[0]), self.not_before.get(partition, 0))
-                earliest = self._heap[0][0] if self._heap else None
-                heapq.heappush(self._heap, (due, partition))
-                self._in_heap.add(partition)
-                if earliest is None or due < earliest:
-                    self._cond.notify()
-        return len(late)
+            earliest = self._head_s()
+            self._handed_due = min(self._handed_due, first_due / 1000)
+            if self.handed_records >= HANDOVER_MAX:
+                self._alarm.wake_locked()
+            elif self._handed_due < earliest:
+                self._cond.notify()
+
+    def handover_full(self) -> bool:
+        """Whether the forwarder has yet to admit what was handed over (read it, then
+        `wait_drained`)."""
+        return self.handed_records >= HANDOVER_MAX
 
     def drop(self, partitions: set[int]) -> None:
         """Forget `partitions` (revoked, lost or rewound) and what they hold."""
@@ -132,22 +150,55 @@ class PartitionGroup:
                 self.overrides.pop(partition, None)
                 self.not_before.pop(partition, None)
                 self.latest_due.pop(partition, None)
+                self._handed_heads.pop(partition, None)
                 self.total_buffered -= self.counts.pop(partition, 0)
                 self.total_bytes -= self.bytes.pop(partition, 0)
+            if any(entry[0] in partitions for entry in self._handed):
+                kept = [entry for entry in self._handed if entry[0] not in partitions]
+                self.handed_records = sum(len(entry[2]) for entry in kept)
+                self._handed = deque(kept)
             if self._in_heap & partitions:
                 self._in_heap -= partitions
                 self._heap = [entry for entry in self._heap if entry[1] not in partitions]
                 heapq.heapify(self._heap)
+            self._drained.notify_all()
+
+    def head_due(self, partition: int) -> bool:
+        """Whether `partition`'s first record is due (its queue is a backlog)."""
+        queue = self.queues.get(partition)
+        try:
+            head = queue[0] if queue else self._handed_heads.get(partition)
+            if head is None:
+                return False
+            return self._due(partition, head) <= self._clock() * 1000
+        except (IndexError, TypeError):  # taken meanwhile
+            return False
+
+    def wait_drained(self, below: int, timeout: float) -> None:
+        """Wait up to `timeout` for the forwarder to take or admit records."""
+        with self._cond:
+            if self.handed_records >= HANDOVER_MAX or any(
+                count >= below for count in self.counts.values()
+            ):
+                self._drained.wait(timeout)
 
     # -- forwarder side ------------------------------------------------------------
-    def _due(self, partition: int, record: Message) -> int:
+    def _due(self, partition: int, record: Any) -> int:
+        if type(record) is tuple:
+            return int(record[DUE])
+        if type(record) is HeldView:
+            return record.due_ms
         kind, stamp = record.timestamp()
         if kind == TIMESTAMP_LOG_APPEND_TIME:
             return int(stamp) + self.delay_ms
         return self.overrides.get(partition, {}).get(record.offset() or 0, 0)
 
-    def due_of(self, partition: int, record: Message) -> int:
+    def due_of(self, partition: int, record: Any) -> int:
         """When `record` (taken from `partition`) was due at this level."""
+        if type(record) is HeldView:
+            return record.due_ms
+        if type(record) is tuple:
+            return int(record[DUE])
         kind, stamp = record.timestamp()
         if kind == TIMESTAMP_LOG_APPEND_TIME:
             return int(stamp) + self.delay_ms
@@ -155,43 +206,68 @@ class PartitionGroup:
             over = self.overrides.get(partition)
             return over.pop(record.offset() or 0, 0) if over else 0
 
-    def head_due(self, partition: int) -> bool:
-        """Whether `partition`'s first record is due (its queue is a backlog)."""
-        queue = self.queues.get(partition)
-        if not queue:
-            return False
-        try:
-            return self._due(partition, queue[0]) <= self._clock() * 1000
-        except IndexError:  # taken meanwhile
-            return False
-
-    def wait_drained(self, below: int, timeout: float) -> None:
-        """Wait up to `timeout` for the forwarder to take records (any partition)."""
-        with self._cond:
-            if any(count >= below for count in self.counts.values()):
-                self._drained.wait(timeout)
-
     def wait(self, deadline: float) -> None:
         """Sleep until the earliest head is due, `deadline` (clock seconds) or `wake`."""
         self._alarm.sleep(deadline, self._head_s)
 
     def _head_s(self) -> float:
-        return self._heap[0][0] / 1000 if self._heap else NEVER
+        head = self._heap[0][0] / 1000 if self._heap else NEVER
+        return min(head, self._handed_due)
 
     def wake(self) -> None:
         self._alarm.wake()
 
     def next_due_ms(self) -> int | None:
         with self._cond:
-            return self._heap[0][0] if self._heap else None
+            head = self._head_s()
+        return None if head == NEVER else int(head * 1000)
 
-    def take(self, limit: int) -> list[tuple[int, list[Message]]]:
-        """Records due now, at most about `limit`, as (partition, records in offset order)
+    def admit(self) -> None:
+        """Move what the consumer thread handed over into the partitions' queues, each
+        record's envelope read once (`fast_path.hold_run`). The forwarder thread's alone."""
+        with self._cond:
+            if not self._handed:
+                return
+            handed, self._handed = self._handed, deque()
+            self.handed_records = 0
+            self._handed_due = NEVER
+            self._handed_heads.clear()
+        delay, previous = self.delay_ms, self.previous_delay_ms
+        admitted = [
+            (partition, incarnation, self._hold_run(records, delay, previous, read_ms))
+            for partition, incarnation, records, read_ms in handed
+        ]
+        not_append = 0
+        with self._cond:
+            for partition, incarnation, (entries, run_latest, unstamped) in admitted:
+                queue = self.queues.get(partition)
+                if queue is None or self.incarnations.get(partition) != incarnation:
+                    continue  # dropped meanwhile (its counts went with it)
+                if unstamped:
+                    not_append += len(unstamped)
+                    self.overrides.setdefault(partition, {}).update(unstamped)
+                latest = run_latest
+                if queue and self.latest_due.get(partition, 0) > latest:
+                    latest = self.latest_due[partition]
+                self.latest_due[partition] = latest
+                was_empty = not queue
+                queue.extend(entries)
+                if was_empty and partition not in self._in_heap and queue:
+                    due = max(self._due(partition, queue[0]), self.not_before.get(partition, 0))
+                    heapq.heappush(self._heap, (due, partition))
+                    self._in_heap.add(partition)
+            self._drained.notify_all()
+        if not_append and self._on_not_append is not None:
+            self._on_not_append(not_append)
+
+    def take(self, limit: int) -> list[tuple[int, list[Any]]]:
+        """Records due now, at most about `limit`, as (partition, entries in offset order)
         runs, earliest head first. Never a record before its due time."""
+        self.admit()
         now_ms = int(self._clock() * 1000)
-        out: list[tuple[int, list[Message]]] = []
+        out: list[tuple[int, list[Any]]] = []
         taken = 0
-        delay = self.delay_ms
+        due_of = self._due
         with self._cond:
             heap = self._heap
             while heap and heap[0][0] <= now_ms and taken < limit:
@@ -200,38 +276,39 @@ class PartitionGroup:
                 if queue is None or not queue:
                     self._in_heap.discard(partition)
                     continue
-                overrides = self.overrides.get(partition)
-                run: list[Message] = []
+                run: list[Any] = []
                 if self.latest_due.get(partition, 0) <= now_ms:  # a backlog: all of it is due
                     pop = queue.popleft
                     run = [pop() for _ in range(min(len(queue), limit - taken))]
                 else:
                     while queue and taken + len(run) < limit:
-                        kind, stamp = queue[0].timestamp()
-                        if kind == TIMESTAMP_LOG_APPEND_TIME:
-                            due = stamp + delay
-                        else:
-                            due = overrides.get(queue[0].offset() or 0, 0) if overrides else 0
-                        if due > now_ms:
+                        if due_of(partition, queue[0]) > now_ms:
                             break
                         run.append(queue.popleft())
                 taken += len(run)
-                size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 if run:
                     self._drained.notify_all()
                     out.append((partition, run))
-                    self.counts[partition] -= len(run)
-                    self.bytes[partition] = max(0, self.bytes[partition] - size)
-                    self.total_buffered -= len(run)
-                    self.total_bytes = max(0, self.total_bytes - size)
+                    self._taken(partition, len(run), not queue)
                 if queue:
-                    next_due = max(
-                        self._due(partition, queue[0]), self.not_before.get(partition, 0)
-                    )
+                    next_due = max(due_of(partition, queue[0]), self.not_before.get(partition, 0))
                     heapq.heappush(heap, (next_due, partition))
                 else:
                     self._in_heap.discard(partition)
         return out
+
+    def _taken(self, partition: int, count: int, emptied: bool) -> None:
+        """Count `count` records out of `partition`. Their bytes are the partition's
+        average (exact once it is empty, so nothing drifts): a record's size is not
+        kept beside it."""
+        held = self.counts[partition]
+        size = self.bytes[partition]
+        pending = sum(len(e[2]) for e in self._handed if e[0] == partition) if emptied else 0
+        out = size if emptied and not pending else size * count // max(held, 1)
+        self.counts[partition] = held - count
+        self.bytes[partition] = size - out
+        self.total_buffered -= count
+        self.total_bytes -= out
 
     def incarnation(self, partition: int) -> int | None:
         """Which assignment the partition's queue belongs to (None: not assigned)."""
@@ -240,7 +317,7 @@ class PartitionGroup:
     def put_back(
         self,
         partition: int,
-        records: list[Message],
+        records: list[Any],
         not_before_ms: int = 0,
         incarnation: int | None = None,
     ) -> None:
@@ -255,7 +332,7 @@ class PartitionGroup:
             if incarnation is not None and self.incarnations.get(partition) != incarnation:
                 return  # revoked and assigned again since they were taken: stale
             queue.extendleft(reversed(records))
-            size = sum(map(record_bytes, records))
+            size = sum(entry_bytes(record, RECORD_KEY_ALLOWANCE) for record in records)
             self.counts[partition] += len(records)
             self.bytes[partition] += size
             self.total_buffered += len(records)

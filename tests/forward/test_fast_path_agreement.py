@@ -1,10 +1,10 @@
-"""The level forwarder's fast path (`RecordSender.send_run`) checks the envelope inline,
-a copy of `envelope.plain_tail`'s checks kept there for speed (a call per record cost
-0.05-0.10 of the bare pipe's rate). The copies must agree: a record the fast path sends
-without the full parse must be one `plain_tail` accepts, read the same way (and
-`plain_tail` is property-tested against `unwrap`). Seeded mutations of a valid
-envelope go through a level worker on fakes; which records skipped `_send_one` is
-compared with what `plain_tail` says of their headers."""
+"""The level's fast path (`fast_path.hold_run`, interpreted and compiled) checks the
+envelope inline when it admits a record, a copy of `envelope.plain_tail`'s checks kept
+there for speed (a call per record costs there). The copies must agree: a record the
+fast path sends without the full parse must be one `plain_tail` accepts, read the same
+way (and `plain_tail` is property-tested against `unwrap`). Seeded mutations of a valid
+envelope go through a level worker on fakes, once per implementation; which records
+skipped `_send_one` is compared with what `plain_tail` says of their headers."""
 
 from __future__ import annotations
 

@@ -805,7 +805,12 @@ def make_level_rig(
     producer = FakeProducer(all_topics, clock, config)
     producer.owner = consumer
     PRODUCERS.append(producer)
-    group = PartitionGroup(LEVEL.delay_ms, clock.time if clock is not None else time.time)
+    group = PartitionGroup(
+        LEVEL.delay_ms,
+        clock.time if clock is not None else time.time,
+        PREVIOUS_DELAY_MS,
+        metrics.level_mismatches.labels(LEVEL.name, "not_append_time").inc,
+    )
     budget = MemoryBudget(max_bytes)
     budget.register(group)
     flow = FlowControl(high_water, low_water, budget)

@@ -210,6 +210,7 @@ def test_a_create_time_record_is_due_a_level_after_it_was_read(rig, clock):
     clock.advance(2.0)
     read_ms = clock.ms()
     step(rig)
+    forward(rig)  # admitted: counted, and held
     assert rig.metric("delayservice_level_mismatches_total", kind="not_append_time") == 1
     clock.advance(DELAY / 1000 - 0.001)
     forward(rig)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
-from delayservice.level.partition_group import PartitionGroup
+from delayservice.forward.held_record import offset_of
+from delayservice.level.partition_group import HANDOVER_MAX, PartitionGroup
 from tests.level.fakes import FakeClock, message
 
 DELAY_MS = 5_000
 
 
 def offsets(runs: list[tuple[int, list]]) -> list[tuple[int, int]]:
-    return [(partition, record.offset()) for partition, run in runs for record in run]
+    return [(partition, offset_of(record)) for partition, run in runs for record in run]
 
 
 def test_heads_leave_in_due_order_across_partitions_and_never_early():
@@ -47,12 +51,115 @@ def test_a_broker_clock_stepping_back_makes_a_record_late_never_early():
 
 def test_records_without_the_brokers_timestamp_are_due_a_level_after_reading():
     clock = FakeClock()
-    group = PartitionGroup(DELAY_MS, clock.time)
+    unstamped: list[int] = []
+    group = PartitionGroup(DELAY_MS, clock.time, on_not_append_time=unstamped.append)
     now = clock.ms()
     group.assign(0)
     stale = message(0, 0, 0, timestamp_type=TIMESTAMP_CREATE_TIME)  # a 1970 timestamp
-    assert group.add(0, [stale], 1, now) == 1
+    group.add(0, [stale], 1, now)
     clock.advance(4.9)
     assert offsets(group.take(100)) == []
+    assert unstamped == [1]  # counted once, when admitted
     clock.advance(0.1)
     assert offsets(group.take(100)) == [(0, 0)]
+
+
+def _envelope(delay_ms: int, message_id: str, *extra: tuple[str, bytes]) -> list:
+    return [
+        ("trace", b"t"),
+        ("delay-v", b"1"),
+        ("delay-target", b"orders"),
+        ("delay-ms", str(delay_ms).encode()),
+        ("delay-id", message_id.encode()),
+        *extra,
+    ]
+
+
+def test_plain_records_are_held_as_their_values_and_the_rest_as_the_clients_messages():
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time, previous_delay_ms=1_000)
+    now = clock.ms()
+    group.assign(0)
+    records = [
+        message(0, 0, now, headers=_envelope(5_000, "plain")),
+        message(0, 1, now, headers=_envelope(1_000, "a-shorter-level")),
+        message(0, 2, now, headers=_envelope(5_000, "due", ("delay-due-ms", b"1"))),
+        message(0, 3, now, headers=[("trace", b"no envelope")]),
+        message(0, 4, now, headers=_envelope(3_000, "plain-too")),
+    ]
+    group.add(0, records, 5, now)
+    clock.advance(5.0)
+    ((_, taken),) = group.take(100)
+    assert [type(entry) is tuple for entry in taken] == [True, False, False, False, True]
+    assert taken[0][1:] == (
+        now + DELAY_MS,
+        "orders",
+        b"v",
+        b"k",
+        (("trace", b"t"),),
+        b"plain",
+        b"5000",
+    )
+    assert [offset_of(entry) for entry in taken] == [0, 1, 2, 3, 4]
+
+
+def test_handed_over_records_count_at_once_and_their_bytes_leave_with_them():
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time)
+    now = clock.ms()
+    group.assign(0)
+    group.add(0, [message(0, o, now - DELAY_MS, value=b"x" * o) for o in range(10)], 500, now)
+    assert (group.counts[0], group.total_buffered, group.total_bytes) == (10, 10, 500)
+    ((_, taken),) = group.take(4)
+    assert len(taken) == 4
+    assert group.counts[0] == 6
+    assert 0 < group.total_bytes < 500
+    group.take(100)
+    assert (group.counts[0], group.total_buffered, group.total_bytes) == (0, 0, 0)
+
+
+def test_a_dropped_partition_takes_its_handed_over_records_with_it():
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time)
+    now = clock.ms()
+    group.assign(0)
+    group.add(0, [message(0, 0, now - DELAY_MS)], 100, now)
+    group.drop({0})  # revoked before the forwarder admitted it
+    group.assign(0)  # and assigned again: read anew from the last commit
+    assert (group.total_buffered, group.total_bytes, group.handed_records) == (0, 0, 0)
+    assert group.take(100) == []
+
+
+def test_the_hand_over_queue_is_bounded_and_admitting_empties_it():
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time)
+    now = clock.ms()
+    group.assign(0)
+    offset = 0
+    while not group.handover_full():
+        group.add(0, [message(0, offset + n, now) for n in range(100)], 100, now)
+        offset += 100
+    assert group.handed_records == HANDOVER_MAX
+    group.take(100)  # nothing is due, but everything handed over is admitted
+    assert not group.handover_full()
+    assert group.counts[0] == HANDOVER_MAX
+
+
+def test_a_handed_over_record_due_earlier_wakes_the_sleeping_forwarder():
+    group = PartitionGroup(DELAY_MS)
+    now_ms = int(time.time() * 1000)
+    group.assign(0)
+    group.add(0, [message(0, 0, now_ms + 3_600_000)], 1, now_ms)  # due in an hour
+    woke = threading.Event()
+
+    def forwarder() -> None:
+        group.wait(time.time() + 3_600)
+        woke.set()
+
+    thread = threading.Thread(target=forwarder, daemon=True)
+    thread.start()
+    assert not woke.wait(0.2)  # the later record does not wake it
+    group.add(0, [message(0, 1, now_ms - DELAY_MS)], 1, now_ms)  # due now
+    assert woke.wait(10), "the forwarder slept through a due record"
+    group.wake()
+    thread.join(10)

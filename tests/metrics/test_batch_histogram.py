@@ -35,3 +35,13 @@ def test_labels_exports_a_zero_series():
     BatchHistogram("lat_seconds", "doc", "level", BUCKETS, registry).labels("1m")
     assert registry.get_sample_value("lat_seconds_count", {"level": "1m"}) == 0
     assert registry.get_sample_value("lat_seconds_bucket", {"level": "1m", "le": "+Inf"}) == 0
+
+
+def test_counted_observations_equal_as_many_single_ones():
+    registry, other = CollectorRegistry(), CollectorRegistry()
+    counted = BatchHistogram("lateness_seconds", "doc", "level", [0.01, 0.1, 1.0], registry)
+    single = BatchHistogram("lateness_seconds", "doc", "level", [0.01, 0.1, 1.0], other)
+    pairs = [(0.005, 3), (0.05, 2), (0.5, 1), (5.0, 4)]
+    counted.observe_counted("5s", pairs)
+    single.observe_many("5s", [amount for amount, n in pairs for _ in range(n)])
+    assert _samples(registry) == _samples(other)

@@ -1,0 +1,166 @@
+"""The two loops a level runs once per forwarded record: admitting, and sending.
+
+Everything else a level does runs per batch, per partition or per commit; these two run
+per record, on the forwarder's thread, where the daemon competes with a bare
+consume->produce pipe for every instruction. So they live here, in plain Python that
+`setup.py` also compiles with Cython when it can (`forward.speedups` picks the compiled
+module when it was built from this very source, and this one otherwise): the same code,
+interpreted or compiled, with no second copy to keep in step.
+
+`hold_run` reads each record's envelope once, when it is admitted, and keeps a plain
+record as a `Held` tuple (`forward.held_record`). Its checks are `envelope.plain_tail`'s,
+made inline (a call per record costs here); `tests/forward/test_fast_path_agreement.py`
+holds the two to agreeing. `send_held_run` sends the `Held` records of a due run as they
+are and hands everything else to the sender's full parse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+from delayservice.envelope import (
+    _TARGET_NAMES,
+    H_DELAY_MS,
+    H_DUE_MS,
+    H_ID,
+    H_TARGET,
+    H_VERSION,
+    MAX_DIGITS,
+    PREFIX,
+    _target_name,
+)
+from delayservice.forward.held_record import HeldView
+from delayservice.kafka.record_headers import headers_of_run
+
+PREFIX_LENGTH = len(PREFIX)
+NO_HEADERS: tuple[Any, ...] = ()
+ANY_PARTITION = -1
+"""librdkafka's RD_KAFKA_PARTITION_UA: the partitioner decides (by key)."""
+
+
+def hold_run(
+    records: list[Any], delay_ms: int, previous_ms: int, read_ms: int
+) -> tuple[list[Any], int, list[tuple[int, int]]]:
+    """`records` (one partition's, in offset order, read at `read_ms`) as queue entries:
+    a `Held` for each plain record this level holds (`previous_ms` < delay-ms <=
+    `delay_ms`), due its append time plus `delay_ms`; every other record as it is.
+    Also the latest due time among them, and (offset, due) of each record the broker
+    did not stamp (due a level after it was read)."""
+    out: list[Any] = []
+    append = out.append
+    unstamped: list[tuple[int, int]] = []
+    heads = headers_of_run(records)  # never record.headers(): see record_headers
+    names = _TARGET_NAMES
+    last_stamp, due, latest = -1, 0, 0
+    for index, record in enumerate(records):
+        headers = heads[index]
+        kind, stamp = record.timestamp()
+        if kind == TIMESTAMP_LOG_APPEND_TIME:
+            if stamp != last_stamp:  # records of one batch share one due time
+                last_stamp, due = stamp, stamp + delay_ms
+                latest = max(latest, due)
+            if type(headers) is list and len(headers) >= 4:
+                (v, version), (t, raw_target), (m, raw_ms), (i, raw_id) = headers[-4:]
+                if (
+                    v == H_VERSION
+                    and t == H_TARGET
+                    and m == H_DELAY_MS
+                    and i == H_ID
+                    and version == b"1"
+                    and type(raw_ms) is bytes
+                    and type(raw_id) is bytes
+                    and type(raw_target) is bytes
+                    and raw_target
+                    and raw_id
+                    and raw_id.isascii()
+                    and raw_ms.isdigit()
+                    and len(raw_ms) <= MAX_DIGITS
+                    and previous_ms < int(raw_ms) <= delay_ms
+                ):
+                    target = names.get(raw_target)
+                    if target is None:
+                        try:
+                            target = _target_name(raw_target)
+                        except UnicodeDecodeError:
+                            target = ""
+                    user = NO_HEADERS
+                    if len(headers) > 4:
+                        user = tuple(headers[:-4])
+                        for name, _ in user:
+                            if name[:PREFIX_LENGTH] == PREFIX:
+                                target = ""
+                    if target:
+                        append(
+                            (record.offset(), due, target, record.value(), record.key(), user,
+                             raw_id, raw_ms)
+                        )  # fmt: skip
+                        continue
+        else:
+            late = read_ms + delay_ms
+            unstamped.append((record.offset() or 0, late))
+            latest = max(latest, late)
+        append(record)
+    return out, latest, unstamped
+
+
+def send_held_run(
+    partition: int,
+    records: list[Any],
+    produce: Callable[..., None],
+    now_ms: int,
+    plain: bool,
+    lateness: list[tuple[int, int]],
+    sendable: Callable[[str], bool],
+    produce_waiting: Callable[..., None],
+    send_one: Callable[[int, Any, int], None],
+    later: type[Exception],
+) -> int:
+    """Send one partition's due run in order; how many went (the rest must wait: the
+    sender's `later` error stopped it).
+
+    A `Held` record (when nothing is `plain`-ly doomed or suspected) whose target
+    `sendable` says exists goes out as it is, by position (`sender.ANY_PARTITION`);
+    a full local queue waits in `produce_waiting`. Anything else, and anything
+    produce() raises beyond a full queue, goes to `send_one` (the full parse). Each
+    forward's lateness (ms after its due time) is counted into `lateness` as (ms,
+    records) pairs."""
+    known: dict[str, bool] = {}
+    last_due, due_header, same = -1, (H_DUE_MS, b""), 0
+    index = 0
+    try:
+        for index, record in enumerate(records):  # noqa: B007  # the handler reads it
+            if type(record) is not tuple:
+                send_one(partition, record, now_ms)
+                continue
+            if plain:
+                _, due, target, value, key, user, raw_id, _ = record
+                ok = known.get(target)
+                if ok is None:
+                    ok = known[target] = sendable(target)
+                if ok:
+                    if due != last_due:
+                        if same:
+                            lateness.append((now_ms - last_due, same))
+                        last_due, due_header, same = due, (H_DUE_MS, str(due).encode()), 0
+                    headers = [*user, (H_ID, raw_id), due_header]
+                    try:
+                        produce(target, value, key, ANY_PARTITION, None, None, 0, headers)
+                        same += 1
+                        continue
+                    except BufferError:
+                        produce_waiting(produce, target, value, key, headers, None)
+                        same += 1
+                        continue
+                    except Exception:  # noqa: S110  # the full parse says what it was
+                        pass
+            send_one(partition, HeldView(partition, record), now_ms)
+    except later:
+        if same:
+            lateness.append((now_ms - last_due, same))
+        return index
+    if same:
+        lateness.append((now_ms - last_due, same))
+    return len(records)
