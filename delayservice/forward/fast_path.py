@@ -41,7 +41,7 @@ ANY_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the partitioner decides (by key)."""
 
 
-def hold_run(
+def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
     records: list[Any], delay_ms: int, previous_ms: int, read_ms: int
 ) -> tuple[list[Any], int, list[tuple[int, int]]]:
     """`records` (one partition's, in offset order, read at `read_ms`) as queue entries:
@@ -54,6 +54,8 @@ def hold_run(
     unstamped: list[tuple[int, int]] = []
     heads = headers_of_run(records)  # never record.headers(): see record_headers
     names = _TARGET_NAMES
+    last_ms: bytes = b""
+    last_user: tuple[Any, ...] = NO_HEADERS  # the previous record's: names shared
     last_stamp, due, latest = -1, 0, 0
     for index, record in enumerate(records):
         headers = heads[index]
@@ -87,12 +89,23 @@ def hold_run(
                         except UnicodeDecodeError:
                             target = ""
                     user = NO_HEADERS
-                    if len(headers) > 4:
-                        user = tuple(headers[:-4])
-                        for name, _ in user:
-                            if name[:PREFIX_LENGTH] == PREFIX:
+                    count = len(headers) - 4
+                    if count:
+                        kept = []
+                        for position in range(count):
+                            name, value = headers[position]
+                            if position < len(last_user) and name == last_user[position][0]:
+                                name = last_user[position][0]  # one string for all records
+                            elif name[:PREFIX_LENGTH] == PREFIX:
                                 target = ""
+                            kept.append((name, value))
+                        user = tuple(kept)
+                    if raw_ms == last_ms:
+                        raw_ms = last_ms
+                    else:
+                        last_ms = raw_ms
                     if target:
+                        last_user = user
                         append(
                             (record.offset(), due, target, record.value(), record.key(), user,
                              raw_id, raw_ms)
