@@ -88,11 +88,14 @@ REBUILD_WINDOW_S: Final = 300.0
 
 
 def commit_floor(interval_s: float) -> float:
-    """How soon after the last commit an idle forwarder may commit again: a fifth of the
-    interval, within 10 to 200 ms. Committing while idle shortens what read_committed
-    readers wait (exactly-once) and what is re-read after a crash, at no cost to
-    throughput (nothing is due); the floor keeps a trickle of records from turning
-    into a commit per record (each commit is a flush and one or two round trips)."""
+    """How soon after the last commit a forwarder that has sent everything due may
+    commit again: a fifth of the interval, within 10 to 200 ms. Committing once caught
+    up shortens what read_committed readers wait (exactly-once: at a steady rate they
+    would otherwise wait for the whole interval, since some record is always about to
+    fall due) and what is re-read after a crash, at no cost to throughput (nothing is
+    due); the floor keeps a trickle of records from turning into a commit per record
+    (each commit is a flush and one or two round trips). A backlog commits at the
+    interval."""
     return min(0.2, max(0.01, interval_s / 5))
 
 
@@ -346,7 +349,7 @@ class Forwarder:
             and (
                 since >= self._interval
                 or self.sender.reports
-                or (since >= self._floor and not runs and self._idle())
+                or (since >= self._floor and self._idle())
             )
         ):
             self._commit_point()

@@ -574,3 +574,29 @@ def test_a_revoke_while_the_group_metadata_is_unavailable_still_hands_the_partit
     assert rig.loop.owned() == [1]
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 0
     assert committed(rig) == {0: 2}  # with the metadata handed over before
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_at_a_steady_rate_a_caught_up_forwarder_commits_after_the_floor_not_the_interval(
+    clock, exactly_once
+):
+    """Some record is always about to fall due at a steady rate, so waiting to be idle
+    would commit only at the interval, and a read_committed reader would wait for it."""
+    rig = rig_for(clock, exactly_once, commit_interval_s=1.0)
+    rig.consumer.queue_rebalance("assign", 0)
+    floor = forwarder_module.commit_floor(1.0)
+    for tick in range(16):  # a record due every 50 ms, each sent when due
+        append(rig, 0, age_ms=LEVEL.delay_ms - 50 * tick)
+    step(rig)
+    commits_at = []
+    for tick in range(16):  # 0.8 s: less than the interval
+        forward(rig)
+        if len(committed(rig)) and (not commits_at or committed(rig)[0] != commits_at[-1][1]):
+            commits_at.append((tick, committed(rig)[0]))
+        step(rig)
+        step(rig)
+        clock.advance(0.05)
+    assert commits_at, "nothing committed within the interval"
+    first_tick = commits_at[0][0]
+    assert first_tick * 0.05 <= floor + 0.05  # once caught up, after the floor
+    assert len(commits_at) >= 2  # and again after the next floor, before the interval ends
