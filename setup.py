@@ -27,13 +27,13 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"delayservice: fast path not compiled ({exc}); it runs interpreted")
 
     def build_extension(self, ext: Any) -> None:
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"delayservice: {ext.name} not compiled ({exc}); it runs interpreted")
 
 
