@@ -33,11 +33,28 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     return clock
 
 
-@pytest.fixture(autouse=True, params=["interpreted", "compiled"])
+IMPLEMENTATIONS = ["interpreted", "compiled"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test here on fakes runs on both fast paths; a test on the real broker runs on
+    the one the daemon picks (compiled under CI), once: the suite's time goes to faults."""
+    if "fast_path_impl" in metafunc.fixturenames and not metafunc.definition.get_closest_marker(
+        "kafka"
+    ):
+        metafunc.parametrize("fast_path_impl", IMPLEMENTATIONS, indirect=True)
+
+
+@pytest.fixture(autouse=True)
 def fast_path_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs on both fast paths: the module as written, and the one
-    setup.py compiles from it (required under CI, where the build must not fail)."""
-    if request.param == "interpreted":
+    """The fast path a test runs on: the module as written, or the one setup.py compiles
+    from it (required under CI, where the build must not fail)."""
+    chosen = getattr(request, "param", None)
+    if chosen is None:
+        if os.environ.get("CI"):
+            assert speedups.compiled_fast_path() is not None, "the compiled fast path is missing"
+        return "default"
+    if chosen == "interpreted":
         module = interpreted_fast_path
     else:
         compiled = speedups.compiled_fast_path()
@@ -47,4 +64,4 @@ def fast_path_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
             pytest.skip("the compiled fast path is not built here")
         module = compiled
     monkeypatch.setattr(speedups, "fast_path", lambda: module)
-    return str(request.param)
+    return str(chosen)
