@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.kafka import client_config
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks, watch_unconfirmed
@@ -72,8 +73,13 @@ def test_a_real_level_producer_routes_its_eos_lines_through_the_watch(
     config["logger"] = lines
     watch = watch_unconfirmed(config)
     producer = Producer(config)
-    producer.produce(unique_name("watched"), b"v")  # auto-created topic
+    topic = unique_name("watched")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    reports: list[Any] = []
+    producer.produce(topic, b"v", on_delivery=lambda error, _msg: reports.append(error))
     assert producer.flush(30) == 0
+    assert reports == []  # only failures are reported: delivered (it never creates a topic)
     producer.poll(0)
     facilities = {facility for level, facility, _ in lines.lines if level == logging.DEBUG}
     assert facilities & {"NEWPID", "IDEMPSTATE", "GETPID"}, facilities
