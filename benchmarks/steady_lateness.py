@@ -18,6 +18,7 @@ their transaction commits, so that figure includes the commit interval.
     python benchmarks/steady_lateness.py [--rate 10000] [--seconds 60]
     python benchmarks/steady_lateness.py --guarantee exactly-once
     python benchmarks/steady_lateness.py --burst 300000 --levels 5s   # a burst into one level
+    python benchmarks/steady_lateness.py --hogs 1      # beside a process that spins a core
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cpu_hogs import cpu_hogs
 from daemon_process import running_daemon
 from forwarding import LOG_APPEND, add_producer_option, broker, producer_settings
 
@@ -192,6 +194,9 @@ def main() -> int:
         "--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once"
     )
     parser.add_argument("--burst", type=int, default=0, help="send this many at once instead")
+    parser.add_argument(
+        "--hogs", type=int, default=0, help="busy processes running beside the load"
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     add_producer_option(parser)
     parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
@@ -221,7 +226,10 @@ def main() -> int:
 
         isolation = "read_committed" if args.guarantee == "exactly-once" else "read_uncommitted"
         live = LiveReader(bootstrap, target, isolation)
-        with running_daemon(settings, f"steady-{tag}", ready_within=120):
+        with (
+            running_daemon(settings, f"steady-{tag}", ready_within=120),
+            cpu_hogs(args.hogs),
+        ):
             generator = subprocess.run(
                 [sys.executable, __file__, "--generate", target, "--rate", str(args.rate),
                  "--seconds", str(args.seconds), "--burst", str(args.burst)],
@@ -259,7 +267,7 @@ def main() -> int:
     print(
         f"{load} over levels "
         f"{args.levels}, guarantee={args.guarantee} (commit interval {interval_ms:.0f} ms); "
-        "generator and daemon in their own processes"
+        f"generator and daemon in their own processes, {args.hogs} CPU hog(s) beside them"
     )
     print(
         f"lateness by target append time: p50 {percentile(lateness, 0.5):.0f} ms, "
