@@ -224,6 +224,7 @@ def run_round(
             pause_high_water=args.pause_high_water,
             pause_low_water=args.pause_high_water // 2,
             producer=producer_settings(args),
+            commit_interval_s=args.commit_interval,
         )
         topics.create(admin, settings)
         out = f"bench-{tag}-{short}-out"
@@ -264,6 +265,11 @@ def main() -> int:
     )
     parser.add_argument("--levels", type=int, default=1, help="levels the backlog spreads over")
     parser.add_argument("--processes", type=int, default=1, help="the daemon's worker processes")
+    parser.add_argument(
+        "--commit-interval",
+        type=float,
+        help="seconds between the daemon's commits (default: the guarantee's own)",
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     add_producer_option(parser)
     args = parser.parse_args()
@@ -287,7 +293,8 @@ def main() -> int:
     print(
         f"\n{args.messages:,} records of {args.size} B, {PARTITIONS} partitions, "
         f"pause_high_water={args.pause_high_water}, levels={args.levels}, "
-        f"processes={args.processes}, median of {args.rounds} rounds"
+        f"processes={args.processes}, commit interval "
+        f"{args.commit_interval or 'default'}, median of {args.rounds} rounds"
     )
     print(f"bare consume->produce pipe : {p:>9,.0f} msg/s, catch-up {pt:.1f} s")
     goals = {"at-least-once": 0.9, "exactly-once": 0.8}
