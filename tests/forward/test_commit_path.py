@@ -600,3 +600,78 @@ def test_at_a_steady_rate_a_caught_up_forwarder_commits_after_the_floor_not_the_
     first_tick = commits_at[0][0]
     assert first_tick * 0.05 <= floor + 0.05  # once caught up, after the floor
     assert len(commits_at) >= 2  # and again after the next floor, before the interval ends
+
+
+def hold_acknowledgements_until_flush(rig: LevelRig) -> None:
+    """Reports stay in flight (the producer's length counts them) until a flush."""
+    producer = rig.producer
+    producer.hold_reports = True
+    flush = producer.flush
+
+    def releasing(timeout: float = -1) -> int:
+        producer.hold_reports = False
+        return flush(timeout)
+
+    producer.flush = releasing  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_commit_point_sends_what_is_due_while_it_waits_for_acknowledgements(
+    clock, exactly_once, monkeypatch
+):
+    """The flush before a commit waits a round trip or two; what is due meanwhile goes
+    into the open interval and commits with it, instead of waiting for the commit."""
+    monkeypatch.setattr(forwarder_module, "TAKE", 2)
+    rig = rig_for(clock, exactly_once)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 5)
+    step(rig)
+    hold_acknowledgements_until_flush(rig)
+    forward(rig, commit=True)  # takes 2, then sends the other 3 while those 2 are in flight
+    assert len(rig.producer.to(TARGET)) == 5
+    step(rig)
+    step(rig)
+    assert committed(rig) == {0: 5}
+    if exactly_once:
+        assert [len(sent) for sent, _ in rig.producer.committed_txns] == [5]
+    assert duplicates(rig) == 0
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_sending_while_a_commit_waits_stops_after_the_overlap(clock, exactly_once, monkeypatch):
+    """A commit is put off by at most `commit_overlap` (and one pass of sending)."""
+    monkeypatch.setattr(forwarder_module, "TAKE", 1)
+    monkeypatch.setattr(forwarder_module, "OVERLAP_TAKE", 1)
+    rig = rig_for(clock, exactly_once, commit_interval_s=0.1)
+    overlap = forwarder_module.commit_overlap(0.1)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 30)
+    step(rig)
+    hold_acknowledgements_until_flush(rig)
+    rig.producer.on_produce = lambda _sent: clock.advance(0.01)  # 10 ms per record
+    forward(rig, commit=True)
+    sent = len(rig.producer.to(TARGET))
+    assert 1 + overlap / 0.01 <= sent <= 2 + overlap / 0.01
+    step(rig)
+    step(rig)
+    assert committed(rig) == {0: sent}
+    rig.producer.on_produce = None
+    run(rig, clock, passes=30)
+    assert len(forwarded(rig)) == 30
+    assert duplicates(rig) == 0
+
+
+def test_a_revoke_commit_sends_nothing_more_while_it_waits(clock, monkeypatch):
+    """A hand-over commits what its interval holds and no more: the consumer thread
+    waits for it inside the revoke callback."""
+    monkeypatch.setattr(forwarder_module, "TAKE", 2)
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 5)
+    step(rig)
+    hold_acknowledgements_until_flush(rig)
+    forward(rig)  # 2 sent, 3 due and still queued
+    rig.consumer.queue_rebalance("revoke", 1)
+    step(rig)  # the revoke: the forwarder commits its interval on request
+    assert len(rig.producer.to(TARGET)) == 2
+    assert committed(rig) == {0: 2}
