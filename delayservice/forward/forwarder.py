@@ -68,8 +68,6 @@ log = logging.getLogger(__name__)
 UNCONFIRMED: Final = "unconfirmed_ack"
 TAKE: Final = 5_000
 """Records taken per pass: a burst goes out while the rest still waits in the buffer."""
-OVERLAP_TAKE: Final = 1_000
-"""Records taken per pass while a commit point waits for acknowledgements."""
 HANDOVER_WAIT_S: Final = 20.0
 """How often a consumer thread still waiting for a hand-over says so. It never gives up
 while the forwarder lives: returning with the outcome open would let the forwarder
@@ -87,13 +85,6 @@ member's to send, so nothing of it is sent again from memory (see `_reset`)."""
 RESEEK_POLL_S: Final = 0.05
 REBUILDS: Final = 5
 REBUILD_WINDOW_S: Final = 300.0
-
-
-def commit_overlap(interval_s: float) -> float:
-    """How long a commit point keeps sending what falls due while the producer waits for
-    the acknowledgements the commit needs (`Forwarder._send_while_acknowledged`): half
-    the interval, at most 50 ms, so a commit is never put off by more than that."""
-    return min(0.05, interval_s / 2)
 
 
 def commit_floor(interval_s: float) -> float:
@@ -154,7 +145,6 @@ class Forwarder:
         self._unconfirmed = unconfirmed
         self._interval = commit_interval_s
         self._floor = commit_floor(commit_interval_s)
-        self._overlap = commit_overlap(commit_interval_s)
         self._flush_timeout = flush_timeout_s
         self._clock = clock
         self._settle = settle
@@ -362,7 +352,7 @@ class Forwarder:
                 or (since >= self._floor and self._idle())
             )
         ):
-            self._commit_point(sending=True)
+            self._commit_point()
 
     def _idle(self) -> bool:
         head = self.group.next_due_ms()
@@ -519,15 +509,12 @@ class Forwarder:
         return int(self._clock.time() * 1000) + self.failures.backoff_ms(1)
 
     # -- commit points -------------------------------------------------------------
-    def _commit_point(self, *, sending: bool = False) -> bool:
+    def _commit_point(self) -> bool:
         """Make the interval durable and move the committable offsets; False when it
-        could not (it is tried again, or sent again, from the same offsets). `sending`:
-        the loop's own commit point, which may send what falls due while it waits."""
+        could not (it is tried again, or sent again, from the same offsets)."""
         self._last_commit = self._clock.monotonic()
         if not self._runs and not self._txn.open:
             return True
-        if sending:
-            self._send_while_acknowledged()
         remaining = self._producer.flush(self._flush_timeout)
         if remaining:
             self._m_commit_failures.inc()
@@ -561,31 +548,6 @@ class Forwarder:
         self._committed.update(offsets)
         self._settled()
         return True
-
-    def _send_while_acknowledged(self) -> None:
-        """Go on sending what is due into the open interval while the producer waits for
-        acknowledgements, for up to `commit_overlap`: a flush waits a round trip or two
-        (under exactly-once, the first record of each partition of a transaction waits
-        for AddPartitionsToTxn as well), and a forwarder that only waits loses that time
-        at every commit. What is sent here commits with the interval, as if sent just
-        before it. It stops at a delivery failure (the commit point handles it), a stop,
-        a pending seek or hand-over request, or when nothing is due."""
-        producer = self._producer
-        end = self._clock.monotonic() + self._overlap
-        while (
-            len(producer) > 0
-            and self._clock.monotonic() < end
-            and not self.sender.reports
-            and not self._requests
-            and not self._stopping.is_set()
-            and not self._reseek.is_set()
-            and not self._idle()
-        ):
-            runs = self.group.take(OVERLAP_TAKE)
-            if not runs:
-                return
-            self._send_runs(runs)
-            producer.poll(0)
 
     def _resent_unconfirmed(self) -> bool:
         """When librdkafka inferred a success in this interval, nothing of it commits:

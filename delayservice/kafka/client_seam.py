@@ -82,7 +82,4 @@ class ProducerClient(Protocol):
 
     def flush(self, timeout: float = ...) -> int: ...
 
-    def __len__(self) -> int:
-        """Records queued or in flight, not yet acknowledged."""
-
     def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...

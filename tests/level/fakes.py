@@ -628,10 +628,6 @@ class FakeProducer:
         with self._cond:
             return len(self._pending)
 
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._pending)
-
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         if self.metadata_error is not None:
             raise self.metadata_error

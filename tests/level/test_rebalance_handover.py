@@ -199,11 +199,11 @@ def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock
     original = rig.forwarder._commit_point
     calls = []
 
-    def commit_point(*, sending: bool = False) -> bool:
+    def commit_point() -> bool:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("a bug in the commit point")
-        return original(sending=sending)
+        return original()
 
     rig.forwarder._commit_point = commit_point  # type: ignore[method-assign]
     rig.consumer.queue_rebalance("revoke", 0)
