@@ -138,21 +138,25 @@ def bare_pipe(bootstrap: str, source: str, destination: str, count: int) -> None
     consumer.close()
 
 
+def topic_ends(consumer: Consumer, topic: str) -> dict[int, int]:
+    """Each partition's end offset (the next to be written)."""
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    return {
+        p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+        for p in partitions
+    }
+
+
 def wait_for_arrivals(bootstrap: str, topic: str, count: int, timeout: float) -> None:
     """Until `topic` holds at least `count` offsets, asking for its end offsets twice a
     second: reading the records while they arrive would take the 2 cores' CPU from
-    what is measured (the pipe is read after it ends, so the daemon is too)."""
+    what is measured (the pipe is read after it ends, so the daemon is too). Under
+    exactly-once the commit markers take offsets too, so reading may start a few
+    markers early; `arrival_rate` still waits for every record."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ends-{uuid.uuid4().hex}"})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         deadline = time.monotonic() + timeout
-        while True:
-            ends = sum(
-                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in partitions
-            )
-            if ends >= count:
-                return
+        while (ends := sum(topic_ends(consumer, topic).values())) < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}: {ends} of {count} offsets in {timeout:.0f}s")
             time.sleep(0.5)

@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon_process import running_daemon
-from forwarding import LOG_APPEND
+from forwarding import LOG_APPEND, topic_ends
 from steady_lateness import percentile
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID
@@ -303,11 +303,7 @@ def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     consumer = _consumer(bootstrap)
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-            for p in meta.partitions
-        }
+        return topic_ends(consumer, topic)
     finally:
         consumer.close()
 

@@ -94,6 +94,8 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
                         kept = []
                         for position in range(count):
                             name, value = headers[position]
+                            # The previous held record's names were checked already
+                            # (a reserved one would not have been held): equal is clean.
                             if position < len(last_user) and name == last_user[position][0]:
                                 name = last_user[position][0]  # one string for all records
                             elif name[:PREFIX_LENGTH] == PREFIX:
