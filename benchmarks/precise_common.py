@@ -18,7 +18,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,7 +27,7 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).parent))
-from daemon_process import running_daemon
+from daemon_process import metrics_port, running_daemon, scrape
 from forwarding import LOG_APPEND, topic_ends
 from steady_lateness import percentile
 
@@ -253,40 +252,6 @@ class MetricsSampler:
     def first(self, series: str, at_least: float) -> float | None:
         """When `series` first reached `at_least` (epoch seconds), or None."""
         return next((t for t, v in self.samples if v[series] >= at_least), None)
-
-
-def metrics_port(pid: int) -> int:
-    """The daemon's metrics port, from its environment."""
-    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        name, _, value = item.partition(b"=")
-        if name == b"DELAYSERVICE_METRICS_PORT":
-            return int(value)
-    raise RuntimeError(f"process {pid} has no DELAYSERVICE_METRICS_PORT")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Samples of /metrics, by their full series name (`name{labels}`)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            series, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[series] = float(value)
-    return out
-
-
-def series_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
-    """The sum of every series of `name` that has these labels (-1 when there is none):
-    precise mode's gauges have one series per wheel (`level` exact and exact-far)."""
-    wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    found = [
-        value
-        for series, value in metrics.items()
-        if series.partition("{")[0] == name and all(w in series for w in wanted)
-    ]
-    return sum(found) if found else -1.0
 
 
 # -- on the broker ---------------------------------------------------------------------

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from daemon_process import metrics_port, scrape, series_sum
 from forwarding import broker
 from precise_burst import fast_producer
 from precise_common import (
@@ -53,13 +54,10 @@ from precise_common import (
     join,
     load,
     logged_daemon,
-    metrics_port,
     pct,
     precise_settings,
     read_topic,
     report_log,
-    scrape,
-    series_sum,
     stderr,
     tag_for,
     vm_rss,

@@ -59,7 +59,7 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
-from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.metrics.service_metrics import COMMIT_STEPS, ServiceMetrics
 
 __all__ = ["Forwarder", "ForwarderFatalError", "Routes", "commit_floor"]
 
@@ -161,6 +161,9 @@ class Forwarder:
         self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
         self._m_commits = metrics.commits.labels(name)
         self._m_commit_failures = metrics.commit_failures.labels(name)
+        self._m_steps = {
+            step: metrics.commit_step_seconds.labels(name, step) for step in COMMIT_STEPS
+        }
         self.failures = Failures(
             routes.dead_letter_topic,
             backoff,
@@ -186,7 +189,7 @@ class Forwarder:
         self._reseek = threading.Event()
         """Set while the consumer thread is to drop this level's queues and seek back to
         the committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
-        self._txn = Transaction(level.topic, producer, self._stopping, clock)
+        self._txn = Transaction(level.topic, producer, self._stopping, clock, self._step_spent)
         self._last_commit = clock.monotonic()
         self._throttle = Throttle()
         # Shared with the consumer thread.
@@ -516,7 +519,9 @@ class Forwarder:
         self._last_commit = self._clock.monotonic()
         if not self._runs and not self._txn.open:
             return True
+        started = self._clock.monotonic()
         remaining = self._producer.flush(self._flush_timeout)
+        self._step_spent("flush", self._clock.monotonic() - started)
         if remaining:
             self._m_commit_failures.inc()
             log.warning(
@@ -549,6 +554,9 @@ class Forwarder:
         self._committed.update(offsets)
         self._settled()
         return True
+
+    def _step_spent(self, step: str, seconds: float) -> None:
+        self._m_steps[step].observe(seconds)
 
     def _resent_unconfirmed(self) -> bool:
         """When librdkafka inferred a success in this interval, nothing of it commits:

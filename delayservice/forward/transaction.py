@@ -19,9 +19,10 @@ module keeps the calls honest about what librdkafka does:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -48,7 +49,14 @@ COMMIT_RETRY_PAUSE_S: Final = 0.05
 class Transaction:
     """Owned by the forwarder thread, like the producer it drives."""
 
-    def __init__(self, topic: str, producer: Any, stopping: threading.Event, clock: Any) -> None:
+    def __init__(
+        self,
+        topic: str,
+        producer: Any,
+        stopping: threading.Event,
+        clock: Any,
+        spent: Callable[[str, float], None] | None = None,
+    ) -> None:
         self.topic = topic
         self.producer = producer
         self.open = False
@@ -57,6 +65,8 @@ class Transaction:
         self._ready = False
         self._stopping = stopping
         self._clock = clock
+        self._spent = spent
+        """Told the seconds each commit step took (`delayservice_commit_step_seconds`)."""
 
     def replace(self, producer: Any) -> None:
         """A new producer takes over; its `init` fences the old one's transaction."""
@@ -94,9 +104,20 @@ class Transaction:
         aborts) and `ForwarderFatalError` when the outcome is unknown or the producer
         failed."""
         if offsets:
-            self._send_offsets(offsets)
-        self._commit_retrying()
+            with self._timed("send_offsets"):
+                self._send_offsets(offsets)
+        with self._timed("commit_transaction"):
+            self._commit_retrying()
         self.open = False
+
+    @contextlib.contextmanager
+    def _timed(self, step: str) -> Iterator[None]:
+        started = self._clock.monotonic()
+        try:
+            yield
+        finally:
+            if self._spent is not None:
+                self._spent(step, self._clock.monotonic() - started)
 
     def abort(self) -> None:
         if not self.open:

@@ -6,7 +6,7 @@ that every name used there is exported here. Units are seconds and bytes, never 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from delayservice.metrics.batch_histogram import BatchHistogram
 
@@ -26,6 +26,11 @@ LATENESS_BUCKETS = (
     60.0,
     300.0,
 )
+
+COMMIT_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+COMMIT_STEPS = ("flush", "send_offsets", "commit_transaction")
+"""A commit point's steps: waiting for the interval's forwards to be acknowledged, then
+(exactly-once) the offsets into the transaction and its commit."""
 
 
 class ServiceMetrics:
@@ -96,6 +101,15 @@ class ServiceMetrics:
             "delayservice_commits",
             "Offset commits of safe positions.",
             ["level"],
+            registry=registry,
+        )
+        self.commit_step_seconds = Histogram(
+            "delayservice_commit_step_seconds",
+            "Seconds a level's commit point spent in each step (flush, send_offsets, "
+            "commit_transaction). Nothing of the level is sent meanwhile, and a "
+            "read_committed reader waits for all of it.",
+            ["level", "step"],
+            buckets=COMMIT_STEP_BUCKETS,
             registry=registry,
         )
         self.assigned_partitions = Gauge(

@@ -600,3 +600,44 @@ def test_at_a_steady_rate_a_caught_up_forwarder_commits_after_the_floor_not_the_
     first_tick = commits_at[0][0]
     assert first_tick * 0.05 <= floor + 0.05  # once caught up, after the floor
     assert len(commits_at) >= 2  # and again after the next floor, before the interval ends
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_commit_point_reports_the_time_each_of_its_steps_took(clock, exactly_once):
+    """What a commit point waits for, step by step (`delayservice_commit_step_seconds`):
+    the flush under both guarantees, the offsets and the commit under exactly-once."""
+    rig = rig_for(clock, exactly_once)
+    takes = {"flush": 0.004, "send_offsets_to_transaction": 0.009, "commit_transaction": 0.002}
+    for call, seconds in takes.items():
+        original = getattr(rig.producer, call)
+
+        def slowed(*args: object, _call=original, _seconds=seconds, **kwargs: object) -> object:
+            clock.advance(_seconds)
+            return _call(*args, **kwargs)
+
+        setattr(rig.producer, call, slowed)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    for _ in range(3):
+        append(rig, 0, 2)
+        append(rig, 1, 1)
+        run(rig, clock, 0.2, passes=1)
+    assert len(forwarded(rig)) == 9
+
+    def observed(step_name: str) -> tuple[float, float]:
+        count = rig.metric("delayservice_commit_step_seconds_count", step=step_name)
+        total = rig.metric("delayservice_commit_step_seconds_sum", step=step_name)
+        return count, total
+
+    flushes, flushed_for = observed("flush")
+    assert flushes >= 3
+    assert flushed_for == pytest.approx(0.004 * flushes)
+    offsets, offsets_for = observed("send_offsets")
+    commits, committed_for = observed("commit_transaction")
+    if exactly_once:
+        assert commits == len(rig.producer.committed_txns) >= 3
+        # librdkafka's commit flushes what is left: the fake's flush is timed in it too
+        assert committed_for == pytest.approx((0.002 + 0.004) * commits)
+        assert offsets == commits
+        assert offsets_for == pytest.approx(0.009 * offsets)
+    else:
+        assert (offsets, commits) == (0, 0)
