@@ -167,6 +167,7 @@ def test_prometheus_scrapes_every_metric_the_dashboard_and_alerts_use(
             'count(delayservice_forwarded_total{level=~"1s|2s"} > 0) == 2'
         ),
         "lateness observed": "sum(delayservice_lateness_seconds_count) > 0",
+        "commit points timed": 'sum(delayservice_commit_step_seconds_count{step="flush"}) > 0',
         "dead-lettered without envelope": (
             'delayservice_dead_lettered_total{reason="invalid_envelope"} > 0'
         ),
