@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,10 +83,6 @@ GROUP_ERRORS: Final = frozenset(
 """The group moved on under the transaction: what it held may no longer be this
 member's to send, so nothing of it is sent again from memory (see `_reset`)."""
 RESEEK_POLL_S: Final = 0.05
-QUICK_FENCE_S: Final = 0.1
-QUICK_FENCES: Final = 8
-"""A new producer's first answers to init_transactions (`Forwarder._fence`): how long
-each may take before a fresh producer asks instead, and how many ask that way."""
 REBUILDS: Final = 5
 REBUILD_WINDOW_S: Final = 300.0
 
@@ -282,7 +277,7 @@ class Forwarder:
     def _main(self) -> None:
         if self.transactional:
             try:
-                self._fence()
+                self._txn.init()
             except SendLaterError as exc:  # tried again before the first send
                 log.info("%s: %s; trying again before the first send", self.level.topic, exc)
             except ForwarderFatalError as exc:
@@ -458,46 +453,9 @@ class Forwarder:
         self._txn.replace(self._producer)
         if self.transactional:
             try:  # fence now: the old transaction ends (committed or aborted) at once
-                self._fence()
+                self._txn.init()
             except (SendLaterError, ForwarderFatalError) as exc:  # the next send tries again
                 log.warning("%s: %s; fencing at the next send", self.level.topic, exc)
-
-    def _fence(self) -> None:
-        """init_transactions for a producer that has sent nothing yet, at start and after
-        a replacement. A killed predecessor's transaction is still open: the coordinator
-        answers CONCURRENT_TRANSACTIONS while it aborts it (0.2-0.3 s on a local broker)
-        and librdkafka asks again only after a fixed 500 ms, which every restart under
-        exactly-once waited out. So a producer not answered within `QUICK_FENCE_S` is
-        closed (its retry with it) and a fresh one asks at once, up to `QUICK_FENCES`
-        times; then the last waits as long as init always did. Raises as `init`."""
-        for _ in range(QUICK_FENCES if self._make_producer is not None else 0):
-            try:
-                self._txn.init(QUICK_FENCE_S)
-                return
-            except SendLaterError:
-                if not self._swap_unused_producer():
-                    break
-        self._txn.init()
-
-    def _swap_unused_producer(self) -> bool:
-        """Close the producer (it sent nothing and began no transaction) and take a
-        fresh one; False, keeping it, when it did not close. Left running, it would
-        ask for a producer id again and fence the one that replaced it."""
-        assert self._make_producer is not None
-        old = self._producer
-        try:
-            with warnings.catch_warnings():  # its close cannot abort the init it was in
-                warnings.simplefilter("ignore")
-                closed = bool(old.close())
-        except Exception as exc:
-            log.warning("%s: closing an unanswered producer: %s", self.level.topic, exc)
-            closed = False
-        if not closed:
-            return False
-        self._producer = self._make_producer()
-        self.sender.replace_producer(self._producer)
-        self._txn.replace(self._producer)
-        return True
 
     def _reset(self) -> None:
         """After an unknown outcome or a group error, as Kafka Streams does: nothing held

@@ -74,18 +74,17 @@ class Transaction:
         self.open = False
         self._ready = False
 
-    def init(self, timeout: float = TXN_TIMEOUT_S) -> None:
+    def init(self) -> None:
         """Once per producer. Raises `SendLaterError` while the coordinator is not there
-        yet (or `timeout` ran out first), `ForwarderFatalError` when the producer cannot
-        go on."""
+        yet, `ForwarderFatalError` when the producer cannot go on."""
         if self._ready:
             return
         producer = self.producer
         try:
             self._guarded(
                 "init_transactions",
-                lambda: producer.init_transactions(timeout),
-                timeout,
+                lambda: producer.init_transactions(TXN_TIMEOUT_S),
+                TXN_TIMEOUT_S,
             )
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None

@@ -407,65 +407,6 @@ def test_an_exactly_once_forwarder_fences_its_predecessor_before_any_record_come
     assert rig.fatal == []
 
 
-def _fresh_producers(rig: LevelRig) -> list[fakes.FakeProducer]:
-    """Make the forwarder's replacement producers fakes like its first; the list fills
-    as it makes them."""
-    made: list[fakes.FakeProducer] = []
-
-    def fresh() -> fakes.FakeProducer:
-        producer = fakes.FakeProducer(dict(rig.producer.topics), None, rig.producer.config)
-        producer.owner = rig.consumer
-        fakes.PRODUCERS.append(producer)
-        made.append(producer)
-        return producer
-
-    rig.forwarder._make_producer = fresh
-    return made
-
-
-def test_a_predecessor_still_aborting_is_fenced_by_a_fresh_producer_not_after_500_ms():
-    """After a kill -9 the coordinator is still aborting the killed instance's
-    transaction, and librdkafka asks again only after a fixed 500 ms: a producer not
-    answered within QUICK_FENCE_S is closed (so it can never fence its successor) and a
-    fresh one asks at once, and sends from then on."""
-    from tests.level.fakes import wait_for
-
-    rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
-    first = rig.producer
-    first.unanswered_inits = 1
-    made = _fresh_producers(rig)
-    rig.forwarder.start()
-    try:
-        wait_for(lambda: bool(made) and made[0].txn_inits == 1, "a fresh producer's init")
-    finally:
-        rig.forwarder.stop(5.0)
-    assert first.closed
-    assert first.txn_inits == 0
-    assert len(made) == 1
-    assert rig.forwarder._producer is made[0]
-    assert rig.forwarder.sender._producer is made[0]
-    assert rig.fatal == []
-
-
-def test_a_producer_that_does_not_close_is_kept_and_fences_with_the_full_wait():
-    """A producer that could not be closed might still ask for an id and fence its
-    successor: it is kept, and init_transactions waits for it as it always did."""
-    from tests.level.fakes import wait_for
-
-    rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
-    first = rig.producer
-    first.unanswered_inits = 1
-    first.close = lambda: False  # type: ignore[method-assign]
-    made = _fresh_producers(rig)
-    rig.forwarder.start()
-    try:
-        wait_for(lambda: first.txn_inits == 1, "the full init on the same producer")
-    finally:
-        rig.forwarder.stop(5.0)
-    assert made == []
-    assert rig.fatal == []
-
-
 def test_a_retriable_failure_sending_offsets_aborts_and_goes_again(clock):
     rig = rig_for(clock, True)
     rig.consumer.queue_rebalance("assign", 0)

@@ -464,10 +464,6 @@ class FakeProducer:
         `purge` (the producer given up) leaves the commit to complete."""
         self._commit_in_flight = False
         self.send_offsets_raises: KafkaException | None = None
-        self.unanswered_inits = 0
-        """init_transactions calls that time out, as librdkafka's do while it waits out
-        its fixed 500 ms before asking again (a predecessor's transaction aborting)."""
-        self.closed = False
         self.flush_leaves: int = 0  # reports a flush leaves unserved (a flush timeout)
         self.topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
         self.clock = clock
@@ -505,7 +501,6 @@ class FakeProducer:
     ) -> None:
         """confluent-kafka's argument order, positional or by keyword."""
         on_delivery = on_delivery or callback
-        assert not self.closed, "produce on a closed producer"
         assert timestamp == 0, "the forwarder never sets a timestamp"
         if not isinstance(topic, str):
             raise TypeError("topic must be a string")
@@ -528,17 +523,7 @@ class FakeProducer:
 
     # -- transactions --------------------------------------------------------------------
     def init_transactions(self, timeout: float = -1) -> None:
-        assert not self.closed, "init_transactions on a closed producer"
-        if self.unanswered_inits > 0:
-            self.unanswered_inits -= 1
-            raise KafkaException(
-                KafkaError(KafkaError._TIMED_OUT, "init_transactions timed out", retriable=True)
-            )
         self.txn_inits += 1
-
-    def close(self) -> bool:
-        self.closed = True
-        return True
 
     def begin_transaction(self) -> None:
         assert self.txn_inits, "begin before init_transactions"
