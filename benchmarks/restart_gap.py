@@ -107,6 +107,8 @@ def main() -> int:
     )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
+    if args.restarts < 1:
+        parser.error("--restarts must be at least 1")
     rng = random.Random(SEED)
 
     with broker(args.bootstrap) as bootstrap:

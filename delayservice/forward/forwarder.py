@@ -519,9 +519,8 @@ class Forwarder:
         self._last_commit = self._clock.monotonic()
         if not self._runs and not self._txn.open:
             return True
-        started = self._clock.monotonic()
         remaining = self._producer.flush(self._flush_timeout)
-        self._step_spent("flush", self._clock.monotonic() - started)
+        self._step_spent("flush", self._clock.monotonic() - self._last_commit)
         if remaining:
             self._m_commit_failures.inc()
             log.warning(

@@ -55,7 +55,7 @@ class Transaction:
         producer: Any,
         stopping: threading.Event,
         clock: Any,
-        spent: Callable[[str, float], None] | None = None,
+        spent: Callable[[str, float], None],
     ) -> None:
         self.topic = topic
         self.producer = producer
@@ -116,8 +116,7 @@ class Transaction:
         try:
             yield
         finally:
-            if self._spent is not None:
-                self._spent(step, self._clock.monotonic() - started)
+            self._spent(step, self._clock.monotonic() - started)
 
     def abort(self) -> None:
         if not self.open:
