@@ -47,6 +47,10 @@ class Buffer(Protocol):
 
     def next_due_ms(self) -> int | None: ...
 
+    def settle(self) -> None:
+        """What was last taken has been sent or put back."""
+        ...
+
     def due_of(self, partition: int, record: Any) -> int:
         """When `record`, taken from `partition`, was due (epoch ms)."""
         ...

@@ -345,7 +345,10 @@ class Forwarder:
             self._send_waiting()
         runs = self.group.take(TAKE)
         if runs:
-            self._send_runs(runs)
+            try:
+                self._send_runs(runs)
+            finally:
+                self.group.settle()
             self._producer.poll(0)
         since = clock.monotonic() - self._last_commit
         if commit or (

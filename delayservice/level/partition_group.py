@@ -93,6 +93,9 @@ class PartitionGroup:
         """partition -> its first record handed over and not yet admitted."""
         self._handed_due = NEVER
         """Epoch s before which no handed-over record is due (a lower bound)."""
+        self._in_hand_ms = NEVER
+        """Earliest due (epoch ms) of the records last taken, until the forwarder has
+        sent them or put them back (`settle`)."""
         self.handed_records = 0
         self.total_buffered = 0
         self.total_bytes = 0
@@ -218,9 +221,32 @@ class PartitionGroup:
         self._alarm.wake()
 
     def next_due_ms(self) -> int | None:
+        """When the forwarder next has something to take (a retry's hold included)."""
         with self._cond:
             head = self._head_s()
         return None if head == NEVER else int(head * 1000)
+
+    def earliest_held_ms(self) -> int | None:
+        """Due time of the earliest record held: what the next-due and overdue gauges
+        say. Unlike `next_due_ms`, a partition held back for a retry counts at its head's
+        due time, and records taken and still being sent count, so a forward that
+        cannot go out (an unreachable broker's metadata takes seconds to fail) shows as
+        overdue all along instead of as nothing held."""
+        with self._cond:
+            earliest = min(self._handed_due * 1000, self._in_hand_ms)
+            if self.not_before:
+                for key, partition in self._heap:
+                    queue = self.queues.get(partition)
+                    if partition in self.not_before and queue:
+                        key = self._due(partition, queue[0])  # noqa: PLW2901 (its head's own due)
+                    earliest = min(earliest, key)
+            elif self._heap:
+                earliest = min(earliest, self._heap[0][0])
+        return None if earliest == NEVER else int(earliest)
+
+    def settle(self) -> None:
+        """What was last taken has been sent or put back."""
+        self._in_hand_ms = NEVER
 
     def admit(self) -> None:
         """Move what the consumer thread handed over into the partitions' queues, each
@@ -295,6 +321,8 @@ class PartitionGroup:
                     heapq.heappush(heap, (next_due, partition))
                 else:
                     self._in_heap.discard(partition)
+            if out:
+                self._in_hand_ms = min(due_of(partition, run[0]) for partition, run in out)
         return out
 
     def _taken(self, partition: int, count: int, emptied: bool) -> None:

@@ -232,7 +232,8 @@ class ServiceMetrics:
         )
         self.oldest_overdue = Gauge(
             "delayservice_oldest_overdue_seconds",
-            "How far past its due time the earliest held message is; 0 when none is due.",
+            "How far past its due time the earliest held message is, one being retried "
+            "included; 0 when none is due.",
             ["level"],
             registry=registry,
         )

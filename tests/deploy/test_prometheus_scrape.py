@@ -172,6 +172,12 @@ def test_prometheus_scrapes_every_metric_the_dashboard_and_alerts_use(
             'delayservice_dead_lettered_total{reason="invalid_envelope"} > 0'
         ),
         "forward errors retried": "sum(delayservice_forward_errors_total) > 0",
+        # Taken, its metadata failing for seconds, put back behind a retry's hold: the
+        # stranded record is overdue at every scrape, never "nothing held".
+        "stranded forward overdue throughout": (
+            "min_over_time(delayservice_oldest_overdue_seconds"
+            f'{{instance="127.0.0.1:{daemons[1].metrics_port}"}}[5s]) > 0'
+        ),
         "ready": "delayservice_ready == 1",
         "forwarded in precise mode": 'delayservice_forwarded_total{level="exact"} > 0',
         "cancelled in precise mode": (

@@ -163,3 +163,30 @@ def test_a_handed_over_record_due_earlier_wakes_the_sleeping_forwarder():
     assert woke.wait(10), "the forwarder slept through a due record"
     group.wake()
     thread.join(10)
+
+
+def test_a_forward_that_cannot_go_out_is_held_at_its_own_due_time_all_along():
+    """The gauges read `earliest_held_ms`: a record taken and still being sent, then put
+    back behind a retry's hold, is overdue from its due time on, never "nothing held"
+    and never due at the retry's time; once sent, nothing is held."""
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time)
+    now = clock.ms()
+    group.assign(0)
+    group.add(0, [message(0, 0, now), message(0, 1, now + 1)], 2, now)
+    due = now + DELAY_MS
+    assert group.earliest_held_ms() == due  # handed over, not yet admitted
+    clock.advance(5.0)
+    (run,) = group.take(1)
+    assert group.earliest_held_ms() == due  # in hand: the metadata call may take seconds
+    hold = clock.ms() + 1_000
+    group.put_back(0, run[1], not_before_ms=hold, incarnation=group.incarnation(0))
+    group.settle()
+    assert group.next_due_ms() == hold  # when the forwarder tries again
+    assert group.earliest_held_ms() == due  # what the operator sees: overdue since `due`
+    clock.advance(1.0)
+    taken = group.take(100)
+    assert offsets(taken) == [(0, 0), (0, 1)]
+    assert group.earliest_held_ms() == due
+    group.settle()
+    assert group.earliest_held_ms() is None
