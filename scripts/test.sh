@@ -4,10 +4,14 @@
 # must deliver every message on time, none early and the cancelled one never, and print
 # no WARNING or ERROR line. Without --all the slowest fault scenarios (marked `long`) are
 # left out, which is what CI runs; --all runs every test. Extra arguments go to pytest,
-# and then the demo is left out (a selection is not the whole suite).
+# and then the demo is left out (a selection is not the whole suite). The whole suite
+# runs in DELAYSERVICE_TEST_WORKERS pytest processes (2 by default, one per core here;
+# each has its own broker): most of a test is waiting on Kafka, so two halve the time.
+# A selection runs in one process, where -s and pdb work.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 selection=(-m "not long")
+workers=(-n "${DELAYSERVICE_TEST_WORKERS:-2}" --dist worksteal)
 if [ "${1:-}" = "--all" ]; then
   selection=()
   shift
@@ -23,7 +27,7 @@ if [ "$#" -gt 0 ]; then
 fi
 test_log=$(mktemp)
 trap 'rm -f "$test_log"' EXIT
-.venv/bin/python -m pytest "${selection[@]}" 2>&1 | tee "$test_log"
+.venv/bin/python -m pytest "${workers[@]}" "${selection[@]}" 2>&1 | tee "$test_log"
 scripts/demo_check.sh
 # The test run's summary line is repeated last, so it closes the output.
 grep -E '^=+ .*(passed|failed).* in [0-9.]+s' "$test_log" | tail -1 || true
