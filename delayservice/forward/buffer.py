@@ -51,6 +51,10 @@ class Buffer(Protocol):
         """What was last taken has been sent or put back."""
         ...
 
+    def retire(self, runs: Runs) -> None:
+        """These records are committed and never go again."""
+        ...
+
     def due_of(self, partition: int, record: Any) -> int:
         """When `record`, taken from `partition`, was due (epoch ms)."""
         ...

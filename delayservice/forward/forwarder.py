@@ -608,6 +608,7 @@ class Forwarder:
             if doom.stub:
                 self._m_stubs.inc()
         self.failures.committed(runs)
+        self.group.retire(runs)
         self.sender.rerouted.clear()
         if forwarded > 0:
             self._m_forwarded.inc(forwarded)

@@ -14,7 +14,8 @@ and alone touches the partitions' queues and the heap. It is woken when a handed
 run may be due before what it waits for, or when the hand-over queue fills.
 
 Records without a broker-written timestamp (a topic switched to CreateTime) are due a
-level after they were read, kept beside the queue in `overrides`; reading times only
+level after they were read, kept beside the queue in `overrides` until they are
+committed (a record sent again says the same due time); reading times only
 grow, so the order holds for them too. A broker whose clock steps back breaks the
 order: a record can then be due before the one ahead of it. It waits behind it (late,
 never early), and the shortcut that takes a whole backlog at once trusts the latest due
@@ -197,17 +198,22 @@ class PartitionGroup:
         return self.overrides.get(partition, {}).get(record.offset() or 0, 0)
 
     def due_of(self, partition: int, record: Any) -> int:
-        """When `record` (taken from `partition`) was due at this level."""
-        if type(record) is HeldView:
-            return record.due_ms
-        if type(record) is tuple:
-            return int(record[DUE])
-        kind, stamp = record.timestamp()
-        if kind == TIMESTAMP_LOG_APPEND_TIME:
-            return int(stamp) + self.delay_ms
+        """When `record` (taken from `partition`) was due at this level: the same each
+        time it is asked, a record sent again included (`retire` forgets it)."""
+        return self._due(partition, record)
+
+    def retire(self, runs: list[tuple[int, list[Any]]]) -> None:
+        """These records are committed and never go again: the due times kept for those
+        without a broker-written timestamp go with them."""
+        if not self.overrides:
+            return
         with self._cond:
-            over = self.overrides.get(partition)
-            return over.pop(record.offset() or 0, 0) if over else 0
+            for partition, records in runs:
+                over = self.overrides.get(partition)
+                if over:
+                    for record in records:
+                        if type(record) is not tuple and type(record) is not HeldView:
+                            over.pop(record.offset() or 0, None)
 
     def wait(self, deadline: float) -> None:
         """Sleep until the earliest head is due, `deadline` (clock seconds) or `wake`."""

@@ -150,6 +150,9 @@ class SlotBuffer:
     def settle(self) -> None:
         """Nothing to track: the wheel's gauges come from the census of its disk."""
 
+    def retire(self, runs: Runs) -> None:
+        """Nothing kept beside a record: its due time is in it."""
+
     def due_of(self, partition: int, record: SlotRecord) -> int:
         return record.due_ms
 

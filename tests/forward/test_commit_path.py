@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward import transaction as transaction_module
@@ -28,6 +28,7 @@ from tests.level.fakes import (
     make_level_rig,
 )
 from tests.level.test_consumer_loop import (
+    DELAY,
     append,
     dead,
     forward,
@@ -112,6 +113,32 @@ def test_an_error_report_mid_interval_sends_its_partition_again_from_the_record(
             "id-0-1",
             "id-0-2",
         ]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_record_the_broker_did_not_stamp_goes_again_with_the_same_due_time(clock, exactly_once):
+    """A level topic switched to CreateTime: its records are due a level after they
+    were read, a time kept beside them. Sent again after a refusal (set aside, or its
+    transaction aborted), a forward must say the same due time, not 1970, and must not
+    count 56 years late."""
+    rig = rig_for(clock, exactly_once, backoff=(1.0, 8.0))
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.outcome = fail_ids("id-0-0")
+    append(rig, 0, timestamp_ms=clock.ms() - 3_600_000, timestamp_type=TIMESTAMP_CREATE_TIME)
+    read_ms = clock.ms()
+    step(rig)
+    forward(rig)  # read and admitted: due a level from now
+    run(rig, clock, DELAY / 1000, passes=2)
+    assert rig.metric("delayservice_forward_errors_total", error="_MSG_TIMED_OUT") == 1
+    run(rig, clock, 1.1)
+    attempts = [s for s in rig.producer.attempts if s.topic == TARGET]
+    assert len(attempts) == 2
+    assert {s.header("delay-due-ms") for s in attempts} == {str(read_ms + DELAY).encode()}
+    assert forwarded(rig) == ["id-0-0"]
+    assert committed(rig) == {0: 1}
+    assert not rig.group.overrides.get(0)  # its due time was forgotten once committed
+    late_s = rig.metric("delayservice_lateness_seconds_sum", level=LEVEL.name)
+    assert late_s < 60, f"counted {late_s:.0f} s late"
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)

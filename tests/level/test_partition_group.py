@@ -190,3 +190,24 @@ def test_a_forward_that_cannot_go_out_is_held_at_its_own_due_time_all_along():
     assert group.earliest_held_ms() == due
     group.settle()
     assert group.earliest_held_ms() is None
+
+
+def test_a_record_without_the_brokers_timestamp_keeps_its_due_time_when_sent_again():
+    """An aborted transaction or a failed delivery puts a record back and it is sent
+    again: its due time (a level after it was read) must be the same the second time,
+    or the forward says it was due in 1970 and counts 56 years late. It is forgotten
+    only once the record is committed."""
+    clock = FakeClock()
+    group = PartitionGroup(DELAY_MS, clock.time)
+    now = clock.ms()
+    group.assign(0)
+    group.add(0, [message(0, 0, 0, timestamp_type=TIMESTAMP_CREATE_TIME)], 1, now)
+    clock.advance(5.0)
+    ((partition, run),) = group.take(100)
+    assert group.due_of(partition, run[0]) == now + DELAY_MS
+    group.put_back(partition, run, incarnation=group.incarnation(partition))
+    group.settle()
+    ((partition, again),) = group.take(100)
+    assert group.due_of(partition, again[0]) == now + DELAY_MS
+    group.retire([(partition, again)])
+    assert group.overrides == {0: {}}
