@@ -183,6 +183,9 @@ class Forwarder:
         self._waiting: dict[int, dict[int, tuple[int, Message]]] = {}
         """At-least-once: partition -> offset -> (not before, epoch ms; record), for
         records that failed and go again on their own."""
+        self.set_aside_due_ms: int | None = None
+        """The earliest due time among `_waiting`'s records, for the consumer thread's
+        gauges: a record waiting out a backoff is held, and overdue."""
         self._committed: dict[int, int] = {}
         self._taken_from: dict[int, int | None] = {}
         """partition -> the assignment (`Buffer.incarnation`) its open records came from."""
@@ -423,6 +426,7 @@ class Forwarder:
         for table in (self._sent_through, self._committed, self._waiting, self._taken_from):
             for partition in partitions:
                 table.pop(partition, None)
+        self._waiting_changed()
         with self._lock:
             for partition in partitions:
                 self._durable.pop(partition, None)
@@ -469,6 +473,7 @@ class Forwarder:
         self._runs = []
         self._taken_from.clear()
         self._waiting.clear()
+        self._waiting_changed()
         self._sent_through = dict(self._committed)
         self.failures.dead_sent.clear()
         self.sender.rerouted.clear()
@@ -702,6 +707,7 @@ class Forwarder:
             if stay:
                 kept.append((partition, stay))
         self._runs = kept
+        self._waiting_changed()
 
     def _send_waiting(self) -> None:
         """At-least-once: send the records set aside whose backoff is over."""
@@ -723,3 +729,14 @@ class Forwarder:
                     del self._waiting[partition]
             else:
                 held[offset] = (self._retry_hold_ms(), record)
+        self._waiting_changed()
+
+    def _waiting_changed(self) -> None:
+        self.set_aside_due_ms = min(
+            (
+                self.group.due_of(partition, record)
+                for partition, held in self._waiting.items()
+                for _, record in held.values()
+            ),
+            default=None,
+        )

@@ -141,6 +141,26 @@ def test_a_record_the_broker_did_not_stamp_goes_again_with_the_same_due_time(clo
     assert late_s < 60, f"counted {late_s:.0f} s late"
 
 
+def test_a_record_set_aside_for_a_backoff_shows_as_held_and_overdue(clock):
+    """At-least-once: a refused record waits out its backoff apart from its partition's
+    queue; the gauges still say it is held, and how overdue, until it is sent."""
+    rig = rig_for(clock, False, backoff=(1.0, 8.0))
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.outcome = fail_ids("id-0-0")
+    due_ms = clock.ms()
+    append(rig, 0, age_ms=DELAY)  # due now
+    run(rig, clock, passes=2)
+    assert rig.forwarder.set_aside_due_ms == due_ms
+    run(rig, clock, 0.5)  # within the backoff: nothing else is held
+    assert rig.group.earliest_held_ms() is None
+    labels = {"level": LEVEL.name}
+    assert rig.metric("delayservice_next_due_timestamp_seconds", **labels) == due_ms / 1000
+    assert rig.metric("delayservice_oldest_overdue_seconds", **labels) == pytest.approx(0.5)
+    run(rig, clock, 0.6)
+    assert forwarded(rig) == ["id-0-0"]
+    assert rig.metric("delayservice_next_due_timestamp_seconds", **labels) == 0
+
+
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
 @pytest.mark.parametrize(
     ("code", "reason"),
