@@ -43,6 +43,26 @@ def _unavailable(reason: str) -> NoReturn:
     raise AssertionError("unreachable")
 
 
+_FAULT_ROWS: list[dict[str, str]] = []
+"""Rows of the fault-injection summary, gathered from every test's report: here, in the
+root conftest, because under pytest-xdist only the controller prints, and it loads no
+conftest below this one."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":  # a row added during the call is on this report too
+        from tests.faults.summary_table import rows_of
+
+        _FAULT_ROWS.extend(rows_of(report.user_properties))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _FAULT_ROWS and not hasattr(config, "workerinput"):
+        from tests.faults.summary_table import write
+
+        write(terminalreporter, config.rootpath, _FAULT_ROWS)
+
+
 @pytest.fixture(scope="session")
 def unavailable() -> Callable[[str], NoReturn]:
     """`_unavailable`, for conftests and tests below this folder."""

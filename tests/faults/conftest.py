@@ -2,9 +2,9 @@
 
 Each scenario gets a `FaultRun`: uuid-named topics on a broker, daemons as real
 subprocesses, steady traffic, and a read-back that turns the broker's contents into
-a `Report`. Every report becomes one row of the table, printed in the terminal summary
-and written to build/faults-summary.md, so a run leaves its numbers behind even when
-a scenario fails.
+a `Report`. Every report becomes one row of the table (`summary_table`), printed in the
+terminal summary and written to build/faults-summary.md, so a run leaves its numbers
+behind even when a scenario fails.
 """
 
 from __future__ import annotations
@@ -19,58 +19,13 @@ import pytest
 from delayservice.producer import Precision
 from tests.faults.harness import Fleet, Reader, SentLog, Traffic, wait_until
 from tests.faults.measure import Report, Source, Topology, evaluate
-
-COLUMNS = (
-    "scenario",
-    "records",
-    "lost",
-    "duplicates",
-    "dead-lettered",
-    "early",
-    "p99 lateness",
-    "max lateness",
-    "recovery",
-    "notes",
-)
-RECOVERY_NOTE = (
-    "recovery: from the end of the fault (restarted daemon spawned, broker ready again, "
-    "SIGCONT, both members signalled) until every level-topic partition has forwarded "
-    "again, by target append time; the worst fault of the scenario (2: a restart killed "
-    "again before it forwarded counts until a later one does). 6: from re-creation to "
-    "the first record on the re-created target. Lateness: target append time - due, "
-    "first copy; due = level-topic append time + max(level delay, delay-ms); in precise "
-    "mode, precise-topic append time + delay-ms, or delay-due-ms when that is later."
-)
-_ROWS = pytest.StashKey[list[dict[str, str]]]()
+from tests.faults.summary_table import ROW_PROPERTY
 
 
-def render(rows: list[dict[str, str]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += [
-        "| " + " | ".join(row.get(c, "") for c in COLUMNS) + " |"
-        for row in sorted(rows, key=lambda r: r["scenario"])
-    ]
-    return "\n".join([*lines, "", RECOVERY_NOTE])
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    rows = config.stash.get(_ROWS, [])
-    if not rows:
-        return
-    table = render(rows)
-    terminalreporter.write_sep("=", "fault-injection summary")
-    terminalreporter.write_line(table)
-    out = config.rootpath / "build" / "faults-summary.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(f"# Fault-injection summary\n\n{table}\n")
-    terminalreporter.write_line(f"(written to {out})")
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture
 def fault_summary(request: pytest.FixtureRequest) -> Callable[[Report], None]:
     """Adds a scenario's row to the table; call it before asserting, so failures count."""
-    rows = request.config.stash.setdefault(_ROWS, [])
-    return lambda report: rows.append(report.row())
+    return lambda report: request.node.user_properties.append((ROW_PROPERTY, report.row()))
 
 
 class FaultRun:
