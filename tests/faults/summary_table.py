@@ -6,6 +6,7 @@ pytest-xdist workers still prints one table, in the controller (tests/conftest.p
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +38,15 @@ def render(rows: list[dict[str, str]]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += [
         "| " + " | ".join(row.get(c, "") for c in COLUMNS) + " |"
-        for row in sorted(rows, key=lambda r: r["scenario"])
+        for row in sorted(rows, key=lambda r: _number(r["scenario"]))
     ]
     return "\n".join([*lines, "", RECOVERY_NOTE])
+
+
+def _number(scenario: str) -> tuple[int, str]:
+    """ "5b. slowed revokes" -> (5, "b. slowed revokes"): rows in the scenarios' order."""
+    match = re.match(r"(\d+)(.*)", scenario, re.DOTALL)
+    return (int(match[1]), match[2]) if match else (0, scenario)
 
 
 def rows_of(user_properties: list[tuple[str, Any]]) -> list[dict[str, str]]:
