@@ -56,7 +56,7 @@ def build_forwarder(
         level,
         buffer,
         producer,
-        TargetTopics(producer),
+        TargetTopics(producer, clock=clock),
         routes,
         metrics,
         on_fatal,

@@ -149,7 +149,7 @@ class RecordSender:
     def replace_producer(self, producer: Any) -> None:
         """Send through `producer` from now on (the old one failed)."""
         self._producer = producer
-        self._targets = TargetTopics(producer)
+        self._targets = TargetTopics(producer, clock=self._clock)
 
     def forget_target(self, topic: str) -> None:
         """The broker says `topic` does not exist: ask again next time."""

@@ -3,6 +3,9 @@
 Without this, librdkafka holds a record for an unknown topic until its metadata
 propagation timeout (30 s by default) before failing it. A topic that does not exist
 is re-checked after a short negative TTL so a topic created a moment later is found.
+When the broker cannot be asked at all (metadata times out after seconds), every name
+is answered "not now" for a short while without asking, so a pass over many targets
+waits once, not once per target and twice per record.
 The cache is bounded (the oldest entries go first), because target names come
 from records, and records can name anything.
 """
@@ -31,12 +34,20 @@ class TargetTopics:
         negative_ttl_s: float = 2.0,
         timeout_s: float = 5.0,
         max_entries: int = MAX_ENTRIES,
+        unreachable_hold_s: float = 1.0,
+        clock: Any = time,
     ) -> None:
+        """`clock`: anything with `monotonic()` (the `time` module, a test's clock)."""
         self._client = client
         self._ttl = ttl_s
         self._negative_ttl = negative_ttl_s
         self._timeout = timeout_s
         self._max_entries = max_entries
+        self._unreachable_hold = unreachable_hold_s
+        self._clock = clock
+        self._unreachable: tuple[Any, float] | None = None
+        """The client's last error asking the broker, and until when (monotonic s) it
+        stands for every name."""
         self._cache: OrderedDict[str, tuple[int | KafkaError, float]] = OrderedDict()
         self._lock = threading.Lock()  # shared by every level's threads; never held over I/O
 
@@ -54,16 +65,20 @@ class TargetTopics:
 
         Raises a retriable `DelayServiceError` when the broker cannot be asked.
         """
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not fresh:
             # The hit path takes no lock and does not reorder: one atomic read per record.
             # Eviction is therefore by age of insertion, which only costs a re-fetch.
             cached = self._cache.get(topic)
             if cached is not None and cached[1] > now:
                 return cached[0]
+        unreachable = self._unreachable
+        if unreachable is not None and unreachable[1] > now:
+            raise DelayServiceError.from_kafka(unreachable[0], f"metadata for {topic}")
         try:
             meta = self._client.list_topics(topic=topic, timeout=self._timeout)
         except KafkaException as exc:
+            self._unreachable = (exc.args[0], self._clock.monotonic() + self._unreachable_hold)
             raise DelayServiceError.from_kafka(exc.args[0], f"metadata for {topic}") from exc
         except (ValueError, RuntimeError, TypeError) as exc:
             # librdkafka refuses the name itself (embedded NUL, too long): permanent.

@@ -826,7 +826,7 @@ def make_level_rig(
         LEVEL,
         group,
         producer,
-        TargetTopics(producer),
+        TargetTopics(producer, clock=clock if clock is not None else time),
         routes,
         metrics,
         fatal.append,
