@@ -707,10 +707,8 @@ class ConsumerLoop:
     def _update_gauges(self, *, lag: bool) -> None:
         group = self._group
         self._m_buffered.set(group.total_buffered)
-        head_ms = min(
-            (ms for ms in (group.earliest_held_ms(), self._forwarder.set_aside_due_ms) if ms),
-            default=None,
-        )
+        held = (group.earliest_held_ms(), self._forwarder.set_aside_due_ms)
+        head_ms = min((ms for ms in held if ms is not None), default=None)
         self._m_next_due.set(head_ms / 1000 if head_ms is not None else 0.0)
         self._m_overdue.set(max(0.0, time.time() - head_ms / 1000) if head_ms is not None else 0.0)
         self._m_bytes.set(group.total_bytes)

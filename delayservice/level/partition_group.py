@@ -35,7 +35,7 @@ from typing import Any, Final
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.forward import speedups
-from delayservice.forward.buffer import NEVER, Alarm
+from delayservice.forward.buffer import NEVER, Alarm, Runs
 from delayservice.forward.held_record import DUE, HeldView, entry_bytes
 
 Clock = Callable[[], float]
@@ -174,7 +174,7 @@ class PartitionGroup:
             head = queue[0] if queue else self._handed_heads.get(partition)
             if head is None:
                 return False
-            return self._due(partition, head) <= self._clock() * 1000
+            return self.due_of(partition, head) <= self._clock() * 1000
         except (IndexError, TypeError):  # taken meanwhile
             return False
 
@@ -187,7 +187,9 @@ class PartitionGroup:
                 self._drained.wait(timeout)
 
     # -- forwarder side ------------------------------------------------------------
-    def _due(self, partition: int, record: Any) -> int:
+    def due_of(self, partition: int, record: Any) -> int:
+        """When `record` (of `partition`) is due at this level: the same each time it is
+        asked, a record sent again included (`retire` forgets what was kept for it)."""
         if type(record) is tuple:
             return int(record[DUE])
         if type(record) is HeldView:
@@ -197,12 +199,7 @@ class PartitionGroup:
             return int(stamp) + self.delay_ms
         return self.overrides.get(partition, {}).get(record.offset() or 0, 0)
 
-    def due_of(self, partition: int, record: Any) -> int:
-        """When `record` (taken from `partition`) was due at this level: the same each
-        time it is asked, a record sent again included (`retire` forgets it)."""
-        return self._due(partition, record)
-
-    def retire(self, runs: list[tuple[int, list[Any]]]) -> None:
+    def retire(self, runs: Runs) -> None:
         """These records are committed and never go again: the due times kept for those
         without a broker-written timestamp go with them."""
         if not self.overrides:
@@ -240,12 +237,13 @@ class PartitionGroup:
         overdue all along instead of as nothing held."""
         with self._cond:
             earliest = min(self._handed_due * 1000, self._in_hand_ms)
-            if self.not_before:
+            if self.not_before:  # a live retry hold: its head counts at its own due time
                 for key, partition in self._heap:
                     queue = self.queues.get(partition)
                     if partition in self.not_before and queue:
-                        key = self._due(partition, queue[0])  # noqa: PLW2901 (its head's own due)
-                    earliest = min(earliest, key)
+                        earliest = min(earliest, self.due_of(partition, queue[0]))
+                    else:
+                        earliest = min(earliest, key)
             elif self._heap:
                 earliest = min(earliest, self._heap[0][0])
         return None if earliest == NEVER else int(earliest)
@@ -285,7 +283,7 @@ class PartitionGroup:
                 was_empty = not queue
                 queue.extend(entries)
                 if was_empty and partition not in self._in_heap and queue:
-                    due = max(self._due(partition, queue[0]), self.not_before.get(partition, 0))
+                    due = max(self.due_of(partition, queue[0]), self.not_before.get(partition, 0))
                     heapq.heappush(self._heap, (due, partition))
                     self._in_heap.add(partition)
             self._drained.notify_all()
@@ -299,11 +297,13 @@ class PartitionGroup:
         now_ms = int(self._clock() * 1000)
         out: list[tuple[int, list[Any]]] = []
         taken = 0
-        due_of = self._due
+        due_of = self.due_of
         with self._cond:
             heap = self._heap
             while heap and heap[0][0] <= now_ms and taken < limit:
                 _, partition = heapq.heappop(heap)
+                if self.not_before:
+                    self.not_before.pop(partition, None)  # its retry hold, if any, is over
                 queue = self.queues.get(partition)
                 if queue is None or not queue:
                     self._in_heap.discard(partition)
@@ -374,25 +374,12 @@ class PartitionGroup:
             if not_before_ms:
                 self.not_before[partition] = not_before_ms
             if queue:
-                due = max(self._due(partition, queue[0]), self.not_before.get(partition, 0))
+                due = max(self.due_of(partition, queue[0]), self.not_before.get(partition, 0))
                 self._heap = [entry for entry in self._heap if entry[1] != partition]
                 self._heap.append((due, partition))
                 heapq.heapify(self._heap)
                 self._in_heap.add(partition)
             self._cond.notify()
-
-    def release(self, partition: int) -> None:
-        """End a partition's retry hold."""
-        with self._cond:
-            if self.not_before.pop(partition, None) is None:
-                return
-            queue = self.queues.get(partition)
-            if queue:
-                self._heap = [entry for entry in self._heap if entry[1] != partition]
-                self._heap.append((self._due(partition, queue[0]), partition))
-                heapq.heapify(self._heap)
-                self._in_heap.add(partition)
-                self._cond.notify()
 
     def __len__(self) -> int:
         return self.total_buffered
