@@ -121,7 +121,7 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
     return out, latest, unstamped
 
 
-def send_held_run(
+def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
     partition: int,
     records: list[Any],
     produce: Callable[..., None],
@@ -139,7 +139,9 @@ def send_held_run(
     A `Held` record (when nothing is `plain`-ly doomed or suspected) whose target
     `sendable` says exists goes out as it is, by position (`sender.ANY_PARTITION`);
     a full local queue waits in `produce_waiting`. Anything else, and anything
-    produce() raises beyond a full queue, goes to `send_one` (the full parse). Each
+    produce() raises beyond a full queue (at once, or while it waited for room: a
+    transaction turned abortable, a target deleted meanwhile), goes to `send_one` (the
+    full parse), which sends it, dead-letters it or says it must wait. Each
     forward's lateness (ms after its due time) is counted into `lateness` as (ms,
     records) pairs."""
     known: dict[str, bool] = {}
@@ -166,9 +168,14 @@ def send_held_run(
                         same += 1
                         continue
                     except BufferError:
-                        produce_waiting(produce, target, value, key, headers, None)
-                        same += 1
-                        continue
+                        try:
+                            produce_waiting(produce, target, value, key, headers, None)
+                            same += 1
+                            continue
+                        except later:
+                            raise
+                        except Exception:  # noqa: S110  # refused while waiting: the full parse says
+                            pass
                     except Exception:  # noqa: S110  # the full parse says what it was
                         pass
             send_one(partition, HeldView(partition, record), now_ms)

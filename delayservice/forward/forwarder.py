@@ -55,6 +55,7 @@ from delayservice.forward.sender import (
     producer_failed,
 )
 from delayservice.forward.transaction import Transaction
+from delayservice.kafka.client_errors import error_of, is_fatal
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
@@ -352,7 +353,7 @@ class Forwarder:
                 self._send_runs(runs)
             finally:
                 self.group.settle()
-            self._producer.poll(0)
+            self.sender.poll(0)
         since = clock.monotonic() - self._last_commit
         if commit or (
             self._runs
@@ -501,7 +502,11 @@ class Forwarder:
         for index, (partition, taken) in enumerate(runs):
             if partition not in taken_from:
                 taken_from[partition] = self.group.incarnation(partition)
-            sent = self.sender.send_run(partition, taken)
+            try:
+                sent = self.sender.send_run(partition, taken)
+            except BaseException:
+                self._unsent(runs[index:])
+                raise
             records = taken
             if sent < len(taken):
                 # The rest of this partition waits (metadata unreachable, or a stop while
@@ -517,6 +522,18 @@ class Forwarder:
                     self.group.put_back(later, rest)
                 return
 
+    def _unsent(self, runs: Runs) -> None:
+        """A send raised past the sender (a producer gone fatal, or a bug): which records
+        of the first run went out is unknown, so it goes back whole with every run after
+        it, and nothing it held is lost. Under exactly-once the open transaction may
+        hold some of them: it is aborted and the whole interval goes again, so a
+        read_committed reader still sees each record once (at-least-once: those that
+        went out may arrive twice). A failed abort raises, and the producer is fenced."""
+        for partition, records in reversed(runs):
+            self.group.put_back(partition, records, 0, self._taken_from.get(partition))
+        if self.transactional and self._txn.open:
+            self._end_transaction()
+
     def _retry_hold_ms(self) -> int:
         return int(self._clock.time() * 1000) + self.failures.backoff_ms(1)
 
@@ -527,7 +544,7 @@ class Forwarder:
         self._last_commit = self._clock.monotonic()
         if not self._runs and not self._txn.open:
             return True
-        remaining = self._producer.flush(self._flush_timeout)
+        remaining = self.sender.flush(self._flush_timeout)
         self._step_spent("flush", self._clock.monotonic() - self._last_commit)
         if remaining:
             self._m_commit_failures.inc()
@@ -541,7 +558,7 @@ class Forwarder:
                 self._txn.abort()
                 self._requeue({})
             return False
-        self._producer.poll(0)  # log lines queued behind the last report
+        self.sender.poll(0)  # log lines queued behind the last report
         if self._resent_unconfirmed():
             return False
         if self.sender.reports:
@@ -629,9 +646,9 @@ class Forwarder:
             self._txn.commit(offsets)
             return True
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
+            error = error_of(exc)
             self._m_commit_failures.inc()
-            if isinstance(error, KafkaError) and (error.fatal() or error.code() in FENCED):
+            if error is not None and (is_fatal(error) or error.code() in FENCED):
                 raise producer_failed(error, f"{self.level.topic}: commit_transaction") from exc
             group_moved = isinstance(error, KafkaError) and error.code() in GROUP_ERRORS
             log.warning(
@@ -649,9 +666,6 @@ class Forwarder:
 
     def _place_reports(self) -> tuple[set[Key], int]:
         reports, self.sender.reports = self.sender.reports, []
-        for error, _, _ in reports:
-            if error.fatal():
-                raise producer_failed(error, f"{self.level.topic}: delivery")
         for error, report, _ in reports:
             if error.code() in UNKNOWN_TARGET and report.topic():
                 self.sender.forget_target(report.topic() or "")
@@ -720,16 +734,19 @@ class Forwarder:
         )
         if not due:
             return
-        for partition, offset in due:
-            held = self._waiting[partition]
-            _, record = held.pop(offset)
-            if self.sender.send_run(partition, [record]) == 1:
-                self._runs.append((partition, [record]))
-                if not held:
-                    del self._waiting[partition]
-            else:
-                held[offset] = (self._retry_hold_ms(), record)
-        self._waiting_changed()
+        try:
+            for partition, offset in due:
+                held = self._waiting[partition]
+                _, record = held[offset]
+                if self.sender.send_run(partition, [record]) == 1:
+                    del held[offset]
+                    self._runs.append((partition, [record]))
+                    if not held:
+                        del self._waiting[partition]
+                else:
+                    held[offset] = (self._retry_hold_ms(), record)
+        finally:  # a record still held waits on: what raised did not send it for sure,
+            self._waiting_changed()  # and the next pass tries it again
 
     def _waiting_changed(self) -> None:
         self.set_aside_due_ms = min(

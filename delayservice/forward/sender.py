@@ -43,6 +43,7 @@ from delayservice.forward.failures import (
     permanent_reason,
 )
 from delayservice.forward.target_names import TargetNames
+from delayservice.kafka.client_errors import error_of, is_fatal
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level, LevelSet, format_duration_ms
@@ -151,6 +152,29 @@ class RecordSender:
         self._producer = producer
         self._targets = TargetTopics(producer, clock=self._clock)
 
+    def poll(self, timeout: float) -> None:
+        """Serve the producer's callbacks. A fatal error comes out of here: confluent-kafka
+        raises the fatal error event from the poll that serves it, once."""
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as exc:
+            raise self._unusable(exc, "poll") from exc
+
+    def flush(self, timeout: float) -> int:
+        """`Producer.flush`: how many forwards are still unacknowledged; a fatal error
+        raised while it served the callbacks comes out as `ForwarderFatalError`."""
+        try:
+            return int(self._producer.flush(timeout))
+        except KafkaException as exc:
+            raise self._unusable(exc, "flush") from exc
+
+    def _unusable(self, exc: KafkaException, what: str) -> Exception:
+        """`exc` as `ForwarderFatalError` when it says the producer is unusable."""
+        error = error_of(exc)
+        if error is not None and is_fatal(error):
+            return producer_failed(error, f"{self.level.topic}: {what}")
+        return exc
+
     def forget_target(self, topic: str) -> None:
         """The broker says `topic` does not exist: ask again next time."""
         self._targets.forget(topic)
@@ -223,12 +247,18 @@ class RecordSender:
 
     def _fast_produce(self, produce: Callable[..., None], target: str, record: Any) -> bool:
         """Produce a precise record's forward; False when produce() raised something a
-        full queue does not explain (`_send_one` then says what it was)."""
+        full queue does not explain, at once or while it waited for room (`_send_one`
+        then says what it was). Raises only what waiting raises to stop the run."""
         headers = forwarded_headers(record.user, record.envelope, record.due_ms)
         try:
             produce(target, record.value(), record.key(), ANY_PARTITION, None, None, 0, headers)
         except BufferError:
-            self._produce(produce, target, record.value(), record.key(), headers, None)
+            try:
+                self._produce(produce, target, record.value(), record.key(), headers, None)
+            except (SendLaterError, ForwarderFatalError):
+                raise
+            except Exception:
+                return False
         except Exception:
             return False
         return True
@@ -356,7 +386,7 @@ class RecordSender:
             except BufferError:
                 if self._stopping.is_set():
                     raise SendLaterError("stopping") from None
-                self._producer.poll(QUEUE_FULL_POLL_S)
+                self.poll(QUEUE_FULL_POLL_S)
 
     def _produce_suspect(
         self,
@@ -377,7 +407,7 @@ class RecordSender:
             except BufferError:
                 if self._stopping.is_set():
                     raise SendLaterError("stopping") from None
-                self._producer.poll(QUEUE_FULL_POLL_S)
+                self.poll(QUEUE_FULL_POLL_S)
 
     def _partition_problem(self, envelope: Envelope, count: Any) -> tuple[str, str] | None:
         """The slow side of the local checks: metadata trouble, or a partition out of range."""
@@ -495,7 +525,7 @@ class RecordSender:
             try:
                 self._dead_letter(partition, record, attempt)
                 return
-            except SendLaterError:
+            except (SendLaterError, ForwarderFatalError):
                 raise
             except Exception:
                 log.exception("%s: could not dead-letter a record", self.level.topic)
@@ -504,10 +534,10 @@ class RecordSender:
 
     def _refused_now(self, partition: int, record: Message, exc: KafkaException) -> None:
         """produce() itself refused (a local check: too large, unknown partition...)."""
-        error = exc.args[0] if exc.args else None
-        if not isinstance(error, KafkaError):
+        error = error_of(exc)
+        if error is None:
             raise SendLaterError(str(exc))
-        if error.fatal():
+        if is_fatal(error):  # produce() refuses with _FATAL, never flagged fatal
             raise producer_failed(error, f"{self.level.topic}: produce")
         reason = permanent_reason(error)
         if reason is None:

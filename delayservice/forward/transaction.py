@@ -28,6 +28,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delayservice.forward.sender import ForwarderFatalError, SendLaterError, producer_failed
+from delayservice.kafka.client_errors import error_of, is_fatal
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +88,23 @@ class Transaction:
                 TXN_TIMEOUT_S,
             )
         except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            if isinstance(error, KafkaError) and error.fatal():
+            error = error_of(exc)
+            if error is not None and is_fatal(error):
                 raise producer_failed(error, f"{self.topic}: init_transactions") from exc
             raise SendLaterError(f"init_transactions: {exc}") from exc
         self._ready = True
 
     def begin(self) -> None:
+        """Raises `ForwarderFatalError` when the producer failed for good (librdkafka
+        flags it fatal), `SendLaterError` for anything else (tried again later)."""
         self.init()
-        self.producer.begin_transaction()
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            error = error_of(exc)
+            if error is not None and is_fatal(error):
+                raise producer_failed(error, f"{self.topic}: begin_transaction") from exc
+            raise SendLaterError(f"begin_transaction: {exc}") from exc
         self.open = True
 
     def commit(self, offsets: dict[int, int]) -> None:

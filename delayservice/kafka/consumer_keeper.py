@@ -32,11 +32,6 @@ MakeConsumer = Callable[[dict[str, Any]], ConsumerClient]
 """Builds a consumer from the callbacks it must report to (error_cb, on_commit...)."""
 
 
-def is_fatal(error: KafkaError) -> bool:
-    """Whether the client that raised or reported `error` is unusable."""
-    return bool(error.fatal()) or error.code() == KafkaError._FATAL
-
-
 def unread_records(consumer: ConsumerClient, topic: str, partitions: list[int]) -> int:
     """Records on `partitions` past the consumer's position, from cached watermarks."""
     tps = [TopicPartition(topic, p) for p in partitions]

@@ -35,13 +35,9 @@ from confluent_kafka import (
 )
 
 from delayservice.forward.forwarder import Forwarder
+from delayservice.kafka.client_errors import is_fatal
 from delayservice.kafka.client_seam import ConsumerClient
-from delayservice.kafka.consumer_keeper import (
-    ConsumerKeeper,
-    MakeConsumer,
-    is_fatal,
-    unread_records,
-)
+from delayservice.kafka.consumer_keeper import ConsumerKeeper, MakeConsumer, unread_records
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup

@@ -43,8 +43,9 @@ from delayservice.envelope import (
     Headers,
 )
 from delayservice.forward import dead_letter as dl
+from delayservice.kafka.client_errors import is_fatal
 from delayservice.kafka.client_seam import ConsumerClient
-from delayservice.kafka.consumer_keeper import ConsumerKeeper, is_fatal, unread_records
+from delayservice.kafka.consumer_keeper import ConsumerKeeper, unread_records
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import headers_of_run

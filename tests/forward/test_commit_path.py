@@ -585,11 +585,12 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
     append(rig, 0, 2)
     run(rig, clock)
     append(rig, 0, 2)
-    failed = KafkaException(KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True))
-    if exactly_once:
-        rig.producer.commit_txn_raises = failed
-    else:
-        rig.producer.outcome = lambda sent: kafka_error(KafkaError._FATAL, fatal=True)
+    if exactly_once:  # the transaction API raises it, flagged fatal
+        rig.producer.commit_txn_raises = KafkaException(
+            KafkaError(KafkaError.INVALID_TXN_STATE, "invalid state", fatal=True)
+        )
+    else:  # an idempotence failure: the queue is purged, produce() refused with _FATAL
+        rig.producer.fatal_after = 1
     run(rig, clock, passes=1)
     assert rig.forwarder._producer is second
     run(rig, clock)

@@ -9,7 +9,14 @@ thread, as librdkafka serves them from poll), and commits whose outcome a test d
 `FakeProducer` keeps every produce, checks headers the way confluent-kafka does, and
 holds delivery reports until `poll`/`flush`/`deliver` serves them, each with the
 outcome a test decides. Either fake can raise on demand (BufferError for a full queue,
-KafkaException, anything unexpected).
+KafkaException, anything unexpected). Like librdkafka (rdkafka_msg.c
+`rd_kafka_check_produce`, rdkafka_txnmgr.c) and confluent-kafka 2.16 over it, the fake
+producer refuses `produce()` with `_STATE` once a failed delivery has made its
+transaction abortable, until the abort; never reports a delivery as fatal; and, once a
+test makes it fatal (`go_fatal`), purges its queue (`_PURGE_QUEUE` reports), raises the
+fatal error once from the next `poll()`/`flush()` (confluent-kafka raises a fatal error
+event there instead of calling `error_cb`), refuses every `produce()` with `_FATAL`
+(not flagged fatal) and every transaction call with the fatal error.
 
 `FakeClock` stands in for the forwarder's clock, so due times, backoffs and give-up
 windows are tested without sleeping.
@@ -391,6 +398,8 @@ class Sent:
     result: KafkaError | None = field(default=None)
     lost: bool = field(default=False)
     """Reported delivered by inference but never written (a re-created partition)."""
+    purged: bool = field(default=False)
+    """Still queued when the producer went fatal: reported `_PURGE_QUEUE`."""
 
     def header(self, name: str) -> Any:
         return header(self.headers, name)
@@ -481,6 +490,13 @@ class FakeProducer:
         """The level's consumer: a committed transaction's offsets reach its group, and
         every commit is checked against what it owns (`violations`)."""
         self.violations: list[str] = []
+        self.abortable: KafkaError | None = None
+        """Set by a failed delivery inside a transaction: produce() is refused until the
+        abort, and commit_transaction raises it."""
+        self.fatal_error: KafkaError | None = None
+        self._fatal_raised = False
+        self.fatal_after: int | None = None
+        """Go fatal (`go_fatal`) once this many more records are queued."""
         self._pending: deque[Sent] = deque()
         self._cond = threading.Condition()
 
@@ -511,6 +527,15 @@ class FakeProducer:
         )  # fmt: skip
         with self._cond:
             self.attempts.append(sent)
+        if self.fatal_error is not None:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "Local: Fatal error"))
+        if self.transactional and self.abortable is not None:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._STATE,
+                    "Producing not allowed in transactional state ABORTABLE_ERROR",
+                )
+            )
         if self.on_produce is not None:
             self.on_produce(sent)
         with self._cond:
@@ -520,12 +545,38 @@ class FakeProducer:
             self.sent.append(sent)
             self._pending.append(sent)
             self._cond.notify_all()
+        if self.fatal_after is not None:
+            self.fatal_after -= 1
+            if self.fatal_after <= 0:
+                self.fatal_after = None
+                self.go_fatal()
+
+    def go_fatal(self, code: int = KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER) -> None:
+        """librdkafka raising a fatal error (an idempotence or transaction failure)."""
+        with self._cond:
+            self.fatal_error = KafkaError(code, f"fake fatal {code}", fatal=True)
+            purged = list(self._pending)
+        for sent in purged:
+            sent.purged = True
+
+    def _refuse_if_fatal(self) -> None:
+        """The transaction API, once the producer is fatal."""
+        if self.fatal_error is not None:
+            raise KafkaException(self.fatal_error)
+
+    def _raise_fatal_once(self) -> None:
+        """poll()/flush() serving the fatal error event: raised once."""
+        if self.fatal_error is not None and not self._fatal_raised:
+            self._fatal_raised = True
+            raise KafkaException(self.fatal_error)
 
     # -- transactions --------------------------------------------------------------------
     def init_transactions(self, timeout: float = -1) -> None:
+        self._refuse_if_fatal()
         self.txn_inits += 1
 
     def begin_transaction(self) -> None:
+        self._refuse_if_fatal()
         assert self.txn_inits, "begin before init_transactions"
         assert not self.txn_open, "a transaction is open already"
         self.txn_open = True
@@ -533,15 +584,29 @@ class FakeProducer:
     def send_offsets_to_transaction(
         self, offsets: list[TopicPartition], metadata: Any, timeout: float = -1
     ) -> None:
+        self._refuse_if_fatal()
         assert self.txn_open
         assert metadata is not None
+        if self.abortable is not None:
+            raise KafkaException(self._abortable_error())
         if self.send_offsets_raises is not None:
             raise self.send_offsets_raises
         self.txn_offsets = [(tp.partition, tp.offset) for tp in offsets]
 
+    def _abortable_error(self) -> KafkaError:
+        assert self.abortable is not None
+        return KafkaError(
+            self.abortable.code(),
+            f"transaction must be aborted: {self.abortable.str()}",
+            txn_requires_abort=True,
+        )
+
     def commit_transaction(self, timeout: float = -1) -> None:
+        self._refuse_if_fatal()
         assert self.txn_open
         self.flush()
+        if self.abortable is not None:
+            raise KafkaException(self._abortable_error())
         if self.commit_timeouts > 0:
             self.commit_timeouts -= 1
             self._commit_in_flight = True
@@ -550,11 +615,6 @@ class FakeProducer:
             )
         if self.commit_txn_raises is not None:
             raise self.commit_txn_raises
-        failed = [s for s in self.txn_sent if s.result is not None]
-        if failed:
-            raise KafkaException(
-                KafkaError(KafkaError._INCONSISTENT, "a delivery failed", txn_requires_abort=True)
-            )
         self._check_ownership()
         self.committed_txns.append((self.txn_sent, self.txn_offsets))
         if self.owner is not None:
@@ -592,6 +652,7 @@ class FakeProducer:
                 )
 
     def abort_transaction(self, timeout: float = -1) -> None:
+        self._refuse_if_fatal()
         assert self.txn_open
         if self._commit_in_flight:
             raise KafkaException(
@@ -601,6 +662,7 @@ class FakeProducer:
             self._pending.clear()
         self.aborted.extend(self.txn_sent)
         self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
+        self.abortable = None
 
     def visible(self, topic: str | None = None) -> list[Sent]:
         """What a read_committed reader of `topic` sees, in order."""
@@ -612,6 +674,7 @@ class FakeProducer:
 
     def poll(self, timeout: float = 0) -> int:
         served = 0 if self.hold_reports else self._serve(None)
+        self._raise_fatal_once()
         if not served and timeout and timeout > 0:
             if self.clock is not None:
                 self.clock.advance(timeout)  # the time a real poll would have waited
@@ -625,6 +688,7 @@ class FakeProducer:
             with self._cond:
                 keep = min(self.flush_leaves, len(self._pending))
             self._serve(None if not keep else self.pending - keep)
+        self._raise_fatal_once()
         with self._cond:
             return len(self._pending)
 
@@ -673,7 +737,16 @@ class FakeProducer:
                 if not self._pending:
                     break
                 sent = self._pending.popleft()
-            sent.result = self.outcome(sent)
+            sent.result = (
+                KafkaError(KafkaError._PURGE_QUEUE, "Local: Purged in queue")
+                if sent.purged
+                else self.outcome(sent)
+            )
+            assert sent.result is None or not sent.result.fatal(), (
+                "librdkafka never reports a delivery as fatal: use go_fatal()"
+            )
+            if sent.result is not None and self.transactional and self.txn_open:
+                self.abortable = self.abortable or sent.result
             sent.lost = sent.result is None and self.inferred(sent)
             ts_ms = int(self.now() * 1000)
             report = Message(

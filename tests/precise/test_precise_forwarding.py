@@ -13,6 +13,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
 from tests.level.fakes import (
     DLQ,
@@ -474,7 +475,7 @@ def test_a_record_whose_stub_cannot_be_produced_either_waits_unsettled(rig):
 
 
 def test_a_fatal_producer_error_replaces_the_producer_and_nothing_settles_on_it(rig):
-    rig.producer.outcome = lambda _s: KafkaError(KafkaError._FATAL, "broken", fatal=True)
+    rig.producer.fatal_after = 1  # the forward is queued, then purged by a fatal error
     rig.hold("f")
     rig.step()
     assert rig.settled() == []
@@ -486,10 +487,21 @@ def test_a_fatal_producer_error_replaces_the_producer_and_nothing_settles_on_it(
     assert rig.dead_letters() == []
 
 
-def test_a_fenced_producer_stops_the_daemon_with_nothing_settled(rig):
-    rig.producer.outcome = lambda _s: KafkaError(KafkaError._FENCED, "fenced", fatal=True)
+def test_a_producer_that_keeps_failing_for_good_stops_the_daemon_with_nothing_settled(rig):
+    """Each new producer goes fatal too: after the replacements allowed, the thread
+    reports it fatal (the daemon stops) instead of replacing producers forever."""
+    rig.producer.fatal_after = 1
     rig.hold("f")
-    with pytest.raises(ForwarderFatalError, match="fenced"):  # the thread reports it fatal
-        rig.step()
+
+    def every_producer_goes_fatal() -> None:
+        made = 1
+        for _ in range(20):
+            rig.step()
+            if len(rig.producers) > made:
+                made = len(rig.producers)
+                rig.producer.fatal_after = 1
+
+    with pytest.raises(ForwarderFatalError, match="fake fatal"):
+        every_producer_goes_fatal()
     assert rig.settled() == []
-    assert len(rig.producers) == 1
+    assert len(rig.producers) == 1 + forwarder_module.REBUILDS

@@ -1,0 +1,25 @@
+"""What a confluent-kafka exception says about the client that raised it.
+
+librdkafka marks a client unusable with a *fatal* error, and confluent-kafka passes it
+on in more than one shape: the transaction API raises it with `fatal()` set; a fatal
+error event, which librdkafka hands to the error callback, is raised instead from the
+`poll()` or `flush()` that serves it, also with `fatal()` set; and every later
+`produce()` is refused with the code `_FATAL`, whose `fatal()` is *not* set (produce()
+errors never carry the flag, nor do delivery reports). So fatal means either.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka import KafkaError, KafkaException
+
+
+def is_fatal(error: KafkaError) -> bool:
+    """Whether the client that raised or reported `error` is unusable."""
+    return bool(error.fatal()) or error.code() == KafkaError._FATAL
+
+
+def error_of(exc: BaseException) -> KafkaError | None:
+    """The `KafkaError` a `KafkaException` carries, if any."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None

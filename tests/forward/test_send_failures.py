@@ -1,0 +1,196 @@
+"""What a send that fails past a full queue, or a producer that goes fatal, does to the
+records taken: every one is sent, dead-lettered or read again, never dropped.
+
+The fake producer refuses what librdkafka refuses (`tests/level/fakes.py`): produce()
+with `_STATE` once a failed delivery made the transaction abortable, with `_FATAL` once
+the producer went fatal, whose error is raised once from the poll or flush that serves
+it. A forwarder waiting for room in a full queue (`BufferError`) polls; what it polls
+can change what the next produce() gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from tests.forward.test_commit_path import GUARANTEES, committed, rig_for, run
+from tests.level.fakes import TARGET, FakeClock, FakeProducer, LevelRig, Sent, kafka_error
+from tests.level.test_consumer_loop import append, forwarded
+from tests.precise.forward_rig import make_precise_rig
+
+RECORDS = 10
+
+
+def full_at(
+    delay_id: str, *, attempts: int = 1, then: Callable[[Sent], None] | None = None
+) -> Callable[[Sent], None]:
+    """An `on_produce` that finds the local queue full for `delay_id`'s first `attempts`
+    attempts (the forwarder polls between them); `then(sent)` runs at the next one
+    (while the forwarder waited, something changed)."""
+    seen = {"n": 0}
+
+    def on_produce(sent: Sent) -> None:
+        if sent.delay_id != delay_id:
+            return
+        seen["n"] += 1
+        if seen["n"] <= attempts:
+            raise BufferError("Local: Queue full")
+        if seen["n"] == attempts + 1 and then is not None:
+            then(sent)
+
+    return on_produce
+
+
+def all_forwarded_once(rig: LevelRig, count: int) -> None:
+    seen = forwarded(rig)
+    expected = [f"id-0-{offset}" for offset in range(count)]
+    assert sorted(set(seen)) == sorted(expected), f"missing {sorted(set(expected) - set(seen))}"
+    if rig.forwarder.transactional:
+        assert len(seen) == len(set(seen)), "a read_committed reader saw a duplicate"
+        # One partition, in order, each record once.
+        assert seen == expected
+    assert committed(rig) == {0: count}
+
+
+def test_an_abortable_transaction_refusing_produce_while_the_queue_is_full_loses_nothing(
+    clock: FakeClock,
+) -> None:
+    """A delivery fails while the forwarder waits for room: librdkafka makes the
+    transaction abortable and refuses the next produce() with _STATE. The records of
+    the pass not sent yet go back to their queue and are sent in the next transaction."""
+    rig = rig_for(clock, True, backoff=(0.2, 1.0))
+    rig.consumer.queue_rebalance("assign", 0)
+    fail_first = {"id-0-2": 1}
+
+    def outcome(sent: Sent) -> KafkaError | None:
+        if fail_first.get(sent.delay_id or "", 0):
+            fail_first[sent.delay_id or ""] -= 1
+            return kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True)
+        return None
+
+    rig.producer.outcome = outcome
+    # Full at the first attempt and at the first retry: the poll between serves the
+    # failed delivery, and the next produce() is refused with _STATE.
+    rig.producer.on_produce = full_at("id-0-5", attempts=2)
+    append(rig, 0, RECORDS)
+    run(rig, clock)
+    refused = [s for s in rig.producer.attempts if s.delay_id == "id-0-5"]
+    assert len(refused) >= 4, "the scenario did not refuse id-0-5 with _STATE while it waited"
+    for _ in range(5):
+        run(rig, clock, 1.0)
+    all_forwarded_once(rig, RECORDS)
+    # Later records of the partition commit past nothing that was dropped.
+    append(rig, 0, 3)
+    run(rig, clock, 1.0)
+    all_forwarded_once(rig, RECORDS + 3)
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_target_deleted_while_the_forwarder_waits_for_room_loses_nothing(
+    clock: FakeClock, exactly_once: bool
+) -> None:
+    """The target is deleted while the forwarder waits on a full queue: the next produce()
+    is refused with _UNKNOWN_TOPIC. The full parse takes the record (it is sent once the
+    topic is back, or dead-lettered), and the rest of the pass is not dropped."""
+    rig = rig_for(clock, exactly_once, backoff=(0.2, 1.0))
+    rig.consumer.queue_rebalance("assign", 0)
+
+    def deleted(_sent: Sent) -> None:
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))
+
+    rig.producer.on_produce = full_at("id-0-5", then=deleted)
+    append(rig, 0, RECORDS)
+    for _ in range(6):
+        run(rig, clock, 1.0)
+    all_forwarded_once(rig, RECORDS)
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_producer_that_goes_fatal_mid_pass_is_replaced_and_loses_nothing(
+    clock: FakeClock, exactly_once: bool
+) -> None:
+    """An idempotence failure: librdkafka purges the queue, raises the fatal error once
+    from the next poll or flush, and refuses every produce() with _FATAL (a code, not
+    flagged fatal). The producer is replaced and everything not committed goes again."""
+    rig = rig_for(clock, exactly_once)
+    replacements: list[FakeProducer] = []
+
+    def fresh() -> FakeProducer:
+        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+        producer.owner = rig.consumer
+        replacements.append(producer)
+        return producer
+
+    rig.forwarder._make_producer = fresh
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.fatal_after = 4
+    append(rig, 0, RECORDS)
+    for _ in range(4):
+        run(rig, clock, 1.0)
+    assert len(replacements) == 1, "the fatal producer was not replaced"
+    assert rig.fatal == []
+    new = replacements[0]
+    seen = [s.delay_id for s in new.visible(TARGET)]
+    seen += [s.delay_id for s in rig.producer.visible(TARGET)]
+    assert sorted(set(seen)) == sorted(f"id-0-{offset}" for offset in range(RECORDS))
+    if exactly_once:
+        assert len(seen) == RECORDS  # the fatal producer committed nothing
+        assert new.committed_txns[-1][1] == [(0, RECORDS)]
+    else:
+        assert rig.consumer.committed_offsets == {0: RECORDS}
+
+
+def test_a_record_set_aside_whose_send_raises_waits_on_instead_of_vanishing(
+    clock: FakeClock,
+) -> None:
+    """At-least-once: a refused record waits apart from its partition for its backoff.
+    When it goes again, the queue is full and the target is deleted while it waits for
+    room: it is not dropped, and its partition never commits past it."""
+    rig = rig_for(clock, False, backoff=(0.5, 1.0))
+    rig.forwarder._make_producer = lambda: rig.producer  # replaced by the same fake
+    rig.consumer.queue_rebalance("assign", 0)
+    left = {"id-0-1": 1}
+
+    def outcome(sent: Sent) -> KafkaError | None:
+        if left.get(sent.delay_id or "", 0):
+            left[sent.delay_id or ""] -= 1
+            return kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True)
+        return None
+
+    rig.producer.outcome = outcome
+    for offset in range(3):  # distinct contents: the report names its record at once
+        append(rig, 0, value=f"v{offset}".encode())
+    run(rig, clock)
+    assert 1 in rig.forwarder._waiting.get(0, {}), "the refused record was not set aside"
+
+    def deleted(_sent: Sent) -> None:
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))
+
+    rig.producer.on_produce = full_at("id-0-1", then=deleted)
+    for _ in range(4):
+        run(rig, clock, 1.0)
+    assert "id-0-1" in forwarded(rig)
+    assert committed(rig) == {0: 3}
+
+
+def test_a_precise_forward_refused_while_the_queue_is_full_stays_unsettled(
+    clock: FakeClock,
+) -> None:
+    """The precise path has the same shape: a forward refused while it waited for room
+    is not settled (dropped from its slot) but taken by the full parse."""
+    rig = make_precise_rig(clock=clock)
+
+    def deleted(_sent: Sent) -> None:
+        raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))
+
+    rig.producer.on_produce = full_at("b", then=deleted)
+    for mid in ("a", "b", "c"):
+        rig.hold(mid)
+    rig.step(3)
+    clock.advance(2.0)
+    rig.step(3)
+    sent = [s.delay_id for s in rig.producer.reports if s.topic == TARGET and s.result is None]
+    assert sorted(set(sent)) == ["a", "b", "c"]
+    assert sorted(rig.settled()) == [0, 1, 2]
