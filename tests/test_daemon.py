@@ -181,3 +181,28 @@ def test_readiness_waits_for_the_first_assignment_and_names_what_each_level_owns
     testbed.wait_for(lambda: second.readiness()[0], 60, "the second daemon to be ready")
     assert "owns no partitions" in second.readiness()[1]
     assert "owns 0" in first.readiness()[1]
+
+
+def test_readiness_turns_red_when_nothing_is_forwarded_for_the_retry_budget(testbed, guarantee):
+    """A daemon whose producer never reaches a broker (its consumer does) has records
+    due and sends nothing: after `retry_give_up_s` /readyz says so, under either
+    guarantee (exactly-once: its transactions cannot even start)."""
+    stranded = testbed.settings(
+        levels="1s",
+        partitions=1,
+        guarantee=guarantee,
+        producer={"bootstrap.servers": "127.0.0.1:1"},
+        retry_give_up_s=3,
+        shutdown_timeout_s=5,
+    )
+    testbed.create_delay_topics(stranded)
+    daemon = testbed.start_daemon(stranded)
+    testbed.wait_for(lambda: daemon.readiness()[0], 60, "the stranded daemon to be assigned")
+    target = testbed.create_topic(f"stalled-{testbed.tag}", partitions=1)
+    producer = testbed.producer(stranded)
+    producer.produce(target, b"due", delay=1)
+    assert producer.flush(10) == 0
+    testbed.wait_for(lambda: not daemon.readiness()[0], 60, "readiness to turn red")
+    why = daemon.readiness()[1]
+    assert "nothing forwarded for" in why, why
+    assert "while records are due" in why, why

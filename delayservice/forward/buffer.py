@@ -47,6 +47,11 @@ class Buffer(Protocol):
 
     def next_due_ms(self) -> int | None: ...
 
+    def earliest_held_ms(self) -> int | None:
+        """Due time of the earliest record held, taken and being sent included (what
+        the overdue gauges and readiness read), or None."""
+        ...
+
     def settle(self) -> None:
         """What was last taken has been sent or put back."""
         ...

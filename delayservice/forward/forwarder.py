@@ -194,7 +194,8 @@ class Forwarder:
         """Set while the consumer thread is to drop this level's queues and seek back to
         the committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
         self._txn = Transaction(level.topic, producer, self._stopping, clock, self._step_spent)
-        self._last_commit = clock.monotonic()
+        # progress_at: when a commit point last made records durable (`stalled`).
+        self._last_commit = self.progress_at = clock.monotonic()
         self._throttle = Throttle()
         # Shared with the consumer thread.
         self._lock = threading.Lock()
@@ -267,6 +268,31 @@ class Forwarder:
         else:
             self._serve(request)  # the forwarder thread is gone: its state is ours now
         return request.offsets if request.ok else None
+
+    def stalled(self, budget_s: float) -> str | None:
+        """Why this forwarder counts as stuck, for readiness; None while it is not: a
+        record has been due for longer than `budget_s` (the retry budget) and no commit
+        point made anything durable for as long (a producer that cannot reach the
+        broker, or a commit that keeps failing). One record failing while others go out
+        is not stuck: it is dead-lettered after the same budget. Read from another
+        thread: plain attribute reads and the buffer's own lock."""
+        clock = self._clock
+        idle_s = clock.monotonic() - self.progress_at
+        if idle_s <= budget_s:
+            return None
+        due_of = self.group.due_of
+        sent = [due_of(p, records[0]) for p, records in list(self._runs) if records]
+        held = [ms for ms in (self.group.earliest_held_ms(), self.set_aside_due_ms) if ms]
+        held += sent  # sent and not yet durable: as good as held
+        if not held:
+            return None
+        overdue_s = clock.time() - min(held) / 1000
+        if overdue_s <= budget_s:
+            return None
+        return (
+            f"nothing forwarded for {idle_s:.0f}s while records are due "
+            f"(the oldest {overdue_s:.0f}s ago)"
+        )
 
     def reseek_wanted(self) -> bool:
         """Whether the consumer thread is to drop the queues and seek every owned
@@ -619,6 +645,7 @@ class Forwarder:
         return out
 
     def _settled(self) -> None:
+        self.progress_at = self._clock.monotonic()
         runs, self._runs = self._runs, []
         self._taken_from = {p: i for p, i in self._taken_from.items() if p in self._waiting}
         if self._settle is not None and runs:

@@ -97,6 +97,7 @@ class LevelWorker:
             stop_timeout_s=max(1.0, settings.shutdown_timeout_s - 5.0),
         )
         metrics.level_delay.labels(level.name, level.topic).set(level.delay_ms / 1000)
+        self._stall_budget_s = settings.retry_give_up_s
 
     def start(self) -> None:
         self.forwarder.start()
@@ -120,5 +121,8 @@ class LevelWorker:
         lost_at = self.loop.unassigned_since
         if lost_at is not None:
             return False, f"{topic}: lost its partitions {time.monotonic() - lost_at:.0f}s ago"
+        stalled = self.forwarder.stalled(self._stall_budget_s)
+        if stalled is not None:
+            return False, f"{topic}: {stalled}"
         owned = self.loop.owned()
         return True, f"{topic}: owns {','.join(map(str, owned)) if owned else 'no partitions'}"

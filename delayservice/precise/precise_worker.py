@@ -173,6 +173,7 @@ class PreciseWorker:
         level_name = FAR_LEVEL_NAME if far else LEVEL_NAME
         self.level = PreciseLevel(0, 0, topic, level_name)
         self._on_fatal = on_fatal
+        self._stall_budget_s = settings.retry_give_up_s
         self._stopping = False
         self.disk = DataDir(settings.data_dir, topic, self._storage_fault)
         self.store, self.cancels, self.reschedules = (
@@ -332,5 +333,8 @@ class PreciseWorker:
         if not self.intake.caught_up.is_set():
             left = self.intake.records_left
             return False, f"{topic}: catching up" + (f": {left} records left" if left else "")
+        stalled = self.forwarder.stalled(self._stall_budget_s)
+        if stalled is not None:
+            return False, f"{topic}: {stalled}"
         roles = ",".join(f"{p}:{r.value}" for p, r in sorted(self.intake.roles.items()))
         return True, f"{topic}: holds {roles or 'no partitions'}"

@@ -147,6 +147,9 @@ class SlotBuffer:
         with self._cond:
             return math.ceil(self._heap[0][0] * 1000) if self._heap else None
 
+    def earliest_held_ms(self) -> int | None:
+        return self.next_due_ms()
+
     def settle(self) -> None:
         """Nothing to track: the wheel's gauges come from the census of its disk."""
 

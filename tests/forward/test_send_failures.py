@@ -194,3 +194,36 @@ def test_a_precise_forward_refused_while_the_queue_is_full_stays_unsettled(
     sent = [s.delay_id for s in rig.producer.reports if s.topic == TARGET and s.result is None]
     assert sorted(set(sent)) == ["a", "b", "c"]
     assert sorted(rig.settled()) == [0, 1, 2]
+
+
+def test_a_forwarder_that_makes_nothing_durable_while_records_are_due_says_it_is_stalled(
+    clock: FakeClock,
+) -> None:
+    """Readiness reads this: the producer cannot get an acknowledgement (no flush
+    finishes), records are due, and after the retry budget the forwarder says why."""
+    rig = rig_for(clock, False)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    run(rig, clock)
+    assert rig.forwarder.stalled(30.0) is None  # forwarded: durable
+    rig.producer.hold_reports = True  # from now on nothing is acknowledged
+    append(rig, 0, 2)
+    run(rig, clock, 10.0)
+    assert rig.forwarder.stalled(30.0) is None  # within the budget
+    run(rig, clock, 25.0)
+    why = rig.forwarder.stalled(30.0)
+    assert why is not None
+    assert why.startswith("nothing forwarded for 35s while records are due")
+    rig.producer.hold_reports = False
+    run(rig, clock, 1.0)
+    assert rig.forwarder.stalled(30.0) is None
+    assert committed(rig) == {0: 4}
+
+
+def test_an_idle_forwarder_is_never_stalled(clock: FakeClock) -> None:
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig, clock, 3600.0)
+    append(rig, 0, 1, age_ms=0)  # due in 5 s
+    run(rig, clock)
+    assert rig.forwarder.stalled(1.0) is None
