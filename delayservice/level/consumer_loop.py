@@ -126,6 +126,10 @@ class ConsumerLoop:
         self._m_loop_errors = metrics.loop_errors.labels(name, "consumer")
         self.paused: set[int] = set()
         self._rewind: dict[int, int] = {}
+        self._in_hand: list[Message] = []
+        """The batch consume() last returned, until every partition of it is admitted."""
+        self._admitted: set[int] = set()
+        """Partitions of `_in_hand` whose records were admitted (or set to be re-read)."""
         self._to_resume_on_assign: list[int] = []
         self._stopping = threading.Event()
         self.broker_down = False
@@ -245,23 +249,39 @@ class ConsumerLoop:
         return True
 
     def _survive(self, exc: Exception) -> None:
-        """An iteration failed for a reason of its own: log it, count it, carry on."""
+        """An iteration failed for a reason of its own: log it, count it, carry on, from
+        the first record of the batch in hand that was not admitted."""
         self._m_loop_errors.inc()
         log.error("consumer of %s: %r; continuing", self.level.topic, exc, exc_info=exc)
+        self._rewind_unadmitted()
         self._stopping.wait(ERROR_PAUSE_S)
+
+    def _rewind_unadmitted(self) -> None:
+        """The client has moved past every record it returned: a partition of the batch in
+        hand not admitted when an iteration raised is read again from its first record
+        there (`_apply_rewinds`), never skipped."""
+        in_hand, self._in_hand = self._in_hand, []
+        first: dict[int, int] = {}
+        for message in in_hand:
+            if message.error() is None:
+                first.setdefault(message.partition() or 0, message.offset() or 0)
+        rewind = self._rewind
+        for partition, offset in first.items():
+            if partition in self._admitted or partition not in self.owned_partitions:
+                continue
+            rewind[partition] = min(offset, rewind.get(partition, offset))
 
     def _iteration(
         self, next_commit: float, next_lag: float, next_probe: float
     ) -> tuple[float, float, float]:
         if self._forwarder.reseek_wanted():
             self._reseek()
-        messages = self._next_messages()
+        self._in_hand = messages = self._next_messages()
+        self._admitted.clear()
         if self._to_resume_on_assign:
             self._resume_fresh()
         if messages:
-            admitted = self._admit_batch(messages)
-            if admitted:
-                self._m_consumed.inc(admitted)
+            self._admit(messages)
         if self._rewind:
             self._apply_rewinds()
         self._resume_drained()
@@ -383,6 +403,12 @@ class ConsumerLoop:
                 self.on_error(error)
         return kept
 
+    def _admit(self, messages: list[Message]) -> None:
+        admitted = self._admit_batch(messages)
+        self._in_hand = []
+        if admitted:
+            self._m_consumed.inc(admitted)
+
     def _admit_batch(self, messages: list[Message]) -> int:
         """Append each partition's records to its queue, as many as flow control admits;
         the first refused record pauses its partition and is read again later."""
@@ -412,6 +438,7 @@ class ConsumerLoop:
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 group.add(partition, run, size, read_ms)
                 admitted += len(run)
+            self._admitted.add(partition)
             if not refused:
                 self._pause_if_near(partition)
         return admitted
@@ -443,10 +470,13 @@ class ConsumerLoop:
         log.debug("%s[%d] paused", self.level.topic, partition)
 
     def _apply_rewinds(self) -> None:
-        rewinds, self._rewind = self._rewind, {}
-        for partition, offset in rewinds.items():
+        """Seek each partition to be read again; one whose seek raises stays to be sought
+        next time, and so do the ones after it."""
+        rewind = self._rewind
+        for partition, offset in list(rewind.items()):
             if partition in self.owned_partitions:
                 self._consumer.seek(TopicPartition(self.level.topic, partition, offset))
+            del rewind[partition]
 
     def _resume_drained(self) -> None:
         if not self.paused:

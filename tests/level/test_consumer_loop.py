@@ -571,6 +571,78 @@ def test_consume_errors_are_reported_and_survived(rig):
     assert forwarded(rig) == ["id-0-0"]
 
 
+def surviving_step(rig: LevelRig) -> None:
+    """`step`, with the loop's own handling of an exception that escapes an iteration."""
+    try:
+        step(rig)
+    except Exception as exc:
+        rig.loop._stopping.set()  # _survive's pause returns at once
+        try:
+            rig.loop._survive(exc)
+        finally:
+            rig.loop._stopping.clear()
+
+
+@pytest.mark.parametrize("where", ["admit", "resume"])
+def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it(rig, where):
+    """consume() has moved the client past every record it returned: when the iteration
+    raises before they are all admitted, the partitions not admitted are sought back to
+    their first record in the batch, and nothing is skipped or committed past."""
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    step(rig)
+    append(rig, 0, 3)
+    append(rig, 1, 3)
+    if where == "admit":
+        add = rig.group.add
+        calls = {"n": 0}
+
+        def add_failing_second(*args, **kwargs):  # partition 0 admitted, 1 not
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("broken admission")
+            add(*args, **kwargs)
+
+        rig.group.add = add_failing_second
+    else:
+        rig.loop._to_resume_on_assign.append(0)
+
+        def resume_fails(_tps):
+            raise RuntimeError("broken resume")
+
+        rig.consumer.resume = resume_fails
+    surviving_step(rig)
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 1
+    append(rig, 0, 1)
+    append(rig, 1, 1)
+    cycle(rig, 3)
+    assert sorted(forwarded(rig)) == sorted(
+        [f"id-0-{o}" for o in range(4)] + [f"id-1-{o}" for o in range(4)]
+    )
+    assert rig.consumer.committed_offsets == {0: 4, 1: 4}
+
+
+def test_a_seek_that_fails_keeps_every_rewind_for_the_next_iteration(rig):
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    step(rig)
+    rig.loop._rewind.update({0: 0, 1: 0})
+    seek = rig.consumer.seek
+    calls = {"n": 0}
+
+    def seek_failing_first(tp):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KafkaException(kafka_error(KafkaError._STATE))
+        seek(tp)
+
+    rig.consumer.seek = seek_failing_first
+    with pytest.raises(KafkaException):
+        rig.loop._apply_rewinds()
+    assert set(rig.loop._rewind) == {0, 1}  # the failed one and the one after it
+    rig.loop._apply_rewinds()
+    assert rig.loop._rewind == {}
+    assert sorted(rig.consumer.seeks) == [(0, 0), (1, 0)]
+
+
 # -- the loop's own thread --------------------------------------------------------------
 def start(rig: LevelRig) -> None:
     rig.forwarder.start()
