@@ -95,10 +95,44 @@ class FaultRun:
         timeout: float,
         may_dead_letter: Callable[[Source], bool] | None = None,
         stall_s: float = 45.0,  # past the daemon producer's 30 s message timeout
+        while_live: Callable[[], None] | None = None,
     ) -> Report:
         """Read until every source is accounted for, no daemon is left to forward the
-        rest, nothing new arrived for `stall_s`, or `timeout`; then judge. Returns the
-        report either way, so a failing scenario still has its numbers."""
+        rest, nothing new arrived for `stall_s`, or `timeout`. Then `while_live` runs
+        (checks that need the daemons), every daemon is stopped (SIGTERM: what it
+        forwards while it stops counts too), every partition is read to its end, and
+        the scenario is judged: a copy written after the last source arrived is
+        counted. Returns the report either way, so a failing scenario still has its
+        numbers."""
+        report = self._drained(scenario, timeout, may_dead_letter, stall_s)
+        if while_live is not None:
+            while_live()
+        self.fleet.stop_all()
+        exits = [d.sigterm_exit for d in self.fleet.daemons if d.sigterm_exit is not None]
+        read_all = self._read_to_end()
+        final = self.evaluate(scenario, may_dead_letter)
+        final.notes += report.notes
+        if any(exits):
+            final.notes.append(f"SIGTERM exit codes at the end: {exits}")
+        if not read_all:
+            final.notes.append("the read-back did not reach every partition's end")
+        return final
+
+    def _read_to_end(self, timeout: float = 120.0) -> bool:
+        deadline = time.monotonic() + timeout
+        reader = self.read()
+        while time.monotonic() < deadline:
+            if reader.catch_up(timeout=max(1.0, deadline - time.monotonic())):
+                return True
+        return False
+
+    def _drained(
+        self,
+        scenario: str,
+        timeout: float,
+        may_dead_letter: Callable[[Source], bool] | None,
+        stall_s: float,
+    ) -> Report:
         unsent = sum(traffic.stop() for traffic in self._traffic)
         self._traffic.clear()
         reader = self.read()

@@ -184,12 +184,12 @@ class Fleet:
         return out
 
     def stop_all(self) -> None:
-        for d in self.daemons:
-            if d.alive():
-                d.send_sigterm()
-        for d in self.daemons:
-            if d.process is not None and d.process.poll() is None:
-                d.wait_sigterm(30)
+        """SIGTERM every live daemon and wait for each (`sigterm_exit` says how it ended)."""
+        signalled = [d for d in self.daemons if d.alive()]
+        for d in signalled:
+            d.send_sigterm()
+        for d in signalled:
+            d.wait_sigterm(30)
 
 
 # -- traffic ------------------------------------------------------------------------
@@ -429,7 +429,13 @@ class Reader:
                     )
                 )
                 self._assigned[tp] = msg.offset() + 1
-                if tp in ends and self._assigned[tp] >= ends[tp]:
+            # The position, not the last offset read: it steps over transaction markers,
+            # which are never returned (an exactly-once target ends in one).
+            waiting = [TopicPartition(t, p) for t, p in ends]
+            for position in self._consumer.position(waiting) if waiting else []:
+                tp = (position.topic, position.partition)
+                if position.offset >= ends[tp]:
+                    self._assigned[tp] = max(self._assigned[tp], position.offset)
                     del ends[tp]
         return not ends
 

@@ -97,15 +97,18 @@ def test_precise_kill_9_during_intake_and_forwarding_loses_nothing(
         daemon = run.fleet.spawn(name)
         run.assert_alive()
     time.sleep(4)
-    report = run.drain("7. precise: kill -9 x8 + restart", timeout=90)
+    cleaned_up: list[bool] = []
+
+    def slots_deleted() -> None:
+        run.wait_ready(daemon)
+        cleaned_up.append(wait_until(lambda: not list((tmp_path / "wheel").rglob("*.slot")), 30))
+
+    report = run.drain("7. precise: kill -9 x8 + restart", timeout=90, while_live=slots_deleted)
     report.notes.append(
         "delays 1 ms to 6 s in precise mode (above 3 s on the far topic), same data directory"
     )
     _verdict(run, report, fault_summary)
-    run.wait_ready(daemon)
-    assert wait_until(lambda: not list((tmp_path / "wheel").rglob("*.slot")), 30), (
-        "slot files left behind after everything was forwarded"
-    )
+    assert cleaned_up == [True], "slot files left behind after everything was forwarded"
 
 
 def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
@@ -146,9 +149,16 @@ def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
     owner = spawn(0)  # back, on an empty disk
     run.wait_ready(owner)
     time.sleep(4)
-    report = run.drain("8. precise: owner + its disk lost, replicas=2", timeout=90)
-    takeovers = _metric(replica, "delayservice_precise_takeovers_total")
-    cleaned = _metric(replica, "delayservice_precise_replica_cleaned_total")
+    seen: dict[str, float] = {}
+
+    def replica_metrics() -> None:
+        seen["takeovers"] = _metric(replica, "delayservice_precise_takeovers_total")
+        seen["cleaned"] = _metric(replica, "delayservice_precise_replica_cleaned_total")
+
+    report = run.drain(
+        "8. precise: owner + its disk lost, replicas=2", timeout=90, while_live=replica_metrics
+    )
+    takeovers, cleaned = seen["takeovers"], seen["cleaned"]
     report.notes.append(f"replica took over {takeovers:.0f}, cleaned {cleaned:.0f} copies")
     _verdict(run, report, fault_summary)
     assert takeovers > 0, "the replica never forwarded for the lost owner"
@@ -234,7 +244,12 @@ def test_precise_hostile_records_and_cancels_never_stop_the_wheel(
     assert good.flush(60) == 0
     del hostile, good
 
-    report = run.drain("9. precise: hostile fuzz + cancels", timeout=60)
+    cleaned_up: list[bool] = []
+
+    def slots_deleted() -> None:
+        cleaned_up.append(wait_until(lambda: not list((tmp_path / "wheel").rglob("*.slot")), 30))
+
+    report = run.drain("9. precise: hostile fuzz + cancels", timeout=60, while_live=slots_deleted)
     good_missing = [s.where() for s in report.ours if s.good and not s.deliveries]
     reasons = ", ".join(f"{r or '(empty)'} {n}" for r, n in report.dead_reasons.most_common())
     report.notes += [
@@ -243,7 +258,7 @@ def test_precise_hostile_records_and_cancels_never_stop_the_wheel(
     ]
     _verdict(run, report, fault_summary)
     assert not good_missing, f"{len(good_missing)} good records not forwarded: {good_missing[:5]}"
-    assert wait_until(lambda: not list((tmp_path / "wheel").rglob("*.slot")), 30), (
+    assert cleaned_up == [True], (
         "slot files left behind after everything was forwarded or dead-lettered"
     )
 

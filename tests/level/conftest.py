@@ -3,7 +3,6 @@ exactly-once ownership check that every test on the fake level rig runs under.""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +11,7 @@ from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import fast_path as interpreted_fast_path
 from delayservice.forward import speedups
 from delayservice.level import consumer_loop as consumer_loop_module
+from tests.ci import IN_CI
 from tests.level import fakes
 from tests.level.fakes import FakeClock
 
@@ -51,7 +51,7 @@ def fast_path_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     from it (required under CI, where the build must not fail)."""
     chosen = getattr(request, "param", None)
     if chosen is None:
-        if os.environ.get("CI"):
+        if IN_CI:
             assert speedups.compiled_fast_path() is not None, "the compiled fast path is missing"
         return "default"
     if chosen == "interpreted":
@@ -59,7 +59,7 @@ def fast_path_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     else:
         compiled = speedups.compiled_fast_path()
         if compiled is None:
-            if os.environ.get("CI"):
+            if IN_CI:
                 pytest.fail("the compiled fast path was not built (or is stale)")
             pytest.skip("the compiled fast path is not built here")
         module = compiled

@@ -14,6 +14,7 @@ import pytest
 from delayservice.errors import ConfigError
 from delayservice.kafka.local_broker import free_port
 from delayservice.precise.data_dir import check_data_dir
+from tests.ci import IN_CI
 
 
 def _run(data_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -41,7 +42,7 @@ def read_only(tmp_path: Path) -> Iterator[Path]:
         check=False,
     )
     if made.returncode != 0:
-        if os.environ.get("CI") == "true":
+        if IN_CI:
             pytest.fail(f"cannot mount a tmpfs: {made.stderr!r}")
         pytest.skip(f"cannot mount a tmpfs here: {made.stderr!r}")
     try:
