@@ -134,6 +134,7 @@ class RecordSender:
         name = level.name
         self._m_errors = metrics.forward_errors
         self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
+        self._m_queue_full = metrics.queue_full.labels(name)
         self._m_mismatch = {
             k: metrics.level_mismatches.labels(name, k) for k in (ABOVE_LEVEL, BELOW_LEVEL)
         }
@@ -209,7 +210,7 @@ class RecordSender:
                 not failures.doomed and not failures.suspects,
                 self.lateness,
                 self._can_send,
-                self._produce,
+                self._produce_after_full,
                 self._send_one,
                 SendLaterError,
             )
@@ -254,7 +255,9 @@ class RecordSender:
             produce(target, record.value(), record.key(), ANY_PARTITION, None, None, 0, headers)
         except BufferError:
             try:
-                self._produce(produce, target, record.value(), record.key(), headers, None)
+                self._produce_after_full(
+                    produce, target, record.value(), record.key(), headers, None
+                )
             except (SendLaterError, ForwarderFatalError):
                 raise
             except Exception:
@@ -373,9 +376,14 @@ class RecordSender:
         key: Any,
         headers: Any,
         partition: int | None,
+        *,
+        full: bool = False,
     ) -> None:
         """Produce, serving the producer while its local queue is full (never past a stop:
-        a stop leaves the rest uncommitted, to be re-read)."""
+        a stop leaves the rest uncommitted, to be re-read). `full`: the caller's own
+        produce() already found it full (counted here, once per record)."""
+        if full:
+            self._m_queue_full.inc()
         while True:
             try:
                 if partition is None:
@@ -386,7 +394,22 @@ class RecordSender:
             except BufferError:
                 if self._stopping.is_set():
                     raise SendLaterError("stopping") from None
+                if not full:
+                    full = True
+                    self._m_queue_full.inc()
                 self.poll(QUEUE_FULL_POLL_S)
+
+    def _produce_after_full(
+        self,
+        produce: Callable[..., None],
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Any,
+        partition: int | None,
+    ) -> None:
+        """`_produce` for a record whose first produce() found the queue full."""
+        self._produce(produce, topic, value, key, headers, partition, full=True)
 
     def _produce_suspect(
         self,

@@ -60,6 +60,13 @@ class ServiceMetrics:
             ["level", "error"],
             registry=registry,
         )
+        self.queue_full = Counter(
+            "delayservice_producer_queue_full",
+            "Forwards that found the producer's local queue full and waited for room: "
+            "forwarding outran the broker's acknowledgements.",
+            ["level"],
+            registry=registry,
+        )
         self.buffered_messages = Gauge(
             "delayservice_buffered_messages",
             "Records held in memory: waiting for their due time or for the broker's ack.",
@@ -142,6 +149,12 @@ class ServiceMetrics:
             "Smallest (local time - broker append time) among records read lately: an upper "
             "bound on how far this host's clock runs ahead of the broker's, plus read latency.",
             ["level"],
+            registry=registry,
+        )
+        self.clock_hold_back = Gauge(
+            "delayservice_clock_hold_back_seconds",
+            "How far level due times are held back from this host's clock: the clock "
+            "offset's bound, capped (never early while this host runs no further ahead).",
             registry=registry,
         )
         self.loop_errors = Counter(
