@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
+from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.level.level_worker import LevelWorker
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.levels import Level
@@ -66,6 +67,8 @@ class Daemon:
         self.budget = MemoryBudget(settings.max_buffered_bytes)
         self.metrics.memory_limit.set(settings.max_buffered_bytes)
         self.metrics.memory_used.set_function(lambda: float(self.budget.used))
+        self.broker_clock = BrokerClock()
+        self.metrics.clock_hold_back.set_function(lambda: self.broker_clock.hold_back_s)
         self._stop = threading.Event()
         self._fatal: str | None = None
         self._phase = "starting"
@@ -113,7 +116,14 @@ class Daemon:
         # the transaction of, what that level sent); precise mode forwards through one
         # of its own too, and reports progress (replicas) through the one made here.
         workers: list[Worker] = [
-            LevelWorker(level, self.settings, self.metrics, self.budget, self.fail)
+            LevelWorker(
+                level,
+                self.settings,
+                self.metrics,
+                self.budget,
+                self.fail,
+                broker_clock=self.broker_clock,
+            )
             for level in self.settings.level_set()
         ]
         if self.settings.precise:

@@ -15,6 +15,9 @@ if [ "${TEST_TOOLS:-0}" = 1 ]; then
   command -v prometheus >/dev/null || packages+=(prometheus)
   command -v openssl >/dev/null || packages+=(openssl)  # PEM fixtures of the audit's TLS test
   command -v npm >/dev/null || packages+=(nodejs npm)
+  # Moves one daemon's clock in the fault suite (scenario 22: a host clock ahead).
+  [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || [ -e /usr/lib/faketime/libfaketime.so.1 ] \
+    || packages+=(libfaketime)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${packages[*]}"

@@ -35,6 +35,7 @@ from confluent_kafka import (
 )
 
 from delayservice.forward.forwarder import Forwarder
+from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.kafka.client_errors import is_fatal
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, MakeConsumer, unread_records
@@ -79,10 +80,14 @@ class ConsumerLoop:
         on_fatal: Callable[[str], None],
         rejoin_timeout_s: float = 30.0,
         stop_timeout_s: float = 20.0,
+        broker_clock: BrokerClock | None = None,
     ) -> None:
         """`rejoin_timeout_s`: how long a level may go without an assignment after losing
-        its partitions before its consumer is taken as wedged and replaced."""
+        its partitions before its consumer is taken as wedged and replaced.
+        `broker_clock`: the clock the level's due times are met by, told how long each
+        record took to read (one per process; its own when not given)."""
         self.level = level
+        self._broker_clock = broker_clock if broker_clock is not None else BrokerClock()
         self._m_rebuilds = metrics.consumer_rebuilds.labels(level.name)
         self.keeper = ConsumerKeeper(
             level.topic,
@@ -109,7 +114,6 @@ class ConsumerLoop:
         self._asked: dict[int, int] = {}  # of those, asked for and not answered
         self._paused_since: dict[int, float] = {}
         self._last_consume = 0.0
-        self._read_delay_min = float("inf")
         name = level.name
         self._m_consumed = metrics.consumed.labels(name)
         self._m_clock = metrics.clock_offset.labels(name)
@@ -434,7 +438,7 @@ class ConsumerLoop:
             if run:
                 kind, stamp = run[-1].timestamp()  # the latest append: the tightest bound
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
-                    self._read_delay_min = min(self._read_delay_min, read_ms - stamp)
+                    self._broker_clock.observe(read_ms, stamp)
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
                 group.add(partition, run, size, read_ms)
                 admitted += len(run)
@@ -444,12 +448,11 @@ class ConsumerLoop:
         return admitted
 
     def _publish_clock_offset(self) -> None:
-        """Export the smallest (local time - append time) seen since the last call: read
-        latency only adds to it, so it bounds from above how far this host's clock runs
-        ahead of the broker's, the direction that could make a message early."""
-        if self._read_delay_min != float("inf"):
-            self._m_clock.set(self._read_delay_min / 1000)
-            self._read_delay_min = float("inf")
+        """Export the bound on how far this host's clock runs ahead of the broker's that
+        the level's due times are held back by (`BrokerClock`)."""
+        bound = self._broker_clock.bound_s
+        if bound is not None:
+            self._m_clock.set(bound)
 
     def _pause_if_near(self, partition: int) -> None:
         """Pause a partition of records not yet due near its mark, before a record is
@@ -736,7 +739,8 @@ class ConsumerLoop:
         held = (group.earliest_held_ms(), self._forwarder.set_aside_due_ms)
         head_ms = min((ms for ms in held if ms is not None), default=None)
         self._m_next_due.set(head_ms / 1000 if head_ms is not None else 0.0)
-        self._m_overdue.set(max(0.0, time.time() - head_ms / 1000) if head_ms is not None else 0.0)
+        now_s = self._broker_clock.time()
+        self._m_overdue.set(max(0.0, now_s - head_ms / 1000) if head_ms is not None else 0.0)
         self._m_bytes.set(group.total_bytes)
         self._m_paused.set(len(self.paused))
         now = time.monotonic()

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, Producer
 from delayservice.forward.build import build_forwarder
 from delayservice.forward.forwarder import Routes
 from delayservice.kafka import client_config
+from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
@@ -45,9 +46,13 @@ class LevelWorker:
         budget: MemoryBudget,
         on_fatal: Callable[[str], None],
         make_producer: Callable[[dict[str, Any]], Any] = Producer,
+        broker_clock: BrokerClock | None = None,
     ) -> None:
         """Each level has its own producer: a commit point flushes (or commits the
-        transaction of) exactly what this level sent."""
+        transaction of) exactly what this level sent. Due times are met by
+        `broker_clock` (the process's, shared by its levels: this host's clock held
+        back to the broker's)."""
+        clock = broker_clock if broker_clock is not None else BrokerClock()
         self.level = level
         client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
         exactly_once = settings.guarantee == "exactly-once"
@@ -55,7 +60,7 @@ class LevelWorker:
         previous = max((lv.delay_ms for lv in levels if lv.delay_ms < level.delay_ms), default=0)
         self.group = PartitionGroup(
             level.delay_ms,
-            time.time,
+            clock.time,
             previous,
             metrics.level_mismatches.labels(level.name, "not_append_time").inc,
         )
@@ -77,6 +82,7 @@ class LevelWorker:
             on_fatal,
             commit_interval_s=settings.commit_interval(),
             transactional_id=transactional_id(settings, level) if exactly_once else None,
+            clock=clock,
         )
         group_id = level_group_id(settings, level)
         instance_id = f"{settings.instance_name}-{level.topic}"
@@ -95,6 +101,7 @@ class LevelWorker:
             on_fatal=on_fatal,
             rejoin_timeout_s=max(10.0, 2 * settings.session_timeout_s),
             stop_timeout_s=max(1.0, settings.shutdown_timeout_s - 5.0),
+            broker_clock=clock,
         )
         metrics.level_delay.labels(level.name, level.topic).set(level.delay_ms / 1000)
         self._stall_budget_s = settings.retry_give_up_s

@@ -23,6 +23,7 @@ GAUGE_MAX = frozenset(
     {
         "delayservice_longest_pause_seconds",
         "delayservice_clock_offset_seconds",
+        "delayservice_clock_hold_back_seconds",
         "delayservice_level_delay_seconds",
     }
 )

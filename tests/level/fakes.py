@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
 from delayservice.forward.forwarder import Forwarder, Routes
+from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.level.consumer_loop import ConsumerLoop
@@ -857,8 +858,11 @@ def make_level_rig(
     commit_interval_s: float = 1.0,
     topics: dict[str, int] | None = None,
     precise_topic: str | None = None,
+    hold_back: bool = False,
 ) -> LevelRig:
-    """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it."""
+    """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it.
+    `hold_back`: due times are met by a `BrokerClock` over it, as in the daemon (left out
+    by default: records the tests append as already due would wait for the bound)."""
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
     consumer = FakeConsumer()
@@ -878,9 +882,12 @@ def make_level_rig(
     producer = FakeProducer(all_topics, clock, config)
     producer.owner = consumer
     PRODUCERS.append(producer)
+    base: Any = clock if clock is not None else time
+    broker_clock = BrokerClock(base)
+    due_clock: Any = broker_clock if hold_back else base
     group = PartitionGroup(
         LEVEL.delay_ms,
-        clock.time if clock is not None else time.time,
+        due_clock.time,
         PREVIOUS_DELAY_MS,
         metrics.level_mismatches.labels(LEVEL.name, "not_append_time").inc,
     )
@@ -899,7 +906,7 @@ def make_level_rig(
         LEVEL,
         group,
         producer,
-        TargetTopics(producer, clock=clock if clock is not None else time),
+        TargetTopics(producer, clock=base),
         routes,
         metrics,
         fatal.append,
@@ -909,12 +916,12 @@ def make_level_rig(
         flush_timeout_s=1.0,
         backoff=backoff,
         give_up_s=give_up_s,
-        clock=clock if clock is not None else time,
+        clock=due_clock,
     )
     box.append(forwarder)
     loop = ConsumerLoop(
         LEVEL, consumer.make, group, flow, forwarder, metrics, on_fatal=fatal.append,
-        stop_timeout_s=2.0,
+        stop_timeout_s=2.0, broker_clock=broker_clock,
     )  # fmt: skip
     return LevelRig(
         registry, metrics, clock, consumer, producer, group, budget, flow, forwarder, loop,

@@ -165,6 +165,25 @@ def test_the_clock_offset_is_the_smallest_read_delay_since_it_was_last_published
     assert rig.metric("delayservice_clock_offset_seconds") == pytest.approx(0.12)
 
 
+def test_a_host_clock_ahead_of_the_brokers_holds_due_times_back_never_early(clock):
+    """This host runs 2 s ahead of the broker: a record read as soon as it was appended
+    looks 2 s old. Its level's due time is met by the broker's clock, not this host's:
+    it is not forwarded when this host's clock says it is due, only 2 s later."""
+    rig = subscribed(make_level_rig(clock=clock, hold_back=True))
+    rig.consumer.queue_rebalance("assign", 0)
+    step(rig)
+    ahead_ms = 2_000
+    append(rig, 0, age_ms=ahead_ms)  # appended now, by the broker's clock
+    step(rig)
+    forward(rig)
+    clock.advance(DELAY / 1000 - ahead_ms / 1000 + 0.1)  # due by this host's clock
+    cycle(rig)
+    assert forwarded(rig) == [], "forwarded early by the broker's clock"
+    clock.advance(ahead_ms / 1000)  # due by the broker's clock
+    cycle(rig)
+    assert forwarded(rig) == ["id-0-0"]
+
+
 def test_an_envelope_asking_more_than_its_level_is_re_published_where_it_fits(rig, clock):
     rig.consumer.queue_rebalance("assign", 0)
     append_ms = clock.ms()
