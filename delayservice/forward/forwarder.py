@@ -461,13 +461,16 @@ class Forwarder:
     def rebuild_producer(self, failure: ForwarderFatalError) -> None:
         """Replace a producer that failed for good: everything sent since the last
         commit goes back to the buffer and is sent again through a new one (whose
-        init_transactions ends the old one's transaction). Raises `failure` when the
-        producer was fenced (another live instance has this transactional id), when
-        no new one can be made, or when it keeps happening."""
+        init_transactions ends the old one's transaction). A fenced producer is
+        replaced too: the coordinator fences a producer whose transaction outlived its
+        timeout (a process frozen or starved that long) just as it fences one whose
+        transactional id a newer process took. Raises `failure` when no new one can be
+        made, or when it keeps happening (`REBUILDS` in `REBUILD_WINDOW_S`: for a fence,
+        another live process with the same instance name)."""
         now = self._clock.monotonic()
         while self._rebuilds and now - self._rebuilds[0] > REBUILD_WINDOW_S:
             self._rebuilds.popleft()
-        if failure.fenced or self._make_producer is None or len(self._rebuilds) >= REBUILDS:
+        if self._make_producer is None or len(self._rebuilds) >= REBUILDS:
             raise failure
         self._rebuilds.append(now)
         log.error("%s: %s; replacing the producer", self.level.topic, failure)

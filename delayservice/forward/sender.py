@@ -97,7 +97,12 @@ FENCED: Final = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED})
 def producer_failed(error: KafkaError, what: str) -> ForwarderFatalError:
     """The error for a producer that hit `error` (fatal) while doing `what`."""
     fenced = error.code() in FENCED
-    hint = "; another live process may use the same instance_name" if fenced else ""
+    hint = (
+        " (a newer producer took its transactional id: another live process with the same "
+        "instance_name, or the coordinator ending a transaction left open past its timeout)"
+        if fenced
+        else ""
+    )
     return ForwarderFatalError(f"{what}: {error.str()}{hint}", fenced=fenced)
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from delayservice.forward import forwarder as forwarder_module
 from tests.forward.test_commit_path import GUARANTEES, committed, rig_for, run
 from tests.level.fakes import TARGET, FakeClock, FakeProducer, LevelRig, Sent, kafka_error
 from tests.level.test_consumer_loop import append, forwarded
@@ -227,3 +228,58 @@ def test_an_idle_forwarder_is_never_stalled(clock: FakeClock) -> None:
     append(rig, 0, 1, age_ms=0)  # due in 5 s
     run(rig, clock)
     assert rig.forwarder.stalled(1.0) is None
+
+
+def fenced() -> KafkaException:
+    return KafkaException(KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True))
+
+
+def test_a_producer_fenced_once_is_replaced_and_nothing_is_sent_twice(clock: FakeClock) -> None:
+    """The coordinator fences a producer whose transaction outlived its timeout (this
+    process was frozen): a new producer takes over and everything goes again from the
+    committed offsets, so a read_committed reader sees each record once."""
+    rig = rig_for(clock, True)
+    replacements: list[FakeProducer] = []
+
+    def fresh() -> FakeProducer:
+        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+        producer.owner = rig.consumer
+        replacements.append(producer)
+        return producer
+
+    rig.forwarder._make_producer = fresh
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.commit_txn_raises = fenced()
+    append(rig, 0, 3)
+    for _ in range(3):
+        run(rig, clock, 1.0)
+    assert rig.fatal == []
+    assert len(replacements) == 1
+    seen = [s.delay_id for s in replacements[0].visible(TARGET)]
+    assert seen == ["id-0-0", "id-0-1", "id-0-2"]
+    assert rig.producer.committed_txns == []
+
+
+def test_a_fence_that_keeps_coming_stops_the_forwarder_with_a_hint(clock: FakeClock) -> None:
+    """Another live process with the same instance name fences every new producer: after
+    the replacements allowed, the forwarder gives up and says what to check."""
+    rig = rig_for(clock, True)
+
+    def fresh() -> FakeProducer:
+        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+        producer.owner = rig.consumer
+        producer.commit_txn_raises = fenced()
+        return producer
+
+    rig.forwarder._make_producer = fresh
+    rig.consumer.queue_rebalance("assign", 0)
+    rig.producer.commit_txn_raises = fenced()
+    append(rig, 0, 2)
+
+    def keep_going() -> None:
+        for _ in range(20):
+            run(rig, clock, 1.0, passes=1)
+
+    with pytest.raises(forwarder_module.ForwarderFatalError, match="same instance_name"):
+        keep_going()
+    assert len(rig.forwarder._rebuilds) == forwarder_module.REBUILDS

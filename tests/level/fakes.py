@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
 from delayservice.forward.forwarder import Forwarder, Routes
-from delayservice.kafka.broker_clock import BrokerClock
+from delayservice.kafka.broker_clock import MAX_HOLD_BACK_S, BrokerClock
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.level.consumer_loop import ConsumerLoop
@@ -883,7 +883,7 @@ def make_level_rig(
     producer.owner = consumer
     PRODUCERS.append(producer)
     base: Any = clock if clock is not None else time
-    broker_clock = BrokerClock(base)
+    broker_clock = BrokerClock(base, MAX_HOLD_BACK_S if hold_back else 0.0)
     due_clock: Any = broker_clock if hold_back else base
     group = PartitionGroup(
         LEVEL.delay_ms,
