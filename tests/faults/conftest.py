@@ -9,6 +9,7 @@ behind even when a scenario fails.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from delayservice.kafka.local_broker import LocalBroker
 from delayservice.producer import Precision
 from tests.faults.harness import Fleet, Reader, SentLog, Traffic, wait_until
 from tests.faults.measure import Report, Source, Topology, evaluate
@@ -163,6 +165,30 @@ class FaultRun:
         self.fleet.stop_all()
         if self.reader is not None:
             self.reader.close()
+
+
+@pytest.fixture
+def own_broker(unavailable: Callable[[str], Any]) -> Iterator[Any]:
+    """A broker of the test's own, for faults that hit the broker (always the project's
+    local broker). A broker session of 2 s (instead of 9) lets the restarted broker
+    register at once, which keeps a restart to seconds; it also means a frozen broker
+    fences itself on waking, a harsher version of what a real single-node broker does.
+    Request it before `fault_run`: fixtures tear down in reverse, so the daemons stop
+    before the broker."""
+    if shutil.which("java") is None or shutil.which("mvn") is None:
+        unavailable("java and mvn are needed for a broker of the test's own")
+    broker = LocalBroker(
+        heap="512m",
+        extra_properties={
+            "broker.session.timeout.ms": "2000",
+            "broker.heartbeat.interval.ms": "500",
+        },
+    ).start()
+    try:
+        yield broker
+    finally:
+        broker.thaw()  # a frozen JVM ignores SIGTERM
+        broker.stop()
 
 
 @pytest.fixture

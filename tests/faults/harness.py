@@ -398,14 +398,14 @@ class Reader:
         """
         from confluent_kafka import TopicPartition
 
+        deadline = time.monotonic() + timeout
         ends = {}
         for (topic, p), nxt in reversed(list(self._assigned.items())):
-            _, high = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=10, cached=False
-            )
+            high = self._end_of(TopicPartition(topic, p), deadline)
+            if high is None:
+                return False
             if high > nxt:
                 ends[(topic, p)] = high
-        deadline = time.monotonic() + timeout
         while ends and time.monotonic() < deadline:
             for msg in self._consumer.consume(1000, 0.2):
                 if msg.error() is not None:
@@ -438,6 +438,19 @@ class Reader:
                     self._assigned[tp] = max(self._assigned[tp], position.offset)
                     del ends[tp]
         return not ends
+
+    def _end_of(self, tp: Any, deadline: float) -> int | None:
+        """The partition's end offset; asked again while the broker cannot say (a
+        restarted broker is not yet the leader), None at the deadline."""
+        from confluent_kafka import KafkaException
+
+        while True:
+            try:
+                return int(self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1])
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.2)
 
     def close(self) -> None:
         self._consumer.close()

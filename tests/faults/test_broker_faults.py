@@ -1,21 +1,16 @@
 """Scenarios 3 and 4: the broker crashes and restarts, or freezes (SIGSTOP) for longer
 than the session timeout, while traffic goes on.
 
-These need a broker of their own, so they always use the project's local broker.
-A broker session of 2 s (instead of 9) lets the restarted broker register at once,
-which keeps the restart to seconds; it also means the frozen broker fences itself
-on waking, a harsher version of what a real single-node broker would do.
+These need a broker of their own (`own_broker`, in conftest.py).
 """
 
 from __future__ import annotations
 
 import random
-import shutil
 import time
 
 import pytest
 
-from delayservice.kafka.local_broker import LocalBroker
 from tests.faults.harness import now_ms, scenario_name
 from tests.faults.measure import recovery_s
 
@@ -25,24 +20,6 @@ SEED = 31_337
 OUTAGE_S = 5.0
 FREEZE_S = 10.0
 SESSION_TIMEOUT_S = 6  # the broker's minimum; the freeze outlasts it
-
-
-@pytest.fixture
-def own_broker(unavailable):
-    if shutil.which("java") is None or shutil.which("mvn") is None:
-        unavailable("java and mvn are needed for a broker of the test's own")
-    broker = LocalBroker(
-        heap="512m",
-        extra_properties={
-            "broker.session.timeout.ms": "2000",
-            "broker.heartbeat.interval.ms": "500",
-        },
-    ).start()
-    try:
-        yield broker
-    finally:
-        broker.thaw()  # a frozen JVM ignores SIGTERM
-        broker.stop()
 
 
 def _run_with_traffic(

@@ -1,0 +1,103 @@
+"""The fault suite at full load: a backlog all due at once, forwarded as fast as the
+daemon can, with the fault striking mid-way.
+
+At the 60-80 msg/s of the other scenarios the daemon's producer never waits for room in
+its local queue, nor has thousands of records in flight when a fault strikes, so the
+paths a backlog takes (a full queue, refusals while it waits, in-flight records timing
+out) never run on a real broker. Here `BACKLOG` records are written to one level before
+the daemon starts, so all of them are due when it reads them, and each scenario checks
+from the daemon's own /metrics that its producer did find the queue full.
+"""
+
+from __future__ import annotations
+
+import random
+import urllib.request
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from delayservice.producer import DelayProducer
+from tests.faults.harness import DaemonProcess, SentLog, wait_until
+
+BACKLOG = 300_000
+"""Records due at once: several times the producer's local queue, so it fills."""
+DELAY_S = 1.0
+QUEUE_FULL = "delayservice_producer_queue_full_total"
+
+
+def write_backlog(bootstrap: str, settings: Any, target: str, sent: SentLog, seed: int) -> None:
+    """`BACKLOG` delayed records for `target` through the SDK, as fast as it goes; every
+    one acknowledged (the harness matches them by position)."""
+    rng = random.Random(seed)
+    with DelayProducer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2 * BACKLOG,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "enable.idempotence": True,
+        },
+        settings=settings,
+    ) as producer:
+        on_delivery = sent.callback(good=True)
+        for count in range(BACKLOG):
+            key = f"k{rng.randrange(5_000)}".encode()
+            value = f"v{count}".encode()
+            producer.produce(target, value, key, delay=DELAY_S, on_delivery=on_delivery)
+            if count % 10_000 == 0:
+                producer.poll(0)
+        unsent = producer.flush(120)
+    assert unsent == 0, f"{unsent} backlog records never reached the level topic"
+    assert sent.failed == 0, f"{sent.failed} backlog records were refused"
+
+
+class TargetCount:
+    """How many records a topic holds (its end offsets), for deciding when to strike."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "full-load-count"})
+        self._topic = topic
+
+    def now(self) -> int:
+        meta = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
+        total = 0
+        for partition in meta.partitions:
+            _, high = self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, partition), timeout=10, cached=False
+            )
+            total += max(0, high)
+        return total
+
+    def wait_for(self, count: int, timeout: float) -> int:
+        """Until the topic holds `count` records; returns what it holds then."""
+        seen = [0]
+
+        def reached() -> bool:
+            seen[0] = self.now()
+            return seen[0] >= count
+
+        assert wait_until(reached, timeout, interval=0.05), (
+            f"{self._topic} reached {seen[0]} of {count} records in {timeout:.0f}s"
+        )
+        return seen[0]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def metric_total(daemon: DaemonProcess, name: str) -> float:
+    """The sum of every sample of `name` on the daemon's /metrics (0 when absent)."""
+    url = f"http://127.0.0.1:{daemon.port}/metrics"
+    total = 0.0
+    with urllib.request.urlopen(url, timeout=5) as reply:  # loopback
+        for line in reply.read().decode().splitlines():
+            if line.startswith((f"{name} ", f"{name}{{")):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def queue_filled(*daemons: DaemonProcess) -> float:
+    """How often the live ones among `daemons` found their producer's queue full."""
+    return sum(metric_total(d, QUEUE_FULL) for d in daemons if d.alive())
