@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Final, ParamSpec, TypeVar
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
 from delayservice.levels import parse_duration_ms
@@ -64,6 +65,21 @@ def delivery_time(
     return delay_s, deliver_at
 
 
+CLIENT_SETTINGS: Final = "kafka, consumer or producer"
+"""The settings whose keys go to librdkafka as they are: only librdkafka can refuse them."""
+
+
+def kafka_failure(exc: KafkaException) -> typer.Exit:
+    """A librdkafka refusal as one line: a configuration property it does not take (all
+    the CLI's clients are configured from the settings) exits 2 like any bad setting."""
+    error = exc.args[0] if exc.args else None
+    text = error.str() if isinstance(error, KafkaError) else str(exc)
+    about_config = any(word in text for word in ("configuration property", "ssl.", "sasl."))
+    if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG and about_config:
+        return fail(f"invalid setting {CLIENT_SETTINGS}: {text}", 2)
+    return fail(f"Kafka client: {text}", 1)
+
+
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn DelayService errors into one line and an exit code instead of a traceback."""
 
@@ -75,6 +91,8 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             raise fail(str(exc), 2) from None
         except DelayServiceError as exc:
             raise fail(str(exc), 1) from None
+        except KafkaException as exc:
+            raise kafka_failure(exc) from None
 
     return wrapper
 
