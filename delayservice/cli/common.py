@@ -18,8 +18,8 @@ from typing import Annotated, Final, ParamSpec, TypeVar
 import typer
 from confluent_kafka import KafkaError, KafkaException
 
+from delayservice.delay_timing import delay_seconds
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
-from delayservice.levels import parse_duration_ms
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,7 +57,7 @@ def delivery_time(
     """`--delay` in seconds and `--at` made aware (a naive time is UTC), as the
     producer takes them; a delay that does not parse exits 2."""
     try:
-        delay_s = parse_duration_ms(delay) / 1000 if delay is not None else None
+        delay_s = delay_seconds(delay) if delay is not None else None
     except ValueError as exc:
         raise fail(f"--delay: {exc}", 2) from None
     if deliver_at is not None and deliver_at.tzinfo is None:
