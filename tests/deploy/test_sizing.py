@@ -4,10 +4,7 @@ the one measured figure per held record, and the images are pinned to real versi
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +13,12 @@ import pytest
 from delayservice import sizing
 from delayservice.kafka.local_broker import KAFKA_VERSION
 from delayservice.level.memory_budget import RECORD_OVERHEAD
-from delayservice.settings import ENV_PREFIX, Settings, load_settings
+from delayservice.settings import Settings, load_settings
 from tests.deploy.test_lint import bind_mounts, unit_entries
+from tests.settings_environment import only_these_settings
 
 UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3}
 SYSTEMD_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3}
-
-
-@contextmanager
-def only_these_settings(variables: dict[str, str]) -> Iterator[None]:
-    """This process's environment with `variables` as its only DELAYSERVICE_* ones."""
-    saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
-    for key in saved:
-        del os.environ[key]
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
-            del os.environ[key]
-        os.environ.update(saved)
 
 
 def mib(size: int) -> str:
