@@ -16,7 +16,7 @@ import functools
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, overload
+from typing import TYPE_CHECKING, Any, Final, overload
 
 from confluent_kafka import KafkaError
 
@@ -25,9 +25,11 @@ from delayservice.envelope import Headers
 from delayservice.errors import DelayServiceError
 from delayservice.levels import LevelSet
 from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
-from delayservice.precise.marker_replies import MarkerReply
 from delayservice.producer import DelayProducer, Precision
 from delayservice.settings import Settings
+
+if TYPE_CHECKING:
+    from delayservice.precise.marker_replies import MarkerReply
 
 POLL_S: Final = 0.1
 """How long the polling thread waits for a report at a time (and so to notice close)."""

@@ -14,14 +14,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from delayservice.errors import DelayServiceError
-from delayservice.precise.marker_replies import MarkerReply
-from delayservice.status.marker_outcome import wait_for_reply
-from delayservice.status.marker_trail import REPLY_SKEW_MS
+
+if TYPE_CHECKING:
+    from delayservice.precise.marker_replies import MarkerReply
 
 DeliveryCallback = Callable[[Any, Any], None]
 
@@ -126,6 +126,10 @@ class MarkerReceipt:
         """The daemon's reply (`.outcome`, `.applied`, a move's `.due_ms`), waiting at
         most `timeout` seconds in all. Raises NoReplyError when none came in time, and
         `RepliesUnavailableError` when the outcomes topic cannot be read."""
+        # Imported here: `import delayservice` stays clear of the Kafka tooling.
+        from delayservice.status.marker_outcome import wait_for_reply
+        from delayservice.status.marker_trail import REPLY_SKEW_MS
+
         deadline = time.monotonic() + timeout
         where = self.landed(timeout)
         # Replies carry the replying host's clock: read from before the marker by as

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from confluent_kafka import Producer
 
@@ -47,16 +47,16 @@ from delayservice.marker_receipt import (
     connection_config,
 )
 from delayservice.precise.ids import named_place, precise_id, precise_partition
-from delayservice.precise.marker_replies import MarkerReply
 from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.settings import Settings, load_settings
-from delayservice.status.marker_outcome import unavailable
+
+if TYPE_CHECKING:
+    from delayservice.precise.marker_replies import MarkerReply
 
 __all__ = [
     "PRECISIONS",
     "DelayProducer",
     "MarkerReceipt",
-    "MarkerReply",
     "Precision",
     "delay_to_ms",
     "exact_timing",
@@ -310,6 +310,8 @@ class DelayProducer:
         outcomes topic is missing before anything is sent."""
         settings = self._exact_settings()
         if wait is not None and not self._partitions.exists(settings.precise_outcomes_topic):
+            from delayservice.status.marker_outcome import unavailable
+
             raise unavailable(settings.precise_outcomes_topic)
         place = named_place(message_id)
         if place is not None:

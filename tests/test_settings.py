@@ -94,6 +94,7 @@ def test_the_shipped_example_config_loads():
     [
         "DELAYSERVICE_CONFIG",
         "DELAYSERVICE_CHECK_URL",
+        "DELAYSERVICE_PURE_PYTHON",
         "DELAYSERVICE_AUDIT_GRACE",
         "DELAYSERVICE_TEST_BOOTSTRAP",
     ],
