@@ -128,3 +128,18 @@ def test_every_delayservice_line_in_the_docs_parses(args):
         assert named_place(message_id) is not None, f"{message_id} is not an exact id (-p<N>)"
     elif message_id is not None:
         assert ID_ARGUMENT.fullmatch(str(message_id)), f"{message_id} is not a message id"
+
+
+def test_the_docs_say_what_each_callback_confirms():
+    """on_delivery confirms the write to the delay topic, not the forward: an application
+    that took it for delivery would be told so nowhere else."""
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2]
+        for line in (ROOT / "docs" / "producer.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
+    delayed = rows["`on_delivery(err, msg)` of a delayed record"]
+    assert "**on the delay topic**" in delayed
+    assert "Not that it was forwarded" in delayed
+    assert "the daemon's reply" in rows["`receipt.reply(timeout)`, or `wait=`"]
+    assert "docs/producer.md" in README.read_text()
