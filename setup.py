@@ -4,12 +4,15 @@ Everything about the package is in pyproject.toml; this only adds the one extens
 The source is copied under build/ as the module `delayservice.forward._fast_path_c`
 with the digest of the source appended, so `forward.speedups` uses it only while it
 matches the source beside it. Without Cython or a C compiler the package installs as
-pure Python and the same code runs interpreted: nothing fails.
+pure Python and the same code runs interpreted: nothing fails. With
+`DELAYSERVICE_PURE_PYTHON=1` nothing is compiled on purpose: a wheel for any platform
+(`py3-none-any`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +40,13 @@ class OptionalBuildExt(build_ext):
             print(f"delayservice: {ext.name} not compiled ({exc}); it runs interpreted")
 
 
+PURE_PYTHON = "DELAYSERVICE_PURE_PYTHON"
+
+
 def extensions() -> list[Any]:
+    if os.environ.get(PURE_PYTHON) == "1":
+        print(f"delayservice: {PURE_PYTHON}=1, the fast path runs interpreted")
+        return []
     try:
         from Cython.Build import cythonize
     except ImportError:

@@ -1,7 +1,35 @@
 """DelayService: delayed delivery for Apache Kafka without touching the broker."""
 
-from delayservice.errors import DelayServiceError
+from typing import TYPE_CHECKING, Any
+
+from delayservice.async_producer import AsyncDelayProducer, AsyncMarkerReceipt
+from delayservice.errors import DelayServiceError, DelayTooLongError
+from delayservice.marker_receipt import MarkerNotDeliveredError, MarkerReceipt, NoReplyError
 from delayservice.producer import DelayProducer
 
+if TYPE_CHECKING:
+    from delayservice.precise.marker_replies import MarkerReply
+
 __version__ = "0.1.0"
-__all__ = ["DelayProducer", "DelayServiceError", "__version__"]
+__all__ = [
+    "AsyncDelayProducer",
+    "AsyncMarkerReceipt",
+    "DelayProducer",
+    "DelayServiceError",
+    "DelayTooLongError",
+    "MarkerNotDeliveredError",
+    "MarkerReceipt",
+    "MarkerReply",
+    "NoReplyError",
+    "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """`MarkerReply` on first use: importing the package stays clear of the Kafka tooling
+    its module brings in (settings are read before any client exists)."""
+    if name == "MarkerReply":
+        from delayservice.precise.marker_replies import MarkerReply
+
+        return MarkerReply
+    raise AttributeError(f"module 'delayservice' has no attribute {name!r}")

@@ -2,29 +2,31 @@
 
 The application keeps its librdkafka config and its `produce()` calls and adds
 `delay=` or `deliver_at=`. A delayed message goes to the level topic its delay selects,
-with the envelope in headers; an undelayed one goes straight to its topic. Levels come
-from the same settings as the daemon, so both sides always agree.
+with the envelope in headers; an undelayed one goes straight to its topic. Levels and
+topic names come from the settings the daemon reads (`load_settings`: the
+`DELAYSERVICE_*` variables and the file `DELAYSERVICE_CONFIG` or `config_file=` names),
+so a producer deployed beside a daemon agrees with it.
 
 With `precision="exact"` a delayed message goes instead to a precise topic, where the
 precise-mode daemon forwards it at exactly its due time (any delay up to `max_delay`):
 the precise topic up to `precise_far_after`, the far topic beyond, so that far-future
 messages are read by an intake of their own. `cancel()` can withdraw it and
-`reschedule()` move it before then. An exact message's id names the topic and the
-partition it was sent to (`ids.precise_id`), and its markers go there, so the instances
-holding the message read them however many partitions the topic has gained since.
+`reschedule()` move it before then, and say what the daemon did (`MarkerReceipt`). An
+exact message's id names the topic and the partition it was sent to (`ids.precise_id`),
+and its markers go there, so the instances holding the message read them however many
+partitions the topic has gained since.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from confluent_kafka import Producer
 
+from delayservice.delay_timing import Delay, DeliverAt, delay_to_ms, exact_timing
 from delayservice.envelope import (
     H_CANCEL,
     H_DELAY_MS,
@@ -37,80 +39,33 @@ from delayservice.envelope import (
     new_id,
     wrap,
 )
-from delayservice.errors import DelayServiceError, DelayTooLongError
-from delayservice.levels import LevelSet, format_duration_ms
+from delayservice.errors import DelayServiceError
+from delayservice.levels import LevelSet
+from delayservice.marker_receipt import (
+    DeliveryCallback,
+    MarkerReceipt,
+    connection_config,
+)
 from delayservice.precise.ids import named_place, precise_id, precise_partition
 from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.settings import Settings, load_settings
 
-DeliveryCallback = Callable[[Any, Any], None]
+if TYPE_CHECKING:
+    from delayservice.precise.marker_replies import MarkerReply
+
+__all__ = [
+    "PRECISIONS",
+    "DelayProducer",
+    "MarkerReceipt",
+    "Precision",
+    "delay_to_ms",
+    "exact_timing",
+    "precise_partition",
+]
 Precision = Literal["level", "exact"]
 """`level`: the smallest level at least as long as the delay (the default). `exact`: the
 precise topic, delivered at the requested time."""
 PRECISIONS: Final = ("level", "exact")
-
-
-def _epoch_seconds(deliver_at: datetime | float) -> float:
-    if isinstance(deliver_at, datetime):
-        if deliver_at.tzinfo is None:
-            raise ValueError("deliver_at must be timezone-aware (e.g. datetime.now(UTC))")
-        return deliver_at.timestamp()
-    return float(deliver_at)
-
-
-def delay_to_ms(delay: float | timedelta | None, deliver_at: datetime | float | None) -> int | None:
-    """Milliseconds to wait, or None for no delay. Sub-millisecond delays round up."""
-    if delay is not None and deliver_at is not None:
-        raise ValueError("pass delay= or deliver_at=, not both")
-    if delay is not None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    elif deliver_at is not None:
-        seconds = _epoch_seconds(deliver_at) - time.time()
-    else:
-        return None
-    if math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"delay must be finite, got {seconds}")
-    return math.ceil(seconds * 1000) if seconds > 0 else None
-
-
-def exact_timing(
-    delay: float | timedelta | None,
-    deliver_at: datetime | float | None,
-    max_delay_ms: int,
-) -> tuple[int, int | None] | None:
-    """`(delay-ms, delay-due-ms)` of an exact message, or None to send it undelayed.
-
-    A relative delay travels as `delay-ms`, counted by the daemon from the broker's
-    append time. An absolute time travels as `delay-due-ms` with `delay-ms` 0: the
-    daemon's due time is max(append time + delay-ms, delay-due-ms), so time spent
-    sending cannot shift it later. Both round up, so rounding never makes it early.
-    """
-    if delay is not None and deliver_at is not None:
-        raise ValueError("pass delay= or deliver_at=, not both")
-    limit = format_duration_ms(max_delay_ms)
-    if deliver_at is None:
-        delay_ms = delay_to_ms(delay, None)
-        if delay_ms is None:
-            return None
-        if delay_ms > max_delay_ms:
-            raise DelayTooLongError(
-                f"delay of {delay_ms} ms is above max_delay ({limit}); "
-                "raise max_delay or shorten the delay"
-            )
-        return delay_ms, None
-    target = _epoch_seconds(deliver_at)
-    if not math.isfinite(target):
-        raise ValueError(f"deliver_at must be finite, got {target}")
-    due_ms = math.ceil(target * 1000)
-    ahead_ms = due_ms - time.time() * 1000
-    if ahead_ms <= 0:
-        return None
-    if ahead_ms > max_delay_ms:
-        raise DelayTooLongError(
-            f"deliver_at is {math.ceil(ahead_ms)} ms ahead, above max_delay ({limit}); "
-            "raise max_delay or deliver sooner"
-        )
-    return 0, due_ms
 
 
 def _check_id(message_id: object) -> None:
@@ -130,7 +85,8 @@ class DelayProducer:
     """Wraps a `confluent_kafka.Producer`; every attribute not defined here passes through.
 
     `precision` is the default for `produce()`: "level" (the level topics) or "exact"
-    (the precise topic); each call may override it.
+    (the precise topic); each call may override it. Settings come from `settings`, else
+    from `load_settings(config_file)`, which reads what the daemon reads.
     """
 
     def __init__(
@@ -140,17 +96,22 @@ class DelayProducer:
         settings: Settings | None = None,
         levels: LevelSet | None = None,
         precision: Precision = "level",
+        config_file: Path | str | None = None,
     ) -> None:
         self.precision = _checked_precision(precision)
+        if settings is not None and config_file is not None:
+            raise ValueError("pass settings= or config_file=, not both")
+        self._config_file = config_file
         if levels is None:
-            settings = settings or load_settings()
+            settings = settings or load_settings(config_file)
             levels = settings.level_set()
         elif settings is None and self.precision == "exact":
-            settings = load_settings()  # a configuration error shows now, not at a send
+            settings = load_settings(config_file)  # a configuration error shows now
         self.levels = levels
         self._settings = settings
         self._producer = Producer(config)
         self._partitions = TopicPartitions(self._producer)
+        self._reply_config = connection_config(config)
 
     def produce(
         self,
@@ -162,15 +123,20 @@ class DelayProducer:
         timestamp: int = 0,
         headers: Headers | dict[str, str | bytes | None] | None = None,
         *,
-        delay: float | timedelta | None = None,
-        deliver_at: datetime | float | None = None,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
         callback: DeliveryCallback | None = None,
         precision: Precision | None = None,
     ) -> str:
         """Send now, or after `delay`; returns the message id (`delay-id`).
 
-        `precision` overrides the producer's default for this message. An exact delay
-        above `max_delay` raises `DelayTooLongError` before anything is sent.
+        `delay` is seconds, a timedelta or a duration such as "30s"; `deliver_at` epoch
+        seconds or an aware datetime. A negative, NaN or infinite delay or a naive
+        datetime raises ValueError; zero (or a `deliver_at` already past) sends at once.
+        `precision` overrides the producer's default for this message. A delay above
+        the top level (or, exact, above `max_delay`) raises `DelayTooLongError`. All of
+        these before anything is sent. `on_delivery` confirms the write to the delay
+        topic (or, undelayed, to `topic`), not the forward, which happens when due.
         """
         on_delivery = on_delivery or callback
         kwargs: dict[str, Any] = {"timestamp": timestamp}
@@ -212,31 +178,94 @@ class DelayProducer:
         )
         return message_id
 
-    def cancel(self, message_id: str, *, on_delivery: DeliveryCallback | None = None) -> None:
+    @overload
+    def cancel(
+        self, message_id: str, *, wait: None = None, on_delivery: DeliveryCallback | None = None
+    ) -> MarkerReceipt: ...
+
+    @overload
+    def cancel(
+        self, message_id: str, *, wait: float, on_delivery: DeliveryCallback | None = None
+    ) -> MarkerReply: ...
+
+    @overload
+    def cancel(
+        self,
+        message_id: str,
+        *,
+        wait: float | None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> MarkerReceipt | MarkerReply: ...
+
+    def cancel(
+        self,
+        message_id: str,
+        *,
+        wait: float | None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> MarkerReceipt | MarkerReply:
         """Ask the precise-mode daemon not to forward the message with `message_id`.
 
         Sends a cancel marker (no key, no value; headers `delay-v` and `delay-cancel`) to
         the precise-topic partition that holds the message, so the instances holding it
         read the cancel too: the one its id names (see `precise_partition`), however
         many partitions the topic has now. It works whatever this producer's default
-        precision is.
-        Only messages sent with `precision="exact"` can be cancelled: a level-mode
-        message waits in a level topic, and the daemon forwards it regardless. A cancel
-        that arrives after the message is due is too late. Like `produce()` this only
-        queues the marker: `on_delivery` reports where it landed, `flush()` waits.
+        precision is. Only messages sent with `precision="exact"` can be cancelled: a
+        level-mode message waits in a level topic, and the daemon forwards it regardless.
+
+        With `wait` (seconds) it returns the daemon's reply: outcome `accepted` (the
+        message, if still pending, will not be delivered), `too_late` (already sent),
+        `unmatched` or `refused`; `NoReplyError` if none came in time. Without, it
+        returns a `MarkerReceipt` at once, whose `reply(timeout)` waits later.
+        `on_delivery` reports where the marker landed, as for `produce()`.
         """
         _check_id(message_id)
         headers: Headers = [(H_VERSION, str(VERSION).encode()), (H_CANCEL, message_id.encode())]
-        self._send_marker(message_id, headers, on_delivery)
+        receipt = self._send_marker("cancel", message_id, headers, on_delivery, wait)
+        return receipt if wait is None else receipt.reply(wait)
+
+    @overload
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
+        wait: None = None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> MarkerReceipt: ...
+
+    @overload
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
+        wait: float,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> MarkerReply: ...
+
+    @overload
+    def reschedule(
+        self,
+        message_id: str,
+        *,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
+        wait: float | None,
+        on_delivery: DeliveryCallback | None = None,
+    ) -> MarkerReceipt | MarkerReply: ...
 
     def reschedule(
         self,
         message_id: str,
         *,
-        delay: float | timedelta | None = None,
-        deliver_at: datetime | float | None = None,
+        delay: Delay | None = None,
+        deliver_at: DeliverAt | None = None,
+        wait: float | None = None,
         on_delivery: DeliveryCallback | None = None,
-    ) -> None:
+    ) -> MarkerReceipt | MarkerReply:
         """Move a pending exact message to a new due time, earlier or later.
 
         Sends a reschedule marker (no key, no value; headers `delay-v`,
@@ -244,11 +273,13 @@ class DelayProducer:
         holds the message, as `cancel` does. `delay` counts from when the broker
         appends the marker; `deliver_at` is an absolute time. The message keeps its id,
         key, value and headers and is delivered once, at the new time; never earlier
-        than the daemon reads the marker, so a time in the past means now. A reschedule
-        that arrives after the message was sent is too late, and a cancel always wins
-        over a reschedule, whichever came first. The daemon counts each outcome
-        (`delayservice_precise_reschedules`). A time beyond `max_delay` raises
-        `DelayTooLongError` before anything is sent.
+        than the daemon reads the marker, so a time in the past means now. A cancel
+        always wins over a reschedule, whichever came first. A time beyond `max_delay`
+        raises `DelayTooLongError` before anything is sent.
+
+        With `wait` (seconds) it returns the daemon's reply: outcome `moved` (with the
+        new `due_ms`), `too_late` (already sent), `unmatched`, `cancelled` or
+        `refused`; without, a `MarkerReceipt`, as `cancel` does.
         """
         _check_id(message_id)
         if delay is None and deliver_at is None:
@@ -262,18 +293,26 @@ class DelayProducer:
         ]
         if due_ms is not None:
             headers.append((H_DUE_MS, str(due_ms).encode()))
-        self._send_marker(message_id, headers, on_delivery)
+        receipt = self._send_marker("reschedule", message_id, headers, on_delivery, wait)
+        return receipt if wait is None else receipt.reply(wait)
 
     def _send_marker(
-        self, message_id: str, headers: Headers, on_delivery: DeliveryCallback | None
-    ) -> None:
+        self,
+        kind: str,
+        message_id: str,
+        headers: Headers,
+        on_delivery: DeliveryCallback | None,
+        wait: float | None,
+    ) -> MarkerReceipt:
         """Send a cancel or reschedule marker to where the message is: the topic and
         partition its id names, else (a hand-made or older id) crc32 of the id over
-        the precise topic's partitions."""
-        kwargs: dict[str, Any] = {}
-        if on_delivery is not None:
-            kwargs["on_delivery"] = on_delivery
+        the precise topic's partitions. A caller who waits for the reply hears that the
+        outcomes topic is missing before anything is sent."""
         settings = self._exact_settings()
+        if wait is not None and not self._partitions.exists(settings.precise_outcomes_topic):
+            from delayservice.status.marker_outcome import unavailable
+
+            raise unavailable(settings.precise_outcomes_topic)
         place = named_place(message_id)
         if place is not None:
             topic = settings.precise_far_topic if place.far else settings.precise_topic
@@ -281,7 +320,19 @@ class DelayProducer:
         else:
             topic = settings.precise_topic
             partition = precise_partition(message_id, self._partitions.count(topic))
-        self._producer.produce(topic, None, None, partition=partition, headers=headers, **kwargs)
+        receipt = MarkerReceipt(
+            kind,
+            message_id,
+            self._producer.poll,
+            self._reply_config,
+            settings.precise_outcomes_topic,
+            on_delivery,
+        )
+        self._producer.produce(
+            topic, None, None, partition=partition, headers=headers,
+            on_delivery=receipt.on_delivery,
+        )  # fmt: skip
+        return receipt
 
     def _precise_route(self, delay_ms: int, due_ms: int | None) -> tuple[str, bool]:
         """The precise topic for a message due within `precise_far_after`, else the
@@ -296,7 +347,7 @@ class DelayProducer:
         """Loaded on first need when only `levels=` was given, so a level producer that
         never sends exact messages or cancels never reads settings."""
         if self._settings is None:
-            self._settings = load_settings()
+            self._settings = load_settings(self._config_file)
         return self._settings
 
     def poll(self, timeout: float = 0) -> int:

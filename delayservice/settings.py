@@ -1,9 +1,12 @@
 """Settings shared by the daemon, the producer wrapper and the CLI.
 
 Sources, strongest first: explicit arguments, `DELAYSERVICE_*` environment variables,
-the TOML file given with `--config`, then defaults. Unknown keys are errors in every
+the TOML file given with `--config` (or named by `DELAYSERVICE_CONFIG`), then defaults.
+The daemon, the CLI and `DelayProducer` all load through `load_settings`, so a producer
+beside a daemon sees the same levels and topics. Unknown keys are errors in every
 source, because a misspelt setting silently falling back to a default is the kind of
-mistake that only shows up as a late message in production.
+mistake that only shows up as a late message in production. Any value in any source
+gives valid settings or one `ConfigError` naming the setting, never another exception.
 """
 
 from __future__ import annotations
@@ -15,10 +18,16 @@ import re
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from delayservice.errors import ConfigError
 from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet, parse_duration_ms
@@ -30,13 +39,22 @@ ENV_PREFIX = "DELAYSERVICE_"
 # Variables that belong to the test harness and the CLI, not to the daemon: these
 # prefixes, and these exact names (so that DELAYSERVICE_CONFIGS is still an error).
 _NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_AUDIT_")
-_NOT_SETTINGS_EXACT = frozenset({"DELAYSERVICE_CONFIG", "DELAYSERVICE_CHECK_URL"})
+CONFIG_VARIABLE = "DELAYSERVICE_CONFIG"
+"""Names the TOML file, for the daemon and the producer alike (`load_settings`)."""
+_NOT_SETTINGS_EXACT = frozenset(
+    {CONFIG_VARIABLE, "DELAYSERVICE_CHECK_URL", "DELAYSERVICE_PURE_PYTHON"}  # the last: setup.py
+)
 
 MiB = 1024 * 1024
 MAX_INSTANCE_ID = 249
 _LEGAL_ID = re.compile(r"[a-zA-Z0-9._-]+")
 REDACTED = "<redacted>"
 _SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "ssl.key", "credentials")
+_PRINTABLE_WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
+"""A value with no whitespace and no control characters: a host list, a group id."""
+MAX_WAIT_S = 86_400.0
+"""The longest timeout a setting may give a wait: threading refuses timeouts beyond
+`threading.TIMEOUT_MAX` with OverflowError, at the first wait rather than at start-up."""
 
 
 def is_secret(key: str) -> bool:
@@ -49,17 +67,58 @@ def redacted(config: dict[str, Any]) -> dict[str, Any]:
     return {k: (REDACTED if is_secret(k) else v) for k, v in config.items()}
 
 
+def _one_line(text: str) -> str:
+    """An error is one line on stderr whatever the value it quotes."""
+    return " ".join(text.split())
+
+
+class _EnvSource(EnvSettingsSource):
+    """The environment, with a dict setting that is not a JSON object refused as that
+    setting's error: pydantic-settings raises a bare SettingsError (a traceback, exit 1)
+    for `DELAYSERVICE_KAFKA='security.protocol=SSL'`."""
+
+    def prepare_field_value(
+        self, field_name: str, field: FieldInfo, value: Any, value_is_complex: bool
+    ) -> Any:
+        variable = f"{ENV_PREFIX}{field_name.upper()}"
+        try:
+            prepared = super().prepare_field_value(field_name, field, value, value_is_complex)
+        except ValueError:
+            prepared = _UNPARSED
+        if field_name not in _DICT_SETTINGS or value is None or isinstance(prepared, dict):
+            if prepared is _UNPARSED:
+                raise ConfigError(field_name, f"{variable} does not parse") from None
+            return prepared
+        raise ConfigError(
+            field_name,
+            f"{variable} must be a JSON object of strings, e.g. "
+            f'{variable}=\'{{"security.protocol": "SSL"}}\'',
+        )
+
+
+_UNPARSED: Final = object()
+_DICT_SETTINGS: Final = frozenset({"kafka", "consumer", "producer"})
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, allow_inf_nan=False
+    )
 
     bootstrap_servers: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers.")
     levels: str = Field(DEFAULT_LEVELS, description="Delay levels, smallest first, e.g. 5s,1m,2h.")
     topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Level N lives in PREFIX + N.")
     dead_letter_topic: str = Field("delay_dead_letter", description="Where bad records go.")
     group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
-    partitions: int = Field(3, ge=1, description="Partitions per level topic (topics create).")
-    replication_factor: int = Field(1, ge=1, description="Replication of created topics.")
-    retention_hours: float = Field(168.0, gt=0, description="Retention of created topics.")
+    partitions: int = Field(
+        3, ge=1, le=2**31 - 1, description="Partitions per level topic (topics create)."
+    )
+    replication_factor: int = Field(
+        1, ge=1, le=2**15 - 1, description="Replication of created topics."
+    )
+    retention_hours: float = Field(
+        168.0, gt=0, le=876_600, description="Retention of created topics (at most 100 years)."
+    )
     scheduler: Literal["heap", "wheel"] = Field(
         "heap",
         description="Deprecated and ignored: both modes keep one queue per partition and a "
@@ -98,6 +157,7 @@ class Settings(BaseSettings):
     retry_give_up_s: float = Field(
         300.0,
         gt=0,
+        le=MAX_WAIT_S,
         description="A record that keeps failing while its target accepts others is "
         "dead-lettered (retries_exhausted) after this long.",
     )
@@ -110,12 +170,19 @@ class Settings(BaseSettings):
     commit_interval_s: float | None = Field(
         None,
         gt=0,
+        le=3600,
         description="How often level mode makes what it sent durable and commits; "
         "default 1 s at-least-once, 0.1 s exactly-once.",
     )
-    retry_backoff_s: float = Field(1.0, gt=0, description="First retry delay of a failed forward.")
-    retry_backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay.")
-    shutdown_timeout_s: float = Field(30.0, gt=0, description="Longest graceful stop.")
+    retry_backoff_s: float = Field(
+        1.0, gt=0, le=MAX_WAIT_S, description="First retry delay of a failed forward."
+    )
+    retry_backoff_max_s: float = Field(
+        30.0, gt=0, le=MAX_WAIT_S, description="Longest retry delay (at least retry_backoff_s)."
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, le=MAX_WAIT_S, description="Longest graceful stop."
+    )
     metrics_host: str = Field("0.0.0.0", description="Address of /metrics, /healthz, /readyz.")  # noqa: S104
     metrics_port: int = Field(
         9480, ge=0, le=65535, description="Port of the HTTP endpoint; 0 picks a free one."
@@ -167,6 +234,7 @@ class Settings(BaseSettings):
     takeover_delay_s: float = Field(
         30.0,
         gt=0,
+        le=MAX_WAIT_S,
         description="How long after a due time a replica forwards what the owner has not "
         "reported done.",
     )
@@ -188,6 +256,59 @@ class Settings(BaseSettings):
     @classmethod
     def _levels_parse(cls, value: str) -> str:
         LevelSet.parse(value)  # raises ConfigError with the reason
+        return value
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers_listed(cls, value: str) -> str:
+        """librdkafka takes an empty list and then never connects: the daemon would
+        report not-ready forever instead of saying what is wrong."""
+        servers = value.split(",")
+        if not value or not all(_PRINTABLE_WORD.fullmatch(s) for s in servers):
+            raise ConfigError(
+                "bootstrap_servers",
+                f"{value!r} is not a comma-separated list of host:port with no spaces",
+            )
+        return value
+
+    @field_validator("group_id")
+    @classmethod
+    def _group_id_printable(cls, value: str) -> str:
+        if _PRINTABLE_WORD.fullmatch(value) is None:
+            raise ConfigError("group_id", f"{value!r} must be non-empty, with no spaces")
+        return value
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _metrics_host_printable(cls, value: str) -> str:
+        if value and _PRINTABLE_WORD.fullmatch(value) is None:
+            raise ConfigError("metrics_host", f"{value!r} is not an address")
+        return value
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_topic_legal(cls, value: str) -> str:
+        reason = invalid_reason(value)
+        if reason is not None:
+            raise ConfigError("dead_letter_topic", f"{value!r}: {reason}")
+        return value
+
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _data_dir_named(cls, value: Any) -> Any:
+        """`Path("")` is the working directory: an empty setting would put the wheel's
+        files wherever the daemon happens to start."""
+        text = str(value) if isinstance(value, str | os.PathLike) else None
+        if text is not None and (not text.strip() or "\x00" in text):
+            raise ConfigError("data_dir", f"{text!r} is not a directory name")
+        return value
+
+    @field_validator("kafka", "consumer", "producer")
+    @classmethod
+    def _client_keys_named(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        bad = [key for key in value if _PRINTABLE_WORD.fullmatch(key) is None]
+        if bad:
+            raise ConfigError(str(info.field_name), f"{bad[0]!r} is not a librdkafka key")
         return value
 
     @field_validator("max_delay", "precise_far_after")
@@ -218,6 +339,30 @@ class Settings(BaseSettings):
     def _water_marks(self) -> Settings:
         if self.pause_low_water >= self.pause_high_water:
             raise ConfigError("pause_low_water", "must be below pause_high_water")
+        return self
+
+    @model_validator(mode="after")
+    def _backoffs_in_order(self) -> Settings:
+        if self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ConfigError(
+                "retry_backoff_max_s",
+                f"is {self.retry_backoff_max_s:g}, below retry_backoff_s "
+                f"({self.retry_backoff_s:g}); the longest retry delay comes after the first",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _level_topics(self) -> Settings:
+        """Every level topic is a name Kafka takes, and none is the dead-letter topic: a
+        dead letter written to a level topic would be read back as a delayed record."""
+        for level in self.level_set():
+            reason = invalid_reason(level.topic)
+            if reason is not None:
+                raise ConfigError("topic_prefix", f"level topic {level.topic!r}: {reason}")
+            if level.topic == self.dead_letter_topic:
+                raise ConfigError(
+                    "dead_letter_topic", f"{level.topic} is also level {level.name}'s topic"
+                )
         return self
 
     @model_validator(mode="after")
@@ -347,7 +492,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings)
+        return (init_settings, _EnvSource(settings_cls))
 
 
 def _unknown_env() -> list[str]:
@@ -368,16 +513,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except FileNotFoundError as exc:
         raise ConfigError("--config", f"{path} does not exist") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError("--config", f"{path} cannot be read: {exc.strerror or exc}") from exc
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Build settings from all sources, turning any problem into one `ConfigError`."""
+def config_file_named(config_file: Path | str | None = None) -> Path | None:
+    """The settings file: the one given, else the one `DELAYSERVICE_CONFIG` names (as the
+    CLI's `--config` falls back to it), else none."""
+    if config_file is None or config_file == "":
+        config_file = os.environ.get(CONFIG_VARIABLE) or None
+    return Path(config_file) if config_file is not None else None
+
+
+def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
+    """Build settings from all sources, turning any problem into one `ConfigError`.
+
+    Without `config_file`, the file `DELAYSERVICE_CONFIG` names is read, so every
+    caller (daemon, CLI, producer) sees the settings the deployment set."""
     unknown = _unknown_env()
     if unknown:
         raise ConfigError(unknown[0], "unknown setting (check the spelling)")
-    file_values = _read_toml(config_file) if config_file else {}
+    path = config_file_named(config_file)
+    file_values = _read_toml(path) if path is not None else {}
     env_names = {k.upper() for k in os.environ}
     # The file is weaker than the environment: pass only what the environment leaves unset.
     init = {
@@ -399,7 +558,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
             if error["type"] == "extra_forbidden"
             else str(cause or error["msg"])
         )
-        raise ConfigError(name, message) from None
+        raise ConfigError(_one_line(name), _one_line(message)) from None
 
 
 DEPRECATED = frozenset({"scheduler"})

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaException
 
 from delayservice import producer as producer_module
 from delayservice.errors import ConfigError, DelayServiceError, DelayTooLongError, EnvelopeError
@@ -50,6 +50,9 @@ class FakeProducer:
     def flush(self, timeout: float = -1) -> int:
         return 0
 
+    def poll(self, timeout: float = -1) -> int:
+        return 0
+
     def __len__(self) -> int:
         return len(self.sent)
 
@@ -75,6 +78,16 @@ def _settings(**overrides: Any) -> Any:
 
 def _producer(precision: Any = "exact", **overrides: Any) -> DelayProducer:
     return DelayProducer({}, settings=_settings(**overrides), precision=precision)
+
+
+def _landed(record: SimpleNamespace, offset: int = 7) -> Any:
+    """The delivery report librdkafka gives for `record`: a message that says where."""
+    return SimpleNamespace(
+        topic=lambda: record.topic,
+        partition=lambda: record.partition,
+        offset=lambda: offset,
+        timestamp=lambda: (TIMESTAMP_LOG_APPEND_TIME, int(time.time() * 1000)),
+    )
 
 
 def _envelope(record: SimpleNamespace) -> dict[str, Any]:
@@ -124,8 +137,8 @@ def test_an_exact_deliver_at_carries_its_due_time_and_no_delay(fake, as_datetime
 
 @pytest.mark.parametrize(
     "timing",
-    [{"delay": 0}, {"delay": -3}, {"deliver_at": time.time() - 1}, {}],
-    ids=["zero", "negative", "past", "none"],
+    [{"delay": 0}, {"delay": "0s"}, {"deliver_at": time.time() - 1}, {}],
+    ids=["zero", "zero-string", "past", "none"],
 )
 def test_an_exact_message_with_no_wait_goes_straight_to_its_topic(fake, timing):
     _producer().produce("orders", b"v", b"k", 1, headers=[("h", b"1")], **timing)
@@ -223,7 +236,7 @@ def test_a_cancel_marker_goes_to_the_partition_of_its_message(fake, precision):
     assert (marker.topic, marker.partition) == (PRECISE, message.partition)
     assert (marker.key, marker.value) == (None, None)
     assert marker.headers == [("delay-v", b"1"), ("delay-cancel", mid.encode())]
-    marker.on_delivery(None, None)
+    marker.on_delivery(None, _landed(marker))
     assert reports == [None]
 
 
@@ -351,7 +364,7 @@ def test_a_reschedule_marker_goes_to_the_partition_of_its_message(fake):
     assert _envelope(absolute)["delay-ms"] == b"0"
     assert _envelope(now)["delay-ms"] == b"0"
     assert "delay-due-ms" not in _envelope(now)
-    later.on_delivery(None, None)
+    later.on_delivery(None, _landed(later))
     assert reports == [None]
 
 

@@ -17,10 +17,55 @@ def test_delay_as_number_or_timedelta():
     assert delay_to_ms(0.0001, None) == 1  # rounds up: never early
 
 
-@pytest.mark.parametrize("delay", [0, -5, timedelta(seconds=-1)])
+@pytest.mark.parametrize("delay", [0, 0.0, timedelta(0), "0s", "0ms"])
 def test_no_delay_means_send_now(delay):
     assert delay_to_ms(delay, None) is None
     assert delay_to_ms(None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("delay", "ms"),
+    [("30s", 30_000), ("10m", 600_000), ("500ms", 500), (" 2h ", 7_200_000), ("1d", 86_400_000)],
+)
+def test_a_delay_may_be_a_duration_in_the_settings_syntax(delay, ms):
+    assert delay_to_ms(delay, None) == ms
+    assert exact_timing(delay, None, WEEK_MS) == (ms, None)
+
+
+@pytest.mark.parametrize(
+    ("delay", "message"),
+    [
+        (-5, "must not be negative"),
+        (-0.001, "must not be negative"),
+        (timedelta(seconds=-1), "must not be negative"),
+        (float("nan"), "finite"),
+        (float("inf"), "finite"),
+        (-float("inf"), "finite"),
+        (10**400, "finite"),
+        ("-5s", "not a duration"),
+        ("30", "not a duration"),
+        ("soon", "not a duration"),
+    ],
+)
+def test_a_delay_that_is_no_delay_is_a_clear_value_error(delay, message):
+    """A negative delay once sent at once, hiding a sign error until the message
+    arrived early; a string failed with a float conversion error."""
+    with pytest.raises(ValueError, match=message):
+        delay_to_ms(delay, None)
+    with pytest.raises(ValueError, match=message):
+        exact_timing(delay, None, WEEK_MS)
+
+
+@pytest.mark.parametrize("delay", [True, None.__class__, b"30s", [30]])
+def test_what_is_not_a_delay_at_all_is_a_type_error(delay):
+    with pytest.raises(TypeError, match="seconds, a timedelta or a duration"):
+        delay_to_ms(delay, None)
+
+
+@pytest.mark.parametrize("deliver_at", [float("nan"), float("inf"), 10**400])
+def test_a_deliver_at_that_is_not_a_time_is_a_value_error(deliver_at):
+    with pytest.raises(ValueError, match="finite"):
+        delay_to_ms(None, deliver_at)
 
 
 def test_deliver_at_aware_datetime_or_epoch_seconds():
@@ -57,7 +102,7 @@ def test_an_exact_deliver_at_travels_as_an_absolute_due_time_with_no_delay():
     ("delay", "deliver_at"),
     [
         (0, None),
-        (-1, None),
+        ("0s", None),
         (timedelta(0), None),
         (None, None),
         (None, 1.0),

@@ -5,6 +5,7 @@ import socket
 import pytest
 
 from delayservice.errors import ConfigError
+from delayservice.levels import DEFAULT_LEVELS
 from delayservice.settings import load_settings
 
 
@@ -64,6 +65,22 @@ def test_broken_toml_and_missing_file(tmp_path):
         load_settings(tmp_path / "nope.toml")
 
 
+def test_delayservice_config_names_the_file_every_caller_reads(tmp_path, monkeypatch):
+    """The daemon's `--config` falls back to DELAYSERVICE_CONFIG; so does everything that
+    loads settings without naming a file (the producer), and the environment still wins."""
+    config = tmp_path / "d.toml"
+    config.write_text('levels = "1s,3s"\ntopic_prefix = "own_"\n')
+    monkeypatch.setenv("DELAYSERVICE_CONFIG", str(config))
+    assert load_settings().levels == "1s,3s"
+    monkeypatch.setenv("DELAYSERVICE_TOPIC_PREFIX", "env_")
+    assert load_settings().topic_prefix == "env_"
+    other = tmp_path / "other.toml"
+    other.write_text('levels = "2s"\n')
+    assert load_settings(other).levels == "2s", "a file given wins over the variable"
+    monkeypatch.setenv("DELAYSERVICE_CONFIG", "")
+    assert load_settings().levels == DEFAULT_LEVELS, "an empty variable names no file"
+
+
 def test_the_shipped_example_config_loads():
     from pathlib import Path
 
@@ -77,20 +94,23 @@ def test_the_shipped_example_config_loads():
     [
         "DELAYSERVICE_CONFIG",
         "DELAYSERVICE_CHECK_URL",
+        "DELAYSERVICE_PURE_PYTHON",
         "DELAYSERVICE_AUDIT_GRACE",
         "DELAYSERVICE_TEST_BOOTSTRAP",
     ],
 )
-def test_command_variables_are_not_mistaken_for_settings(monkeypatch, name):
+def test_command_variables_are_not_mistaken_for_settings(monkeypatch, tmp_path, name):
     """These belong to the CLI and the test harness; the daemon must start with them set."""
-    monkeypatch.setenv(name, "x")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    monkeypatch.setenv(name, str(empty) if name == "DELAYSERVICE_CONFIG" else "x")
     monkeypatch.setenv("DELAYSERVICE_GROUP_ID", "from-env")
     assert load_settings().group_id == "from-env"
 
 
 def test_a_variable_that_only_starts_like_a_command_variable_is_still_checked(monkeypatch):
     """The exemption is by prefix; a misspelt setting next to it is still an error."""
-    monkeypatch.setenv("DELAYSERVICE_CONFIG", "x")
+    monkeypatch.setenv("DELAYSERVICE_CHECK_URL", "x")
     monkeypatch.setenv("DELAYSERVICE_GROUPID", "x")
     with pytest.raises(ConfigError, match="DELAYSERVICE_GROUPID"):
         load_settings()

@@ -16,6 +16,7 @@ from delayservice.cli import (
     reschedule_command,
     run_command,
     send_command,
+    settings_command,
     topics_command,
 )
 
@@ -33,6 +34,7 @@ app.command()(reschedule_command.reschedule)
 app.command()(check_command.check)
 app.command()(pending_command.pending)
 app.command(name="find")(find_command.find_message)
+app.command()(settings_command.settings)
 app.add_typer(topics_command.app, name="topics")
 
 # Optional commands live in their own modules and register themselves when present.

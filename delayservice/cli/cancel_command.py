@@ -41,6 +41,8 @@ def cancel(
         settings,
         "cancel",
         message_id,
-        lambda producer, report: producer.cancel(message_id, on_delivery=report),
+        lambda producer, wait_s, report: producer.cancel(
+            message_id, wait=wait_s, on_delivery=report
+        ),
         wait,
     )

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Final, ParamSpec, TypeVar
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
 
+from delayservice.delay_timing import delay_seconds
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
-from delayservice.levels import parse_duration_ms
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,12 +57,27 @@ def delivery_time(
     """`--delay` in seconds and `--at` made aware (a naive time is UTC), as the
     producer takes them; a delay that does not parse exits 2."""
     try:
-        delay_s = parse_duration_ms(delay) / 1000 if delay is not None else None
+        delay_s = delay_seconds(delay) if delay is not None else None
     except ValueError as exc:
         raise fail(f"--delay: {exc}", 2) from None
     if deliver_at is not None and deliver_at.tzinfo is None:
         deliver_at = deliver_at.replace(tzinfo=UTC)
     return delay_s, deliver_at
+
+
+CLIENT_SETTINGS: Final = "kafka, consumer or producer"
+"""The settings whose keys go to librdkafka as they are: only librdkafka can refuse them."""
+
+
+def kafka_failure(exc: KafkaException) -> typer.Exit:
+    """A librdkafka refusal as one line: a configuration property it does not take (all
+    the CLI's clients are configured from the settings) exits 2 like any bad setting."""
+    error = exc.args[0] if exc.args else None
+    text = error.str() if isinstance(error, KafkaError) else str(exc)
+    about_config = any(word in text for word in ("configuration property", "ssl.", "sasl."))
+    if isinstance(error, KafkaError) and error.code() == KafkaError._INVALID_ARG and about_config:
+        return fail(f"invalid setting {CLIENT_SETTINGS}: {text}", 2)
+    return fail(f"Kafka client: {text}", 1)
 
 
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -75,6 +91,8 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             raise fail(str(exc), 2) from None
         except DelayServiceError as exc:
             raise fail(str(exc), 1) from None
+        except KafkaException as exc:
+            raise kafka_failure(exc) from None
 
     return wrapper
 

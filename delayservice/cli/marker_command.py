@@ -11,16 +11,16 @@ import typer
 
 from delayservice.cli.common import fail
 from delayservice.cli.pending_command import when
-from delayservice.errors import DelayServiceError
 from delayservice.kafka import client_config
+from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
 from delayservice.precise.marker_replies import MarkerReply
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings
-from delayservice.status.marker_outcome import ReplyWatch
+from delayservice.status.marker_outcome import RepliesUnavailableError
 
 FLUSH_TIMEOUT_S: Final = 40.0
 """Above the producer's 30 s message timeout, so a failing marker ends with librdkafka's
-own reason rather than a bare timeout."""
+own reason rather than a bare timeout (with --wait 0)."""
 
 WaitOption = Annotated[
     float,
@@ -54,65 +54,36 @@ def describe(reply: MarkerReply, now_ms: int) -> str:
     return f"{reply.outcome} by {holder}: {meaning}"
 
 
-def send_marker(
-    settings: Settings,
-    what: str,
-    message_id: str,
-    send: Callable[[DelayProducer, Callable[[Any, Any], None]], None],
-    wait_s: float,
-) -> None:
-    """Send one marker (`send` queues it with the delivery callback given), print where
-    it landed, then the daemon's reply. Exit 1 when it was not written, was not
-    applied, or no reply came within `wait_s`."""
-    watch = None
-    if wait_s > 0:
-        try:
-            watch = ReplyWatch(client_config.common(settings), settings.precise_outcomes_topic)
-        except DelayServiceError as exc:
-            raise fail(
-                f"{exc}; or pass --wait 0 to send without waiting for the reply", 1
-            ) from None
-    try:
-        topic, partition, offset = _send(settings, what, message_id, send)
-        typer.echo(f"{what} of {message_id} is on {topic} partition {partition} offset {offset}")
-        if watch is None:
-            return
-        reply = watch.wait(topic, partition, offset, wait_s)
-    finally:
-        if watch is not None:
-            watch.close()
-    if reply is None:
-        raise fail(
-            f"{what} of {message_id}: no reply within {wait_s:g} s; the marker is written "
-            f"and takes effect when the daemon holding partition {partition} reads it "
-            "(is it running?)",
-            1,
-        )
-    line = f"{what} of {message_id}: {describe(reply, int(time.time() * 1000))}"
-    if not reply.applied:
-        raise fail(line, 1)
-    typer.echo(line)
+Send = Callable[[DelayProducer, float | None, DeliveryCallback], MarkerReceipt | MarkerReply]
+"""Queues one marker through the SDK: waiting `float` seconds for the reply (None: not)."""
 
 
-def _send(
-    settings: Settings,
-    what: str,
-    message_id: str,
-    send: Callable[[DelayProducer, Callable[[Any, Any], None]], None],
-) -> tuple[str, int, int]:
-    reports: list[tuple[Any, Any]] = []
+def send_marker(settings: Settings, what: str, message_id: str, send: Send, wait_s: float) -> None:
+    """Send one marker, print where it landed, then the daemon's reply. Exit 1 when it
+    was not written, was not applied, or no reply came within `wait_s` (0: no wait).
+    Waiting needs the outcomes topic, which is checked before anything is sent."""
 
-    def delivered(err: Any, msg: Any) -> None:
-        reports.append((err, msg))
+    def landed(err: Any, msg: Any) -> None:
+        if err is None:
+            typer.echo(
+                f"{what} of {message_id} is on {msg.topic()} partition {msg.partition()} "
+                f"offset {msg.offset()}"
+            )
 
     producer = DelayProducer(
         client_config.producer(settings, f"delayservice-{what}"), settings=settings
     )
-    send(producer, delivered)
-    producer.flush(FLUSH_TIMEOUT_S)
-    if not reports:
-        raise fail(f"{what} of {message_id} not delivered: timed out", 1)
-    err, msg = reports[0]
-    if err is not None:
-        raise fail(f"{what} of {message_id} not delivered: {err.str()}", 1)
-    return msg.topic(), msg.partition(), msg.offset()
+    if wait_s <= 0:
+        receipt = send(producer, None, landed)
+        assert isinstance(receipt, MarkerReceipt)
+        receipt.landed(FLUSH_TIMEOUT_S)
+        return
+    try:
+        reply = send(producer, wait_s, landed)
+    except RepliesUnavailableError as exc:
+        raise fail(f"{exc}; or pass --wait 0 to send without waiting for the reply", 1) from None
+    assert isinstance(reply, MarkerReply)
+    line = f"{what} of {message_id}: {describe(reply, int(time.time() * 1000))}"
+    if not reply.applied:
+        raise fail(line, 1)
+    typer.echo(line)

@@ -57,8 +57,8 @@ def reschedule(
         settings,
         "reschedule",
         message_id,
-        lambda producer, report: producer.reschedule(
-            message_id, delay=delay_s, deliver_at=deliver_at, on_delivery=report
+        lambda producer, wait_s, report: producer.reschedule(
+            message_id, delay=delay_s, deliver_at=deliver_at, wait=wait_s, on_delivery=report
         ),
         wait,
     )

@@ -1,8 +1,11 @@
 """Waiting for the daemon's reply to one cancel or reschedule marker.
 
-The sender notes where the outcomes topic ends before it sends (`ReplyWatch`), then
-reads from there until a reply keyed by where its marker landed arrives: the daemon
-answers once the outcome is durable on its disk (`precise.marker_replies`).
+The daemon answers once the outcome is durable on its disk (`precise.marker_replies`),
+with a reply keyed by where the marker landed. Two ways to find it: `ReplyWatch` notes
+where the outcomes topic ends before the marker is sent and reads from there (the
+CLI's way when it knows it will wait); `wait_for_reply` starts from the marker's append
+time, less the replying host's possible clock lag (`REPLY_SKEW_MS`), so an application
+may ask long after it sent the marker (the SDK's `MarkerReceipt.reply`).
 """
 
 from __future__ import annotations
@@ -20,24 +23,109 @@ BATCH: Final = 500
 POLL_S: Final = 0.5
 
 
-def _ends(consumer: Consumer, topic: str, timeout: float) -> tuple[list[int], dict[int, int]]:
-    """The topic's partitions and where each ends now."""
+class RepliesUnavailableError(DelayServiceError):
+    """The outcomes topic cannot be read, so no reply can be waited for."""
+
+
+def unavailable(topic: str, code: int | None = None) -> RepliesUnavailableError:
+    return RepliesUnavailableError(
+        f"the outcomes topic {topic} is not available; create it with "
+        "`delayservice topics create` (precise = true)",
+        code=code,
+    )
+
+
+def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
     try:
         info = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
-        if info is None or info.error is not None:
-            raise DelayServiceError(
-                f"the outcomes topic {topic} is not available; create it with "
-                "`delayservice topics create` (precise = true)",
-                code=info.error.code() if info is not None and info.error else None,
-            )
-        partitions = sorted(info.partitions)
-        ends = {
+    except KafkaException as exc:
+        raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
+    if info is None or info.error is not None:
+        raise unavailable(topic, info.error.code() if info is not None and info.error else None)
+    return sorted(info.partitions)
+
+
+def _ends(consumer: Consumer, topic: str, timeout: float) -> dict[int, int]:
+    """Where each partition of the topic ends now."""
+    try:
+        return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-            for p in partitions
+            for p in _partitions(consumer, topic, timeout)
         }
     except KafkaException as exc:
         raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
-    return partitions, ends
+
+
+def _since(consumer: Consumer, topic: str, since_ms: int, timeout: float) -> dict[int, int]:
+    """Where each partition of the topic has its first record at or after `since_ms`
+    (its end when it has none)."""
+    ends = _ends(consumer, topic, timeout)
+    asked = [TopicPartition(topic, p, max(0, since_ms)) for p in ends]
+    try:
+        found = consumer.offsets_for_times(asked, timeout=timeout)
+    except KafkaException as exc:
+        raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
+    return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
+
+
+def _consumer(client: dict[str, Any]) -> Consumer:
+    return Consumer(
+        {
+            **client,
+            "group.id": f"delayservice-reply-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
+
+
+def _first_reply(
+    consumer: Consumer, topic: str, starts: dict[int, int], key: bytes, timeout: float
+) -> MarkerReply | None:
+    """The first reply with `key` on `topic` from `starts`, or None by `timeout`."""
+    consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        for message in consumer.consume(BATCH, min(POLL_S, left)):
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF and error.fatal():
+                    raise DelayServiceError.from_kafka(error, f"reading {topic}")
+                continue
+            if message.key() == key:
+                reply = parse_reply(message.value())
+                if reply is not None:
+                    return reply
+    return None
+
+
+def wait_for_reply(
+    client: dict[str, Any],
+    outcomes_topic: str,
+    marker: tuple[str, int, int],
+    since_ms: int,
+    timeout: float,
+) -> MarkerReply | None:
+    """The first reply to the marker that landed at `marker` (topic, partition,
+    offset), read from `since_ms` on; None by `timeout`."""
+    deadline = time.monotonic() + timeout
+    consumer = _consumer(client)
+    try:
+        while True:
+            try:
+                starts = _since(consumer, outcomes_topic, since_ms, max(1.0, timeout))
+                break
+            except RepliesUnavailableError:
+                raise
+            except DelayServiceError:
+                # A topic just created has no leader for a moment (NOT_LEADER_FOR_PARTITION,
+                # which librdkafka does not mark retriable here): ask again while time is left.
+                if time.monotonic() + POLL_S >= deadline:
+                    raise
+                time.sleep(POLL_S)
+        left = max(0.0, deadline - time.monotonic())
+        return _first_reply(consumer, outcomes_topic, starts, reply_key(*marker), left)
+    finally:
+        consumer.close()
 
 
 class ReplyWatch:
@@ -46,15 +134,9 @@ class ReplyWatch:
 
     def __init__(self, client: dict[str, Any], outcomes_topic: str, timeout: float = 15.0) -> None:
         self._topic = outcomes_topic
-        self._consumer = Consumer(
-            {
-                **client,
-                "group.id": f"delayservice-reply-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-            }
-        )
+        self._consumer = _consumer(client)
         try:
-            self._partitions, self._start = _ends(self._consumer, outcomes_topic, timeout)
+            self._start = _ends(self._consumer, outcomes_topic, timeout)
         except BaseException:
             self._consumer.close()
             raise
@@ -63,22 +145,7 @@ class ReplyWatch:
         self, marker_topic: str, partition: int, offset: int, timeout: float
     ) -> MarkerReply | None:
         key = reply_key(marker_topic, partition, offset)
-        self._consumer.assign(
-            [TopicPartition(self._topic, p, self._start[p]) for p in self._partitions]
-        )
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            for message in self._consumer.consume(BATCH, min(POLL_S, left)):
-                error = message.error()
-                if error is not None:
-                    if error.code() != KafkaError._PARTITION_EOF and error.fatal():
-                        raise DelayServiceError.from_kafka(error, f"reading {self._topic}")
-                    continue
-                if message.key() == key:
-                    reply = parse_reply(message.value())
-                    if reply is not None:
-                        return reply
-        return None
+        return _first_reply(self._consumer, self._topic, self._start, key, timeout)
 
     def close(self) -> None:
         self._consumer.close()

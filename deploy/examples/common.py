@@ -1,7 +1,8 @@
 """What the compose examples share: the same settings as the daemon, the demo topic, Ctrl-C.
 
 The examples read the daemon's own settings (DELAYSERVICE_* variables and the TOML file
-named by DELAYSERVICE_CONFIG), so producer and daemon always agree on the levels.
+named by DELAYSERVICE_CONFIG), as `load_settings` and `DelayProducer` do by themselves,
+so producer and daemon always agree on the levels.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import logging
 import os
 import signal
 import threading
-from pathlib import Path
 from types import FrameType
 
 from confluent_kafka import KafkaError, KafkaException
@@ -27,8 +27,7 @@ log = logging.getLogger("example")
 
 def settings() -> Settings:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    config = os.environ.get("DELAYSERVICE_CONFIG")
-    return load_settings(Path(config) if config else None)
+    return load_settings()
 
 
 def ensure_topic(current: Settings) -> None:
