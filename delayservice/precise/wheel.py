@@ -33,7 +33,6 @@ from delayservice.precise.placement import Placement
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule, RescheduleMoves
 from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_file import encode_settled
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_loading import MARKS_EVERY_S, SlotLoading
 from delayservice.precise.slot_record import SlotRecord
@@ -176,15 +175,12 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
 
     # -- settling ------------------------------------------------------------------
     def write_marks(self) -> None:
-        """Append the settled marks gathered since the last call, one write per slot;
-        then retire the cancels whose messages those marks (or deletions) settled."""
+        """Append the settled marks gathered since the last call (those not written as
+        they were settled: records called off as they loaded, stale copies), one write
+        per slot; then retire the cancels whose messages those marks (or deletions)
+        settled."""
         with self._lock:
-            marks, self._marks = self._marks, {}
-            for tracker, offsets in marks.items():
-                if not tracker.deleted:
-                    frames = b"".join(map(encode_settled, offsets))
-                    self._store.append(tracker.partition, tracker.second, frames)
-                self._matches_durable.extend(self._matches.pop(tracker, ()))
+            self._write_marks_locked(list(self._marks))
             retire, self._matches_durable = self._matches_durable, []
         if retire:
             self._retire(retire)

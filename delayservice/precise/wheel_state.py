@@ -22,6 +22,7 @@ from delayservice.precise.placement import Placement
 from delayservice.precise.recent_ids import RecentIds
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
+from delayservice.precise.slot_file import encode_settled
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
@@ -187,13 +188,28 @@ class WheelState:
 
     def settled(self, tracker: SlotTracker, offset: int) -> None:
         """One record of a loaded slot is done: delete the file with the last one, and
-        until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
-        so a restart does not send it again."""
+        until then mark the record settled in it, so a restart does not send it again."""
         self.settle_many([(tracker, offset)])
 
     def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
         """`settled` for many records (those a commit point made durable), in one hold
-        of the lock."""
+        of the lock. Their marks are written before this returns, one write per slot:
+        a kill -9 after the commit point does not send them again, whatever the loader
+        is busy with."""
         with self._lock:
             for tracker, offset in done:
                 self._settle_locked(tracker, offset)
+            self._write_marks_locked({tracker for tracker, _ in done})
+
+    def _write_marks_locked(self, trackers: Iterable[SlotTracker]) -> None:
+        """Append the marks gathered for `trackers`, one write per slot file (lock held),
+        to the page cache, which outlives the process. The cancels those marks settle
+        wait for a sync before they leave the cancel log (`Wheel.write_marks`)."""
+        for tracker in trackers:
+            offsets = self._marks.pop(tracker, None)
+            if offsets is None:
+                continue
+            if not tracker.deleted:
+                frames = b"".join(map(encode_settled, offsets))
+                self._store.append(tracker.partition, tracker.second, frames)
+            self._matches_durable.extend(self._matches.pop(tracker, ()))
