@@ -131,9 +131,10 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         """Write framed records, (partition, fire_ms, frame) each, into their files, one
         write per file (durable at the store's next sync). Per record, its slot's
         tracker when the slot is in memory: the caller then buffers the record itself
-        once the write is durable. None: it stays on disk until its slot is loaded."""
+        once the write is durable. None: it stays on disk until its slot is loaded, or
+        its slot holds it already (a record read again after a crash)."""
         with self._lock:
-            return self._append_locked(records)
+            return self._append_locked(records, once=True)
 
     def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable; a record

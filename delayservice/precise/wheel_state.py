@@ -22,7 +22,7 @@ from delayservice.precise.placement import Placement
 from delayservice.precise.recent_ids import RecentIds
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_file import encode_settled
+from delayservice.precise.slot_file import encode_settled, frame_offset
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
@@ -122,25 +122,44 @@ class WheelState:
         """The last slot second that belongs in memory now."""
         return int((self._clock() + self._lookahead) // 1)
 
-    def _append_locked(self, records: list[tuple[int, int, bytes]]) -> list[SlotTracker | None]:
+    def _append_locked(
+        self, records: list[tuple[int, int, bytes]], *, once: bool = False
+    ) -> list[SlotTracker | None]:
+        """Write framed records, (partition, fire_ms, frame) each; per record its slot's
+        tracker when the slot is in memory. `once`: the records are the intake's, and
+        one whose slot is in memory with a copy of it already (read again after a
+        crash) is neither written nor held again (None)."""
         out: list[SlotTracker | None] = []
         writes: dict[Key, list[bytes]] = {}
         new: set[tuple[int, int]] = set()
-        place, bounds = self._tiers.place, self._bounds
+        place, bounds, trackers = self._tiers.place, self._bounds, self._trackers
         for partition, fire_ms, frame in records:
             second = fire_ms // 1000
             start, width = place(second, bounds)
+            if width != 1:
+                out.append(None)
+            else:
+                tracker = trackers.get((partition, second))
+                on_file = None if tracker is None else tracker.on_file
+                if once and on_file is not None and not on_file.first_copy(frame_offset(frame)):
+                    out.append(None)
+                    continue  # held already: read again after a crash
+                out.append(self._slot_for(partition, second, frame, new, tracker))
             writes.setdefault((partition, start, width), []).append(frame)
-            out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
         self._write(writes)
         return out
 
     def _slot_for(
-        self, partition: int, second: int, frame: bytes, new: set[tuple[int, int]]
+        self,
+        partition: int,
+        second: int,
+        frame: bytes,
+        new: set[tuple[int, int]],
+        tracker: SlotTracker | None,
     ) -> SlotTracker | None:
-        """The tracker a record of a slot joins, if its slot is in memory (lock held)."""
+        """The tracker a record of a slot joins, if its slot is in memory (lock held);
+        `tracker` is the slot's now, if any."""
         key = (partition, second)
-        tracker = self._trackers.get(key)
         if tracker is None and key not in new and self._store.size(partition, second) is None:
             new.add(key)  # a new file: in memory at once if near and no span covers it
             if second <= self._horizon() and second < self._span_floor.get(partition, UNBOUNDED):
@@ -174,6 +193,8 @@ class WheelState:
 
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True
+        if tracker.on_file is not None:
+            self._held -= tracker.on_file.memory
         self._marks.pop(tracker, None)
         self._matches_durable.extend(self._matches.pop(tracker, ()))
         self._trackers.pop((tracker.partition, tracker.second), None)
