@@ -175,7 +175,7 @@ class SlotLoading(WheelState):
                 if index is not None:
                     self._held -= index.memory
                 tracker.loading = False
-                if tracker.outstanding <= 0:
+                if self._finished(tracker):
                     self._delete(tracker)
                 log.debug("loaded slot %d of partition %d", second, partition)
         return out, cancelled

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Final
 
 from delayservice.precise.cancel_log import CancelLog
@@ -67,11 +68,15 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         max_buffered_bytes: int = UNBOUNDED,
         horizon_s: int = DEFAULT_HORIZON_S,
         held: HeldBytes | None = None,
+        unread: Iterable[int] = (),
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
         with other wheels. `horizon_s` is how far ahead records are kept in slot files,
-        and sets the tiers' widths."""
+        and sets the tiers' widths. `unread`: partitions whose files may hold records of
+        a batch the intake had not committed at the last stop; their slots load as
+        usual but stay on disk, finished or not, until it has read that batch again
+        (`read_again`)."""
         super().__init__(
             store,
             cancels,
@@ -85,6 +90,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             horizon_s,
             held if held is not None else HeldBytes(max_buffered_bytes),
         )
+        self._unread.update(unread)
         self.buffer = SlotBuffer(clock, keep=self._keep_or_stop)
         """What the forwarder takes from; its taker drops what must not go out."""
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
@@ -135,6 +141,21 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         its slot holds it already (a record read again after a crash)."""
         with self._lock:
             return self._append_locked(records, once=True)
+
+    def read_again(self, partition: int) -> None:
+        """The intake has read again the batch `partition` had in flight at the last
+        stop: its finished slots may go. Until then a slot loaded and sent stays in
+        memory, so the copy read again finds it and is dropped (`FileOffsets`); had
+        it gone, that copy would be sent once more from a new slot."""
+        with self._lock:
+            self._unread.discard(partition)
+            finished = [
+                tracker
+                for (held, _), tracker in self._trackers.items()
+                if held == partition and self._finished(tracker)
+            ]
+            for tracker in finished:
+                self._delete(tracker)
 
     def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable; a record

@@ -105,6 +105,9 @@ class WheelState:
         self._span_floor: dict[int, int] = {}
         for partition, start, _ in store.spans():
             self._span_floor[partition] = min(start, self._span_floor.get(partition, start))
+        self._unread: set[int] = set()
+        """Partitions whose slots stay, even when finished, until the intake has read a
+        batch again (`Wheel.read_again`)."""
         self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
         # Cancels that removed their message, by the slot that held it: a cancel leaves
         # the cancel log only once the message's settled mark (or the slot's deletion)
@@ -186,10 +189,19 @@ class WheelState:
         self._held -= self._cost.get(tracker, RECORD_OVERHEAD)
         if tracker.deleted:
             return
-        if tracker.outstanding <= 0 and not tracker.loading:
+        if self._finished(tracker):
             self._delete(tracker)
         else:
             self._marks.setdefault(tracker, []).append(offset)
+
+    def _finished(self, tracker: SlotTracker) -> bool:
+        """Whether a slot's file may go: nothing outstanding, not being read, and no
+        record of it still to be read again by the intake (`Wheel.read_again`)."""
+        return (
+            tracker.outstanding <= 0
+            and not tracker.loading
+            and tracker.partition not in self._unread
+        )
 
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True

@@ -58,9 +58,16 @@ class Coverage:
 
 class Rig:
     def __init__(
-        self, root: Path, placement: Placement | None = None, now: float = NOW, **options: int
+        self,
+        root: Path,
+        placement: Placement | None = None,
+        now: float = NOW,
+        unread: tuple[int, ...] = (),
+        **options: int,
     ) -> None:
-        """`options`: the wheel's `horizon_s` and `max_buffered_bytes`."""
+        """`options`: the wheel's `horizon_s` and `max_buffered_bytes`; `unread` its
+        partitions with a batch to read again."""
+        self.unread = unread
         self.clock = Clock()
         self.clock.now = now
         self.store = SlotStore(root / "slots")
@@ -82,6 +89,7 @@ class Rig:
             takeover_s=3.0,
             coverage=self.coverage,
             clock=self.clock,
+            unread=self.unread,
             **self.options,
         )
 
