@@ -1,5 +1,5 @@
-"""One precise topic's data directory: its slot files, cancel log and reschedule log,
-held by one process.
+"""One precise topic's data directory: its slot files, cancel log, reschedule log and
+how far its intake got, held by one process.
 
 Two wheels writing one directory would each delete the other's slot files, so the
 directory is locked for the process's life. A directory removed or replaced under a
@@ -20,6 +20,7 @@ from typing import IO
 
 from delayservice.errors import ConfigError
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.intake_offsets import IntakeOffsets, intake_offsets_path
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
@@ -60,20 +61,23 @@ class DataDir:
         self._lock = lock_data_dir(self.root)
         cancel_path = cancel_log_path(data_dir, topic)
         reschedule_path = reschedule_log_path(data_dir, topic)
+        offsets_path = intake_offsets_path(data_dir, topic)
         try:
             self.store = SlotStore(self.root, on_fault=on_fault)
             self.cancels = CancelLog(cancel_path, on_fault=on_fault)
             self.reschedules = RescheduleLog(reschedule_path, on_fault=on_fault)
+            self.intake_offsets = IntakeOffsets(offsets_path, on_fault=on_fault)
         except StorageError as fault:
             self._lock.close()
             raise ConfigError("data_dir", f"{data_dir} is not usable: {fault}") from fault
-        self.check = DataDirWatch(self.root, cancel_path, reschedule_path).check
+        self.check = DataDirWatch(self.root, cancel_path, reschedule_path, offsets_path).check
         """Raises `StorageError` once the directory is no longer the one opened."""
 
     def close(self) -> None:
         self.store.close()
         self.cancels.close()
         self.reschedules.close()
+        self.intake_offsets.close()
         self._lock.close()
 
 

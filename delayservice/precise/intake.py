@@ -1,10 +1,15 @@
 """The intake thread: reads the precise topic and writes each record into its slot file.
 
 Durability comes before the commit: a batch is appended to its slot files, the files
-are synced, and only then are the batch's offsets committed (synchronously), so a
-kill -9 at any moment either leaves a record on disk or leaves it uncommitted, to be
-read again. A record read twice is written twice and loaded once (slots drop repeated
-offsets). Only then do records of in-memory slots join the forwarder's buffer.
+are synced, and only then are the batch's offsets committed (asynchronously: the
+broker's answer comes back through a later read), so a kill -9 at any moment either
+leaves a record on disk or leaves it uncommitted, to be read again. Each commit's
+offsets are also written beside the slot files (`intake_offsets`), and a restart reads
+each partition from the later of those and the broker's: a record is read again only
+when its batch was not yet committed here, however far the broker's offset lags. A
+record read twice is written twice and held once (a slot holds each offset once: see
+`slot_index` and `slot_ledger.FileOffsets`). Only then do records of in-memory slots
+join the forwarder's buffer.
 
 Placement is static (see `placement`), so the consumer is assigned its partitions
 rather than subscribed: a rebalance would strand the records on this instance's disk.
@@ -53,6 +58,7 @@ from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.intake_offsets import IntakeOffsets
 from delayservice.precise.marker_intake import MarkerIntake
 from delayservice.precise.marker_replies import (
     Answered,
@@ -146,6 +152,7 @@ class Intake:
         placement: Placement,
         metrics: ServiceMetrics,
         *,
+        intake_offsets: IntakeOffsets,
         level_name: str,
         takeover_ms: int,
         max_delay_ms: int,
@@ -165,7 +172,8 @@ class Intake:
         unless it made them durable too (the batch is then read again). `roles` is
         filled with this member's role per partition as partitions are assigned (pass
         a dict to share it). `far`: this intake reads the far topic, whose ids say
-        so (`ids`)."""
+        so (`ids`). `intake_offsets` keeps, beside the slot files, how far each
+        partition was read and written."""
         self.topic = topic
         self._make_consumer = make_consumer
         self._keeper: ConsumerKeeper | None = None  # made on this intake's thread
@@ -174,6 +182,9 @@ class Intake:
         self._store = store
         self._cancels = cancels
         self._reschedules = reschedules
+        self._offsets = intake_offsets
+        self._in_flight = intake_offsets.in_flight()
+        """partition -> end of the batch it was writing at the last stop, until read again."""
         self.ledger = ledger
         self._admission = admission
         self._send_dead_letter = dead_letter
@@ -295,6 +306,8 @@ class Intake:
             self.broker_down = False
             self.handle(messages)
         self._commit()
+        if self._in_flight:
+            self._read_again()
         self.after_batch()
         if not self.caught_up.is_set():
             self._check_caught_up()
@@ -406,10 +419,13 @@ class Intake:
         for tp in positions:
             ledger = self.ledger.assign(tp.partition)
             if tp.offset >= 0:
-                # Durable up to here already: progress reports may say so at once,
-                # and a fresh data directory holds records from here on.
-                ledger.last_committed = ledger.next_offset = tp.offset
-                self._check_origin(tp.partition, tp.offset)
+                # Durable up to here already: progress reports may say so at once.
+                ledger.last_committed = tp.offset
+            start = self._resume_from(tp.partition, tp.offset)
+            if start >= 0:
+                # A fresh data directory holds records from here on.
+                ledger.next_offset = tp.offset = start
+                self._check_origin(tp.partition, start)
             else:
                 tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
         if not self.caught_up.is_set():
@@ -420,6 +436,54 @@ class Intake:
                 if end > max(tp.offset, 0):
                     self._catch_up[tp.partition] = end
         return [*resumed, *positions]
+
+    def _resume_from(self, partition: int, committed: int) -> int:
+        """Where to read `partition` from: the offset this data directory's intake last
+        committed, when the broker's committed offset is behind it (a commit that had
+        not landed before a crash), else the broker's. The records in between are on
+        disk already; read again, one whose slot was sent and deleted would go twice.
+        A local offset past the partition's end (the topic was made again) is ignored."""
+        assert self._consumer is not None
+        local = self._offsets.resume(partition)
+        if local is None or local <= committed:
+            return committed
+        _, end = self._consumer.get_watermark_offsets(
+            TopicPartition(self.topic, partition), timeout=10.0
+        )
+        if local > end:
+            log.warning(
+                "%s[%d]: this data directory read up to offset %d, but the partition ends at "
+                "%d (made again?); reading from the committed offset",
+                self.topic,
+                partition,
+                local,
+                end,
+            )
+            return committed
+        log.info(
+            "%s[%d]: resuming at offset %d, where this data directory's intake stopped "
+            "(committed: %s)",
+            self.topic,
+            partition,
+            local,
+            committed if committed >= 0 else "none",
+        )
+        return local
+
+    def _read_again(self) -> None:
+        """Tell the wheel of each partition whose batch in flight at the last stop has
+        been read (and written) again, or will not be read here at all: its finished
+        slots may go (`Wheel.read_again`)."""
+        held = self.ledger.partitions
+        done = [
+            p
+            for p, end in self._in_flight.items()
+            if (p in held and (held[p].next_offset or 0) >= end)
+            or (self.assigned.is_set() and p not in self.roles)
+        ]
+        for partition in done:
+            del self._in_flight[partition]
+            self._wheel.read_again(partition)
 
     def _check_caught_up(self) -> None:
         """Drop the partitions whose position reached the end they had at start (the
@@ -493,6 +557,8 @@ class Intake:
                 )
                 if self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}"):
                     pending.setdefault(ledger, []).append(offset)
+        if self._batch_ends:  # before any write: a crash from here on reads it again
+            self._offsets.wrote([(led.partition, end) for led, end in self._batch_ends.items()])
         self._write_batch(in_memory)
         self._markers.apply_moves(in_memory)
         if ours:
@@ -646,6 +712,7 @@ class Intake:
         pairs = [(p, o) for p, o in self.ledger.to_commit() if final or asked.get(p) != o]
         if not pairs or self._consumer is None:
             return
+        self._offsets.committed(pairs)  # all below is durable (the ledger's rule)
         offsets = [TopicPartition(self.topic, p, o) for p, o in pairs]
         try:
             if final:

@@ -216,6 +216,7 @@ class PreciseWorker:
             coverage=self.progress,
             horizon_s=settings.precise_horizon_s,
             held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
+            unread=self.disk.intake_offsets.in_flight(),
         )
         buffer = self.wheel.buffer
         self.forwarder = build_forwarder(
@@ -248,6 +249,7 @@ class PreciseWorker:
             lambda record: buffer.schedule_many([(record, 0.0)]),
             self.placement,
             metrics,
+            intake_offsets=self.disk.intake_offsets,
             level_name=level_name,
             takeover_ms=takeover_ms,
             max_delay_ms=settings.max_delay_ms,

@@ -316,6 +316,12 @@ def message_id_of(data: bytes | memoryview, frame: Frame) -> str | None:
         return None
 
 
+def frame_offset(frame: bytes | memoryview) -> int:
+    """The offset of the record in a frame `encode` made."""
+    offset: int = _I64.unpack_from(frame, FRAME_OVERHEAD)[0]
+    return offset
+
+
 def frame_length(data: bytes | memoryview) -> int | None:
     """The full length of the frame that starts `data` (None: not even a header), so a
     chunked reader can fetch a frame larger than its chunk in one piece."""

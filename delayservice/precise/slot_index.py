@@ -10,7 +10,9 @@ are read with one call.
 
 A record written twice (read again after a crash between write and commit, or copied
 twice by a split that was interrupted) sorts next to its copy and is taken once;
-records named by a settled mark are left out.
+records named by a settled mark are left out. The offsets it found (`offsets`) let the
+wheel drop a further copy the intake appends while the slot is in memory, and `drop`
+leaves out the file's copies of records the intake handed in while it was indexed.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from delayservice.precise.slot_file import (
 
 CHUNK: Final = 4 * 1024 * 1024
 """Bytes read at a time, in either pass."""
-INDEX_BYTES_PER_RECORD: Final = 64
-"""A sort key (a 107-bit int and its list slot) and a position and a length."""
+INDEX_BYTES_PER_RECORD: Final = 72
+"""A sort key (a 107-bit int and its list slot), a position, a length and an offset."""
 _SEQ_BITS: Final = 32
 _OFFSET_BITS: Final = 64
 
@@ -59,6 +61,7 @@ class SlotIndex:
         self._read_at = read_at
         self._positions = array("q")
         self._lengths = array("l")
+        self._offsets = array("q")  # in file order: nearly sorted
         keys: list[int] = []
         settled: set[int] = set()
         base_ms = second * 1000
@@ -75,6 +78,7 @@ class SlotIndex:
                 seq = len(self._positions)
                 self._positions.append(position + frame.start)
                 self._lengths.append(frame.end - frame.start)
+                self._offsets.append(frame.offset)
                 keys.append(
                     (millisecond << (_OFFSET_BITS + _SEQ_BITS)) | (frame.offset << _SEQ_BITS) | seq
                 )
@@ -103,6 +107,16 @@ class SlotIndex:
         if self._next >= len(self._keys):
             return None
         return self._keys[self._next] >> (_OFFSET_BITS + _SEQ_BITS)
+
+    def offsets(self) -> array[int]:
+        """The offsets of the records found, sorted (once: the index lets them go). A
+        file is appended to in offset order, so the sort is a pass."""
+        found, self._offsets = self._offsets, array("q")
+        return array("q", sorted(found))
+
+    def drop(self, offsets: list[int]) -> None:
+        """Leave out the records with these offsets: a copy is held already."""
+        self._settled.update(offsets)
 
     def take(self, count: int) -> list[StoredRecord]:
         """The next records in leaving order, at most `count` (fewer, even none, when

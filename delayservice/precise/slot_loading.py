@@ -18,7 +18,7 @@ from typing import Final
 
 from delayservice.precise.slot_file import StoredRecord
 from delayservice.precise.slot_index import SlotIndex
-from delayservice.precise.slot_ledger import SlotTracker
+from delayservice.precise.slot_ledger import FileOffsets, SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.wheel_state import RECORD_OVERHEAD, UNBOUNDED, WheelState
 
@@ -76,7 +76,8 @@ class SlotLoading(WheelState):
                 second, partition = chosen
                 # From here on appends to the slot go to memory by the intake; the
                 # file's size now marks what the index below covers.
-                tracker = self._trackers[(partition, second)] = SlotTracker(partition, second)
+                tracker = SlotTracker(partition, second, FileOffsets())
+                self._trackers[(partition, second)] = tracker
                 tracker.loading = True
                 size = self._store.size(partition, second) or 0
             index = SlotIndex(
@@ -85,10 +86,13 @@ class SlotLoading(WheelState):
                 second,
                 int(self._takeover * 1000),
             )
+            offsets = index.offsets()
             with self._lock:
+                assert tracker.on_file is not None
+                index.drop(tracker.on_file.indexed(offsets))  # held already: not again
                 self._cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
                 self._loading[tracker] = index
-                self._held += index.memory
+                self._held += index.memory + tracker.on_file.memory
         return 0.0 if self._fill() else wait
 
     def _fill(self) -> bool:
@@ -171,7 +175,7 @@ class SlotLoading(WheelState):
                 if index is not None:
                     self._held -= index.memory
                 tracker.loading = False
-                if tracker.outstanding <= 0:
+                if self._finished(tracker):
                     self._delete(tracker)
                 log.debug("loaded slot %d of partition %d", second, partition)
         return out, cancelled

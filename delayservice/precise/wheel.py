@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Final
 
 from delayservice.precise.cancel_log import CancelLog
@@ -33,7 +34,6 @@ from delayservice.precise.placement import Placement
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule, RescheduleMoves
 from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_file import encode_settled
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_loading import MARKS_EVERY_S, SlotLoading
 from delayservice.precise.slot_record import SlotRecord
@@ -68,11 +68,15 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         max_buffered_bytes: int = UNBOUNDED,
         horizon_s: int = DEFAULT_HORIZON_S,
         held: HeldBytes | None = None,
+        unread: Iterable[int] = (),
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
         with other wheels. `horizon_s` is how far ahead records are kept in slot files,
-        and sets the tiers' widths."""
+        and sets the tiers' widths. `unread`: partitions whose files may hold records of
+        a batch the intake had not committed at the last stop; their slots load as
+        usual but stay on disk, finished or not, until it has read that batch again
+        (`read_again`)."""
         super().__init__(
             store,
             cancels,
@@ -86,6 +90,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             horizon_s,
             held if held is not None else HeldBytes(max_buffered_bytes),
         )
+        self._unread.update(unread)
         self.buffer = SlotBuffer(clock, keep=self._keep_or_stop)
         """What the forwarder takes from; its taker drops what must not go out."""
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
@@ -132,9 +137,25 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         """Write framed records, (partition, fire_ms, frame) each, into their files, one
         write per file (durable at the store's next sync). Per record, its slot's
         tracker when the slot is in memory: the caller then buffers the record itself
-        once the write is durable. None: it stays on disk until its slot is loaded."""
+        once the write is durable. None: it stays on disk until its slot is loaded, or
+        its slot holds it already (a record read again after a crash)."""
         with self._lock:
-            return self._append_locked(records)
+            return self._append_locked(records, once=True)
+
+    def read_again(self, partition: int) -> None:
+        """The intake has read again the batch `partition` had in flight at the last
+        stop: its finished slots may go. Until then a slot loaded and sent stays in
+        memory, so the copy read again finds it and is dropped (`FileOffsets`); had
+        it gone, that copy would be sent once more from a new slot."""
+        with self._lock:
+            self._unread.discard(partition)
+            finished = [
+                tracker
+                for (held, _), tracker in self._trackers.items()
+                if held == partition and self._finished(tracker)
+            ]
+            for tracker in finished:
+                self._delete(tracker)
 
     def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable; a record
@@ -176,15 +197,12 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
 
     # -- settling ------------------------------------------------------------------
     def write_marks(self) -> None:
-        """Append the settled marks gathered since the last call, one write per slot;
-        then retire the cancels whose messages those marks (or deletions) settled."""
+        """Append the settled marks gathered since the last call (those not written as
+        they were settled: records called off as they loaded, stale copies), one write
+        per slot; then retire the cancels whose messages those marks (or deletions)
+        settled."""
         with self._lock:
-            marks, self._marks = self._marks, {}
-            for tracker, offsets in marks.items():
-                if not tracker.deleted:
-                    frames = b"".join(map(encode_settled, offsets))
-                    self._store.append(tracker.partition, tracker.second, frames)
-                self._matches_durable.extend(self._matches.pop(tracker, ()))
+            self._write_marks_locked(list(self._marks))
             retire, self._matches_durable = self._matches_durable, []
         if retire:
             self._retire(retire)

@@ -22,6 +22,7 @@ from delayservice.precise.placement import Placement
 from delayservice.precise.recent_ids import RecentIds
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
+from delayservice.precise.slot_file import encode_settled, frame_offset
 from delayservice.precise.slot_index import SlotIndex
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
@@ -104,6 +105,9 @@ class WheelState:
         self._span_floor: dict[int, int] = {}
         for partition, start, _ in store.spans():
             self._span_floor[partition] = min(start, self._span_floor.get(partition, start))
+        self._unread: set[int] = set()
+        """Partitions whose slots stay, even when finished, until the intake has read a
+        batch again (`Wheel.read_again`)."""
         self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
         # Cancels that removed their message, by the slot that held it: a cancel leaves
         # the cancel log only once the message's settled mark (or the slot's deletion)
@@ -121,25 +125,44 @@ class WheelState:
         """The last slot second that belongs in memory now."""
         return int((self._clock() + self._lookahead) // 1)
 
-    def _append_locked(self, records: list[tuple[int, int, bytes]]) -> list[SlotTracker | None]:
+    def _append_locked(
+        self, records: list[tuple[int, int, bytes]], *, once: bool = False
+    ) -> list[SlotTracker | None]:
+        """Write framed records, (partition, fire_ms, frame) each; per record its slot's
+        tracker when the slot is in memory. `once`: the records are the intake's, and
+        one whose slot is in memory with a copy of it already (read again after a
+        crash) is neither written nor held again (None)."""
         out: list[SlotTracker | None] = []
         writes: dict[Key, list[bytes]] = {}
         new: set[tuple[int, int]] = set()
-        place, bounds = self._tiers.place, self._bounds
+        place, bounds, trackers = self._tiers.place, self._bounds, self._trackers
         for partition, fire_ms, frame in records:
             second = fire_ms // 1000
             start, width = place(second, bounds)
+            if width != 1:
+                out.append(None)
+            else:
+                tracker = trackers.get((partition, second))
+                on_file = None if tracker is None else tracker.on_file
+                if once and on_file is not None and not on_file.first_copy(frame_offset(frame)):
+                    out.append(None)
+                    continue  # held already: read again after a crash
+                out.append(self._slot_for(partition, second, frame, new, tracker))
             writes.setdefault((partition, start, width), []).append(frame)
-            out.append(None if width != 1 else self._slot_for(partition, second, frame, new))
         self._write(writes)
         return out
 
     def _slot_for(
-        self, partition: int, second: int, frame: bytes, new: set[tuple[int, int]]
+        self,
+        partition: int,
+        second: int,
+        frame: bytes,
+        new: set[tuple[int, int]],
+        tracker: SlotTracker | None,
     ) -> SlotTracker | None:
-        """The tracker a record of a slot joins, if its slot is in memory (lock held)."""
+        """The tracker a record of a slot joins, if its slot is in memory (lock held);
+        `tracker` is the slot's now, if any."""
         key = (partition, second)
-        tracker = self._trackers.get(key)
         if tracker is None and key not in new and self._store.size(partition, second) is None:
             new.add(key)  # a new file: in memory at once if near and no span covers it
             if second <= self._horizon() and second < self._span_floor.get(partition, UNBOUNDED):
@@ -166,13 +189,24 @@ class WheelState:
         self._held -= self._cost.get(tracker, RECORD_OVERHEAD)
         if tracker.deleted:
             return
-        if tracker.outstanding <= 0 and not tracker.loading:
+        if self._finished(tracker):
             self._delete(tracker)
         else:
             self._marks.setdefault(tracker, []).append(offset)
 
+    def _finished(self, tracker: SlotTracker) -> bool:
+        """Whether a slot's file may go: nothing outstanding, not being read, and no
+        record of it still to be read again by the intake (`Wheel.read_again`)."""
+        return (
+            tracker.outstanding <= 0
+            and not tracker.loading
+            and tracker.partition not in self._unread
+        )
+
     def _delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True
+        if tracker.on_file is not None:
+            self._held -= tracker.on_file.memory
         self._marks.pop(tracker, None)
         self._matches_durable.extend(self._matches.pop(tracker, ()))
         self._trackers.pop((tracker.partition, tracker.second), None)
@@ -187,13 +221,28 @@ class WheelState:
 
     def settled(self, tracker: SlotTracker, offset: int) -> None:
         """One record of a loaded slot is done: delete the file with the last one, and
-        until then mark the record settled in it (written in batches, `MARKS_EVERY_S`),
-        so a restart does not send it again."""
+        until then mark the record settled in it, so a restart does not send it again."""
         self.settle_many([(tracker, offset)])
 
     def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
         """`settled` for many records (those a commit point made durable), in one hold
-        of the lock."""
+        of the lock. Their marks are written before this returns, one write per slot:
+        a kill -9 after the commit point does not send them again, whatever the loader
+        is busy with."""
         with self._lock:
             for tracker, offset in done:
                 self._settle_locked(tracker, offset)
+            self._write_marks_locked({tracker for tracker, _ in done})
+
+    def _write_marks_locked(self, trackers: Iterable[SlotTracker]) -> None:
+        """Append the marks gathered for `trackers`, one write per slot file (lock held),
+        to the page cache, which outlives the process. The cancels those marks settle
+        wait for a sync before they leave the cancel log (`Wheel.write_marks`)."""
+        for tracker in trackers:
+            offsets = self._marks.pop(tracker, None)
+            if offsets is None:
+                continue
+            if not tracker.deleted:
+                frames = b"".join(map(encode_settled, offsets))
+                self._store.append(tracker.partition, tracker.second, frames)
+            self._matches_durable.extend(self._matches.pop(tracker, ()))

@@ -18,6 +18,7 @@ from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.data_dir import DataDirWatch
 from delayservice.precise.intake import Intake
+from delayservice.precise.intake_offsets import IntakeOffsets
 from delayservice.precise.marker_replies import Answered
 from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
@@ -88,6 +89,9 @@ class Consumer:
         self.answers: list[tuple[Any, list[TopicPartition]]] = []  # commit results, undelivered
         self.commit_error: Any = None
         """The answer to the next asynchronous commit: refused with this error, once."""
+        self.ends: dict[int, int] = {}
+        """Each partition's end offset (0 unless set). Nothing is ever committed, by
+        the broker's word (`committed`)."""
 
     def make(self, config: dict[str, Any]) -> Consumer:
         self.made += 1
@@ -161,8 +165,8 @@ class Consumer:
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         return partitions
 
-    def get_watermark_offsets(self, *_args: Any, **_kwargs: Any) -> tuple[int, int]:
-        return 0, 0
+    def get_watermark_offsets(self, partition: TopicPartition, **_kwargs: Any) -> tuple[int, int]:
+        return 0, self.ends.get(partition.partition, 0)
 
     def close(self) -> None:
         self.closed = True
@@ -191,6 +195,7 @@ class Rig:
         self.store = SlotStore(root / "slots", on_fault=fault)
         self.cancels = CancelLog(root / "cancels.log", on_fault=fault)
         self.reschedules = RescheduleLog(root / "reschedules.log", on_fault=fault)
+        self.intake_offsets = IntakeOffsets(root / "offsets", on_fault=fault)
         self.answered: list[Answered] = []
         self.answer_fails: Exception | None = None
         self.consumer = Consumer(partitions)
@@ -204,6 +209,7 @@ class Rig:
             cast(Any, _Outcomes()),
             lookahead_s=2.0,
             clock=lambda: NOW_MS / 1000,
+            unread=self.intake_offsets.in_flight(),
         )
         level = PreciseLevel(0, 0, TOPIC)
         self.intake = Intake(
@@ -218,6 +224,7 @@ class Rig:
             self.dead.submit,
             placement,
             metrics,
+            intake_offsets=self.intake_offsets,
             level_name="exact",
             takeover_ms=0,
             max_delay_ms=86_400_000,
