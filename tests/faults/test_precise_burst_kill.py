@@ -1,4 +1,4 @@
-"""Scenario 17: precise mode killed with kill -9 a second after a burst, restarted at once.
+"""Scenario 23: precise mode killed with kill -9 a second after a burst, restarted at once.
 
 Issue 35's report: 1,500 exact messages due in 0.35-12.7 s, 10 of them cancelled, then
 1,500 more due in 3-9 s; the daemon is killed one second after the last flush and
