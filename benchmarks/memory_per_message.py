@@ -76,7 +76,7 @@ def fill_and_wait(
     worker = daemon.workers[0]
     assert isinstance(worker, LevelWorker), "the first worker is a level's"
     group = worker.group
-    topic = daemon.workers[0].level.topic
+    topic = worker.level.topic
     child = multiprocessing.get_context("spawn").Process(
         target=fill, args=(bootstrap, topic, "never-forwarded", count, value_bytes)
     )

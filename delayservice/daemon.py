@@ -25,9 +25,9 @@ from prometheus_client import CollectorRegistry
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
 from delayservice.kafka.broker_clock import BrokerClock
+from delayservice.level import layout
 from delayservice.level.level_worker import LevelWorker
 from delayservice.level.memory_budget import MemoryBudget
-from delayservice.levels import Level
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.data_dir import check_data_dir
@@ -39,10 +39,11 @@ log = logging.getLogger(__name__)
 
 
 class Worker(Protocol):
-    """What the daemon runs: one per level, plus the precise wheel when it is on."""
+    """What the daemon runs: the level workers (`level.layout`), plus the precise
+    wheel's when it is on."""
 
     @property
-    def level(self) -> Level: ...
+    def name(self) -> str: ...
 
     def start(self) -> None: ...
 
@@ -112,19 +113,20 @@ class Daemon:
             )
         # Built in full before any starts: a worker that cannot be built (a data directory
         # in use) must not leave unstarted ones behind for `stop` to join. Each level
-        # forwards through a producer of its own (its commit point flushes, or commits
-        # the transaction of, what that level sent); precise mode forwards through one
-        # of its own too, and reports progress (replicas) through the one made here.
+        # worker forwards through a producer of its own (its commit point flushes, or
+        # commits the transaction of, what that worker sent); precise mode forwards
+        # through one of its own too, and reports progress (replicas) through the one
+        # made here.
         workers: list[Worker] = [
             LevelWorker(
-                level,
+                plan,
                 self.settings,
                 self.metrics,
                 self.budget,
                 self.fail,
                 broker_clock=self.broker_clock,
             )
-            for level in self.settings.level_set()
+            for plan in layout.workers(self.settings)
         ]
         if self.settings.precise:
             client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
@@ -139,9 +141,10 @@ class Daemon:
             worker.start()
         self._phase = "running"
         log.info(
-            "forwarding %d levels (%s) from %s",
-            len(self.workers),
+            "forwarding %d levels (%s, level workers %s) from %s",
+            len(self.settings.level_set()),
             self.settings.level_set().spec(),
+            self.settings.level_workers,
             self.settings.bootstrap_servers,
         )
 
@@ -183,11 +186,9 @@ class Daemon:
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
         for worker in self.workers:
             worker.request_stop()
-        stuck = [
-            w.level.topic for w in self.workers if not w.join(max(0.1, deadline - time.monotonic()))
-        ]
+        stuck = [w.name for w in self.workers if not w.join(max(0.1, deadline - time.monotonic()))]
         if stuck:
-            log.error("levels did not stop in time: %s", ", ".join(stuck))
+            log.error("workers did not stop in time: %s", ", ".join(stuck))
         if self._server is not None:
             self._server.stop()
             self._server = None

@@ -104,6 +104,11 @@ class LevelSet:
     def by_topic(self, topic: str) -> Level | None:
         return self._by_topic.get(topic)
 
+    def previous_delay_ms(self, level: Level) -> int:
+        """The next shorter level's delay (0 below the first): an envelope asking for no
+        more than that belongs to that level, not to `level`."""
+        return max((d for d in self._delays if d < level.delay_ms), default=0)
+
     def spec(self) -> str:
         """The setting string that recreates this set."""
         return ",".join(level.name for level in self.levels)

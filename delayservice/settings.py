@@ -161,6 +161,12 @@ class Settings(BaseSettings):
         description="A record that keeps failing while its target accepts others is "
         "dead-lettered (retries_exhausted) after this long.",
     )
+    level_workers: Literal["shared", "per-level"] = Field(
+        "shared",
+        description="How a process's levels are served: 'shared', one worker (one "
+        "consumer, one forwarder thread, one producer and transaction) for all of them; "
+        "'per-level', one worker per level, with the ids of earlier versions.",
+    )
     guarantee: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",
         description="Level mode's delivery promise: at-least-once (flush, then commit) or "
@@ -367,12 +373,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _instance_ids(self) -> Settings:
-        """Each level joins as `{instance_name}-{level topic}`, which the broker takes
-        only as a legal name of at most 249 characters: refuse it here, at start-up."""
+        """Each level worker joins as `{instance_name}-levels` (`{instance_name}-{level
+        topic}` per level), which the broker takes only as a legal name of at most 249
+        characters: refuse it here, at start-up."""
         if _LEGAL_ID.fullmatch(self.instance_name) is None:
             raise ConfigError("instance_name", "use only ASCII letters, digits, '.', '_' and '-'")
         worker = f"-p{self.processes - 1}" if self.processes > 1 else ""
-        longest = f"{self.instance_name}{worker}-{self.level_set().levels[-1].topic}"
+        suffix = self.level_set().levels[-1].topic if self.level_workers == "per-level" else ""
+        longest = f"{self.instance_name}{worker}-{max(suffix, 'levels', key=len)}"
         if len(longest) > MAX_INSTANCE_ID:
             raise ConfigError(
                 "instance_name",

@@ -180,17 +180,17 @@ class Testbed:
         """Until the daemons together own every partition of every level."""
 
         def owned() -> bool:
-            levels = {w.level.topic for d in daemons for w in d.workers}
-            return all(
-                sum(
-                    len(w.loop.owned() if hasattr(w, "loop") else w.ledger.partitions)
-                    for d in daemons
-                    for w in d.workers
-                    if w.level.topic == t
-                )
-                == partitions
-                for t in levels
-            )
+            counts: dict[str, int] = {}
+            for daemon in daemons:
+                for worker in daemon.workers:
+                    if hasattr(worker, "loop"):  # a level worker: each of its levels
+                        for level in worker.levels:
+                            owned = len(worker.loop.owned(level.topic))
+                            counts[level.topic] = counts.get(level.topic, 0) + owned
+                    else:  # a precise worker
+                        topic = worker.level.topic
+                        counts[topic] = counts.get(topic, 0) + len(worker.ledger.partitions)
+            return all(count == partitions for count in counts.values())
 
         wait_for(owned, timeout, "the daemons to be assigned every partition")
 

@@ -125,9 +125,9 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
     first, second = testbed.start_daemon(settings), testbed.start_daemon(settings)
     testbed.wait_assigned(first, second, partitions=4)
     testbed.wait_for(
-        lambda: all(w.loop.owned() for d in (first, second) for w in d.workers),
+        lambda: all(w.loop.owned_partitions for d in (first, second) for w in d.workers),
         60,
-        "both daemons to own a share of every level",
+        "both daemons to own a share of the level partitions",
     )
     testbed.wait_assigned(first, second, partitions=4)
 

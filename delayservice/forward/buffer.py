@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 NEVER: Final = float("inf")
-Runs = list[tuple[int, list[Any]]]
-"""Records taken, as (partition, records) runs."""
+TP = tuple[str, int]
+"""A delay-topic partition, (topic, partition): a forwarder may serve several topics."""
+Runs = list[tuple[TP, list[Any]]]
+"""Records taken, as (topic partition, records) runs."""
 
 
 class Buffer(Protocol):
@@ -24,7 +26,7 @@ class Buffer(Protocol):
 
     def put_back(
         self,
-        partition: int,
+        tp: TP,
         records: list[Any],
         not_before_ms: int = 0,
         incarnation: int | None = None,
@@ -33,11 +35,11 @@ class Buffer(Protocol):
         the partition was assigned anew since they were taken (`incarnation`)."""
         ...
 
-    def incarnation(self, partition: int) -> int | None:
-        """Which assignment `partition`'s records belong to now (None: no such notion)."""
+    def incarnation(self, tp: TP) -> int | None:
+        """Which assignment `tp`'s records belong to now (None: no such notion)."""
         ...
 
-    def drop(self, partitions: set[int]) -> None: ...
+    def drop(self, tps: set[TP]) -> None: ...
 
     def wait(self, deadline: float) -> None:
         """Sleep until something is due, `deadline` (clock seconds) or `wake`."""
@@ -60,8 +62,8 @@ class Buffer(Protocol):
         """These records are committed and never go again."""
         ...
 
-    def due_of(self, partition: int, record: Any) -> int:
-        """When `record`, taken from `partition`, was due (epoch ms)."""
+    def due_of(self, tp: TP, record: Any) -> int:
+        """When `record`, taken from `tp`, was due (epoch ms)."""
         ...
 
 

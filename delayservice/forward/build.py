@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from delayservice.forward.buffer import Buffer, Runs
@@ -25,7 +25,8 @@ from delayservice.settings import Settings
 
 
 def build_forwarder(
-    level: Level,
+    levels: Sequence[Level],
+    name: str,
     settings: Settings,
     metrics: ServiceMetrics,
     buffer: Buffer,
@@ -38,9 +39,10 @@ def build_forwarder(
     settle: Callable[[Runs], None] | None = None,
     clock: Any = time,
 ) -> Forwarder:
-    """The forwarder of `buffer`: exactly-once when a `transactional_id` is given, else
-    at-least-once; `settle` gets the records each commit point made durable."""
-    client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{level.topic}"
+    """The forwarder of `buffer`, which holds the records of `levels` (its worker is
+    `name`): exactly-once when a `transactional_id` is given, else at-least-once;
+    `settle` gets the records each commit point made durable."""
+    client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{name}"
     config = client_config.level_producer(settings, client_id, transactional_id)
     unconfirmed = watch_unconfirmed(config)
     built: list[Forwarder] = []  # its producers report to it, made before it
@@ -53,13 +55,14 @@ def build_forwarder(
 
     producer = new_producer()
     forwarder = Forwarder(
-        level,
+        levels,
         buffer,
         producer,
         TargetTopics(producer, clock=clock),
         routes,
         metrics,
         on_fatal,
+        name=name,
         transactional=transactional_id is not None,
         unconfirmed=unconfirmed,
         commit_interval_s=commit_interval_s,

@@ -56,8 +56,8 @@ _PERMANENT: Final[dict[int, str]] = {
 }
 UNKNOWN_TARGET: Final = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
 
-Key = tuple[int, int]
-"""(partition, offset) of a record on the level topic."""
+Key = tuple[str, int, int]
+"""(topic, partition, offset) of a record on a delay topic."""
 
 
 def permanent_reason(error: KafkaError) -> str | None:
@@ -99,7 +99,7 @@ class Failures:
         dead_letter_topic: str,
         backoff: tuple[float, float],
         give_up_s: float,
-        on_retry: Callable[[str], None],
+        on_retry: Callable[[str, Key], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._dlq = dead_letter_topic
@@ -113,8 +113,6 @@ class Failures:
         self.suspects: set[Key] = set()
         """Records a report could not be pinned to (several sent the same content): they
         go again with a delivery callback each, which names the one that fails."""
-        self.dead_sent: dict[Key, Doom] = {}
-        """Dead letters sent in the open interval, counted once it commits."""
         self._throttle = Throttle()
 
     def targets_accepted(self, runs: Runs) -> None:
@@ -135,17 +133,24 @@ class Failures:
                 self.acked_at[envelope.target] = now
 
     def place(
-        self, reports: list[Report], runs: Runs, rerouted: dict[Key, str]
+        self,
+        reports: list[Report],
+        runs: Runs,
+        rerouted: dict[Key, str],
+        dead_sent: dict[Key, Doom],
     ) -> tuple[set[Key], int]:
-        """Decide about each failed report; returns the records to send again (doomed
-        ones as dead letters) and the backoff in ms before a retried one may go."""
+        """Decide about each failed report against what the interval sent (`runs`, the
+        records it re-published and the dead letters it sent); returns the records to
+        send again (doomed ones as dead letters) and the backoff in ms before a retried
+        one may go."""
         index: dict[tuple, list[Key]] = {}  # type: ignore[type-arg]
         if any(spot is None for _, _, spot in reports):
-            for partition, records in runs:
+            for tp, records in runs:
                 for entry in records:
-                    record = record_of(partition, entry)
-                    spot = (partition, record.offset() or 0)
-                    index.setdefault(self._content_of(spot, record, rerouted), []).append(spot)
+                    record = record_of(tp, entry)
+                    spot = (tp[0], tp[1], record.offset() or 0)
+                    what = self._content_of(spot, record, rerouted, dead_sent)
+                    index.setdefault(what, []).append(spot)
         again: set[Key] = set()
         backoff_ms = 0
         now = self._clock()
@@ -160,8 +165,8 @@ class Failures:
                     report.topic(),
                     error.str(),
                 )
-                for partition, records in runs:
-                    again.update((partition, offset_of(r)) for r in records)
+                for (topic, partition), records in runs:
+                    again.update((topic, partition, offset_of(r)) for r in records)
                 backoff_ms = max(backoff_ms, self.backoff_ms(1))
                 continue
             if len(spots) > 1:
@@ -173,11 +178,13 @@ class Failures:
             (pinned,) = spots
             again.add(pinned)
             self.suspects.discard(pinned)
-            backoff_ms = max(backoff_ms, self._decide(pinned, error, report, now))
+            backoff_ms = max(backoff_ms, self._decide(pinned, error, report, now, dead_sent))
         return again, backoff_ms
 
-    def _content_of(self, spot: Key, record: Message, rerouted: dict[Key, str]) -> tuple:  # type: ignore[type-arg]
-        doom = self.dead_sent.get(spot)
+    def _content_of(
+        self, spot: Key, record: Message, rerouted: dict[Key, str], dead_sent: dict[Key, Doom]
+    ) -> tuple:  # type: ignore[type-arg]
+        doom = dead_sent.get(spot)
         if doom is not None:
             if doom.stub:
                 return content(self._dlq, None, None)
@@ -190,9 +197,16 @@ class Failures:
             target = None
         return content(target, record.key(), record.value())
 
-    def _decide(self, spot: Key, error: KafkaError, report: Message, now: float) -> int:
+    def _decide(
+        self,
+        spot: Key,
+        error: KafkaError,
+        report: Message,
+        now: float,
+        dead_sent: dict[Key, Doom],
+    ) -> int:
         """Doom or retry one record; the backoff in ms (0 for a doom)."""
-        was_dead = self.dead_sent.get(spot)
+        was_dead = dead_sent.get(spot)
         if was_dead is not None:
             if error.code() in TOO_LARGE and not was_dead.stub:
                 self.doomed[spot] = Doom(was_dead.reason, was_dead.detail, stub=True)
@@ -225,14 +239,15 @@ class Failures:
             )
             return 0
         state.attempts += 1
-        self._on_retry(error.name())
+        self._on_retry(error.name(), spot)
         delay = self.backoff_ms(state.attempts)
         held_back = self._throttle.allow(("retry", error.name()))
         if held_back is not None:
             log.warning(
-                "forward of partition %d offset %d failed (%s), retry %d in %.1fs%s",
+                "forward of %s[%d]@%d failed (%s), retry %d in %.1fs%s",
                 spot[0],
                 spot[1],
+                spot[2],
                 dl.capped(detail),
                 state.attempts,
                 delay / 1000,
@@ -248,22 +263,21 @@ class Failures:
         """The interval's records are durable: forget their failures."""
         self.targets_accepted(runs)
         if self.failing or self.doomed:
-            for partition, records in runs:
+            for (topic, partition), records in runs:
                 for record in records:
-                    spot = (partition, offset_of(record))
+                    spot = (topic, partition, offset_of(record))
                     self.failing.pop(spot, None)
                     self.doomed.pop(spot, None)
         if self.suspects:
-            for partition, records in runs:
+            for (topic, partition), records in runs:
                 for record in records:
-                    self.suspects.discard((partition, offset_of(record)))
-        self.dead_sent.clear()
+                    self.suspects.discard((topic, partition, offset_of(record)))
 
-    def forget(self, partitions: set[int]) -> None:
-        for table in (self.doomed, self.failing, self.dead_sent):
-            for spot in [s for s in table if s[0] in partitions]:
+    def forget(self, tps: set[tuple[str, int]]) -> None:
+        for table in (self.doomed, self.failing):
+            for spot in [s for s in table if s[:2] in tps]:
                 del table[spot]
-        self.suspects = {s for s in self.suspects if s[0] not in partitions}
+        self.suspects = {s for s in self.suspects if s[:2] not in tps}
 
 
 def dead_letter_copy(

@@ -122,7 +122,7 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
 
 
 def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
-    partition: int,
+    tp: tuple[str, int],
     records: list[Any],
     produce: Callable[..., None],
     now_ms: int,
@@ -130,10 +130,10 @@ def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
     lateness: list[tuple[int, int]],
     sendable: Callable[[str], bool],
     produce_waiting: Callable[..., None],
-    send_one: Callable[[int, Any, int], None],
+    send_one: Callable[[tuple[str, int], Any, int], None],
     later: type[Exception],
 ) -> int:
-    """Send one partition's due run in order; how many went (the rest must wait: the
+    """Send one partition's (`tp`'s) due run in order; how many went (the rest must wait: the
     sender's `later` error stopped it).
 
     A `Held` record (when nothing is `plain`-ly doomed or suspected) whose target
@@ -150,7 +150,7 @@ def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
     try:
         for index, record in enumerate(records):  # noqa: B007  # the handler reads it
             if type(record) is not tuple:
-                send_one(partition, record, now_ms)
+                send_one(tp, record, now_ms)
                 continue
             if plain:
                 _, due, target, value, key, user, raw_id, _ = record
@@ -178,7 +178,7 @@ def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
                             pass
                     except Exception:  # noqa: S110  # the full parse says what it was
                         pass
-            send_one(partition, HeldView(partition, record), now_ms)
+            send_one(tp, HeldView(tp, record), now_ms)
     except later:
         if same:
             lateness.append((now_ms - last_due, same))

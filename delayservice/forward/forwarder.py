@@ -1,13 +1,16 @@
-"""The forwarder thread of a level: sends due records, and commits like Kafka Streams.
+"""The forwarder thread: sends due records, and commits like Kafka Streams.
 
-It sleeps on the buffer's condition until the earliest partition head is due or the
-next commit point, and is woken early when an earlier head arrives. Each due record is
-sent as it is (key, value, the user's headers plus `delay-id` and `delay-due-ms`),
-with no delivery callback of its own: the level's producer reports only failures.
+One forwarder serves every delay topic its worker reads (one level, several levels,
+or a precise topic), through one producer and, exactly-once, one transaction. It
+sleeps on the buffer's condition until the earliest partition head is due or the next
+commit point, and is woken early when an earlier head arrives. Each due record is sent
+as it is (key, value, the user's headers plus `delay-id` and `delay-due-ms`), with no
+delivery callback of its own: the producer reports only failures.
 
 At each commit point (every `commit_interval`, sooner once nothing is due, but never
 more often than `floor`) the forwarder makes what it sent durable, then moves each
-partition's committable offset to the one after the last record sent:
+partition's committable offset to the one after the last record sent
+(`open_interval.OpenInterval` keeps all of that):
 
 - at-least-once: flush the producer; the offsets go to the consumer thread, which
   commits them (the consumer is that thread's alone);
@@ -35,17 +38,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.forward import dead_letter as dl
-from delayservice.forward.buffer import Buffer, Runs
+from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.failures import UNKNOWN_TARGET, Failures, Key
-from delayservice.forward.held_record import offset_of
+from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.sender import (
     FENCED,
     ForwarderFatalError,
@@ -103,17 +106,17 @@ def commit_floor(interval_s: float) -> float:
 
 @dataclass
 class _Request:
-    partitions: set[int]
+    partitions: set[TP]
     commit: bool
     done: threading.Event = field(default_factory=threading.Event)
-    offsets: dict[int, int] = field(default_factory=dict)
+    offsets: dict[TP, int] = field(default_factory=dict)
     ok: bool = False
 
 
 class Forwarder:
     def __init__(
         self,
-        level: Level,
+        levels: Sequence[Level],
         group: Buffer,
         producer: Any,
         targets: TargetTopics,
@@ -121,6 +124,7 @@ class Forwarder:
         metrics: ServiceMetrics,
         on_fatal: Callable[[str], None],
         *,
+        name: str,
         transactional: bool,
         unconfirmed: UnconfirmedAcks,
         commit_interval_s: float,
@@ -131,17 +135,19 @@ class Forwarder:
         make_producer: Callable[[], Any] | None = None,
         settle: Callable[[Runs], None] | None = None,
     ) -> None:
-        """`producer` is this level's own, built with `on_delivery=self.on_report` and
+        """`levels`: the delay topics it forwards (their records come from `group`);
+        `name`: its worker's, for threads, messages and the per-worker metrics.
+        `producer` is its own, built with `on_delivery=self.on_report` and
         `delivery.report.only.error` (and a `transactional.id` when `transactional`),
         its log lines going through `unconfirmed` (`watch_unconfirmed`). `settle` is
         handed, at each commit point, the records it made durable (precise mode settles
         them in its slots; see `PreciseWorker`)."""
-        self.level = level
+        self.levels = {level.topic: level for level in levels}
+        self.name = name
         self.group = group
         self._producer = producer
         self._make_producer = make_producer
         self._rebuilds: deque[float] = deque()
-        self._routes = routes
         self._on_fatal = on_fatal
         self.transactional = transactional
         self._unconfirmed = unconfirmed
@@ -150,15 +156,15 @@ class Forwarder:
         self._flush_timeout = flush_timeout_s
         self._clock = clock
         self._settle = settle
-        name = level.name
-        self._m_forwarded = metrics.forwarded.labels(name)
-        self._m_lateness = metrics.lateness
-        metrics.lateness.labels(name)
-        self._m_dead = metrics.dead_lettered
-        for reason in dl.REASONS:
-            self._m_dead.labels(name, reason)
-        self._m_stubs = metrics.dead_letter_stubs.labels(name)
-        self._m_errors = metrics.forward_errors
+        self._metrics = metrics
+        self._m_forwarded = {t: metrics.forwarded.labels(lv.name) for t, lv in self.levels.items()}
+        self._m_stubs = {
+            t: metrics.dead_letter_stubs.labels(lv.name) for t, lv in self.levels.items()
+        }
+        for level in levels:
+            metrics.lateness.labels(level.name)
+            for reason in dl.REASONS:
+                metrics.dead_lettered.labels(level.name, reason)
         self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
         self._m_commits = metrics.commits.labels(name)
         self._m_commit_failures = metrics.commit_failures.labels(name)
@@ -166,44 +172,46 @@ class Forwarder:
             step: metrics.commit_step_seconds.labels(name, step) for step in COMMIT_STEPS
         }
         self.failures = Failures(
-            routes.dead_letter_topic,
-            backoff,
-            give_up_s,
-            lambda error: self._m_errors.labels(name, error).inc(),
-            clock.monotonic,
+            routes.dead_letter_topic, backoff, give_up_s, self._count_retry, clock.monotonic
         )
         self._stopping = threading.Event()
+        self.interval = OpenInterval(group)
+        """What was sent since the last commit point."""
         self.sender = RecordSender(
-            level, group, producer, targets, routes, metrics, self.failures, self._stopping, clock
+            self.levels,
+            group,
+            producer,
+            targets,
+            routes,
+            metrics,
+            self.failures,
+            self._stopping,
+            clock,
+            name,
+            self.interval,
         )
         self.on_report = self.sender.on_report
         """The producer's delivery callback (`on_delivery`): failures only."""
-        # The open interval: what was sent since the last commit point.
-        self._runs: Runs = []
-        self._sent_through: dict[int, int] = {}
-        self._waiting: dict[int, dict[int, tuple[int, Message]]] = {}
-        """At-least-once: partition -> offset -> (not before, epoch ms; record), for
-        records that failed and go again on their own."""
         self.set_aside_due_ms: int | None = None
-        """The earliest due time among `_waiting`'s records, for the consumer thread's
-        gauges: a record waiting out a backoff is held, and overdue."""
-        self._committed: dict[int, int] = {}
-        self._taken_from: dict[int, int | None] = {}
-        """partition -> the assignment (`Buffer.incarnation`) its open records came from."""
+        """The earliest due time among the records set aside for a backoff, for the
+        consumer thread's gauges: a record waiting out a backoff is held, and overdue."""
+        self.set_aside_due_by_topic: dict[str, int] = {}
+        """The same, per level topic."""
         self._reseek = threading.Event()
-        """Set while the consumer thread is to drop this level's queues and seek back to
-        the committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
-        self._txn = Transaction(level.topic, producer, self._stopping, clock, self._step_spent)
+        """Set while the consumer thread is to drop the queues and seek back to the
+        committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
+        self._txn = Transaction(name, producer, self._stopping, clock, self._step_spent)
         # progress_at: when a commit point last made records durable (`stalled`).
         self._last_commit = self.progress_at = clock.monotonic()
         self._throttle = Throttle()
         # Shared with the consumer thread.
         self._lock = threading.Lock()
-        self._durable: dict[int, int] = {}
+        self._durable: dict[TP, int] = {}
         self._requests: list[_Request] = []
-        self._thread = threading.Thread(
-            target=self._main, name=f"forwarder-{level.topic}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._main, name=f"forwarder-{name}", daemon=True)
+
+    def _count_retry(self, error: str, spot: Key) -> None:
+        self._metrics.forward_errors.labels(self.levels[spot[0]].name, error).inc()
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -231,14 +239,14 @@ class Forwarder:
     def group_metadata(self, metadata: Any) -> None:
         self._txn.group_metadata = metadata
 
-    def take_durable(self) -> dict[int, int]:
+    def take_durable(self) -> dict[TP, int]:
         """Offsets made durable since the last call (at-least-once), for the consumer
         thread to commit."""
         with self._lock:
             durable, self._durable = self._durable, {}
         return durable
 
-    def handover(self, partitions: set[int], *, commit: bool) -> dict[int, int] | None:
+    def handover(self, partitions: set[TP], *, commit: bool) -> dict[TP, int] | None:
         """Called by the consumer thread on revoke (`commit`) or loss: the forwarder
         reaches a commit point (or drops without one) and lets `partitions` go. Returns
         the offsets now durable for them (at-least-once: the caller commits them; in
@@ -262,7 +270,7 @@ class Forwarder:
                     said = time.monotonic()
                     log.warning(
                         "%s: still waiting for the forwarder to hand over %s",
-                        self.level.topic,
+                        self.name,
                         sorted(partitions),
                     )
         else:
@@ -281,7 +289,7 @@ class Forwarder:
         if idle_s <= budget_s:
             return None
         due_of = self.group.due_of
-        sent = [due_of(p, records[0]) for p, records in list(self._runs) if records]
+        sent = [due_of(tp, records[0]) for tp, records in list(self.interval.runs) if records]
         held = [ms for ms in (self.group.earliest_held_ms(), self.set_aside_due_ms) if ms]
         held += sent  # sent and not yet durable: as good as held
         if not held:
@@ -309,12 +317,12 @@ class Forwarder:
             try:
                 self._txn.init()
             except SendLaterError as exc:  # tried again before the first send
-                log.info("%s: %s; trying again before the first send", self.level.topic, exc)
+                log.info("%s: %s; trying again before the first send", self.name, exc)
             except ForwarderFatalError as exc:
                 if exc.fenced:  # another live instance holds this transactional id
                     self._on_fatal(str(exc))
                     return
-                log.warning("%s: %s; the send loop takes it from here", self.level.topic, exc)
+                log.warning("%s: %s; the send loop takes it from here", self.name, exc)
         try:
             self._run()
         except ForwarderFatalError as exc:
@@ -325,7 +333,7 @@ class Forwarder:
         except ForwarderFatalError as exc:
             self._on_fatal(str(exc))
         except Exception:
-            log.exception("%s: last commit failed; records will be re-read", self.level.topic)
+            log.exception("%s: last commit failed; records will be re-read", self.name)
         with self._lock:
             requests, self._requests = self._requests, []
         for request in requests:
@@ -339,11 +347,11 @@ class Forwarder:
                 raise
             except SendLaterError as exc:  # the transaction coordinator is not there yet
                 if self._throttle.allow("later") is not None:
-                    log.warning("%s: %s; trying again", self.level.topic, exc)
+                    log.warning("%s: %s; trying again", self.name, exc)
                 self._stopping.wait(0.5)
             except Exception:
                 self._m_loop_errors.inc()
-                log.exception("forwarder of %s: unexpected error; continuing", self.level.topic)
+                log.exception("forwarder %s: unexpected error; continuing", self.name)
                 self._stopping.wait(0.5)
 
     def step(self, *, wait: bool = False, commit: bool = False) -> None:
@@ -357,13 +365,14 @@ class Forwarder:
 
     def _step(self, *, wait: bool, commit: bool) -> None:
         clock = self._clock
+        interval = self.interval
         self._serve_requests()
         if wait:
-            deadline = self._last_commit + self._floor if self._runs else float("inf")
+            deadline = self._last_commit + self._floor if interval else float("inf")
             until = clock.time() + max(0.0, deadline - clock.monotonic())
-            if self._waiting:
-                earliest = min(u for held in self._waiting.values() for u, _ in held.values())
-                until = min(until, earliest / 1000)
+            waiting_ms = interval.waiting_until_ms()
+            if waiting_ms is not None:
+                until = min(until, waiting_ms / 1000)
             self.group.wait(until)
             if self._stopping.is_set():
                 return
@@ -371,7 +380,7 @@ class Forwarder:
         if self._reseek.is_set():  # the queues are stale until the consumer thread seeks
             self._stopping.wait(RESEEK_POLL_S)
             return
-        if self._waiting:
+        if interval.waiting:
             self._send_waiting()
         runs = self.group.take(TAKE)
         if runs:
@@ -382,10 +391,10 @@ class Forwarder:
             self.sender.poll(0)
         since = clock.monotonic() - self._last_commit
         if commit or (
-            self._runs
+            interval
             and (
                 since >= self._interval
-                or self.sender.reports
+                or interval.reports
                 or (since >= self._floor and self._idle())
             )
         ):
@@ -417,17 +426,18 @@ class Forwarder:
                 else:
                     self._abandon(gone)
                     request.ok = True
-                request.offsets = {p: o for p, o in self._committed.items() if p in gone}
+                committed = self.interval.committed
+                request.offsets = {tp: o for tp, o in committed.items() if tp in gone}
             except ForwarderFatalError:
                 raise
             except Exception:
                 self._m_loop_errors.inc()
-                log.exception("%s: handing over %s failed", self.level.topic, sorted(gone))
+                log.exception("%s: handing over %s failed", self.name, sorted(gone))
                 request.ok = False
                 self._end_transaction()
         except ForwarderFatalError as exc:
             request.ok = False
-            self._drop_from_interval(gone)  # never sent again, whatever happens next
+            self.interval.drop(gone)  # never sent again, whatever happens next
             try:
                 self.rebuild_producer(exc)
             except ForwarderFatalError as final:
@@ -441,22 +451,16 @@ class Forwarder:
         `ForwarderFatalError` when even that fails (the producer is then fenced)."""
         if self.transactional and self._txn.open:
             self._txn.abort()
-            self._requeue({})
+            self.interval.requeue({})
 
-    def _drop_from_interval(self, partitions: set[int]) -> None:
-        self._runs = [(p, r) for p, r in self._runs if p not in partitions]
-
-    def _forget(self, partitions: set[int]) -> None:
-        self.group.drop(partitions)
-        self.failures.forget(partitions)
-        self._drop_from_interval(partitions)
-        for table in (self._sent_through, self._committed, self._waiting, self._taken_from):
-            for partition in partitions:
-                table.pop(partition, None)
+    def _forget(self, tps: set[TP]) -> None:
+        self.group.drop(tps)
+        self.failures.forget(tps)
+        self.interval.forget(tps)
         self._waiting_changed()
         with self._lock:
-            for partition in partitions:
-                self._durable.pop(partition, None)
+            for tp in tps:
+                self._durable.pop(tp, None)
 
     def rebuild_producer(self, failure: ForwarderFatalError) -> None:
         """Replace a producer that failed for good: everything sent since the last
@@ -473,18 +477,18 @@ class Forwarder:
         if self._make_producer is None or len(self._rebuilds) >= REBUILDS:
             raise failure
         self._rebuilds.append(now)
-        log.error("%s: %s; replacing the producer", self.level.topic, failure)
-        self.sender.reports.clear()
+        log.error("%s: %s; replacing the producer", self.name, failure)
+        self.interval.reports.clear()
         self._unconfirmed.take()  # the interval goes again anyway
         if self.transactional:
             self._reset()  # its transaction's outcome is unknown: nothing from memory
         else:
-            self._requeue({})
+            self.interval.requeue({})
         old = self._producer
         try:
             old.purge()
         except Exception as exc:  # a failed client may refuse even this
-            log.warning("%s: purging the failed producer: %s", self.level.topic, exc)
+            log.warning("%s: purging the failed producer: %s", self.name, exc)
         self._producer = self._make_producer()
         self.sender.replace_producer(self._producer)
         self._txn.replace(self._producer)
@@ -492,7 +496,7 @@ class Forwarder:
             try:  # fence now: the old transaction ends (committed or aborted) at once
                 self._txn.init()
             except (SendLaterError, ForwarderFatalError) as exc:  # the next send tries again
-                log.warning("%s: %s; fencing at the next send", self.level.topic, exc)
+                log.warning("%s: %s; fencing at the next send", self.name, exc)
 
     def _reset(self) -> None:
         """After an unknown outcome or a group error, as Kafka Streams does: nothing held
@@ -500,39 +504,32 @@ class Forwarder:
         consumer thread seeks every owned partition back to its committed offset, which
         says what the transaction did; until then nothing is taken."""
         self._reseek.set()
-        self._runs = []
-        self._taken_from.clear()
-        self._waiting.clear()
+        self.interval.reset()
         self._waiting_changed()
-        self._sent_through = dict(self._committed)
-        self.failures.dead_sent.clear()
-        self.sender.rerouted.clear()
-        self.sender.lateness = []
 
-    def _abandon(self, partitions: set[int]) -> None:
+    def _abandon(self, tps: set[TP]) -> None:
         """Lost partitions: nothing of theirs may commit. In exactly-once the open
         transaction holds their records, so it is aborted and the others go again."""
         if self.transactional and self._txn.open:
             self._txn.abort()
-            self._requeue({})
+            self.interval.requeue({})
         else:
-            self._runs = [(p, r) for p, r in self._runs if p not in partitions]
+            self.interval.drop(tps)
 
     # -- sending -------------------------------------------------------------------
     def _send_runs(self, runs: Runs) -> None:
+        interval = self.interval
         if self.transactional and not self._txn.open:
             try:
                 self._txn.begin()
             except BaseException:
-                for partition, records in runs:  # taken, never sent: back where they were
-                    self.group.put_back(partition, records)
+                for tp, records in runs:  # taken, never sent: back where they were
+                    self.group.put_back(tp, records)
                 raise
-        taken_from = self._taken_from
-        for index, (partition, taken) in enumerate(runs):
-            if partition not in taken_from:
-                taken_from[partition] = self.group.incarnation(partition)
+        for index, (tp, taken) in enumerate(runs):
+            interval.took(tp)
             try:
-                sent = self.sender.send_run(partition, taken)
+                sent = self.sender.send_run(tp, taken)
             except BaseException:
                 self._unsent(runs[index:])
                 raise
@@ -541,11 +538,10 @@ class Forwarder:
                 # The rest of this partition waits (metadata unreachable, or a stop while
                 # the producer's queue is full); a stop hands back every later run too.
                 hold = 0 if self._stopping.is_set() else self._retry_hold_ms()
-                self.group.put_back(partition, taken[sent:], hold, taken_from[partition])
+                interval.put_back(tp, taken[sent:], hold)
                 records = taken[:sent]
             if records:
-                self._runs.append((partition, records))
-                self._sent_through[partition] = offset_of(records[-1]) + 1
+                interval.add(tp, records)
             if sent < len(taken) and self._stopping.is_set():
                 for later, rest in runs[index + 1 :]:
                     self.group.put_back(later, rest)
@@ -558,8 +554,8 @@ class Forwarder:
         hold some of them: it is aborted and the whole interval goes again, so a
         read_committed reader still sees each record once (at-least-once: those that
         went out may arrive twice). A failed abort raises, and the producer is fenced."""
-        for partition, records in reversed(runs):
-            self.group.put_back(partition, records, 0, self._taken_from.get(partition))
+        for tp, records in reversed(runs):
+            self.interval.put_back(tp, records)
         if self.transactional and self._txn.open:
             self._end_transaction()
 
@@ -570,8 +566,9 @@ class Forwarder:
     def _commit_point(self) -> bool:
         """Make the interval durable and move the committable offsets; False when it
         could not (it is tried again, or sent again, from the same offsets)."""
+        interval = self.interval
         self._last_commit = self._clock.monotonic()
-        if not self._runs and not self._txn.open:
+        if not interval and not self._txn.open:
             return True
         remaining = self.sender.flush(self._flush_timeout)
         self._step_spent("flush", self._clock.monotonic() - self._last_commit)
@@ -579,33 +576,35 @@ class Forwarder:
             self._m_commit_failures.inc()
             log.warning(
                 "%s: %d forwards unacknowledged after %.0fs; not committing yet",
-                self.level.topic,
+                self.name,
                 remaining,
                 self._flush_timeout,
             )
             if self.transactional:
                 self._txn.abort()
-                self._requeue({})
+                interval.requeue({})
             return False
         self.sender.poll(0)  # log lines queued behind the last report
         if self._resent_unconfirmed():
             return False
-        if self.sender.reports:
+        if interval.reports:
             again, backoff_ms = self._place_reports()
             if self.transactional:
                 self._txn.abort()
-                self._requeue(self._holds(again, backoff_ms))
+                interval.requeue(self._holds(again, backoff_ms))
                 return False
-            self._set_aside(again, backoff_ms)
-        offsets = self._committable()
+            interval.set_aside(
+                again, self.failures.failing, int(self._clock.time() * 1000), backoff_ms
+            )
+            self._waiting_changed()
+        offsets = interval.committable()
         if self.transactional:
             if not self._commit_transaction(offsets):
                 return False
         else:
             with self._lock:
                 self._durable.update(offsets)
-        self._committed.update(offsets)
-        self._settled()
+        self._settled(offsets)
         return True
 
     def _step_spent(self, step: str, seconds: float) -> None:
@@ -617,61 +616,59 @@ class Forwarder:
         inferred, line = self._unconfirmed.take()
         if not inferred:
             return False
-        records = sum(len(r) for _, r in self._runs)
-        self._m_errors.labels(self.level.name, UNCONFIRMED).inc(records)
+        interval = self.interval
+        by_topic = Counter[str]()
+        for tp, records in interval.runs:
+            by_topic[tp[0]] += len(records)
+        for topic, count in by_topic.items():
+            self._metrics.forward_errors.labels(self.levels[topic].name, UNCONFIRMED).inc(count)
         held_back = self._throttle.allow(UNCONFIRMED)
         if held_back is not None:
             log.warning(
                 "%s: librdkafka inferred a delivery the broker did not confirm (%s); "
                 "sending the %d records since the last commit again%s",
-                self.level.topic,
+                self.name,
                 line,
-                records,
+                by_topic.total(),
                 f" ({held_back} more times since the last line)" if held_back else "",
             )
-        self.sender.reports.clear()
+        interval.reports.clear()
         if self.transactional:
             self._txn.abort()
-        self._requeue({})
+        interval.requeue({})
         return True
 
-    def _committable(self) -> dict[int, int]:
-        """Per partition, the offset after the last record sent, but never past a record
-        still waiting to go again (at-least-once), where it moved since the last commit."""
-        out: dict[int, int] = {}
-        waiting = self._waiting
-        for partition, sent_through in self._sent_through.items():
-            held = waiting.get(partition)
-            offset = min(sent_through, *held) if held else sent_through
-            if self._committed.get(partition) != offset:
-                out[partition] = offset
-        return out
-
-    def _settled(self) -> None:
+    def _settled(self, offsets: dict[TP, int]) -> None:
+        """The interval is durable and `offsets` committed: count it, and start anew."""
         self.progress_at = self._clock.monotonic()
-        runs, self._runs = self._runs, []
-        self._taken_from = {p: i for p, i in self._taken_from.items() if p in self._waiting}
+        interval = self.interval
+        forwarded = Counter[str]()
+        for doom_spot, doom in interval.dead_sent.items():
+            forwarded[doom_spot[0]] -= 1
+            self._metrics.dead_lettered.labels(self.levels[doom_spot[0]].name, doom.reason).inc()
+            if doom.stub:
+                self._m_stubs[doom_spot[0]].inc()
+        for spot in interval.rerouted:
+            forwarded[spot[0]] -= 1
+        lateness = interval.take_lateness()
+        runs = interval.settle(offsets)
         if self._settle is not None and runs:
             self._settle(runs)
-        dead = self.failures.dead_sent
-        forwarded = sum(len(r) for _, r in runs) - len(dead) - len(self.sender.rerouted)
-        for doom in dead.values():
-            self._m_dead.labels(self.level.name, doom.reason).inc()
-            if doom.stub:
-                self._m_stubs.inc()
+        for tp, records in runs:
+            forwarded[tp[0]] += len(records)
         self.failures.committed(runs)
         self.group.retire(runs)
-        self.sender.rerouted.clear()
-        if forwarded > 0:
-            self._m_forwarded.inc(forwarded)
-        if self.sender.lateness:
-            lateness, self.sender.lateness = self.sender.lateness, []
-            self._m_lateness.observe_counted(
-                self.level.name, [(max(0, ms) / 1000, n) for ms, n in lateness]
-            )
+        for topic, count in forwarded.items():
+            if count > 0:
+                self._m_forwarded[topic].inc(count)
+        for topic, pairs in lateness.items():
+            if pairs:
+                self._metrics.lateness.observe_counted(
+                    self.levels[topic].name, [(max(0, ms) / 1000, n) for ms, n in pairs]
+                )
         self._m_commits.inc()
 
-    def _commit_transaction(self, offsets: dict[int, int]) -> bool:
+    def _commit_transaction(self, offsets: dict[TP, int]) -> bool:
         try:
             self._txn.commit(offsets)
             return True
@@ -679,111 +676,69 @@ class Forwarder:
             error = error_of(exc)
             self._m_commit_failures.inc()
             if error is not None and (is_fatal(error) or error.code() in FENCED):
-                raise producer_failed(error, f"{self.level.topic}: commit_transaction") from exc
-            group_moved = isinstance(error, KafkaError) and error.code() in GROUP_ERRORS
+                raise producer_failed(error, f"{self.name}: commit_transaction") from exc
+            group_moved = error is not None and error.code() in GROUP_ERRORS
             log.warning(
                 "%s: transaction could not commit (%s); %s",
-                self.level.topic,
-                error.str() if isinstance(error, KafkaError) else exc,
+                self.name,
+                error.str() if error is not None else exc,
                 "reading again from the committed offsets" if group_moved else "sending it again",
             )
             self._txn.abort()
             if group_moved:
                 self._reset()
             else:
-                self._requeue({})
+                self.interval.requeue({})
             return False
 
     def _place_reports(self) -> tuple[set[Key], int]:
-        reports, self.sender.reports = self.sender.reports, []
+        interval = self.interval
+        reports, interval.reports = interval.reports, []
         for error, report, _ in reports:
             if error.code() in UNKNOWN_TARGET and report.topic():
                 self.sender.forget_target(report.topic() or "")
-        return self.failures.place(reports, self._runs, self.sender.rerouted)
+        return self.failures.place(reports, interval.runs, interval.rerouted, interval.dead_sent)
 
-    def _holds(self, again: set[Key], backoff_ms: int) -> dict[int, int]:
+    def _holds(self, again: set[Key], backoff_ms: int) -> dict[TP, int]:
         """Partitions to hold back, until when (epoch ms): those with a record retried."""
         if not backoff_ms:
             return {}
         until = int(self._clock.time() * 1000) + backoff_ms
         failing = self.failures.failing
-        return {partition: until for partition, offset in again if (partition, offset) in failing}
-
-    def _requeue(self, holds: dict[int, int]) -> None:
-        """The interval goes again (its transaction was aborted, or librdkafka inferred
-        a success in it): everything it held goes back to the front of its partition's
-        queue, in order, and is sent again (`holds`: after a backoff)."""
-        runs, self._runs = self._runs, []
-        again: dict[int, list[Message]] = {}
-        for partition, records in runs:
-            again.setdefault(partition, []).extend(records)
-        for partition, records in again.items():
-            records.sort(key=offset_of)  # a record sent again on its own came after later ones
-            committed = self._committed.get(partition)
-            if committed is None:
-                self._sent_through.pop(partition, None)
-            else:
-                self._sent_through[partition] = committed
-            incarnation = self._taken_from.get(partition)
-            self.group.put_back(partition, records, holds.get(partition, 0), incarnation)
-        self._taken_from = {p: i for p, i in self._taken_from.items() if p in self._waiting}
-        self.failures.dead_sent.clear()
-        self.sender.rerouted.clear()
-        self.sender.lateness = []
-
-    def _set_aside(self, again: set[Key], backoff_ms: int) -> None:
-        """At-least-once: the records to send again leave the interval and wait on their
-        own (the rest of their partition goes on; its commits stop below them)."""
-        until = int(self._clock.time() * 1000)
-        failing = self.failures.failing
-        kept: Runs = []
-        for partition, records in self._runs:
-            stay = []
-            for record in records:
-                spot = (partition, offset_of(record))
-                if spot in again:
-                    wait = backoff_ms if spot in failing else 0
-                    self._waiting.setdefault(partition, {})[spot[1]] = (until + wait, record)
-                    self.failures.dead_sent.pop(spot, None)
-                    self.sender.rerouted.pop(spot, None)
-                else:
-                    stay.append(record)
-            if stay:
-                kept.append((partition, stay))
-        self._runs = kept
-        self._waiting_changed()
+        return {(spot[0], spot[1]): until for spot in again if spot in failing}
 
     def _send_waiting(self) -> None:
         """At-least-once: send the records set aside whose backoff is over."""
+        interval = self.interval
         now_ms = int(self._clock.time() * 1000)
         due = sorted(
-            (partition, offset)
-            for partition, held in self._waiting.items()
+            (tp, offset)
+            for tp, held in interval.waiting.items()
             for offset, (until, _) in held.items()
             if until <= now_ms
         )
         if not due:
             return
         try:
-            for partition, offset in due:
-                held = self._waiting[partition]
+            for tp, offset in due:
+                held = interval.waiting[tp]
                 _, record = held[offset]
-                if self.sender.send_run(partition, [record]) == 1:
+                if self.sender.send_run(tp, [record]) == 1:
                     del held[offset]
-                    self._runs.append((partition, [record]))
+                    interval.add(tp, [record])
                     if not held:
-                        del self._waiting[partition]
+                        del interval.waiting[tp]
                 else:
                     held[offset] = (self._retry_hold_ms(), record)
         finally:  # a record still held waits on: what raised did not send it for sure,
             self._waiting_changed()  # and the next pass tries it again
 
     def _waiting_changed(self) -> None:
-        self.set_aside_due_ms = min(
-            (
-                self.group.due_of(partition, record)
-                for partition, held in self._waiting.items()
-                for _, record in held.values()
-            ),
-            default=None,
-        )
+        by_topic: dict[str, int] = {}
+        for tp, held in self.interval.waiting.items():
+            for _, record in held.values():
+                due = self.group.due_of(tp, record)
+                if due < by_topic.get(tp[0], due + 1):
+                    by_topic[tp[0]] = due
+        self.set_aside_due_by_topic = by_topic
+        self.set_aside_due_ms = min(by_topic.values(), default=None)

@@ -52,19 +52,20 @@ def entry_bytes(entry: Any, allowance: int) -> int:
     return len(entry) + allowance
 
 
-def record_of(partition: int, entry: Any) -> Any:
+def record_of(tp: tuple[str, int], entry: Any) -> Any:
     """A queue entry with a `Message`'s accessors, for the forwarder's slow paths."""
-    return HeldView(partition, entry) if type(entry) is tuple else entry
+    return HeldView(tp, entry) if type(entry) is tuple else entry
 
 
 class HeldView:
     """A `Held` seen as the record it was: what the full parse, dead letters and the
-    failure rules read (`offset()`, `partition()`, `key()`, `value()`, `headers()`)."""
+    failure rules read (`topic()`, `offset()`, `partition()`, `key()`, `value()`,
+    `headers()`)."""
 
-    __slots__ = ("_partition", "held")
+    __slots__ = ("_tp", "held")
 
-    def __init__(self, partition: int, held: Held) -> None:
-        self._partition = partition
+    def __init__(self, tp: tuple[str, int], held: Held) -> None:
+        self._tp = tp
         self.held = held
 
     @property
@@ -74,8 +75,11 @@ class HeldView:
     def offset(self) -> int:
         return int(self.held[OFFSET])
 
+    def topic(self) -> str:
+        return self._tp[0]
+
     def partition(self) -> int:
-        return self._partition
+        return self._tp[1]
 
     def key(self) -> Any:
         return self.held[KEY]

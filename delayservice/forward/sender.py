@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,15 +33,15 @@ from delayservice.envelope import (
 from delayservice.errors import DelayServiceError, EnvelopeError
 from delayservice.forward import dead_letter as dl
 from delayservice.forward import speedups
-from delayservice.forward.buffer import Buffer
+from delayservice.forward.buffer import TP, Buffer
 from delayservice.forward.failures import (
     Doom,
     Failures,
     Key,
-    Report,
     dead_letter_copy,
     permanent_reason,
 )
+from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.client_errors import error_of, is_fatal
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
@@ -75,7 +75,6 @@ class Routes:
     precise_topic: str | None
     dead_letter_topic: str
     reserved: frozenset[str]
-    previous_delay_ms: int = 0
     exact: bool = False
     """Precise mode: every delay is the record's own, checked when it was read (and its
     records come with their envelope read), so nothing here is re-published or out of
@@ -114,11 +113,12 @@ class SendLaterError(DelayServiceError):
 
 
 class RecordSender:
-    """Owned by the forwarder thread, like the producer it sends through."""
+    """Owned by the forwarder thread, like the producer it sends through; it sends for
+    every delay topic its forwarder serves (`levels`, by topic)."""
 
     def __init__(
         self,
-        level: Level,
+        levels: Mapping[str, Level],
         group: Buffer,
         producer: Any,
         targets: TargetTopics,
@@ -127,8 +127,15 @@ class RecordSender:
         failures: Failures,
         stopping: threading.Event,
         clock: Any,
+        worker: str,
+        interval: OpenInterval,
     ) -> None:
-        self.level = level
+        self._levels = dict(levels)
+        self._previous = {
+            topic: 0 if routes.exact else routes.levels.previous_delay_ms(level)
+            for topic, level in self._levels.items()
+        }
+        self._worker = worker
         self.group = group
         self._producer = producer
         self._targets = targets
@@ -136,22 +143,33 @@ class RecordSender:
         self.failures = failures
         self._stopping = stopping
         self._clock = clock
-        name = level.name
         self._m_errors = metrics.forward_errors
-        self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
-        self._m_queue_full = metrics.queue_full.labels(name)
+        self._m_loop_errors = metrics.loop_errors.labels(worker, "forwarder")
+        self._m_queue_full = {t: metrics.queue_full.labels(lv.name) for t, lv in levels.items()}
         self._m_mismatch = {
-            k: metrics.level_mismatches.labels(name, k) for k in (ABOVE_LEVEL, BELOW_LEVEL)
+            (topic, kind): metrics.level_mismatches.labels(level.name, kind)
+            for topic, level in levels.items()
+            for kind in (ABOVE_LEVEL, BELOW_LEVEL)
         }
         self._throttle = Throttle()
         self._names = TargetNames(routes.reserved)
-        self.reports: list[Report] = []
-        """Failed deliveries, filled while the producer is served (poll, flush)."""
-        self.rerouted: dict[Key, str] = {}
-        """Records of the open interval re-published to another delay topic."""
-        self.lateness: list[tuple[int, int]] = []
-        """(ms between due time and send, forwards) of the open interval."""
+        self._interval = interval
+        """Where what is sent is noted: re-published, dead-lettered, lateness, failures."""
         self._fast = speedups.fast_path()
+        self._sending = ""
+        """The delay topic whose run is being sent (what a full queue is counted against)."""
+
+    def _count_queue_full(self) -> None:
+        counter = self._m_queue_full.get(self._sending)
+        if counter is not None:
+            counter.inc()
+
+    def _lateness_of(self, topic: str) -> list[tuple[int, int]]:
+        lateness = self._interval.lateness
+        kept = lateness.get(topic)
+        if kept is None:
+            kept = lateness[topic] = []
+        return kept
 
     def replace_producer(self, producer: Any) -> None:
         """Send through `producer` from now on (the old one failed)."""
@@ -178,7 +196,7 @@ class RecordSender:
         """`exc` as `ForwarderFatalError` when it says the producer is unusable."""
         error = error_of(exc)
         if error is not None and is_fatal(error):
-            return producer_failed(error, f"{self.level.topic}: {what}")
+            return producer_failed(error, f"{self._worker}: {what}")
         return exc
 
     def forget_target(self, topic: str) -> None:
@@ -188,14 +206,14 @@ class RecordSender:
     def on_report(self, error: KafkaError | None, message: Message) -> None:
         """librdkafka's delivery report, failures only; served on the forwarder's thread."""
         if error is not None:
-            self.reports.append((error, message, None))
+            self._interval.reports.append((error, message, None))
 
     def _suspect_report(self, spot: Key, error: KafkaError | None, message: Message) -> None:
         """The report of a record sent with a callback of its own (see `Failures.suspects`)."""
         if error is not None:
-            self.reports.append((error, message, spot))
+            self._interval.reports.append((error, message, spot))
 
-    def send_run(self, partition: int, records: list[Any]) -> int:
+    def send_run(self, tp: TP, records: list[Any]) -> int:
         """Send one partition's due records in order; how many went (the rest must wait).
 
         A `Held` record (its envelope read when it was admitted, `forward.held_record`)
@@ -203,17 +221,18 @@ class RecordSender:
         this runs once per forwarded record. Anything else (a record kept as the
         client's message, a record doomed or suspected by an earlier failure), and
         anything that goes wrong, takes `_send_one`."""
+        self._sending = tp[0]
         if self._routes.exact:
-            return self._send_held(partition, records)
+            return self._send_held(tp, records)
         failures = self.failures
         return int(
             self._fast.send_held_run(
-                partition,
+                tp,
                 records,
                 self._producer.produce,
                 int(self._clock.time() * 1000),
                 not failures.doomed and not failures.suspects,
-                self.lateness,
+                self._lateness_of(tp[0]),
                 self._can_send,
                 self._produce_after_full,
                 self._send_one,
@@ -224,12 +243,12 @@ class RecordSender:
     def _can_send(self, target: str) -> bool:
         return self._sendable_name(target) is not None
 
-    def _send_held(self, partition: int, records: list[Any]) -> int:
+    def _send_held(self, tp: TP, records: list[Any]) -> int:
         """`send_run` for precise records (`SlotRecord`), whose envelope and due time were
         read when they were admitted: the common one (no explicit target partition, a
         known target) is sent as it is; the rest take `_send_one`."""
         produce = self._producer.produce
-        lateness = self.lateness
+        lateness = self._lateness_of(tp[0])
         plain = not self.failures.doomed and not self.failures.suspects
         known: dict[str, str | None] = {}  # target -> itself when it can be sent to
         now_ms = int(self._clock.time() * 1000)
@@ -244,7 +263,7 @@ class RecordSender:
                     target = None
             try:
                 if target is None or not self._fast_produce(produce, target, record):
-                    self._send_one(partition, record, now_ms)
+                    self._send_one(tp, record, now_ms)
                     continue
             except SendLaterError:
                 return index
@@ -286,28 +305,29 @@ class RecordSender:
             return None
         return count if type(count) is int else None
 
-    def _send_one(self, partition: int, record: Any, now_ms: int) -> None:  # noqa: PLR0912
+    def _send_one(self, tp: TP, record: Any, now_ms: int) -> None:  # noqa: PLR0912
         """Everything but the common case: the full envelope check, re-publishing,
         dead letters, records sent with a callback of their own. Raises only
         `SendLaterError` (and `ForwarderFatalError`)."""
+        level = self._levels[tp[0]]
         try:
-            due = self.group.due_of(partition, record)
-            spot = (partition, record.offset() or 0)
+            due = self.group.due_of(tp, record)
+            spot = (tp[0], tp[1], record.offset() or 0)
             doom = self.failures.doomed.get(spot)
             if doom is not None:
-                self._dead_letter(partition, record, doom)
+                self._dead_letter(tp, record, doom)
                 return
             exact = self._routes.exact
             if exact and record.problem is not None:  # found when the record was read
-                self._dead_letter(partition, record, Doom(*record.problem))
+                self._dead_letter(tp, record, Doom(*record.problem))
                 return
             if not exact and read_headers(record) is UNREADABLE:
-                self._dead_letter(partition, record, UNREADABLE_DOOM)
+                self._dead_letter(tp, record, UNREADABLE_DOOM)
                 return
             envelope, user = self._envelope(record)
             target = envelope.target
             problem = self._names.problem(target) or (
-                None if exact else self._out_of_range(envelope, due)
+                None if exact else self._out_of_range(envelope, due, level)
             )
             if problem is None:
                 count = self._targets.partitions(target)
@@ -316,20 +336,20 @@ class RecordSender:
                 ):
                     problem = self._partition_problem(envelope, count)
             if problem is not None:  # decided here, where it was read, not after a re-publish
-                self._dead_letter(partition, record, Doom(*problem))
+                self._dead_letter(tp, record, Doom(*problem))
                 return
             if not exact and (
-                envelope.delay_ms > self.level.delay_ms
+                envelope.delay_ms > level.delay_ms
                 or (envelope.due_ms is not None and envelope.due_ms > due)
             ):
-                self._reroute(partition, record, envelope, due)
+                self._reroute(tp, record, envelope, due, level)
                 return
-            if not exact and envelope.delay_ms <= self._routes.previous_delay_ms:
-                self._mismatch(BELOW_LEVEL)
+            if not exact and envelope.delay_ms <= self._previous[tp[0]]:
+                self._mismatch(tp[0], BELOW_LEVEL)
             user.append((H_ID, envelope.id.encode()))
             user.append((H_DUE_MS, str(due).encode()))
             if spot in self.failures.suspects:
-                self._produce_suspect(partition, record, target, user, envelope.partition)
+                self._produce_suspect(spot, record, target, user, envelope.partition)
             else:
                 self._produce(
                     self._producer.produce,
@@ -339,27 +359,24 @@ class RecordSender:
                     user,
                     envelope.partition,
                 )
-            self.lateness.append((now_ms - due, 1))
+            self._lateness_of(tp[0]).append((now_ms - due, 1))
         except EnvelopeError as exc:
-            self._dead_letter_safely(partition, record, Doom(dl.REASON_ENVELOPE, str(exc)))
+            self._dead_letter_safely(tp, record, Doom(dl.REASON_ENVELOPE, str(exc)))
         except (SendLaterError, ForwarderFatalError):
             raise
         except DelayServiceError as exc:  # metadata could not be fetched: wait, retry
-            self._m_errors.labels(self.level.name, "metadata").inc()
+            self._m_errors.labels(level.name, "metadata").inc()
             if self._throttle.allow("metadata") is not None:
-                log.warning("%s: %s; retrying", self.level.topic, exc)
+                log.warning("%s: %s; retrying", tp[0], exc)
             raise SendLaterError(str(exc)) from exc
         except KafkaException as exc:
-            self._refused_now(partition, record, exc)
+            self._refused_now(tp, record, exc)
         except Exception as exc:
             log.exception(
-                "%s[%d]@%d: unexpected error while forwarding",
-                self.level.topic,
-                partition,
-                record.offset(),
+                "%s[%d]@%d: unexpected error while forwarding", tp[0], tp[1], record.offset()
             )
             self._dead_letter_safely(
-                partition, record, Doom(dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
+                tp, record, Doom(dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
             )
 
     def _envelope(self, record: Any) -> tuple[Envelope, Headers]:
@@ -388,7 +405,7 @@ class RecordSender:
         a stop leaves the rest uncommitted, to be re-read). `full`: the caller's own
         produce() already found it full (counted here, once per record)."""
         if full:
-            self._m_queue_full.inc()
+            self._count_queue_full()
         while True:
             try:
                 if partition is None:
@@ -401,7 +418,7 @@ class RecordSender:
                     raise SendLaterError("stopping") from None
                 if not full:
                     full = True
-                    self._m_queue_full.inc()
+                    self._count_queue_full()
                 self.poll(QUEUE_FULL_POLL_S)
 
     def _produce_after_full(
@@ -418,13 +435,13 @@ class RecordSender:
 
     def _produce_suspect(
         self,
-        partition: int,
+        spot: Key,
         record: Message,
         target: str,
         headers: Any,
         target_partition: int | None,
     ) -> None:
-        callback = functools.partial(self._suspect_report, (partition, record.offset() or 0))
+        callback = functools.partial(self._suspect_report, spot)
         kwargs: dict[str, Any] = {"headers": headers, "on_delivery": callback}
         if target_partition is not None:
             kwargs["partition"] = target_partition
@@ -459,23 +476,23 @@ class RecordSender:
             return permanent_reason(fresh) or dl.REASON_UNKNOWN_TOPIC, fresh.str()
         return None
 
-    def _mismatch(self, kind: str) -> None:
-        self._m_mismatch[kind].inc()
-        if self._throttle.allow(kind) is not None:
+    def _mismatch(self, topic: str, kind: str) -> None:
+        self._m_mismatch[(topic, kind)].inc()
+        if self._throttle.allow((topic, kind)) is not None:
             log.warning(
                 "%s (level %s): envelopes %s; check that producers and daemons use the same "
                 "levels (metric delayservice_level_mismatches_total)",
-                self.level.topic,
-                self.level.name,
+                topic,
+                self._levels[topic].name,
                 "belong to a shorter level; delivered late"
                 if kind == BELOW_LEVEL
                 else "ask for more than the level; re-published where they fit",
             )
 
-    def _out_of_range(self, envelope: Envelope, due: int) -> tuple[str, str] | None:
+    def _out_of_range(self, envelope: Envelope, due: int, level: Level) -> tuple[str, str] | None:
         """A delay longer than the longest level: no level may hold it (never early)."""
         longest = self._routes.levels.max_delay_ms
-        base = due - self.level.delay_ms
+        base = due - level.delay_ms
         if envelope.delay_ms > longest or (
             envelope.due_ms is not None and envelope.due_ms > base + longest
         ):
@@ -486,16 +503,16 @@ class RecordSender:
             )
         return None
 
-    def _reroute(self, partition: int, record: Message, envelope: Envelope, due: int) -> None:
+    def _reroute(self, tp: TP, record: Message, envelope: Envelope, due: int, level: Level) -> None:
         """Re-publish a record whose envelope's floor is later than its level's due time,
         once, with its absolute due time, to where the rest of its wait fits: the
         precise topic (delay-ms 0, so the absolute due time alone decides: exact), or
         the smallest level that holds what remains (delay-ms is what remains: never
         early, late by at most the gap between two levels)."""
-        base = due - self.level.delay_ms
+        base = due - level.delay_ms
         target_due = max(base + envelope.delay_ms, envelope.due_ms or 0, due)
         routes = self._routes
-        self._mismatch(ABOVE_LEVEL)
+        self._mismatch(tp[0], ABOVE_LEVEL)
         remaining = max(0, target_due - int(self._clock.time() * 1000))
         if routes.precise_topic is not None:
             topic, delay_ms = routes.precise_topic, 0
@@ -510,24 +527,24 @@ class RecordSender:
         headers.append((H_DELAY_MS, str(delay_ms).encode()))
         headers.append((H_DUE_MS, str(target_due).encode()))
         self._produce(self._producer.produce, topic, record.value(), record.key(), headers, None)
-        self.rerouted[(partition, record.offset() or 0)] = topic
+        self._interval.rerouted[(tp[0], tp[1], record.offset() or 0)] = topic
 
-    def _dead_letter(self, partition: int, record: Message, doom: Doom) -> None:
+    def _dead_letter(self, tp: TP, record: Message, doom: Doom) -> None:
         held_back = self._throttle.allow(("dead-letter", doom.reason))
         if held_back is not None:
             log.warning(
                 "dead-lettering %s[%d]@%d: %s (%s)%s%s",
-                self.level.topic,
-                partition,
+                tp[0],
+                tp[1],
                 record.offset(),
                 doom.reason,
                 dl.capped(doom.detail),
                 " as a stub" if doom.stub else "",
                 f" ({held_back} more with this reason since the last line)" if held_back else "",
             )
-        key, value, headers = dead_letter_copy(record, doom, self.level.topic)
-        spot = (partition, record.offset() or 0)
-        self.failures.dead_sent[spot] = doom
+        key, value, headers = dead_letter_copy(record, doom, tp[0])
+        spot = (tp[0], tp[1], record.offset() or 0)
+        self._interval.dead_sent[spot] = doom
         produce = self._producer.produce
         if spot in self.failures.suspects:
             produce = functools.partial(
@@ -542,33 +559,33 @@ class RecordSender:
                 and error.code() in (KafkaError.MSG_SIZE_TOO_LARGE,)
                 and not doom.stub
             ):
-                self._dead_letter(partition, record, Doom(doom.reason, doom.detail, stub=True))
+                self._dead_letter(tp, record, Doom(doom.reason, doom.detail, stub=True))
                 return
             raise
 
-    def _dead_letter_safely(self, partition: int, record: Message, doom: Doom) -> None:
+    def _dead_letter_safely(self, tp: TP, record: Message, doom: Doom) -> None:
         """Dead-letter a record whose handling raised; if even that raises, a stub (only
         headers this service writes); failing that, its partition waits and retries."""
         for attempt in (doom, Doom(doom.reason, doom.detail, stub=True)):
             try:
-                self._dead_letter(partition, record, attempt)
+                self._dead_letter(tp, record, attempt)
                 return
             except (SendLaterError, ForwarderFatalError):
                 raise
             except Exception:
-                log.exception("%s: could not dead-letter a record", self.level.topic)
+                log.exception("%s: could not dead-letter a record", tp[0])
         self._m_loop_errors.inc()
         raise SendLaterError("the dead letter could not be produced")
 
-    def _refused_now(self, partition: int, record: Message, exc: KafkaException) -> None:
+    def _refused_now(self, tp: TP, record: Message, exc: KafkaException) -> None:
         """produce() itself refused (a local check: too large, unknown partition...)."""
         error = error_of(exc)
         if error is None:
             raise SendLaterError(str(exc))
         if is_fatal(error):  # produce() refuses with _FATAL, never flagged fatal
-            raise producer_failed(error, f"{self.level.topic}: produce")
+            raise producer_failed(error, f"{self._worker}: produce")
         reason = permanent_reason(error)
         if reason is None:
-            self._m_errors.labels(self.level.name, error.name()).inc()
+            self._m_errors.labels(self._levels[tp[0]].name, error.name()).inc()
             raise SendLaterError(error.str())
-        self._dead_letter_safely(partition, record, Doom(reason, error.str()))
+        self._dead_letter_safely(tp, record, Doom(reason, error.str()))

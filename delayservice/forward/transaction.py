@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from delayservice.forward.buffer import TP
 from delayservice.forward.sender import ForwarderFatalError, SendLaterError, producer_failed
 from delayservice.kafka.client_errors import error_of, is_fatal
 
@@ -52,13 +53,14 @@ class Transaction:
 
     def __init__(
         self,
-        topic: str,
+        name: str,
         producer: Any,
         stopping: threading.Event,
         clock: Any,
         spent: Callable[[str, float], None],
     ) -> None:
-        self.topic = topic
+        self.name = name
+        """The forwarder's (its worker's) name, for messages."""
         self.producer = producer
         self.open = False
         self.group_metadata: Any = None
@@ -90,7 +92,7 @@ class Transaction:
         except KafkaException as exc:
             error = error_of(exc)
             if error is not None and is_fatal(error):
-                raise producer_failed(error, f"{self.topic}: init_transactions") from exc
+                raise producer_failed(error, f"{self.name}: init_transactions") from exc
             raise SendLaterError(f"init_transactions: {exc}") from exc
         self._ready = True
 
@@ -103,12 +105,12 @@ class Transaction:
         except KafkaException as exc:
             error = error_of(exc)
             if error is not None and is_fatal(error):
-                raise producer_failed(error, f"{self.topic}: begin_transaction") from exc
+                raise producer_failed(error, f"{self.name}: begin_transaction") from exc
             raise SendLaterError(f"begin_transaction: {exc}") from exc
         self.open = True
 
-    def commit(self, offsets: dict[int, int]) -> None:
-        """Send `offsets` (level partition -> next offset) into the transaction and
+    def commit(self, offsets: dict[TP, int]) -> None:
+        """Send `offsets` (delay-topic partition -> next offset) into the transaction and
         commit it. Raises `KafkaException` for an abortable or group error (the caller
         aborts) and `ForwarderFatalError` when the outcome is unknown or the producer
         failed."""
@@ -136,7 +138,7 @@ class Transaction:
             # Whatever the transaction's state now, it is not ours to continue: a new
             # producer's init_transactions ends it, and the interval goes again.
             error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
-            raise producer_failed(error, f"{self.topic}: abort_transaction") from exc
+            raise producer_failed(error, f"{self.name}: abort_transaction") from exc
         finally:
             self.open = False
 
@@ -160,16 +162,16 @@ class Transaction:
                     raise
                 if self._clock.monotonic() >= deadline or attempt + 1 == COMMIT_ATTEMPTS:
                     raise ForwarderFatalError(
-                        f"{self.topic}: commit_transaction kept failing "
+                        f"{self.name}: commit_transaction kept failing "
                         f"({error.str()}); its outcome is unknown"
                     ) from exc
-                log.info("%s: commit_transaction: %s; retrying", self.topic, error.str())
+                log.info("%s: commit_transaction: %s; retrying", self.name, error.str())
 
-    def _send_offsets(self, offsets: dict[int, int]) -> None:
+    def _send_offsets(self, offsets: dict[TP, int]) -> None:
         metadata = self.group_metadata
         if metadata is None:
             raise KafkaException(KafkaError(KafkaError._STATE, "no group metadata yet"))
-        tps = [TopicPartition(self.topic, p, o) for p, o in offsets.items()]
+        tps = [TopicPartition(topic, p, o) for (topic, p), o in offsets.items()]
         producer = self.producer
         self._guarded(
             "send_offsets_to_transaction",
@@ -192,12 +194,12 @@ class Transaction:
             except BaseException as exc:  # handed to the caller's thread
                 outcome.append((False, exc))
 
-        helper = threading.Thread(target=run, name=f"{what}-{self.topic}", daemon=True)
+        helper = threading.Thread(target=run, name=f"{what}-{self.name}", daemon=True)
         helper.start()
         helper.join(timeout + slack)
         if not outcome:
             raise ForwarderFatalError(
-                f"{self.topic}: {what} did not return in {timeout + slack:.0f}s"
+                f"{self.name}: {what} did not return in {timeout + slack:.0f}s"
             )
         ok, value = outcome[0]
         if not ok:

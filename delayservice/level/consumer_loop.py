@@ -1,19 +1,25 @@
-"""The consumer thread: the only code that touches the level's consumer.
+"""The consumer thread: the only code that touches a level worker's consumer.
 
-It polls, appends records to the level's per-partition queues under flow control,
-pauses and resumes partitions, and (at-least-once) commits the offsets the forwarder
-reports durable, counting them committed once the broker confirms. In exactly-once
-mode it commits nothing itself: it hands the forwarder its group metadata and the
-offsets travel in the forwarder's transactions. Rebalances run their callbacks on this
-thread too: on revoke the forwarder first reaches a commit point for the partitions
-(flush and commit, or commit the transaction) and lets them go; on loss they are
-dropped without committing. librdkafka keeps a partition's pause state across
-re-assignment, so newly assigned partitions are resumed explicitly and the paused set
-is tracked here rather than trusted to the client.
+One consumer reads every level topic the worker serves. It polls, appends records to
+the per-partition queues under flow control, pauses and resumes partitions, and
+(at-least-once) commits the offsets the forwarder reports durable, counting them
+committed once the broker confirms. In exactly-once mode it commits nothing itself: it
+hands the forwarder its group metadata and the offsets travel in the forwarder's
+transactions. Rebalances run their callbacks on this thread too: on revoke the
+forwarder first reaches a commit point for the partitions (flush and commit, or commit
+the transaction) and lets them go; on loss they are dropped without committing.
+librdkafka keeps a partition's pause state across re-assignment, so newly assigned
+partitions are resumed explicitly and the paused set is tracked here rather than
+trusted to the client.
+
+Backpressure is per partition: a partition is paused near its mark, whatever its
+level, so one level's backlog never stops reading of another. The thread waits for the
+forwarder only while the hand-over queue is full (`PartitionGroup.handover_full`),
+which the forwarder empties at every pass whatever the levels.
 
 Nothing a single record carries may stop this thread: it only appends records (the
 forwarder reads their envelopes), and an unexpected exception is logged, counted and
-survived.
+survived, from the first record it had not admitted.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import groupby
 from typing import Any, Final
 
@@ -34,6 +40,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.kafka.client_errors import is_fatal
@@ -48,6 +55,7 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 
+_TOPIC: Final = Message.topic
 _PARTITION: Final = Message.partition
 _ERROR: Final = Message.error
 
@@ -57,8 +65,7 @@ LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
 ERROR_PAUSE_S = 0.5
 PAUSED_POLL_S = 0.01
-BEHIND_WAIT_S = 0.005
-BEHIND_MAX_S = 0.5
+HANDOVER_WAIT_S = 0.005
 COMMIT_RETRY_S = 1.0
 COMMITTED_TIMEOUT_S = 10.0
 STABLE_RETRY_S = 0.5
@@ -67,11 +74,20 @@ STABLE_WAIT_WARN_S = 60.0
 """Waiting longer than this for stable offsets (an open transaction is aborted by the
 broker within its timeout, 10 s, plus its abort check) is logged as a warning."""
 
+Fallback = Callable[[list[TP]], dict[TP, int] | None]
+"""Committed offsets another consumer group holds for these partitions (the other worker
+layout's, `layout.OtherLayout`); None while they are not stable yet (a killed member's
+transaction still holds them)."""
+
+
+def tp_of(tp: TopicPartition) -> TP:
+    return (tp.topic, tp.partition)
+
 
 class ConsumerLoop:
     def __init__(
         self,
-        level: Level,
+        levels: Sequence[Level],
         make_consumer: MakeConsumer,
         group: PartitionGroup,
         flow: FlowControl,
@@ -81,16 +97,24 @@ class ConsumerLoop:
         rejoin_timeout_s: float = 30.0,
         stop_timeout_s: float = 20.0,
         broker_clock: BrokerClock | None = None,
+        *,
+        name: str | None = None,
+        fallback: Fallback | None = None,
     ) -> None:
-        """`rejoin_timeout_s`: how long a level may go without an assignment after losing
-        its partitions before its consumer is taken as wedged and replaced.
-        `broker_clock`: the clock the level's due times are met by, told how long each
-        record took to read (one per process; its own when not given)."""
-        self.level = level
+        """`levels`: the level topics it reads; `name`: its worker's (the per-worker
+        metrics, the thread). `rejoin_timeout_s`: how long it may go without an
+        assignment after losing its partitions before its consumer is taken as wedged
+        and replaced. `broker_clock`: the clock due times are met by, told how long each
+        record took to read (one per process; its own when not given). `fallback`:
+        where a partition with no committed offset in this group starts instead."""
+        self.levels = {level.topic: level for level in levels}
+        self.name = name if name is not None else "+".join(lv.name for lv in levels)
+        self._topics = list(self.levels)
         self._broker_clock = broker_clock if broker_clock is not None else BrokerClock()
-        self._m_rebuilds = metrics.consumer_rebuilds.labels(level.name)
+        self._fallback = fallback
+        self._m_rebuilds = metrics.consumer_rebuilds.labels(self.name)
         self.keeper = ConsumerKeeper(
-            level.topic,
+            self.name,
             make_consumer,
             self.on_error,
             self.on_commit,
@@ -99,7 +123,7 @@ class ConsumerLoop:
         )
         self._rejoin_timeout = rejoin_timeout_s
         self.unassigned_since: float | None = None
-        """Monotonic time the level lost its partitions and has not been assigned since."""
+        """Monotonic time the worker lost its partitions and has not been assigned since."""
         self._throttle = Throttle()
         self._stop_timeout = stop_timeout_s
         self._group = group
@@ -107,40 +131,31 @@ class ConsumerLoop:
         self._forwarder = forwarder
         self._exactly_once = forwarder.transactional
         self._on_fatal = on_fatal
-        self.owned_partitions: set[int] = set()
-        self.confirmed: dict[int, int] = {}
+        self.owned_partitions: set[TP] = set()
+        self.confirmed: dict[TP, int] = {}
         """partition -> the last offset the broker confirmed as committed."""
-        self._wanted: dict[int, int] = {}  # durable offsets not confirmed yet
-        self._asked: dict[int, int] = {}  # of those, asked for and not answered
-        self._paused_since: dict[int, float] = {}
-        self._last_consume = 0.0
-        name = level.name
-        self._m_consumed = metrics.consumed.labels(name)
-        self._m_clock = metrics.clock_offset.labels(name)
-        self._m_buffered = metrics.buffered_messages.labels(name)
-        self._m_next_due = metrics.next_due.labels(name)
-        self._m_overdue = metrics.oldest_overdue.labels(name)
-        self._m_bytes = metrics.buffered_bytes.labels(name)
-        self._m_paused = metrics.paused_partitions.labels(name)
-        self._m_longest_pause = metrics.longest_pause.labels(name)
-        self._m_lag = metrics.consumer_lag.labels(name)
-        self._m_commits = metrics.commits.labels(name)
-        self._m_commit_failures = metrics.commit_failures.labels(name)
-        self._m_assigned = metrics.assigned_partitions.labels(name)
-        self._m_loop_errors = metrics.loop_errors.labels(name, "consumer")
-        self.paused: set[int] = set()
-        self._rewind: dict[int, int] = {}
+        self._wanted: dict[TP, int] = {}  # durable offsets not confirmed yet
+        self._asked: dict[TP, int] = {}  # of those, asked for and not answered
+        self._paused_since: dict[TP, float] = {}
+        self._metrics = metrics
+        self._m_consumed = {t: metrics.consumed.labels(lv.name) for t, lv in self.levels.items()}
+        self._m_clock = metrics.clock_offset.labels(self.name)
+        self._m_commits = metrics.commits.labels(self.name)
+        self._m_commit_failures = metrics.commit_failures.labels(self.name)
+        self._m_loop_errors = metrics.loop_errors.labels(self.name, "consumer")
+        self.paused: set[TP] = set()
+        self._rewind: dict[TP, int] = {}
         self._in_hand: list[Message] = []
         """The batch consume() last returned, until every partition of it is admitted."""
-        self._admitted: set[int] = set()
+        self._admitted: set[TP] = set()
         """Partitions of `_in_hand` whose records were admitted (or set to be re-read)."""
-        self._to_resume_on_assign: list[int] = []
+        self._to_resume_on_assign: list[TP] = []
         self._stopping = threading.Event()
         self.broker_down = False
         self.first_assignment = threading.Event()
         """Set once the group has given this instance its first assignment (maybe empty)."""
         self._thread = threading.Thread(
-            target=self._main, name=f"consumer-{level.topic}", daemon=True
+            target=self._main, name=f"consumer-{self.name}", daemon=True
         )
 
     # -- lifecycle -----------------------------------------------------------------
@@ -158,10 +173,12 @@ class ConsumerLoop:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def owned(self) -> list[int]:
-        return sorted(self.owned_partitions)
+    def owned(self, topic: str | None = None) -> list[int]:
+        """The partitions it owns (of `topic`, or of its only level)."""
+        topic = topic if topic is not None else self._topics[0]
+        return sorted(p for t, p in self.owned_partitions if t == topic)
 
-    def uncommitted(self) -> dict[int, int]:
+    def uncommitted(self) -> dict[TP, int]:
         """Offsets made durable but not yet confirmed committed (at-least-once)."""
         return dict(self._wanted)
 
@@ -174,26 +191,26 @@ class ConsumerLoop:
         code = error.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
             self.broker_down = True
-            log.warning("%s: all brokers are down; retrying", self.level.topic)
+            log.warning("%s: all brokers are down; retrying", self.name)
         elif is_fatal(error):
             # The client is unusable (for example fenced after a coordinator failover);
             # the loop replaces it rather than stopping the process.
             self.keeper.fail(error.str())
         elif self._throttle.allow(code) is not None:
-            log.info("%s: %s", self.level.topic, error.str())
+            log.info("%s: %s", self.name, error.str())
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Commit results: only what the broker confirmed counts as committed."""
         try:
             self._confirm(error, partitions)
         except Exception:
-            log.exception("%s: handling a commit result failed", self.level.topic)
+            log.exception("%s: handling a commit result failed", self.name)
 
     # -- the loop ------------------------------------------------------------------
     def _subscribe(self) -> None:
         current = self.keeper.current_check()
         self._consumer.subscribe(
-            [self.level.topic],
+            self._topics,
             on_assign=self._guarded(self._assigned, current),
             on_revoke=self._guarded(self._revoked, current),
             on_lost=self._guarded(self._lost, current),
@@ -203,16 +220,14 @@ class ConsumerLoop:
         try:
             self._subscribe()
         except Exception as exc:
-            log.exception("consumer of %s could not subscribe", self.level.topic)
-            self._on_fatal(f"consumer of {self.level.topic} could not subscribe: {exc}")
+            log.exception("consumer of %s could not subscribe", self.name)
+            self._on_fatal(f"consumer of {self.name} could not subscribe: {exc}")
             return
         self._run()
         try:
             self._shutdown()
         except Exception:
-            log.exception(
-                "%s: shutdown failed; uncommitted records will be re-read", self.level.topic
-            )
+            log.exception("%s: shutdown failed; uncommitted records will be re-read", self.name)
 
     def _run(self) -> None:
         next_commit = next_lag = next_probe = time.monotonic()
@@ -256,7 +271,7 @@ class ConsumerLoop:
         """An iteration failed for a reason of its own: log it, count it, carry on, from
         the first record of the batch in hand that was not admitted."""
         self._m_loop_errors.inc()
-        log.error("consumer of %s: %r; continuing", self.level.topic, exc, exc_info=exc)
+        log.error("consumer of %s: %r; continuing", self.name, exc, exc_info=exc)
         self._rewind_unadmitted()
         self._stopping.wait(ERROR_PAUSE_S)
 
@@ -265,15 +280,17 @@ class ConsumerLoop:
         hand not admitted when an iteration raised is read again from its first record
         there (`_apply_rewinds`), never skipped."""
         in_hand, self._in_hand = self._in_hand, []
-        first: dict[int, int] = {}
+        first: dict[TP, int] = {}
         for message in in_hand:
             if message.error() is None:
-                first.setdefault(message.partition() or 0, message.offset() or 0)
+                first.setdefault(
+                    (message.topic() or "", message.partition() or 0), message.offset() or 0
+                )
         rewind = self._rewind
-        for partition, offset in first.items():
-            if partition in self._admitted or partition not in self.owned_partitions:
+        for tp, offset in first.items():
+            if tp in self._admitted or tp not in self.owned_partitions:
                 continue
-            rewind[partition] = min(offset, rewind.get(partition, offset))
+            rewind[tp] = min(offset, rewind.get(tp, offset))
 
     def _iteration(
         self, next_commit: float, next_lag: float, next_probe: float
@@ -296,7 +313,7 @@ class ConsumerLoop:
             durable = self._forwarder.take_durable()
             if durable:
                 self._wanted.update(
-                    {p: o for p, o in durable.items() if p in self.owned_partitions}
+                    {tp: o for tp, o in durable.items() if tp in self.owned_partitions}
                 )
             if self._wanted and (durable or now >= next_commit):
                 self._commit(asynchronous=True)
@@ -319,19 +336,6 @@ class ConsumerLoop:
             next_probe = now + PROBE_INTERVAL_S
         return next_commit, next_lag, next_probe
 
-    def _behind(self) -> bool:
-        """A partition near its mark whose head is due: the forwarder is behind on due
-        records (a backlog). Reading waits for it instead of pausing the partition:
-        pausing throws away what the client fetched, and under a backlog the refetch
-        after each resume held forwarding to a third of the bare pipe's rate. Records
-        not yet due still pause their partition, so they never hold others back."""
-        pause_at = self._flow.pause_at
-        group = self._group
-        return any(
-            count >= pause_at and group.head_due(partition)
-            for partition, count in list(group.counts.items())
-        )
-
     def _next_messages(self) -> list[Message]:
         """The next batch, without waiting for a full one.
 
@@ -339,13 +343,9 @@ class ConsumerLoop:
         only for the first record, so a partly fetchable backlog (paused partitions)
         never waits out the timeout per batch.
         """
-        now = time.monotonic()
-        if self._group.handover_full() or (
-            self._behind() and now - self._last_consume < BEHIND_MAX_S
-        ):
-            self._group.wait_drained(self._flow.pause_at, BEHIND_WAIT_S)
+        if self._group.handover_full():
+            self._group.wait_drained(HANDOVER_WAIT_S)
             return []
-        self._last_consume = now  # rebalances are served from consume(): never for long
         # A paused partition resumes only between two calls: wait briefly, or the
         # forwarder drains it and then waits for this thread (up to the timeout, per
         # pause; forwarding ran at a third of the bare pipe under a backlog).
@@ -359,41 +359,42 @@ class ConsumerLoop:
         if not self._exactly_once:
             self._wanted.update(
                 {
-                    p: o
-                    for p, o in self._forwarder.take_durable().items()
-                    if p in self.owned_partitions
+                    tp: o
+                    for tp, o in self._forwarder.take_durable().items()
+                    if tp in self.owned_partitions
                 }
             )
             try:
                 self._commit(asynchronous=False)
             except KafkaException as exc:
-                log.warning(
-                    "%s: final commit failed (%s); records will be re-read", self.level.topic, exc
-                )
+                log.warning("%s: final commit failed (%s); records will be re-read", self.name, exc)
         self._consumer.close()
 
     # -- admitting records ---------------------------------------------------------
-    def _by_partition(self, messages: list[Message]) -> dict[int, list[Message]]:
+    def _by_partition(self, messages: list[Message]) -> dict[TP, list[Message]]:
         """The batch's records per owned partition, in offset order; errors reported,
         records of a partition about to be sought back skipped (they are read again).
 
         No Python runs per record: the client returns each partition's records in
-        chunks, which `groupby` cuts and `extend` joins in C."""
+        chunks, which `groupby` cuts (by topic, then partition) and `extend` joins, in C."""
         if any(map(_ERROR, messages)):
             messages = self._without_errors(messages)
-        runs: dict[int, list[Message]] = {}
-        chunks: Iterable[tuple[int, Iterator[Message]]] = groupby(messages, _PARTITION)  # type: ignore[arg-type]
-        for partition, chunk in chunks:
-            run = runs.get(partition)
-            if run is None:
-                runs[partition] = list(chunk)
-            else:
-                run.extend(chunk)
+        runs: dict[TP, list[Message]] = {}
+        topics: Iterable[tuple[str, Iterator[Message]]] = groupby(messages, _TOPIC)  # type: ignore[arg-type]
+        for topic, of_topic in topics:
+            chunks: Iterable[tuple[int, Iterator[Message]]] = groupby(of_topic, _PARTITION)  # type: ignore[arg-type]
+            for partition, chunk in chunks:
+                tp = (topic, partition)
+                run = runs.get(tp)
+                if run is None:
+                    runs[tp] = list(chunk)
+                else:
+                    run.extend(chunk)
         rewind, owned = self._rewind, self.owned_partitions
-        for partition in [p for p in runs if p in rewind or p not in owned]:
-            run = runs.pop(partition)
-            if partition in rewind:
-                rewind.setdefault(partition, run[0].offset() or 0)
+        for tp in [tp for tp in runs if tp in rewind or tp not in owned]:
+            run = runs.pop(tp)
+            if tp in rewind:
+                rewind.setdefault(tp, run[0].offset() or 0)
         return runs
 
     def _without_errors(self, messages: list[Message]) -> list[Message]:
@@ -408,96 +409,84 @@ class ConsumerLoop:
         return kept
 
     def _admit(self, messages: list[Message]) -> None:
-        admitted = self._admit_batch(messages)
+        self._admit_batch(messages)
         self._in_hand = []
-        if admitted:
-            self._m_consumed.inc(admitted)
 
-    def _admit_batch(self, messages: list[Message]) -> int:
+    def _admit_batch(self, messages: list[Message]) -> None:
         """Append each partition's records to its queue, as many as flow control admits;
         the first refused record pauses its partition and is read again later."""
         read_ms = int(time.time() * 1000)  # after consume() returned: after every append
         paused, rewind = self.paused, self._rewind
         runs = self._by_partition(messages)
         self.broker_down = self.broker_down and not runs
-        admitted = 0
         group = self._group
-        for partition, run in runs.items():
+        for tp, run in runs.items():
             take = self._flow.admit_many(
-                group.counts.get(partition, 0),
-                group.total_buffered,
-                run,
-                RECORD_KEY_ALLOWANCE,
+                group.counts.get(tp, 0), group.held[tp[0]], run, RECORD_KEY_ALLOWANCE
             )
             refused = take < len(run)
             if refused:
-                if partition not in paused:
-                    self._pause(partition)
-                rewind[partition] = run[take].offset() or 0
+                if tp not in paused:
+                    self._pause(tp)
+                rewind[tp] = run[take].offset() or 0
                 del run[take:]
             if run:
                 kind, stamp = run[-1].timestamp()  # the latest append: the tightest bound
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
                     self._broker_clock.observe(read_ms, stamp)
                 size = sum(map(len, run)) + RECORD_KEY_ALLOWANCE * len(run)
-                group.add(partition, run, size, read_ms)
-                admitted += len(run)
-            self._admitted.add(partition)
+                group.add(tp, run, size, read_ms)
+                self._m_consumed[tp[0]].inc(len(run))
+            self._admitted.add(tp)
             if not refused:
-                self._pause_if_near(partition)
-        return admitted
+                self._pause_if_near(tp)
 
     def _publish_clock_offset(self) -> None:
         """Export the bound on how far this host's clock runs ahead of the broker's that
-        the level's due times are held back by (`BrokerClock`)."""
+        the worker's due times are held back by (`BrokerClock`)."""
         bound = self._broker_clock.bound_s
         if bound is not None:
             self._m_clock.set(bound)
 
-    def _pause_if_near(self, partition: int) -> None:
-        """Pause a partition of records not yet due near its mark, before a record is
-        refused: that needs no seek back (the client resumes after the last record it
-        delivered). A backlog of due records is not paused: see `_behind`."""
-        group = self._group
-        if (
-            partition not in self.paused
-            and group.counts.get(partition, 0) >= self._flow.pause_at
-            and not group.head_due(partition)
-        ):
-            self._pause(partition)
+    def _pause_if_near(self, tp: TP) -> None:
+        """Pause a partition near its mark, before a record is refused: that needs no seek
+        back (the client resumes after the last record it delivered). Its own level's
+        other partitions and every other level go on being read."""
+        if tp not in self.paused and self._group.counts.get(tp, 0) >= self._flow.pause_at:
+            self._pause(tp)
 
-    def _pause(self, partition: int) -> None:
-        self._consumer.pause([TopicPartition(self.level.topic, partition)])
-        self.paused.add(partition)
-        self._paused_since.setdefault(partition, time.monotonic())
-        log.debug("%s[%d] paused", self.level.topic, partition)
+    def _pause(self, tp: TP) -> None:
+        self._consumer.pause([TopicPartition(*tp)])
+        self.paused.add(tp)
+        self._paused_since.setdefault(tp, time.monotonic())
+        log.debug("%s[%d] paused", *tp)
 
     def _apply_rewinds(self) -> None:
         """Seek each partition to be read again; one whose seek raises stays to be sought
         next time, and so do the ones after it."""
         rewind = self._rewind
-        for partition, offset in list(rewind.items()):
-            if partition in self.owned_partitions:
-                self._consumer.seek(TopicPartition(self.level.topic, partition, offset))
-            del rewind[partition]
+        for tp, offset in list(rewind.items()):
+            if tp in self.owned_partitions:
+                self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
+            del rewind[tp]
 
     def _resume_drained(self) -> None:
         if not self.paused:
             return
         counts = self._group.counts
         ready = [
-            p
-            for p in self.paused
-            if p not in self.owned_partitions or self._flow.may_resume(counts.get(p, 0))
+            tp
+            for tp in self.paused
+            if tp not in self.owned_partitions or self._flow.may_resume(counts.get(tp, 0))
         ]
         if not ready:
             return
-        live = [p for p in ready if p in self.owned_partitions]
+        live = [tp for tp in ready if tp in self.owned_partitions]
         if live:
-            self._consumer.resume([TopicPartition(self.level.topic, p) for p in live])
-        for partition in ready:
-            self.paused.discard(partition)
-            self._paused_since.pop(partition, None)
+            self._consumer.resume([TopicPartition(*tp) for tp in live])
+        for tp in ready:
+            self.paused.discard(tp)
+            self._paused_since.pop(tp, None)
 
     # -- rebalancing ---------------------------------------------------------------
     def _guarded(
@@ -515,7 +504,7 @@ class ConsumerLoop:
                 callback(consumer, partitions)
             except Exception:
                 self._m_loop_errors.inc()
-                log.exception("%s: rebalance callback failed", self.level.topic)
+                log.exception("%s: rebalance callback failed", self.name)
 
         return run
 
@@ -524,15 +513,15 @@ class ConsumerLoop:
         if start is None:
             return  # stopping: the client's own assignment serves until it closes
         consumer.incremental_assign(start)
-        for tp in partitions:
-            self._group.assign(tp.partition)
-            self.owned_partitions.add(tp.partition)
-            self.paused.discard(tp.partition)
-            self._rewind.pop(tp.partition, None)
-            self._to_resume_on_assign.append(tp.partition)
+        for tp in map(tp_of, partitions):
+            self._group.assign(tp)
+            self.owned_partitions.add(tp)
+            self.paused.discard(tp)
+            self._rewind.pop(tp, None)
+            self._to_resume_on_assign.append(tp)
         self.unassigned_since = None
         self.first_assignment.set()
-        log.info("%s: assigned %s", self.level.topic, sorted(tp.partition for tp in partitions))
+        log.info("%s: assigned %s", self.name, _named(map(tp_of, partitions)))
 
     def _start_offsets(
         self, consumer: ConsumerClient, partitions: list[TopicPartition]
@@ -547,19 +536,25 @@ class ConsumerLoop:
         that wait, start such a partition from `auto.offset.reset`, the beginning:
         seen under group churn as a whole partition forwarded again (67 duplicates
         for a read_committed reader). `committed()` waits for the same answer and
-        either gives it or times out, so this asks until it answers. None: stopping."""
+        either gives it or times out, so this asks until it answers. A partition the
+        other worker layout's group got further in starts there (`fallback`), waiting
+        the same way. None: stopping."""
         if not partitions:
             return []
-        topic = self.level.topic
-        asked = [TopicPartition(topic, tp.partition) for tp in partitions]
+        asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         since = time.monotonic()
         while True:
+            reason = "?"
             try:
                 committed = consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
                 failed = [tp for tp in committed if tp.error is not None]
-                if not failed:
-                    break
-                reason = failed[0].error.str() if failed[0].error is not None else "?"
+                if failed:
+                    reason = failed[0].error.str() if failed[0].error is not None else "?"
+                else:
+                    start = self._with_fallback(committed)
+                    if start is not None:
+                        break
+                    reason = "the other worker layout's group holds unstable offsets"
             except KafkaException as exc:
                 reason = str(exc.args[0].str() if exc.args else exc)
             if self._stopping.is_set():
@@ -568,8 +563,8 @@ class ConsumerLoop:
                 logging.WARNING if time.monotonic() - since > STABLE_WAIT_WARN_S else logging.INFO,
                 "%s: committed offsets of %s not given yet (%s): an open transaction of a "
                 "member that stopped mid-commit holds them until the broker ends it; asking again",
-                topic,
-                sorted(tp.partition for tp in asked),
+                self.name,
+                _named(map(tp_of, asked)),
                 reason,
             )
             self._stopping.wait(STABLE_RETRY_S)
@@ -577,34 +572,57 @@ class ConsumerLoop:
         if waited > STABLE_WAIT_NOTE_S:
             log.info(
                 "%s: committed offsets of %s took %.1f s (an open transaction held them)",
-                topic,
-                sorted(tp.partition for tp in asked),
+                self.name,
+                _named(map(tp_of, asked)),
                 waited,
             )
-        return [
-            TopicPartition(topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING)
-            for tp in committed
-        ]
+        return start
+
+    def _with_fallback(self, committed: list[TopicPartition]) -> list[TopicPartition] | None:
+        """Where each partition starts: the later of this group's committed offset and the
+        fallback's (offsets only move forward, so the later one is the group that ran
+        last); None while the fallback's are not stable."""
+        other: dict[TP, int] = {}
+        if self._fallback is not None:
+            found = self._fallback([tp_of(tp) for tp in committed])
+            if found is None:
+                return None
+            other = found
+        out = []
+        for tp in committed:
+            offset = max(tp.offset, other.get(tp_of(tp), -1))
+            if offset != tp.offset:
+                log.info(
+                    "%s: %s[%d] starts at %d, where the other worker layout got to (%d here)",
+                    self.name,
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    tp.offset,
+                )
+            start = offset if offset >= 0 else OFFSET_BEGINNING
+            out.append(TopicPartition(tp.topic, tp.partition, start))
+        return out
 
     def _resume_fresh(self) -> None:
         tps = [
-            TopicPartition(self.level.topic, p)
-            for p in self._to_resume_on_assign
-            if p in self.owned_partitions and p not in self.paused
+            TopicPartition(*tp)
+            for tp in self._to_resume_on_assign
+            if tp in self.owned_partitions and tp not in self.paused
         ]
         self._to_resume_on_assign.clear()
         if tps:
             self._consumer.resume(tps)
 
     def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        gone = {tp.partition for tp in partitions}
+        gone = {tp_of(tp) for tp in partitions}
         if self._exactly_once:
             self._hand_metadata(consumer)
         durable = self._let_go(gone, commit=True)
         safe = [
-            TopicPartition(self.level.topic, p, o)
-            for p, o in (durable or {}).items()
-            if self.confirmed.get(p) != o
+            TopicPartition(tp[0], tp[1], o)
+            for tp, o in (durable or {}).items()
+            if self.confirmed.get(tp) != o
         ]
         if safe and not self._exactly_once:
             try:
@@ -613,22 +631,20 @@ class ConsumerLoop:
             except KafkaException as exc:
                 self._m_commit_failures.inc()
                 log.warning(
-                    "%s: commit on revoke failed (%s); records will be re-read",
-                    self.level.topic,
-                    exc,
+                    "%s: commit on revoke failed (%s); records will be re-read", self.name, exc
                 )
-        for partition in gone:
-            self.confirmed.pop(partition, None)
-        log.info("%s: revoked %s", self.level.topic, sorted(gone))
+        for tp in gone:
+            self.confirmed.pop(tp, None)
+        log.info("%s: revoked %s", self.name, _named(gone))
 
     def _lost(self, _consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        gone = {tp.partition for tp in partitions}
+        gone = {tp_of(tp) for tp in partitions}
         self._let_go(gone, commit=False)
-        for partition in gone:
-            self.confirmed.pop(partition, None)
+        for tp in gone:
+            self.confirmed.pop(tp, None)
         if not self.owned_partitions and self.unassigned_since is None:
             self.unassigned_since = time.monotonic()
-        log.warning("%s: lost %s", self.level.topic, sorted(gone))
+        log.warning("%s: lost %s", self.name, _named(gone))
 
     def _hand_metadata(self, consumer: ConsumerClient) -> None:
         """Give the forwarder the group metadata its transactions commit offsets with;
@@ -636,20 +652,20 @@ class ConsumerLoop:
         try:
             self._forwarder.group_metadata = consumer.consumer_group_metadata()
         except (RuntimeError, KafkaException) as exc:
-            log.debug("%s: no group metadata now: %s", self.level.topic, exc)
+            log.debug("%s: no group metadata now: %s", self.name, exc)
 
-    def _let_go(self, gone: set[int], *, commit: bool) -> dict[int, int] | None:
+    def _let_go(self, gone: set[TP], *, commit: bool) -> dict[TP, int] | None:
         """The forwarder commits (or drops) what it holds of `gone`, then they are
         forgotten here too; returns what it made durable for them (at-least-once)."""
         durable = self._forwarder.handover(gone, commit=commit)
         self._group.drop(gone)
         self.owned_partitions -= gone
         self.paused -= gone
-        for partition in gone:
-            self._rewind.pop(partition, None)
-            self._paused_since.pop(partition, None)
-            self._wanted.pop(partition, None)
-            self._asked.pop(partition, None)
+        for tp in gone:
+            self._rewind.pop(tp, None)
+            self._paused_since.pop(tp, None)
+            self._wanted.pop(tp, None)
+            self._asked.pop(tp, None)
         if self._forwarder.reseek_wanted():  # the hand-over ended in an unknown outcome
             self._reseek()
         return durable
@@ -662,21 +678,21 @@ class ConsumerLoop:
         after it. A failure leaves the request in place for the next iteration."""
         owned = sorted(self.owned_partitions)
         if owned:
-            asked = [TopicPartition(self.level.topic, p) for p in owned]
+            asked = [TopicPartition(*tp) for tp in owned]
             committed = self._consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
             for tp in committed:
                 if tp.error is not None:
                     raise KafkaException(tp.error)
             self._group.drop(set(owned))
             for tp in committed:
-                self._group.assign(tp.partition)
-                self._rewind.pop(tp.partition, None)
+                self._group.assign(tp_of(tp))
+                self._rewind.pop(tp_of(tp), None)
                 offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                self._consumer.seek(TopicPartition(self.level.topic, tp.partition, offset))
+                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
             log.info(
                 "%s: reading %s again from the committed offsets",
-                self.level.topic,
-                ", ".join(f"{tp.partition}@{tp.offset}" for tp in committed),
+                self.name,
+                ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in committed),
             )
         self._forwarder.reseek_done()
 
@@ -684,12 +700,14 @@ class ConsumerLoop:
     def _commit(self, *, asynchronous: bool) -> None:
         """Ask the broker to commit what the forwarder made durable; an offset counts as
         committed only once the broker confirms it, and is asked for again otherwise."""
-        wanted = {p: o for p, o in self._wanted.items() if self.confirmed.get(p) != o}
+        wanted = {tp: o for tp, o in self._wanted.items() if self.confirmed.get(tp) != o}
         self._wanted = wanted
-        ask = {p: o for p, o in wanted.items() if asynchronous is False or self._asked.get(p) != o}
+        ask = {
+            tp: o for tp, o in wanted.items() if asynchronous is False or self._asked.get(tp) != o
+        }
         if not ask:
             return
-        offsets = [TopicPartition(self.level.topic, p, o) for p, o in ask.items()]
+        offsets = [TopicPartition(tp[0], tp[1], o) for tp, o in ask.items()]
         if asynchronous:
             self._asked.update(ask)
             self._consumer.commit(offsets=offsets, asynchronous=True)
@@ -707,55 +725,75 @@ class ConsumerLoop:
         if error is not None:
             self._asked.clear()
             self._m_commit_failures.inc()
-            log.warning("%s: commit failed (%s); retrying", self.level.topic, error.str())
+            log.warning("%s: commit failed (%s); retrying", self.name, error.str())
             return
         done = [
-            (tp.partition, tp.offset)
+            (tp_of(tp), tp.offset)
             for tp in partitions or []
-            if tp.error is None and tp.topic == self.level.topic
+            if tp.error is None and tp.topic in self.levels
         ]
         failed = [tp for tp in partitions or [] if tp.error is not None]
-        for partition, offset in done:
-            self.confirmed[partition] = offset
-            self._asked.pop(partition, None)
-            if self._wanted.get(partition) == offset:
-                del self._wanted[partition]
-        for tp in failed:
-            self._asked.pop(tp.partition, None)
+        for tp, offset in done:
+            self.confirmed[tp] = offset
+            self._asked.pop(tp, None)
+            if self._wanted.get(tp) == offset:
+                del self._wanted[tp]
+        for failure in failed:
+            self._asked.pop(tp_of(failure), None)
         if done:
             self._m_commits.inc()
         if failed:
             self._m_commit_failures.inc()
             log.warning(
-                "%s: commit of partitions %s failed (%s); retrying",
-                self.level.topic,
-                [tp.partition for tp in failed],
+                "%s: commit of %s failed (%s); retrying",
+                self.name,
+                _named(map(tp_of, failed)),
                 failed[0].error.str() if failed[0].error is not None else "?",
             )
 
     def _update_gauges(self, *, lag: bool) -> None:
         group = self._group
-        self._m_buffered.set(group.total_buffered)
-        held = (group.earliest_held_ms(), self._forwarder.set_aside_due_ms)
-        head_ms = min((ms for ms in held if ms is not None), default=None)
-        self._m_next_due.set(head_ms / 1000 if head_ms is not None else 0.0)
+        metrics = self._metrics
         now_s = self._broker_clock.time()
-        self._m_overdue.set(max(0.0, now_s - head_ms / 1000) if head_ms is not None else 0.0)
-        self._m_bytes.set(group.total_bytes)
-        self._m_paused.set(len(self.paused))
         now = time.monotonic()
-        self._m_longest_pause.set(max((now - s for s in self._paused_since.values()), default=0.0))
-        self._m_assigned.set(len(self.owned_partitions))
-        if lag:
-            self._m_lag.set(self._lag())
-
-    def _lag(self) -> int:
-        return unread_records(self._consumer, self.level.topic, sorted(self.owned_partitions))
+        set_aside = self._forwarder.set_aside_due_by_topic
+        for topic, level in self.levels.items():
+            name = level.name
+            metrics.buffered_messages.labels(name).set(group.held.get(topic, 0))
+            metrics.buffered_bytes.labels(name).set(group.held_bytes.get(topic, 0))
+            held = (group.earliest_held_ms(topic), set_aside.get(topic))
+            head_ms = min((ms for ms in held if ms is not None), default=None)
+            metrics.next_due.labels(name).set(head_ms / 1000 if head_ms is not None else 0.0)
+            metrics.oldest_overdue.labels(name).set(
+                max(0.0, now_s - head_ms / 1000) if head_ms is not None else 0.0
+            )
+            paused = [tp for tp in self.paused if tp[0] == topic]
+            metrics.paused_partitions.labels(name).set(len(paused))
+            metrics.longest_pause.labels(name).set(
+                max((now - self._paused_since.get(tp, now) for tp in paused), default=0.0)
+            )
+            owned = [p for t, p in self.owned_partitions if t == topic]
+            metrics.assigned_partitions.labels(name).set(len(owned))
+            if lag:
+                metrics.consumer_lag.labels(name).set(
+                    unread_records(self._consumer, topic, sorted(owned))
+                )
 
     def _probe_broker(self) -> None:
         try:
-            self._consumer.list_topics(self.level.topic, timeout=1.0)
+            self._consumer.list_topics(self._topics[0], timeout=1.0)
         except KafkaException:
             return
         self.broker_down = False
-        log.info("%s: broker reachable again", self.level.topic)
+        log.info("%s: broker reachable again", self.name)
+
+
+def _named(tps: Iterable[TP]) -> str:
+    """Partitions as `topic[0,2]`, for log lines."""
+    by_topic: dict[str, list[int]] = {}
+    for topic, partition in tps:
+        by_topic.setdefault(topic, []).append(partition)
+    return (
+        ", ".join(f"{topic}{sorted(partitions)}" for topic, partitions in sorted(by_topic.items()))
+        or "[]"
+    )

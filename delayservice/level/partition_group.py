@@ -1,17 +1,19 @@
-"""A level's buffer: one FIFO per partition, and a heap of the partitions' heads.
+"""A worker's buffer: one FIFO per level partition, and a heap of the partitions' heads.
 
 Due = append time + the level's delay is monotonic in offset order within a level
 partition (LogAppendTime), so each partition is already a queue in due order and only
-its head can be the next due record. The buffer keeps one deque per partition and a
-heap with one entry per non-empty partition (its head's due time), as Kafka Streams'
-`PartitionGroup` keeps one `RecordQueue` per partition.
+its head can be the next due record. The buffer keeps one deque per (topic, partition)
+of every level its worker serves and one heap with an entry per non-empty partition
+(its head's due time), as Kafka Streams' `PartitionGroup` keeps one `RecordQueue` per
+partition: the earliest head goes first, whatever its level.
 
 The consumer thread hands over whole runs of one partition's records (`add`) and does
 nothing per record: the runs wait in a hand-over queue, counted against their
-partition at once so that flow control sees them. The forwarder thread admits them
-when it takes (`take`), reading each record's envelope once (`forward.held_record`),
-and alone touches the partitions' queues and the heap. It is woken when a handed-over
-run may be due before what it waits for, or when the hand-over queue fills.
+partition and level at once so that flow control sees them. The forwarder thread
+admits them when it takes (`take`), reading each record's envelope once
+(`forward.held_record`), and alone touches the partitions' queues and the heap. It is
+woken when a handed-over run may be due before what it waits for, or when the
+hand-over queue fills.
 
 Records without a broker-written timestamp (a topic switched to CreateTime) are due a
 level after they were read, kept beside the queue in `overrides` until they are
@@ -29,13 +31,13 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.forward import speedups
-from delayservice.forward.buffer import NEVER, Alarm, Runs
+from delayservice.forward.buffer import NEVER, TP, Alarm, Runs
 from delayservice.forward.held_record import DUE, HeldView, entry_bytes
 
 Clock = Callable[[], float]
@@ -55,16 +57,15 @@ def record_bytes(record: Message) -> int:
 class PartitionGroup:
     def __init__(
         self,
-        delay_ms: int,
+        delays: Iterable[tuple[str, int, int]],
         clock: Clock = time.time,
-        previous_delay_ms: int = 0,
-        on_not_append_time: Callable[[int], None] | None = None,
+        on_not_append_time: Callable[[str, int], None] | None = None,
     ) -> None:
-        """`previous_delay_ms`: the next shorter level's delay (envelopes asking for no
-        more than that belong there). `on_not_append_time(n)`: n records admitted
-        without a broker-written timestamp."""
-        self.delay_ms = delay_ms
-        self.previous_delay_ms = previous_delay_ms
+        """`delays`: (topic, its level's delay, the next shorter level's delay) of each
+        level served; envelopes asking for no more than the shorter one belong there.
+        `on_not_append_time(topic, n)`: n records admitted without a broker-written
+        timestamp."""
+        self._delays = {topic: (delay, previous) for topic, delay, previous in delays}
         self._clock = clock
         self._on_not_append = on_not_append_time
         lock = threading.Lock()
@@ -72,25 +73,28 @@ class PartitionGroup:
         """Wakes the forwarder: an earlier head, a full hand-over queue, a stop."""
         self._drained = threading.Condition(lock)
         """Wakes the consumer thread: the forwarder admitted or took records."""
-        self.queues: dict[int, deque[Any]] = {}
-        self.overrides: dict[int, dict[int, int]] = {}
+        self.queues: dict[TP, deque[Any]] = {}
+        self.overrides: dict[TP, dict[int, int]] = {}
         """partition -> offset -> due ms, for records whose timestamp is not the broker's."""
-        self.counts: dict[int, int] = {}
+        self.counts: dict[TP, int] = {}
         """partition -> records held, handed over and not yet admitted included."""
-        self.bytes: dict[int, int] = {}
-        self.not_before: dict[int, int] = {}
+        self.bytes: dict[TP, int] = {}
+        self.held: dict[str, int] = dict.fromkeys(self._delays, 0)
+        """level topic -> records held (flow control's per-level count, the gauges)."""
+        self.held_bytes: dict[str, int] = dict.fromkeys(self._delays, 0)
+        self.not_before: dict[TP, int] = {}
         """partition -> epoch ms before which it gives nothing (a forward being retried)."""
-        self.latest_due: dict[int, int] = {}
+        self.latest_due: dict[TP, int] = {}
         """partition -> the latest due ms of any record queued since it was last empty."""
-        self._heap: list[tuple[int, int]] = []  # (due ms, partition), one per non-empty queue
-        self._in_heap: set[int] = set()
-        self.incarnations: dict[int, int] = {}
+        self._heap: list[tuple[int, TP]] = []  # (due ms, partition), one per non-empty queue
+        self._in_heap: set[TP] = set()
+        self.incarnations: dict[TP, int] = {}
         """partition -> which assignment its queue belongs to: a new number each time the
         queue is made, so records taken under an earlier assignment never return to it."""
         self._incarnation = itertools.count(1)
-        self._handed: deque[tuple[int, int, list[Message], int]] = deque()
+        self._handed: deque[tuple[TP, int, list[Message], int]] = deque()
         """(partition, incarnation, records, read ms) handed over, not yet admitted."""
-        self._handed_heads: dict[int, Message] = {}
+        self._handed_heads: dict[TP, Message] = {}
         """partition -> its first record handed over and not yet admitted."""
         self._handed_due = NEVER
         """Epoch s before which no handed-over record is due (a lower bound)."""
@@ -104,31 +108,39 @@ class PartitionGroup:
         self._alarm = Alarm(self._cond, clock)
         self._hold_run = speedups.fast_path().hold_run
 
-    # -- consumer side -------------------------------------------------------------
-    def assign(self, partition: int) -> None:
-        with self._cond:
-            if partition not in self.queues:
-                self.incarnations[partition] = next(self._incarnation)
-            self.queues.setdefault(partition, deque())
-            self.counts.setdefault(partition, 0)
-            self.bytes.setdefault(partition, 0)
+    @property
+    def topics(self) -> list[str]:
+        """The level topics this group holds records of."""
+        return list(self._delays)
 
-    def add(self, partition: int, records: list[Message], size: int, read_ms: int) -> None:
-        """Hand over `records` (in offset order) of `partition`, `size` payload bytes in
-        all, read at `read_ms`; the forwarder admits them when it next takes."""
+    # -- consumer side -------------------------------------------------------------
+    def assign(self, tp: TP) -> None:
+        with self._cond:
+            if tp not in self.queues:
+                self.incarnations[tp] = next(self._incarnation)
+            self.queues.setdefault(tp, deque())
+            self.counts.setdefault(tp, 0)
+            self.bytes.setdefault(tp, 0)
+
+    def add(self, tp: TP, records: list[Message], size: int, read_ms: int) -> None:
+        """Hand over `records` (in offset order) of `tp`, `size` payload bytes in all,
+        read at `read_ms`; the forwarder admits them when it next takes."""
         if not records:
             return
         kind, stamp = records[0].timestamp()
-        first_due = (stamp if kind == TIMESTAMP_LOG_APPEND_TIME else read_ms) + self.delay_ms
+        delay = self._delays[tp[0]][0]
+        first_due = (stamp if kind == TIMESTAMP_LOG_APPEND_TIME else read_ms) + delay
         with self._cond:
-            incarnation = self.incarnations.get(partition)
+            incarnation = self.incarnations.get(tp)
             if incarnation is None:
                 return  # not assigned (dropped meanwhile)
-            self._handed.append((partition, incarnation, records, read_ms))
-            self._handed_heads.setdefault(partition, records[0])
-            count = self.counts[partition] + len(records)
-            self.counts[partition] = count
-            self.bytes[partition] += size
+            self._handed.append((tp, incarnation, records, read_ms))
+            self._handed_heads.setdefault(tp, records[0])
+            count = self.counts[tp] + len(records)
+            self.counts[tp] = count
+            self.bytes[tp] += size
+            self.held[tp[0]] += len(records)
+            self.held_bytes[tp[0]] += size
             self.total_buffered += len(records)
             self.total_bytes += size
             self.handed_records += len(records)
@@ -145,59 +157,64 @@ class PartitionGroup:
         `wait_drained`)."""
         return self.handed_records >= HANDOVER_MAX
 
-    def drop(self, partitions: set[int]) -> None:
-        """Forget `partitions` (revoked, lost or rewound) and what they hold."""
+    def drop(self, tps: set[TP]) -> None:
+        """Forget `tps` (revoked, lost or rewound) and what they hold."""
         with self._cond:
-            for partition in partitions:
-                self.queues.pop(partition, None)
-                self.incarnations.pop(partition, None)
-                self.overrides.pop(partition, None)
-                self.not_before.pop(partition, None)
-                self.latest_due.pop(partition, None)
-                self._handed_heads.pop(partition, None)
-                self.total_buffered -= self.counts.pop(partition, 0)
-                self.total_bytes -= self.bytes.pop(partition, 0)
-            if any(entry[0] in partitions for entry in self._handed):
-                kept = [entry for entry in self._handed if entry[0] not in partitions]
+            for tp in tps:
+                self.queues.pop(tp, None)
+                self.incarnations.pop(tp, None)
+                self.overrides.pop(tp, None)
+                self.not_before.pop(tp, None)
+                self.latest_due.pop(tp, None)
+                self._handed_heads.pop(tp, None)
+                count, size = self.counts.pop(tp, 0), self.bytes.pop(tp, 0)
+                self._uncount(tp[0], count, size)
+            if any(entry[0] in tps for entry in self._handed):
+                kept = [entry for entry in self._handed if entry[0] not in tps]
                 self.handed_records = sum(len(entry[2]) for entry in kept)
                 self._handed = deque(kept)
-            if self._in_heap & partitions:
-                self._in_heap -= partitions
-                self._heap = [entry for entry in self._heap if entry[1] not in partitions]
+            if self._in_heap & tps:
+                self._in_heap -= tps
+                self._heap = [entry for entry in self._heap if entry[1] not in tps]
                 heapq.heapify(self._heap)
             self._drained.notify_all()
 
-    def head_due(self, partition: int) -> bool:
-        """Whether `partition`'s first record is due (its queue is a backlog)."""
-        queue = self.queues.get(partition)
+    def _uncount(self, topic: str, count: int, size: int) -> None:
+        if topic in self.held:
+            self.held[topic] -= count
+            self.held_bytes[topic] -= size
+        self.total_buffered -= count
+        self.total_bytes -= size
+
+    def head_due(self, tp: TP) -> bool:
+        """Whether `tp`'s first record is due (its queue is a backlog)."""
+        queue = self.queues.get(tp)
         try:
-            head = queue[0] if queue else self._handed_heads.get(partition)
+            head = queue[0] if queue else self._handed_heads.get(tp)
             if head is None:
                 return False
-            return self.due_of(partition, head) <= self._clock() * 1000
+            return self.due_of(tp, head) <= self._clock() * 1000
         except (IndexError, TypeError):  # taken meanwhile
             return False
 
-    def wait_drained(self, below: int, timeout: float) -> None:
-        """Wait up to `timeout` for the forwarder to take or admit records."""
+    def wait_drained(self, timeout: float) -> None:
+        """Wait up to `timeout` for the forwarder to admit what was handed over."""
         with self._cond:
-            if self.handed_records >= HANDOVER_MAX or any(
-                count >= below for count in self.counts.values()
-            ):
+            if self.handed_records >= HANDOVER_MAX:
                 self._drained.wait(timeout)
 
     # -- forwarder side ------------------------------------------------------------
-    def due_of(self, partition: int, record: Any) -> int:
-        """When `record` (of `partition`) is due at this level: the same each time it is
-        asked, a record sent again included (`retire` forgets what was kept for it)."""
+    def due_of(self, tp: TP, record: Any) -> int:
+        """When `record` (of `tp`) is due at its level: the same each time it is asked,
+        a record sent again included (`retire` forgets what was kept for it)."""
         if type(record) is tuple:
             return int(record[DUE])
         if type(record) is HeldView:
             return record.due_ms
         kind, stamp = record.timestamp()
         if kind == TIMESTAMP_LOG_APPEND_TIME:
-            return int(stamp) + self.delay_ms
-        return self.overrides.get(partition, {}).get(record.offset() or 0, 0)
+            return int(stamp) + self._delays[tp[0]][0]
+        return self.overrides.get(tp, {}).get(record.offset() or 0, 0)
 
     def retire(self, runs: Runs) -> None:
         """These records are committed and never go again: the due times kept for those
@@ -205,8 +222,8 @@ class PartitionGroup:
         if not self.overrides:
             return
         with self._cond:
-            for partition, records in runs:
-                over = self.overrides.get(partition)
+            for tp, records in runs:
+                over = self.overrides.get(tp)
                 if over:
                     for record in records:
                         if type(record) is not tuple and type(record) is not HeldView:
@@ -229,19 +246,23 @@ class PartitionGroup:
             head = self._head_s()
         return None if head == NEVER else int(head * 1000)
 
-    def earliest_held_ms(self) -> int | None:
-        """Due time of the earliest record held: what the next-due and overdue gauges
-        say. Unlike `next_due_ms`, a partition held back for a retry counts at its head's
-        due time, and records taken and still being sent count, so a forward that
-        cannot go out (an unreachable broker's metadata takes seconds to fail) shows as
-        overdue all along instead of as nothing held."""
+    def earliest_held_ms(self, topic: str | None = None) -> int | None:
+        """Due time of the earliest record held (of `topic`'s partitions, or of all):
+        what the next-due and overdue gauges say. Unlike `next_due_ms`, a partition
+        held back for a retry counts at its head's due time, and records taken and
+        still being sent count, so a forward that cannot go out (an unreachable
+        broker's metadata takes seconds to fail) shows as overdue all along instead of
+        as nothing held. Records handed over and not yet admitted count at a lower
+        bound (all of them, whatever their level, for one topic)."""
         with self._cond:
             earliest = min(self._handed_due * 1000, self._in_hand_ms)
-            if self.not_before:  # a live retry hold: its head counts at its own due time
-                for key, partition in self._heap:
-                    queue = self.queues.get(partition)
-                    if partition in self.not_before and queue:
-                        earliest = min(earliest, self.due_of(partition, queue[0]))
+            if self.not_before or topic is not None:
+                for key, tp in self._heap:
+                    if topic is not None and tp[0] != topic:
+                        continue
+                    queue = self.queues.get(tp)
+                    if tp in self.not_before and queue:
+                        earliest = min(earliest, self.due_of(tp, queue[0]))
                     else:
                         earliest = min(earliest, key)
             elif self._heap:
@@ -262,95 +283,95 @@ class PartitionGroup:
             self.handed_records = 0
             self._handed_due = NEVER
             self._handed_heads.clear()
-        delay, previous = self.delay_ms, self.previous_delay_ms
+        delays = self._delays
         admitted = [
-            (partition, incarnation, self._hold_run(records, delay, previous, read_ms))
-            for partition, incarnation, records, read_ms in handed
+            (tp, incarnation, self._hold_run(records, *delays[tp[0]], read_ms))
+            for tp, incarnation, records, read_ms in handed
         ]
-        not_append = 0
+        not_append: dict[str, int] = {}
         with self._cond:
-            for partition, incarnation, (entries, run_latest, unstamped) in admitted:
-                queue = self.queues.get(partition)
-                if queue is None or self.incarnations.get(partition) != incarnation:
+            for tp, incarnation, (entries, run_latest, unstamped) in admitted:
+                queue = self.queues.get(tp)
+                if queue is None or self.incarnations.get(tp) != incarnation:
                     continue  # dropped meanwhile (its counts went with it)
                 if unstamped:
-                    not_append += len(unstamped)
-                    self.overrides.setdefault(partition, {}).update(unstamped)
+                    not_append[tp[0]] = not_append.get(tp[0], 0) + len(unstamped)
+                    self.overrides.setdefault(tp, {}).update(unstamped)
                 latest = run_latest
-                if queue and self.latest_due.get(partition, 0) > latest:
-                    latest = self.latest_due[partition]
-                self.latest_due[partition] = latest
+                if queue and self.latest_due.get(tp, 0) > latest:
+                    latest = self.latest_due[tp]
+                self.latest_due[tp] = latest
                 was_empty = not queue
                 queue.extend(entries)
-                if was_empty and partition not in self._in_heap and queue:
-                    due = max(self.due_of(partition, queue[0]), self.not_before.get(partition, 0))
-                    heapq.heappush(self._heap, (due, partition))
-                    self._in_heap.add(partition)
+                if was_empty and tp not in self._in_heap and queue:
+                    due = max(self.due_of(tp, queue[0]), self.not_before.get(tp, 0))
+                    heapq.heappush(self._heap, (due, tp))
+                    self._in_heap.add(tp)
             self._drained.notify_all()
         if not_append and self._on_not_append is not None:
-            self._on_not_append(not_append)
+            for topic, count in not_append.items():
+                self._on_not_append(topic, count)
 
-    def take(self, limit: int) -> list[tuple[int, list[Any]]]:
+    def take(self, limit: int) -> Runs:
         """Records due now, at most about `limit`, as (partition, entries in offset order)
         runs, earliest head first. Never a record before its due time."""
         self.admit()
         now_ms = int(self._clock() * 1000)
-        out: list[tuple[int, list[Any]]] = []
+        out: Runs = []
         taken = 0
         due_of = self.due_of
         with self._cond:
             heap = self._heap
             while heap and heap[0][0] <= now_ms and taken < limit:
-                _, partition = heapq.heappop(heap)
+                _, tp = heapq.heappop(heap)
                 if self.not_before:
-                    self.not_before.pop(partition, None)  # its retry hold, if any, is over
-                queue = self.queues.get(partition)
+                    self.not_before.pop(tp, None)  # its retry hold, if any, is over
+                queue = self.queues.get(tp)
                 if queue is None or not queue:
-                    self._in_heap.discard(partition)
+                    self._in_heap.discard(tp)
                     continue
                 run: list[Any] = []
-                if self.latest_due.get(partition, 0) <= now_ms:  # a backlog: all of it is due
+                if self.latest_due.get(tp, 0) <= now_ms:  # a backlog: all of it is due
                     pop = queue.popleft
                     run = [pop() for _ in range(min(len(queue), limit - taken))]
                 else:
                     while queue and taken + len(run) < limit:
-                        if due_of(partition, queue[0]) > now_ms:
+                        if due_of(tp, queue[0]) > now_ms:
                             break
                         run.append(queue.popleft())
                 taken += len(run)
                 if run:
                     self._drained.notify_all()
-                    out.append((partition, run))
-                    self._taken(partition, len(run), not queue)
+                    out.append((tp, run))
+                    self._taken(tp, len(run), not queue)
                 if queue:
-                    next_due = max(due_of(partition, queue[0]), self.not_before.get(partition, 0))
-                    heapq.heappush(heap, (next_due, partition))
+                    next_due = max(due_of(tp, queue[0]), self.not_before.get(tp, 0))
+                    heapq.heappush(heap, (next_due, tp))
                 else:
-                    self._in_heap.discard(partition)
+                    self._in_heap.discard(tp)
             if out:
-                self._in_hand_ms = min(due_of(partition, run[0]) for partition, run in out)
+                self._in_hand_ms = min(due_of(tp, run[0]) for tp, run in out)
         return out
 
-    def _taken(self, partition: int, count: int, emptied: bool) -> None:
-        """Count `count` records out of `partition`. Their bytes are the partition's
-        average (exact once it is empty, so nothing drifts): a record's size is not
-        kept beside it."""
-        held = self.counts[partition]
-        size = self.bytes[partition]
-        pending = sum(len(e[2]) for e in self._handed if e[0] == partition) if emptied else 0
+    def _taken(self, tp: TP, count: int, emptied: bool) -> None:
+        """Count `count` records out of `tp`. Their bytes are the partition's average
+        (exact once it is empty, so nothing drifts): a record's size is not kept beside
+        it."""
+        held = self.counts[tp]
+        size = self.bytes[tp]
+        pending = sum(len(e[2]) for e in self._handed if e[0] == tp) if emptied else 0
         out = size if emptied and not pending else size * count // max(held, 1)
-        self.counts[partition] = held - count
-        self.bytes[partition] = size - out
-        self.total_buffered -= count
-        self.total_bytes -= out
+        self.counts[tp] = held - count
+        self.bytes[tp] = size - out
+        self._uncount(tp[0], count, out)
 
-    def incarnation(self, partition: int) -> int | None:
+    def incarnation(self, tp: TP) -> int | None:
         """Which assignment the partition's queue belongs to (None: not assigned)."""
-        return self.incarnations.get(partition)
+        return self.incarnations.get(tp)
 
     def put_back(
         self,
-        partition: int,
+        tp: TP,
         records: list[Any],
         not_before_ms: int = 0,
         incarnation: int | None = None,
@@ -360,25 +381,24 @@ class PartitionGroup:
         Records taken under another assignment (`incarnation`) are refused: the partition
         was revoked and came back, and is read again from its last commit."""
         with self._cond:
-            queue = self.queues.get(partition)
+            queue = self.queues.get(tp)
             if queue is None:
                 return  # revoked meanwhile: its new owner re-reads from the last commit
-            if incarnation is not None and self.incarnations.get(partition) != incarnation:
+            if incarnation is not None and self.incarnations.get(tp) != incarnation:
                 return  # revoked and assigned again since they were taken: stale
             queue.extendleft(reversed(records))
             size = sum(entry_bytes(record, RECORD_KEY_ALLOWANCE) for record in records)
-            self.counts[partition] += len(records)
-            self.bytes[partition] += size
-            self.total_buffered += len(records)
-            self.total_bytes += size
+            self.counts[tp] += len(records)
+            self.bytes[tp] += size
+            self._uncount(tp[0], -len(records), -size)
             if not_before_ms:
-                self.not_before[partition] = not_before_ms
+                self.not_before[tp] = not_before_ms
             if queue:
-                due = max(self.due_of(partition, queue[0]), self.not_before.get(partition, 0))
-                self._heap = [entry for entry in self._heap if entry[1] != partition]
-                self._heap.append((due, partition))
+                due = max(self.due_of(tp, queue[0]), self.not_before.get(tp, 0))
+                self._heap = [entry for entry in self._heap if entry[1] != tp]
+                self._heap.append((due, tp))
                 heapq.heapify(self._heap)
-                self._in_heap.add(partition)
+                self._in_heap.add(tp)
             self._cond.notify()
 
     def __len__(self) -> int:

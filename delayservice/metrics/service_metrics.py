@@ -106,16 +106,17 @@ class ServiceMetrics:
         )
         self.commits = Counter(
             "delayservice_commits",
-            "Offset commits of safe positions.",
-            ["level"],
+            "Offset commits of safe positions, by worker (commit points: the forwarder's; "
+            "at-least-once also the consumer's confirmed commits).",
+            ["worker"],
             registry=registry,
         )
         self.commit_step_seconds = Histogram(
             "delayservice_commit_step_seconds",
-            "Seconds a level's commit point spent in each step (flush, send_offsets, "
-            "commit_transaction). Nothing of the level is sent meanwhile, and a "
-            "read_committed reader waits for all of it.",
-            ["level", "step"],
+            "Seconds a worker's commit point spent in each step (flush, send_offsets, "
+            "commit_transaction). Nothing of the worker's levels is sent meanwhile, and "
+            "a read_committed reader waits for all of it.",
+            ["worker", "step"],
             buckets=COMMIT_STEP_BUCKETS,
             registry=registry,
         )
@@ -133,7 +134,7 @@ class ServiceMetrics:
         self.commit_failures = Counter(
             "delayservice_commit_failures",
             "Offset commits the broker did not confirm; the same offsets are committed again.",
-            ["level"],
+            ["worker"],
             registry=registry,
         )
         self.level_mismatches = Counter(
@@ -148,7 +149,7 @@ class ServiceMetrics:
             "delayservice_clock_offset_seconds",
             "Smallest (local time - broker append time) among records read lately: an upper "
             "bound on how far this host's clock runs ahead of the broker's, plus read latency.",
-            ["level"],
+            ["worker"],
             registry=registry,
         )
         self.clock_hold_back = Gauge(
@@ -160,14 +161,14 @@ class ServiceMetrics:
         self.loop_errors = Counter(
             "delayservice_loop_errors",
             "Unexpected exceptions a worker thread caught and survived.",
-            ["level", "thread"],
+            ["worker", "thread"],
             registry=registry,
         )
         self.consumer_rebuilds = Counter(
             "delayservice_consumer_rebuilds",
             "Consumers replaced after a fatal error (e.g. fenced after a coordinator "
             "failover); what they held is re-read.",
-            ["level"],
+            ["worker"],
             registry=registry,
         )
         self.dead_letter_stubs = Counter(

@@ -216,11 +216,13 @@ class PreciseWorker:
             coverage=self.progress,
             horizon_s=settings.precise_horizon_s,
             held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
+            topic=topic,
             unread=self.disk.intake_offsets.in_flight(),
         )
         buffer = self.wheel.buffer
         self.forwarder = build_forwarder(
-            self.level,
+            [self.level],
+            self.level.name,
             settings,
             metrics,
             buffer,
@@ -320,6 +322,10 @@ class PreciseWorker:
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
         self.disk.close()
         return stopped
+
+    @property
+    def name(self) -> str:
+        return self.level.name
 
     def health(self) -> tuple[bool, str]:
         topic = self.level.topic

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Final
 
-from delayservice.forward.buffer import NEVER, Alarm, Runs
+from delayservice.forward.buffer import NEVER, TP, Alarm, Runs
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.timers.base import Clock
 
@@ -53,7 +53,11 @@ class SlotBuffer:
         self,
         clock: Clock,
         keep: Callable[[list[SlotRecord]], list[SlotRecord]] = lambda records: records,
+        *,
+        topic: str = "",
     ) -> None:
+        """`topic`: the precise topic whose records it holds (its runs' key)."""
+        self.topic = topic
         self._clock = clock
         self._keep = keep
         self._heap: list[tuple[float, int, _Run]] = []
@@ -95,14 +99,14 @@ class SlotBuffer:
                 else:
                     heapq.heappop(heap)
             self._size -= len(records)
-        runs: dict[int, list[SlotRecord]] = {}
+        runs: dict[TP, list[SlotRecord]] = {}
         for record in self._keep(records):
-            runs.setdefault(record.partition(), []).append(record)
+            runs.setdefault((self.topic, record.partition()), []).append(record)
         return list(runs.items())
 
     def put_back(
         self,
-        partition: int,
+        tp: TP,
         records: list[SlotRecord],
         not_before_ms: int = 0,
         incarnation: int | None = None,
@@ -111,10 +115,11 @@ class SlotBuffer:
         static, so there is no other assignment they could be stale for."""
         self.schedule_many([(record, not_before_ms / 1000) for record in records])
 
-    def incarnation(self, partition: int) -> int | None:
+    def incarnation(self, tp: TP) -> int | None:
         return None
 
-    def drop(self, partitions: set[int]) -> None:
+    def drop(self, tps: set[TP]) -> None:
+        partitions = {partition for topic, partition in tps if topic == self.topic}
         with self._cond:
             kept: list[tuple[float, int, _Run]] = []
             size = 0
@@ -156,7 +161,7 @@ class SlotBuffer:
     def retire(self, runs: Runs) -> None:
         """Nothing kept beside a record: its due time is in it."""
 
-    def due_of(self, partition: int, record: SlotRecord) -> int:
+    def due_of(self, tp: TP, record: SlotRecord) -> int:
         return record.due_ms
 
     def __len__(self) -> int:

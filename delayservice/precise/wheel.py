@@ -69,6 +69,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         horizon_s: int = DEFAULT_HORIZON_S,
         held: HeldBytes | None = None,
         unread: Iterable[int] = (),
+        topic: str = "",
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
@@ -76,7 +77,8 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         and sets the tiers' widths. `unread`: partitions whose files may hold records of
         a batch the intake had not committed at the last stop; their slots load as
         usual but stay on disk, finished or not, until it has read that batch again
-        (`read_again`)."""
+        (`read_again`). `topic`: the precise topic (the buffer's runs are
+        keyed by its partitions)."""
         super().__init__(
             store,
             cancels,
@@ -91,7 +93,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             held if held is not None else HeldBytes(max_buffered_bytes),
         )
         self._unread.update(unread)
-        self.buffer = SlotBuffer(clock, keep=self._keep_or_stop)
+        self.buffer = SlotBuffer(clock, keep=self._keep_or_stop, topic=topic)
         """What the forwarder takes from; its taker drops what must not go out."""
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
         self._splitter = threading.Thread(

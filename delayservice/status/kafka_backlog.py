@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +40,8 @@ class PartitionBacklog:
     head: Head | None  # the first waiting record (None when nothing waits)
 
 
-def backlog(
-    client: dict[str, Any],
-    group_id: str,
-    topic: str,
-    keep: Callable[[int], bool] | None = None,
-) -> list[PartitionBacklog]:
-    """Per partition of `topic` (those `keep` accepts), what `group_id` has not
-    committed past, and its first record."""
-    consumer = Consumer(
+def _status_consumer(client: dict[str, Any], group_id: str) -> Any:
+    return Consumer(
         {
             **client,
             "group.id": group_id,
@@ -58,8 +51,21 @@ def backlog(
             "isolation.level": "read_committed",
         }
     )
+
+
+def backlog(
+    client: dict[str, Any],
+    group_ids: str | Sequence[str],
+    topic: str,
+    keep: Callable[[int], bool] | None = None,
+) -> list[PartitionBacklog]:
+    """Per partition of `topic` (those `keep` accepts), what the groups have not
+    committed past (the furthest of them: a level's progress is in the group of the
+    worker layout that ran last, `level.layout.group_ids`), and its first record."""
+    groups = [group_ids] if isinstance(group_ids, str) else list(group_ids)
+    consumer = _status_consumer(client, groups[0])
     try:
-        return _backlog(consumer, topic, keep)
+        return _backlog(consumer, topic, keep, [_status_consumer(client, g) for g in groups[1:]])
     except KafkaException as exc:
         raise DelayServiceError(f"reading the backlog of {topic}: {exc}") from exc
     finally:
@@ -67,7 +73,7 @@ def backlog(
 
 
 def _backlog(
-    consumer: Any, topic: str, keep: Callable[[int], bool] | None
+    consumer: Any, topic: str, keep: Callable[[int], bool] | None, others: list[Any]
 ) -> list[PartitionBacklog]:
     meta = consumer.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
     if meta is None or meta.error is not None:
@@ -76,6 +82,12 @@ def _backlog(
     partitions = sorted(p for p in meta.partitions if keep is None or keep(p))
     tps = [TopicPartition(topic, p) for p in partitions]
     committed = {tp.partition: tp.offset for tp in consumer.committed(tps, timeout=TIMEOUT_S)}
+    for other in others:
+        try:
+            for tp in other.committed(tps, timeout=TIMEOUT_S):
+                committed[tp.partition] = max(committed.get(tp.partition, -1), tp.offset)
+        finally:
+            other.close()
     starts: dict[int, int] = {}
     found: dict[int, PartitionBacklog] = {}
     for p in partitions:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS
 from delayservice.kafka import client_config
-from delayservice.level.level_worker import level_group_id
+from delayservice.level.layout import group_ids
 from delayservice.levels import Level
 from delayservice.precise.cancel_log import pending_cancels
 from delayservice.precise.census import Census, take_census
@@ -134,7 +134,7 @@ def level_rows(settings: Settings, metrics_urls: list[str]) -> list[PendingRow]:
     held, silent = held_in_memory(metrics_urls) if metrics_urls else ({}, [])
     rows = []
     for level in settings.level_set():
-        parts = backlog(client, level_group_id(settings, level), level.topic)
+        parts = backlog(client, group_ids(settings, level), level.topic)
         row = PendingRow(
             level.name,
             level.topic,

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from delayservice.envelope import Envelope, wrap
-from delayservice.level.level_worker import level_group_id
+from delayservice.level.layout import level_group_id
 from tests.faults.harness import Reader
 
 pytestmark = pytest.mark.kafka

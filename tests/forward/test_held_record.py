@@ -26,10 +26,11 @@ def test_a_held_record_is_seen_again_with_the_headers_it_was_read_with():
     assert type(entry) is tuple
     assert entry[DUE] == latest == NOW + DELAY_MS
     assert unstamped == []
-    view = record_of(2, entry)
+    view = record_of((record.topic(), 2), entry)
     assert isinstance(view, HeldView)
     assert view.headers() == headers == record.headers()
-    assert (view.offset(), view.partition(), view.key(), view.value()) == (7, 2, None, b"payload")
+    assert (view.topic(), view.offset(), view.partition()) == (record.topic(), 7, 2)
+    assert (view.key(), view.value()) == (None, b"payload")
     assert view.due_ms == NOW + DELAY_MS
     assert view.error() is None
     assert plain_tail(view.headers()) == plain_tail(headers)

@@ -17,7 +17,15 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.forward import forwarder as forwarder_module
 from tests.forward.test_commit_path import GUARANTEES, committed, rig_for, run
-from tests.level.fakes import TARGET, FakeClock, FakeProducer, LevelRig, Sent, kafka_error
+from tests.level.fakes import (
+    LEVEL_TOPIC,
+    TARGET,
+    FakeClock,
+    FakeProducer,
+    LevelRig,
+    Sent,
+    kafka_error,
+)
 from tests.level.test_consumer_loop import append, forwarded
 from tests.precise.forward_rig import make_precise_rig
 
@@ -138,7 +146,7 @@ def test_a_producer_that_goes_fatal_mid_pass_is_replaced_and_loses_nothing(
     assert sorted(set(seen)) == sorted(f"id-0-{offset}" for offset in range(RECORDS))
     if exactly_once:
         assert len(seen) == RECORDS  # the fatal producer committed nothing
-        assert new.committed_txns[-1][1] == [(0, RECORDS)]
+        assert new.committed_txns[-1][1] == [((LEVEL_TOPIC, 0), RECORDS)]
     else:
         assert rig.consumer.committed_offsets == {0: RECORDS}
 
@@ -164,7 +172,8 @@ def test_a_record_set_aside_whose_send_raises_waits_on_instead_of_vanishing(
     for offset in range(3):  # distinct contents: the report names its record at once
         append(rig, 0, value=f"v{offset}".encode())
     run(rig, clock)
-    assert 1 in rig.forwarder._waiting.get(0, {}), "the refused record was not set aside"
+    waiting = rig.forwarder.interval.waiting
+    assert 1 in waiting.get((LEVEL_TOPIC, 0), {}), "the refused record was not set aside"
 
     def deleted(_sent: Sent) -> None:
         raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Local: Unknown topic"))

@@ -122,9 +122,12 @@ def message(
     topic: str = LEVEL_TOPIC,
     error: KafkaError | None = None,
 ) -> Message:
-    """A record as the consumer returns it; a valid envelope (id `id-P-O`) by default."""
+    """A record as the consumer returns it; a valid envelope by default, with the id
+    `id-P-O` (on another topic than the level's, `id-TOPIC-P-O`)."""
     if headers is _ENVELOPE:
-        headers = envelope_headers(message_id=f"id-{partition}-{offset}")
+        where = f"{partition}" if topic == LEVEL_TOPIC else f"{topic}-{partition}"
+        mid = f"id-{where}-{offset}"
+        headers = envelope_headers(message_id=mid)
     return Message(
         topic=topic,
         partition=partition,
@@ -157,6 +160,7 @@ def header(headers: Iterable[tuple[str, Any]] | None, name: str) -> Any:
 
 
 # -- consumer -----------------------------------------------------------------------
+TP = tuple[str, int]
 CommitOutcome = Callable[[list[TopicPartition]], tuple[KafkaError | None, list[TopicPartition]]]
 
 
@@ -165,26 +169,32 @@ def commit_ok(offsets: list[TopicPartition]) -> tuple[KafkaError | None, list[To
 
 
 class FakeConsumer:
-    def __init__(self, topic: str = LEVEL_TOPIC) -> None:
+    """Keyed by (topic, partition) inside; a test names a partition of the first topic by
+    its number alone, and reads the first topic's state through the int-keyed views
+    (`committed_offsets`, `paused`, `assigned`, `commits`, `seeks`, `pauses`,
+    `resumes`)."""
+
+    def __init__(self, topic: str = LEVEL_TOPIC, *more_topics: str) -> None:
         self.topic = topic
+        self.topics = [topic, *more_topics]
         self.config: dict[str, Any] = {}
         self.rebalance: dict[str, Callable[[Any, list[TopicPartition]], None]] = {}
-        self.logs: dict[int, list[Message]] = {}
-        self.positions: dict[int, int] = {}
-        self.assigned: set[int] = set()
-        self.paused: set[int] = set()  # kept across re-assignment, like librdkafka
-        self.committed_offsets: dict[int, int] = {}  # what the "broker" accepted
-        self.commits: list[tuple[bool, list[tuple[int, int]]]] = []  # (async?, offsets)
-        self.seeks: list[tuple[int, int]] = []
-        self.pauses: list[list[int]] = []
-        self.resumes: list[list[int]] = []
+        self.logs: dict[TP, list[Message]] = {}
+        self.positions: dict[TP, int] = {}
+        self.assigned_tps: set[TP] = set()
+        self.paused_tps: set[TP] = set()  # kept across re-assignment, like librdkafka
+        self.committed_tps: dict[TP, int] = {}  # what the "broker" accepted
+        self.commits_tps: list[tuple[bool, list[tuple[TP, int]]]] = []  # (async?, offsets)
+        self.seeks_tps: list[tuple[TP, int]] = []
+        self.pauses_tps: list[list[TP]] = []
+        self.resumes_tps: list[list[TP]] = []
         self.commit_outcome: CommitOutcome = commit_ok
         self.commit_raises: KafkaException | None = None  # for synchronous commits
         self.injected: deque[Message] = deque()  # returned ahead of the logs (errors)
         self.closed = False
         self.blocking = True  # False: consume() ignores its timeout (tests on one thread)
         self.consume_calls = 0
-        self.generation: dict[int, int] = {}  # partition -> its current assignment's number
+        self.generation: dict[TP, int] = {}  # partition -> its current assignment's number
         self.fetch_loses_offsets = False
         """librdkafka's own fetch on assignment starting from `auto.offset.reset` (the
         beginning), as seen when a rebalance came in while committed offsets were
@@ -192,11 +202,50 @@ class FakeConsumer:
         self.unstable_answers = 0  # committed() calls that time out (a pending transaction)
         self.committed_calls = 0
         self.explicit_starts: list[tuple[int, int]] = []
-        self.read_in: dict[tuple[int, int], int] = {}  # (partition, offset) -> read under
+        self.read_in: dict[tuple[TP, int], int] = {}  # (partition, offset) -> read under
         self._generations = 0
-        self._events: deque[tuple[str, list[int]]] = deque()
+        self._events: deque[tuple[str, list[TP]]] = deque()
         self._reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
         self._cond = threading.Condition()
+
+    def tp(self, partition: int | TP) -> TP:
+        """A partition number of the first topic, or a (topic, partition) as it is."""
+        return partition if isinstance(partition, tuple) else (self.topic, partition)
+
+    def _first(self, tps: Iterable[TP]) -> list[int]:
+        return [p for t, p in tps if t == self.topic]
+
+    # -- int-keyed views of the first topic --------------------------------------------
+    @property
+    def committed_offsets(self) -> dict[int, int]:
+        return {p: o for (t, p), o in self.committed_tps.items() if t == self.topic}
+
+    @property
+    def assigned(self) -> set[int]:
+        return set(self._first(self.assigned_tps))
+
+    @property
+    def paused(self) -> set[int]:
+        return set(self._first(self.paused_tps))
+
+    @property
+    def commits(self) -> list[tuple[bool, list[tuple[int, int]]]]:
+        return [
+            (asynchronous, [(tp[1], o) for tp, o in offsets if tp[0] == self.topic])
+            for asynchronous, offsets in self.commits_tps
+        ]
+
+    @property
+    def seeks(self) -> list[tuple[int, int]]:
+        return [(tp[1], o) for tp, o in self.seeks_tps if tp[0] == self.topic]
+
+    @property
+    def pauses(self) -> list[list[int]]:
+        return [self._first(tps) for tps in self.pauses_tps]
+
+    @property
+    def resumes(self) -> list[list[int]]:
+        return [self._first(tps) for tps in self.resumes_tps]
 
     # The loop's MakeConsumer: receives error_cb and on_commit.
     def make(self, config: dict[str, Any]) -> FakeConsumer:
@@ -204,18 +253,18 @@ class FakeConsumer:
         return self
 
     # -- test controls ---------------------------------------------------------------
-    def append(self, partition: int, *messages: Message) -> None:
+    def append(self, partition: int | TP, *messages: Message) -> None:
         with self._cond:
-            self.logs.setdefault(partition, []).extend(messages)
+            self.logs.setdefault(self.tp(partition), []).extend(messages)
             self._cond.notify_all()
 
-    def next_offset(self, partition: int) -> int:
-        return len(self.logs.get(partition, []))
+    def next_offset(self, partition: int | TP) -> int:
+        return len(self.logs.get(self.tp(partition), []))
 
-    def queue_rebalance(self, kind: str, *partitions: int) -> None:
+    def queue_rebalance(self, kind: str, *partitions: int | TP) -> None:
         """Fire on_assign / on_revoke / on_lost from inside the next consume()."""
         with self._cond:
-            self._events.append((kind, list(partitions)))
+            self._events.append((kind, [self.tp(p) for p in partitions]))
             self._cond.notify_all()
 
     # -- ConsumerClient ----------------------------------------------------------------
@@ -226,7 +275,7 @@ class FakeConsumer:
         on_revoke: Any = None,
         on_lost: Any = None,
     ) -> None:
-        assert topics == [self.topic]
+        assert sorted(topics) == sorted(self.topics)
         self.rebalance = {"assign": on_assign, "revoke": on_revoke, "lost": on_lost}
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
@@ -243,34 +292,39 @@ class FakeConsumer:
 
     def pause(self, partitions: list[TopicPartition]) -> None:
         with self._cond:
-            self.pauses.append([tp.partition for tp in partitions])
-            self.paused.update(tp.partition for tp in partitions)
+            tps = [(tp.topic, tp.partition) for tp in partitions]
+            self.pauses_tps.append(tps)
+            self.paused_tps.update(tps)
 
     def resume(self, partitions: list[TopicPartition]) -> None:
         with self._cond:
-            self.resumes.append([tp.partition for tp in partitions])
-            self.paused.difference_update(tp.partition for tp in partitions)
+            tps = [(tp.topic, tp.partition) for tp in partitions]
+            self.resumes_tps.append(tps)
+            self.paused_tps.difference_update(tps)
             self._cond.notify_all()
 
     def seek(self, partition: TopicPartition) -> None:
         with self._cond:
-            assert partition.partition in self.assigned, "seek on an unassigned partition"
-            self.seeks.append((partition.partition, partition.offset))
+            tp = (partition.topic, partition.partition)
+            assert tp in self.assigned_tps, "seek on an unassigned partition"
+            self.seeks_tps.append((tp, partition.offset))
             offset = 0 if partition.offset == OFFSET_BEGINNING else partition.offset
-            self.positions[partition.partition] = offset
+            self.positions[tp] = offset
 
     def commit(
         self, *, offsets: list[TopicPartition], asynchronous: bool = True
     ) -> list[TopicPartition] | None:
         with self._cond:
-            self.commits.append((asynchronous, [(tp.partition, tp.offset) for tp in offsets]))
+            self.commits_tps.append(
+                (asynchronous, [((tp.topic, tp.partition), tp.offset) for tp in offsets])
+            )
             if not asynchronous and self.commit_raises is not None:
                 raise self.commit_raises
             error, results = self.commit_outcome(offsets)
             if error is None:
                 for tp in results:
                     if tp.error is None:
-                        self.committed_offsets[tp.partition] = tp.offset
+                        self.committed_tps[(tp.topic, tp.partition)] = tp.offset
             if asynchronous:
                 self._reports.append((error, results))  # served by the next consume()
                 return None
@@ -282,10 +336,12 @@ class FakeConsumer:
         """Called from on_assign: the partitions start where the caller says."""
         with self._cond:
             for tp in partitions:
-                assert tp.partition in self.assigned, "assigning a partition not given"
+                key = (tp.topic, tp.partition)
+                assert key in self.assigned_tps, "assigning a partition not given"
                 offset = 0 if tp.offset == OFFSET_BEGINNING else tp.offset
-                self.explicit_starts.append((tp.partition, tp.offset))
-                self.positions[tp.partition] = offset
+                if tp.topic == self.topic:
+                    self.explicit_starts.append((tp.partition, tp.offset))
+                self.positions[key] = offset
 
     def committed(
         self, partitions: list[TopicPartition], timeout: float = -1
@@ -303,7 +359,9 @@ class FakeConsumer:
                 )
             return [
                 TopicPartition(
-                    self.topic, tp.partition, self.committed_offsets.get(tp.partition, -1001)
+                    tp.topic,
+                    tp.partition,
+                    self.committed_tps.get((tp.topic, tp.partition), -1001),
                 )
                 for tp in partitions
             ]
@@ -311,17 +369,21 @@ class FakeConsumer:
     def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         with self._cond:
             return [
-                TopicPartition(self.topic, tp.partition, self.positions.get(tp.partition, -1001))
+                TopicPartition(
+                    tp.topic, tp.partition, self.positions.get((tp.topic, tp.partition), -1001)
+                )
                 for tp in partitions
             ]
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
-        return 0, self.next_offset(partition.partition)
+        return 0, self.next_offset((partition.topic, partition.partition))
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        return SimpleNamespace(topics={self.topic: SimpleNamespace(partitions={}, error=None)})
+        return SimpleNamespace(
+            topics={t: SimpleNamespace(partitions={}, error=None) for t in self.topics}
+        )
 
     def consumer_group_metadata(self) -> Any:
         return ("group-metadata", self.topic)
@@ -334,8 +396,8 @@ class FakeConsumer:
         if self._events or self._reports or self.injected:
             return True
         return any(
-            self.positions.get(p, 0) < len(self.logs.get(p, []))
-            for p in self.assigned - self.paused
+            self.positions.get(tp, 0) < len(self.logs.get(tp, []))
+            for tp in self.assigned_tps - self.paused_tps
         )
 
     def _serve_callbacks(self) -> None:
@@ -352,36 +414,35 @@ class FakeConsumer:
             with self._cond:
                 if not self._events:
                     return
-                kind, partitions = self._events.popleft()
+                kind, tps = self._events.popleft()
                 if kind == "assign":
-                    for p in partitions:
-                        self.assigned.add(p)
-                        self.positions[p] = (
-                            0 if self.fetch_loses_offsets else self.committed_offsets.get(p, 0)
+                    for tp in tps:
+                        self.assigned_tps.add(tp)
+                        self.positions[tp] = (
+                            0 if self.fetch_loses_offsets else self.committed_tps.get(tp, 0)
                         )
                         self._generations += 1
-                        self.generation[p] = self._generations
+                        self.generation[tp] = self._generations
             callback = self.rebalance.get(kind)
-            tps = [TopicPartition(self.topic, p) for p in partitions]
             if callback is not None:
-                callback(self, tps)
+                callback(self, [TopicPartition(*tp) for tp in tps])
             if kind in ("revoke", "lost"):
                 with self._cond:
-                    self.assigned.difference_update(partitions)
-                    for p in partitions:
-                        self.generation.pop(p, None)
+                    self.assigned_tps.difference_update(tps)
+                    for tp in tps:
+                        self.generation.pop(tp, None)
 
     def _take(self, limit: int) -> list[Message]:
         out: list[Message] = []
         with self._cond:
             while self.injected and len(out) < limit:
                 out.append(self.injected.popleft())
-            for p in sorted(self.assigned - self.paused):
-                log = self.logs.get(p, [])
-                while self.positions.get(p, 0) < len(log) and len(out) < limit:
-                    out.append(log[self.positions[p]])
-                    self.read_in[(p, self.positions[p])] = self.generation.get(p, 0)
-                    self.positions[p] += 1
+            for tp in sorted(self.assigned_tps - self.paused_tps):
+                log = self.logs.get(tp, [])
+                while self.positions.get(tp, 0) < len(log) and len(out) < limit:
+                    out.append(log[self.positions[tp]])
+                    self.read_in[(tp, self.positions[tp])] = self.generation.get(tp, 0)
+                    self.positions[tp] += 1
         return out
 
 
@@ -432,15 +493,23 @@ def _check_headers(headers: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def _source_of(sent: Sent) -> tuple[int, int] | None:
+def _source_of(sent: Sent) -> tuple[TP, int] | None:
     """The level record a forward or dead letter came from: its `dlq-origin-*` headers,
-    or the default id `id-P-O` that `message` gives."""
-    origin = sent.header("dlq-origin-partition"), sent.header("dlq-origin-offset")
-    if origin[0] is not None and origin[1] is not None:
-        return int(origin[0]), int(origin[1])
+    or the default id (`id-P-O`, `id-TOPIC-P-O`) that `message` gives."""
+    origin = (
+        sent.header("dlq-origin-topic"),
+        sent.header("dlq-origin-partition"),
+        sent.header("dlq-origin-offset"),
+    )
+    if origin[0] is not None and origin[1] is not None and origin[2] is not None:
+        return (origin[0].decode(), int(origin[1])), int(origin[2])
     parts = (sent.delay_id or "").split("-")
-    if len(parts) == 3 and parts[0] == "id" and parts[1].isdigit() and parts[2].isdigit():
-        return int(parts[1]), int(parts[2])
+    if parts[0] != "id" or not all(part.isdigit() for part in parts[-2:]):
+        return None
+    if len(parts) == 3:
+        return (LEVEL_TOPIC, int(parts[1])), int(parts[2])
+    if len(parts) == 4:
+        return (parts[1], int(parts[2])), int(parts[3])
     return None
 
 
@@ -592,7 +661,7 @@ class FakeProducer:
             raise KafkaException(self._abortable_error())
         if self.send_offsets_raises is not None:
             raise self.send_offsets_raises
-        self.txn_offsets = [(tp.partition, tp.offset) for tp in offsets]
+        self.txn_offsets = [((tp.topic, tp.partition), tp.offset) for tp in offsets]
 
     def _abortable_error(self) -> KafkaError:
         assert self.abortable is not None
@@ -620,7 +689,7 @@ class FakeProducer:
         self.committed_txns.append((self.txn_sent, self.txn_offsets))
         if self.owner is not None:
             with self.owner._cond:
-                self.owner.committed_offsets.update(dict(self.txn_offsets))
+                self.owner.committed_tps.update(dict(self.txn_offsets))
         self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
         self._commit_in_flight = False
 
@@ -636,21 +705,19 @@ class FakeProducer:
         owner = self.owner
         if owner is None:
             return
-        for partition, offset in self.txn_offsets:
-            if partition not in owner.assigned:
-                self.violations.append(f"offset {offset} of unowned partition {partition}")
+        for tp, offset in self.txn_offsets:
+            if tp not in owner.assigned_tps:
+                self.violations.append(f"offset {offset} of unowned partition {tp}")
         for sent in self.txn_sent:
             source = _source_of(sent)
             if source is None:
                 continue
-            partition, offset = source
-            current = owner.generation.get(partition)
+            tp, offset = source
+            current = owner.generation.get(tp)
             if current is None:
-                self.violations.append(f"record {partition}@{offset} of an unowned partition")
+                self.violations.append(f"record {tp}@{offset} of an unowned partition")
             elif owner.read_in.get(source) != current:
-                self.violations.append(
-                    f"record {partition}@{offset} read under an earlier assignment"
-                )
+                self.violations.append(f"record {tp}@{offset} read under an earlier assignment")
 
     def abort_transaction(self, timeout: float = -1) -> None:
         self._refuse_if_fatal()
@@ -789,6 +856,11 @@ class FakeProducer:
             )
 
 
+def first_topic(offsets: Iterable[tuple[TP, int]]) -> list[tuple[int, int]]:
+    """(partition, offset) pairs of `LEVEL_TOPIC` among a transaction's offsets."""
+    return [(tp[1], offset) for tp, offset in offsets if tp[0] == LEVEL_TOPIC]
+
+
 def inferred_once(which: Callable[[Sent], bool]) -> Callable[[Sent], bool]:
     """A `FakeProducer.inferred` for the first record `which` picks, once."""
     left = [1]
@@ -818,8 +890,12 @@ class _Fakes:
     producer: FakeProducer
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.registry.get_sample_value(name, {"level": LEVEL.name, **labels})
-        return 0.0 if value is None else value
+        """A sample of the rig's level (a per-level family) or of its worker."""
+        for default in ({"level": LEVEL.name}, {"worker": WORKER}):
+            value = self.registry.get_sample_value(name, {**default, **labels})
+            if value is not None:
+                return value
+        return 0.0
 
     def now_ms(self) -> int:
         return self.clock.ms() if self.clock is not None else int(time.time() * 1000)
@@ -839,6 +915,10 @@ class LevelRig(_Fakes):
 
 
 LEVELS = LevelSet([PREVIOUS_DELAY_MS, LEVEL.delay_ms, 20_000, MAX_DELAY_MS], "delay_topic_")
+LONGER = LEVELS.levels[2]
+"""A second level a worker may serve beside `LEVEL` (20 s, delay_topic_3)."""
+WORKER = "levels"
+"""The rig's worker name (the per-worker metrics' label)."""
 
 
 PRODUCERS: list[FakeProducer] = []
@@ -859,13 +939,16 @@ def make_level_rig(
     topics: dict[str, int] | None = None,
     precise_topic: str | None = None,
     hold_back: bool = False,
+    levels: tuple[Level, ...] = (LEVEL,),
 ) -> LevelRig:
     """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it.
     `hold_back`: due times are met by a `BrokerClock` over it, as in the daemon (left out
-    by default: records the tests append as already due would wait for the bound)."""
+    by default: records the tests append as already due would wait for the bound).
+    `levels`: what the worker serves (one level by default, `LEVEL`; the consumer's
+    first topic is the first level's)."""
     registry = CollectorRegistry()
     metrics = ServiceMetrics(registry)
-    consumer = FakeConsumer()
+    consumer = FakeConsumer(*(level.topic for level in levels))
     box: list[Forwarder] = []
     config: dict[str, Any] = {
         "delivery.report.only.error": True,
@@ -886,10 +969,12 @@ def make_level_rig(
     broker_clock = BrokerClock(base, MAX_HOLD_BACK_S if hold_back else 0.0)
     due_clock: Any = broker_clock if hold_back else base
     group = PartitionGroup(
-        LEVEL.delay_ms,
+        [(lv.topic, lv.delay_ms, LEVELS.previous_delay_ms(lv)) for lv in levels],
         due_clock.time,
-        PREVIOUS_DELAY_MS,
-        metrics.level_mismatches.labels(LEVEL.name, "not_append_time").inc,
+        lambda topic, n: metrics.level_mismatches.labels(
+            LEVELS.by_topic(topic).name,  # type: ignore[union-attr]
+            "not_append_time",
+        ).inc(n),
     )
     budget = MemoryBudget(max_bytes)
     budget.register(group)
@@ -900,16 +985,16 @@ def make_level_rig(
         precise_topic,
         DLQ,
         frozenset({*(lv.topic for lv in LEVELS), DLQ}),
-        PREVIOUS_DELAY_MS,
     )
     forwarder = Forwarder(
-        LEVEL,
+        levels,
         group,
         producer,
         TargetTopics(producer, clock=base),
         routes,
         metrics,
         fatal.append,
+        name=WORKER,
         transactional=exactly_once,
         unconfirmed=unconfirmed,
         commit_interval_s=commit_interval_s,
@@ -920,8 +1005,8 @@ def make_level_rig(
     )
     box.append(forwarder)
     loop = ConsumerLoop(
-        LEVEL, consumer.make, group, flow, forwarder, metrics, on_fatal=fatal.append,
-        stop_timeout_s=2.0, broker_clock=broker_clock,
+        levels, consumer.make, group, flow, forwarder, metrics, on_fatal=fatal.append,
+        stop_timeout_s=2.0, broker_clock=broker_clock, name=WORKER,
     )  # fmt: skip
     return LevelRig(
         registry, metrics, clock, consumer, producer, group, budget, flow, forwarder, loop,

@@ -25,6 +25,7 @@ from tests.level.fakes import (
     LevelRig,
     Sent,
     envelope_headers,
+    first_topic,
     kafka_error,
     make_level_rig,
     message,
@@ -33,6 +34,11 @@ from tests.level.fakes import (
 
 INF = float("inf")
 DELAY = LEVEL.delay_ms
+
+
+def tp(partition: int) -> tuple[str, int]:
+    """A partition of the rig's level topic, as the worker keys it."""
+    return (LEVEL_TOPIC, partition)
 
 
 def subscribed(rig: LevelRig) -> LevelRig:
@@ -134,7 +140,7 @@ def test_records_are_held_to_their_due_time_and_committed_only_once_flushed(rig,
     step(rig)
     assert async_commits(rig)[-1] == [(0, 2), (1, 1)]
     step(rig)  # the broker's confirmation is served from consume()
-    assert rig.loop.confirmed == {0: 2, 1: 1}
+    assert rig.loop.confirmed == {tp(0): 2, tp(1): 1}
     assert rig.metric("delayservice_commits_total") >= 1
     assert rig.metric("delayservice_forwarded_total") == 3
     assert rig.consumer.committed_offsets == {0: 2, 1: 1}
@@ -249,10 +255,10 @@ def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_drai
     step(rig)
     assert rig.consumer.pauses == [[0]]
     assert rig.consumer.seeks == [(0, 3)]  # back to the refused record
-    assert rig.loop.paused == {0}
-    assert rig.group.counts == {0: 3, 1: 1}
+    assert rig.loop.paused == {tp(0)}
+    assert rig.group.counts == {tp(0): 3, tp(1): 1}
     step(rig)
-    assert rig.group.counts[0] == 3  # nothing read while paused
+    assert rig.group.counts[tp(0)] == 3  # nothing read while paused
     assert rig.consumer.resumes == [[0, 1]]  # only the resume of the fresh assignment
 
     clock.advance(DELAY / 1000)
@@ -271,18 +277,22 @@ def test_a_refused_record_pauses_its_partition_seeks_back_and_resumes_after_drai
     assert rig.consumer.committed_offsets == {0: 6, 1: 1}
 
 
-def test_a_backlog_of_due_records_is_not_paused_reading_waits_for_the_forwarder(clock):
+def test_a_backlog_of_due_records_pauses_its_partition_and_the_others_are_read_on(clock):
+    """A partition behind its forwarder is paused near its mark like any other: waiting
+    for the forwarder instead would stop every partition and every level the consumer
+    reads."""
     rig = subscribed(make_level_rig(clock=clock, high_water=8, low_water=2))
-    rig.consumer.queue_rebalance("assign", 0)
+    rig.consumer.queue_rebalance("assign", 0, 1)
     append(rig, 0, 6)  # due at once; pause_at is 6
     step(rig)
-    assert rig.consumer.pauses == []  # pausing would throw away what was fetched
-    calls = rig.consumer.consume_calls
+    assert rig.consumer.pauses == [[0]]
+    append(rig, 1, 2)
     step(rig)
-    assert rig.consumer.consume_calls == calls  # behind: the forwarder goes first
-    forward(rig)
-    step(rig)
-    assert rig.consumer.consume_calls > calls
+    assert rig.group.counts[tp(1)] == 2  # read on while partition 0 waits
+    for _ in range(3):
+        forward(rig)
+        step(rig)
+    assert rig.loop.paused == set()  # drained: resumed
     assert rig.consumer.seeks == []
 
 
@@ -300,7 +310,7 @@ def test_the_memory_budget_pauses_too_and_an_empty_level_still_takes_one_record(
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 3, value=b"x" * 3000)
     step(rig)
-    assert rig.group.counts[0] == 1  # one oversized record is let in
+    assert rig.group.counts[tp(0)] == 1  # one oversized record is let in
     assert rig.consumer.seeks == [(0, 1)]
     for _ in range(6):
         forward(rig)
@@ -394,7 +404,7 @@ def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause
     step(rig)
     step(rig)
     assert rig.consumer.paused == {0}  # filled up again, from the committed offset
-    assert rig.group.counts[0] == 2
+    assert rig.group.counts[tp(0)] == 2
     assert [0] in rig.consumer.resumes
 
 
@@ -623,7 +633,7 @@ def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it
 
         rig.group.add = add_failing_second
     else:
-        rig.loop._to_resume_on_assign.append(0)
+        rig.loop._to_resume_on_assign.append(tp(0))
 
         def resume_fails(_tps):
             raise RuntimeError("broken resume")
@@ -643,7 +653,7 @@ def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it
 def test_a_seek_that_fails_keeps_every_rewind_for_the_next_iteration(rig):
     rig.consumer.queue_rebalance("assign", 0, 1)
     step(rig)
-    rig.loop._rewind.update({0: 0, 1: 0})
+    rig.loop._rewind.update({tp(0): 0, tp(1): 0})
     seek = rig.consumer.seek
     calls = {"n": 0}
 
@@ -656,7 +666,7 @@ def test_a_seek_that_fails_keeps_every_rewind_for_the_next_iteration(rig):
     rig.consumer.seek = seek_failing_first
     with pytest.raises(KafkaException):
         rig.loop._apply_rewinds()
-    assert set(rig.loop._rewind) == {0, 1}  # the failed one and the one after it
+    assert set(rig.loop._rewind) == {tp(0), tp(1)}  # the failed one and the one after it
     rig.loop._apply_rewinds()
     assert rig.loop._rewind == {}
     assert sorted(rig.consumer.seeks) == [(0, 0), (1, 0)]
@@ -701,7 +711,8 @@ def test_the_threads_forward_on_time_commit_and_stop_cleanly(exactly_once):
         assert sent.at * 1000 >= int(sent.header("delay-due-ms"))
     assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 0
     if exactly_once:
-        assert sorted(o for _sent, offsets in rig.producer.committed_txns for o in offsets)[
+        committed_txns = rig.producer.committed_txns
+        assert sorted(o for _sent, offsets in committed_txns for o in first_topic(offsets))[
             -2:
         ] == [(0, 5), (1, 5)]
         assert rig.consumer.commits == []  # the offsets travel in the transactions

@@ -32,7 +32,14 @@ from delayservice.forward import transaction as transaction_module
 from delayservice.level import consumer_loop as consumer_loop_module
 from delayservice.level.partition_group import PartitionGroup
 from tests.level import fakes
-from tests.level.fakes import FakeClock, FakeProducer, LevelRig, make_level_rig, message
+from tests.level.fakes import (
+    LEVEL_TOPIC,
+    FakeClock,
+    FakeProducer,
+    LevelRig,
+    make_level_rig,
+    message,
+)
 from tests.level.test_consumer_loop import append, forward, step, subscribed
 
 
@@ -131,33 +138,35 @@ def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, mo
 
 
 def test_3_records_taken_under_an_earlier_assignment_never_return_to_the_queue():
-    group = PartitionGroup(1000, lambda: 10.0)
-    group.assign(0)
-    earlier = group.incarnation(0)
+    group = PartitionGroup([(LEVEL_TOPIC, 1000, 0)], lambda: 10.0)
+    tp = (LEVEL_TOPIC, 0)
+    group.assign(tp)
+    earlier = group.incarnation(tp)
     records = [message(0, o, 1_000, headers=None) for o in range(3)]
-    group.add(0, records, 300, 5_000)
+    group.add(tp, records, 300, 5_000)
     ((_, taken),) = group.take(10)
-    group.drop({0})  # revoked
-    group.assign(0)  # and assigned again: read anew from the last commit
-    group.put_back(0, taken, incarnation=earlier)
+    group.drop({tp})  # revoked
+    group.assign(tp)  # and assigned again: read anew from the last commit
+    group.put_back(tp, taken, incarnation=earlier)
     assert group.total_buffered == 0
-    assert group.incarnation(0) != earlier
-    group.put_back(0, taken, incarnation=group.incarnation(0))  # the current one: back
+    assert group.incarnation(tp) != earlier
+    group.put_back(tp, taken, incarnation=group.incarnation(tp))  # the current one: back
     assert group.total_buffered == 3
 
 
 def test_3_a_forwarder_never_puts_back_what_a_reassigned_partition_had(clock):
     rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    tp = (LEVEL_TOPIC, 0)
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 2)
     step(rig)
     forward(rig)  # 0@0 and 0@1 inside the open transaction
-    taken_under = rig.forwarder._taken_from[0]
-    rig.group.drop({0})  # as if revoked and assigned again behind the forwarder's back
-    rig.group.assign(0)
+    taken_under = rig.forwarder.interval.taken_from[tp]
+    rig.group.drop({tp})  # as if revoked and assigned again behind the forwarder's back
+    rig.group.assign(tp)
     rig.forwarder._txn.abort()
-    rig.forwarder._requeue({})
-    assert rig.group.incarnation(0) != taken_under
+    rig.forwarder.interval.requeue({})
+    assert rig.group.incarnation(tp) != taken_under
     assert rig.group.total_buffered == 0
 
 
@@ -172,7 +181,7 @@ def test_4_a_commit_that_times_out_is_retried_as_a_commit_never_aborted(clock):
     assert rig.forwarder._producer is rig.producer  # not replaced
     assert rig.producer.aborted == []
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
-    assert rig.producer.committed_txns[-1][1] == [(0, 3)]
+    assert rig.producer.committed_txns[-1][1] == [((LEVEL_TOPIC, 0), 3)]
 
 
 def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
@@ -236,7 +245,7 @@ def test_6_a_new_owner_starts_at_the_committed_offset_whatever_the_clients_fetch
     clock, exactly_once
 ):
     rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once))
-    rig.consumer.committed_offsets[0] = 3  # where the previous owner's last commit left it
+    rig.consumer.committed_tps[(LEVEL_TOPIC, 0)] = 3  # where the previous owner's commit left it
     rig.consumer.fetch_loses_offsets = True
     append(rig, 0, 5)
     rig.consumer.queue_rebalance("assign", 0)
@@ -259,7 +268,7 @@ def test_6_an_assignment_waits_while_a_dead_members_transaction_holds_the_offset
 ):
     monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
     rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
-    rig.consumer.committed_offsets[0] = 2
+    rig.consumer.committed_tps[(LEVEL_TOPIC, 0)] = 2
     rig.consumer.fetch_loses_offsets = True
     rig.consumer.unstable_answers = 3  # until the broker aborts that transaction
     append(rig, 0, 4)

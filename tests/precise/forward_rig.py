@@ -75,8 +75,12 @@ class PreciseRig:
         return self.clock.ms() if self.clock is not None else int(time.time() * 1000)
 
     def metric(self, name: str, **labels: str) -> float:
-        value = self.registry.get_sample_value(name, {"level": LEVEL_NAME, **labels})
-        return 0.0 if value is None else value
+        """A sample of the precise level (a per-level family) or of its worker."""
+        for default in ({"level": LEVEL_NAME}, {"worker": LEVEL_NAME}):
+            value = self.registry.get_sample_value(name, {**default, **labels})
+            if value is not None:
+                return value
+        return 0.0
 
     def hold(
         self,
@@ -157,7 +161,7 @@ def make_precise_rig(
         producers.append(FakeProducer(all_topics, clock, config))
         return producers[-1]
 
-    buffer = SlotBuffer(clock.time if clock is not None else time.time)
+    buffer = SlotBuffer(clock.time if clock is not None else time.time, topic=PRECISE_TOPIC)
     wheel = SlotsSettled()
     offsets = LevelLedger()
     fatal: list[str] = []
@@ -166,7 +170,8 @@ def make_precise_rig(
         settle_durable(runs, wheel=wheel, offsets=offsets)
 
     forwarder = build_forwarder(
-        LEVEL,
+        [LEVEL],
+        LEVEL.name,
         settings,
         metrics,
         buffer,

@@ -13,6 +13,8 @@ from delayservice.envelope import Envelope
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_record import SlotRecord
 
+TOPIC = "timers"
+
 
 class Clock:
     def __init__(self) -> None:
@@ -40,7 +42,7 @@ _step = st.one_of(
 @given(st.lists(_step, max_size=40))
 def test_the_buffer_gives_each_record_once_never_early_and_every_due_one(steps):
     clock = Clock()
-    buffer = SlotBuffer(clock)
+    buffer = SlotBuffer(clock, topic=TOPIC)
     held: dict[tuple[int, int], float] = {}  # the model: (partition, offset) -> fire
     taken: set[tuple[int, int]] = set()
     offsets = iter(range(10**6))
@@ -65,7 +67,7 @@ def test_the_buffer_gives_each_record_once_never_early_and_every_due_one(steps):
             if len(got) < limit:
                 assert all(fire > clock.now for fire in held.values()), "a due record stayed"
         else:
-            buffer.drop(set(arg))
+            buffer.drop({(TOPIC, partition) for partition in arg})
             held = {spot: fire for spot, fire in held.items() if spot[0] not in arg}
         assert len(buffer) == len(held)
         expected = math.ceil(min(held.values()) * 1000) if held else None
@@ -74,7 +76,7 @@ def test_the_buffer_gives_each_record_once_never_early_and_every_due_one(steps):
 
 def test_a_burst_comes_out_in_slices_of_the_limit_in_the_order_it_was_given():
     clock = Clock()
-    buffer = SlotBuffer(clock)
+    buffer = SlotBuffer(clock, topic=TOPIC)
     records = [_record(0, o) for o in range(12_000)]
     buffer.schedule_many([(r, 5.0) for r in records[:5_000]])
     buffer.schedule_many([(r, 5.0) for r in records[5_000:]])
@@ -85,8 +87,8 @@ def test_a_burst_comes_out_in_slices_of_the_limit_in_the_order_it_was_given():
         runs = buffer.take(5_000)
         if not runs:
             break
-        ((partition, run),) = runs
-        assert partition == 0
+        ((tp, run),) = runs
+        assert tp == (TOPIC, 0)
         assert len(run) <= 5_000
         out.extend(run)
     assert out == records
@@ -95,10 +97,10 @@ def test_a_burst_comes_out_in_slices_of_the_limit_in_the_order_it_was_given():
 
 def test_records_put_back_go_again_not_before_their_time():
     clock = Clock()
-    buffer = SlotBuffer(clock)
+    buffer = SlotBuffer(clock, topic=TOPIC)
     record = _record(1, 7)
-    buffer.put_back(1, [record], not_before_ms=2_500)
+    buffer.put_back((TOPIC, 1), [record], not_before_ms=2_500)
     clock.now = 2.4
     assert buffer.take(10) == []
     clock.now = 2.5
-    assert buffer.take(10) == [(1, [record])]
+    assert buffer.take(10) == [((TOPIC, 1), [record])]
