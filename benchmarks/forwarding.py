@@ -70,6 +70,16 @@ def add_producer_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_layout_option(parser: argparse.ArgumentParser) -> None:
+    """`--level-workers`: the daemon's worker layout (`level_workers`)."""
+    parser.add_argument(
+        "--level-workers",
+        choices=["shared", "per-level"],
+        default="shared",
+        help="one worker for every level (the default) or one per level",
+    )
+
+
 def producer_settings(args: argparse.Namespace) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.producer)
 
@@ -229,6 +239,7 @@ def run_round(
             pause_low_water=args.pause_high_water // 2,
             producer=producer_settings(args),
             commit_interval_s=args.commit_interval,
+            level_workers=args.level_workers,
         )
         topics.create(admin, settings)
         out = f"bench-{tag}-{short}-out"
@@ -255,6 +266,7 @@ def run_round(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_layout_option(parser)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=200, help="value bytes")
     parser.add_argument("--rounds", type=int, default=3)

@@ -6,7 +6,7 @@ real broker. Once /readyz answers ready the process is sampled a few times over
 threads grouped by name so it shows who holds them (librdkafka names its threads
 rdk:main, rdk:broker..., Python threads show the interpreter's name).
 
-    python benchmarks/idle_footprint.py [--levels 12] [--settle 5]
+    python benchmarks/idle_footprint.py [--levels 12] [--settle 5] [--level-workers per-level]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from delayservice.settings import load_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon_process import running_daemon
-from forwarding import broker
+from forwarding import add_layout_option, broker
 
 LEVELS = ["1s", "2s", "5s", "10s", "30s", "1m", "2m", "5m", "10m", "30m", "1h", "2h"]
 
@@ -49,6 +49,7 @@ def main() -> int:
     parser.add_argument("--levels", type=int, default=12, choices=range(1, len(LEVELS) + 1))
     parser.add_argument("--settle", type=float, default=5.0, help="seconds sampled once ready")
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
+    add_layout_option(parser)
     args = parser.parse_args()
 
     with broker(args.bootstrap) as bootstrap:
@@ -59,6 +60,7 @@ def main() -> int:
             topic_prefix=f"idle-{tag}-",
             group_id=f"idle-{tag}",
             dead_letter_topic=f"idle-{tag}-dlq",
+            level_workers=args.level_workers,
         )
         topics.create(AdminClient({"bootstrap.servers": bootstrap}), settings)
         with running_daemon(settings, f"idle-{tag}", ready_within=120) as process:
@@ -71,7 +73,10 @@ def main() -> int:
                 rss = max(rss, r)
                 time.sleep(0.5)
 
-    print(f"idle daemon, {args.levels} levels, sampled {args.settle:.0f} s after ready")
+    print(
+        f"idle daemon, {args.levels} levels ({args.level_workers} level workers), "
+        f"sampled {args.settle:.0f} s after ready"
+    )
     print(f"OS threads : {threads}  (target <= 40 at 12 levels)")
     print(f"RSS        : {rss / 2**20:.0f} MiB")
     print("by name    : " + ", ".join(f"{name} {count}" for name, count in names.most_common()))

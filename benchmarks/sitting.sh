@@ -3,7 +3,7 @@
 # figures come from one machine state. Each benchmark starts its own local broker
 # unless BOOTSTRAP=host:port names one. The output of each row goes to
 # $OUT/<row>.txt (default benchmarks/results/<date>), and the lines that carry its
-# figures are printed as it ends. About 45 minutes on a 2-vCPU machine.
+# figures are printed as it ends. About an hour on a 2-vCPU machine.
 #
 #   benchmarks/sitting.sh                  # every row
 #   benchmarks/sitting.sh forwarding burst # only the rows named
@@ -24,10 +24,16 @@ declare -A rows=(
   [steady_alo_hog]="benchmarks/steady_lateness.py --hogs 1"
   [steady_eos]="benchmarks/steady_lateness.py --guarantee exactly-once"
   [steady_eos_hog]="benchmarks/steady_lateness.py --guarantee exactly-once --hogs 1"
-  # The same load over one level: one worker's clients and transactions instead of
-  # three, which is what sharing them across levels would save (docs/performance.md).
-  [steady_alo_one_level]="benchmarks/steady_lateness.py --seconds 20 --levels 1s"
-  [steady_eos_one_level]="benchmarks/steady_lateness.py --seconds 20 --levels 1s --guarantee exactly-once"
+  # The same loads with one worker per level (the seeds' layout), for comparison.
+  [forwarding_per_level]="benchmarks/forwarding.py --messages 200000 --rounds 2 --level-workers per-level"
+  [steady_alo_per_level]="benchmarks/steady_lateness.py --level-workers per-level"
+  [steady_eos_per_level]="benchmarks/steady_lateness.py --guarantee exactly-once --level-workers per-level"
+  # A backlog parked in the 2 h level beside a steady flow on the 1 s one, and the
+  # same flow alone: one level's backlog must not slow another.
+  [isolation_quiet]="benchmarks/steady_lateness.py --seconds 30 --rate 2000 --levels 1s,2h"
+  [isolation_backlog]="benchmarks/steady_lateness.py --seconds 30 --rate 2000 --levels 1s,2h --backlog 300000"
+  [idle]="benchmarks/idle_footprint.py"
+  [idle_per_level]="benchmarks/idle_footprint.py --level-workers per-level"
   [burst]="benchmarks/steady_lateness.py --burst 300000 --levels 5s"
   [memory]="benchmarks/memory_per_message.py --messages 300000"
   [precise_burst_300k]="benchmarks/precise_burst.py --messages 300000 --max-buffered-mib 256"
@@ -35,9 +41,9 @@ declare -A rows=(
   [precise_restart]="benchmarks/precise_restart.py"
   [precise_long_delay]="benchmarks/precise_long_delay.py --messages 500000"
 )
-order=(forwarding catch_up steady_alo steady_alo_hog steady_eos steady_eos_hog steady_alo_one_level
-  steady_eos_one_level burst memory precise_burst_300k precise_burst_500k precise_restart
-  precise_long_delay)
+order=(forwarding catch_up steady_alo steady_alo_hog steady_eos steady_eos_hog forwarding_per_level
+  steady_alo_per_level steady_eos_per_level isolation_quiet isolation_backlog idle idle_per_level
+  burst memory precise_burst_300k precise_burst_500k precise_restart precise_long_delay)
 if [ "$#" -gt 0 ]; then
   order=("$@")
 fi

@@ -19,6 +19,14 @@ their transaction commits, so that figure includes the commit interval.
     python benchmarks/steady_lateness.py --guarantee exactly-once
     python benchmarks/steady_lateness.py --burst 300000 --levels 5s   # a burst into one level
     python benchmarks/steady_lateness.py --hogs 1      # beside a process that spins a core
+    python benchmarks/steady_lateness.py --levels 1s,2h --backlog 300000 --rate 2000
+        # a backlog parked in the top level (not due) while the load runs on the others
+
+With `--backlog N`, N messages for the top level are written before the daemon starts
+and wait there (due an hour or more later): the daemon reads them and pauses their
+partitions near the mark, and the steady load runs on the other levels. Run it with
+`--backlog 0` on the same levels to compare: one level's backlog must not slow
+another's forwarding.
 """
 
 from __future__ import annotations
@@ -48,17 +56,34 @@ from delayservice.settings import Settings, load_settings, settings_env
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_hogs import cpu_hogs
 from daemon_process import running_daemon, scrape, series_sum
-from forwarding import LOG_APPEND, add_producer_option, broker, producer_settings, topic_ends
+from forwarding import (
+    LOG_APPEND,
+    add_layout_option,
+    add_producer_option,
+    broker,
+    producer_settings,
+    topic_ends,
+)
 
 TARGET_PARTITIONS = 6
 
 
-def generate(settings: Settings, target: str, rate: int, seconds: float, burst: int = 0) -> int:
-    """Send `rate` messages per second for `seconds`, in 10 ms steps, or (`burst`) that
-    many as fast as the producer takes them; returns the count."""
+def generate(
+    settings: Settings,
+    target: str,
+    rate: int,
+    seconds: float,
+    burst: int = 0,
+    skip_top: bool = False,
+) -> int:
+    """Send `rate` messages per second for `seconds`, in 10 ms steps, over every level
+    (but the top one when `skip_top`), or (`burst`) that many as fast as the producer
+    takes them; returns the count."""
     if burst:
         return _burst(settings, target, burst)
     levels = [level.delay_ms / 1000 for level in settings.level_set()]
+    if skip_top:
+        levels = levels[:-1]
     producer = DelayProducer(
         {"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 5}, settings=settings
     )
@@ -82,8 +107,9 @@ def generate(settings: Settings, target: str, rate: int, seconds: float, burst: 
     return sent
 
 
-def _burst(settings: Settings, target: str, count: int) -> int:
-    delay = settings.level_set().levels[0].delay_ms / 1000
+def _burst(settings: Settings, target: str, count: int, top: bool = False) -> int:
+    level = settings.level_set().levels[-1 if top else 0]
+    delay = level.delay_ms / 1000
     producer = DelayProducer(
         {"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 5}, settings=settings
     )
@@ -212,15 +238,26 @@ def main() -> int:
     )
     parser.add_argument("--burst", type=int, default=0, help="send this many at once instead")
     parser.add_argument(
+        "--backlog", type=int, default=0, help="park this many in the top level first"
+    )
+    parser.add_argument(
         "--hogs", type=int, default=0, help="busy processes running beside the load"
     )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     add_producer_option(parser)
+    add_layout_option(parser)
     parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
+    parser.add_argument("--skip-top", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.generate:  # child: bootstrap and topic prefix come in through the environment
-        sent = generate(load_settings(), args.generate, args.rate, args.seconds, args.burst)
+        child = load_settings()
+        if args.backlog:
+            print(_burst(child, args.generate, args.backlog, top=True))
+            return 0
+        sent = generate(
+            child, args.generate, args.rate, args.seconds, args.burst, skip_top=args.skip_top
+        )
         print(sent)
         return 0
 
@@ -234,6 +271,7 @@ def main() -> int:
             dead_letter_topic=f"steady-{tag}-dlq",
             guarantee=args.guarantee,
             producer=producer_settings(args),
+            level_workers=args.level_workers,
         )
         admin = AdminClient({"bootstrap.servers": bootstrap})
         topics.create(admin, settings)
@@ -245,17 +283,28 @@ def main() -> int:
         live = LiveReader(bootstrap, target, isolation)
         port = free_port()
         ends = Consumer({"bootstrap.servers": bootstrap, "group.id": f"steady-ends-{tag}"})
+        parked = 0
+        if args.backlog:
+            parked = int(
+                subprocess.run(
+                    [sys.executable, __file__, "--generate", target, "--backlog",
+                     str(args.backlog)],
+                    env=settings_env(settings), capture_output=True, text=True, check=True,
+                ).stdout.split()[-1]
+            )  # fmt: skip
         with (
             running_daemon(settings, f"steady-{tag}", ready_within=120, port=port),
             cpu_hogs(args.hogs),
         ):
             generator = subprocess.run(
                 [sys.executable, __file__, "--generate", target, "--rate", str(args.rate),
-                 "--seconds", str(args.seconds), "--burst", str(args.burst)],
+                 "--seconds", str(args.seconds), "--burst", str(args.burst),
+                 *(["--skip-top"] if args.backlog else [])],
                 env=settings_env(settings), capture_output=True, text=True, check=True,
             )  # fmt: skip
             sent = int(generator.stdout.split()[-1])
-            top = max(level.delay_ms for level in settings.level_set()) / 1000
+            flow = list(settings.level_set())[: -1 if args.backlog else None]
+            top = max(level.delay_ms for level in flow) / 1000
             deadline = time.monotonic() + top + 120
             while target_count(ends, target) < sent and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -276,7 +325,8 @@ def main() -> int:
     lateness = [ts - due[mid] for mid, ts, _ in arrivals if mid is not None and mid in due]
     forwarded = {mid for mid, _, _ in arrivals}
     early = sum(1 for late in lateness if late < 0)
-    missing = sum(1 for mid in due if mid not in forwarded)
+    now_ms = time.time() * 1000
+    missing = sum(1 for mid, at in due.items() if mid not in forwarded and at <= now_ms)
     duplicates = len(arrivals) - len(forwarded)
     seen = [at - due[mid] for mid, at in live.seen.items() if mid in due]
     interval_ms = settings.commit_interval() * 1000
@@ -285,9 +335,12 @@ def main() -> int:
         if args.burst
         else f"{sent:,} messages at {args.rate:,} msg/s for {args.seconds:.0f} s"
     )
+    if parked:
+        load += f", beside {parked:,} parked in the top level (not due)"
     print(
         f"{load} over levels "
-        f"{args.levels}, guarantee={args.guarantee} (commit interval {interval_ms:.0f} ms); "
+        f"{args.levels} ({args.level_workers} level workers), guarantee={args.guarantee} "
+        f"(commit interval {interval_ms:.0f} ms); "
         f"generator and daemon in their own processes, {args.hogs} CPU hog(s) beside them"
     )
     print(

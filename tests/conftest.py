@@ -125,6 +125,9 @@ class Testbed:
         self.tag = tag
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self._daemons: list[Any] = []
+        self.level_workers: str | None = None
+        """The worker layout of every daemon this testbed's settings make (None: the
+        settings' default)."""
 
     def use_broker(self, bootstrap: str) -> None:
         """Point this testbed at another broker (tests that need one of their own)."""
@@ -148,6 +151,8 @@ class Testbed:
             "retry_backoff_s": 0.2,
             "shutdown_timeout_s": 15,
         }
+        if self.level_workers is not None:
+            values["level_workers"] = self.level_workers
         values.update(overrides)
         return load_settings(**values)
 

@@ -16,6 +16,14 @@ def guarantee(request) -> str:
     return request.param
 
 
+@pytest.fixture(autouse=True, params=["shared", pytest.param("per-level", marks=pytest.mark.long)])
+def layout(request, testbed) -> str:
+    """Every daemon test runs with one worker for all levels (the default) and, with
+    --all, with one worker per level."""
+    testbed.level_workers = request.param
+    return request.param
+
+
 def _headers(message) -> dict[str, bytes]:
     return dict(message.headers() or [])
 
@@ -206,3 +214,38 @@ def test_readiness_turns_red_when_nothing_is_forwarded_for_the_retry_budget(test
     why = daemon.readiness()[1]
     assert "nothing forwarded for" in why, why
     assert "while records are due" in why, why
+
+
+def test_a_backlog_parked_in_one_level_never_stops_forwarding_of_another(testbed):
+    """One consumer reads every level: the long level's backlog (not due for hours)
+    fills its partitions to the mark, which pauses them alone, and the short level's
+    records keep arriving, every one, none early."""
+    settings = testbed.settings(levels="1s,2h", pause_high_water=1_000, pause_low_water=500)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"isolation-{testbed.tag}")
+    producer = testbed.producer(settings)
+    for i in range(10_000):
+        producer.produce(target, b"parked", key=str(i).encode(), delay=7_200)
+        if i % 5_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    daemon = testbed.start_daemon(settings)
+    short, long_ = (level.topic for level in settings.level_set())
+
+    def paused() -> set[tuple[str, int]]:
+        return {tp for worker in daemon.workers for tp in worker.loop.paused}
+
+    testbed.wait_for(
+        lambda: {tp for tp in paused() if tp[0] == long_}
+        == {(long_, p) for p in range(settings.partitions)},
+        60,
+        "every partition of the long level to be paused near its mark",
+    )
+    sent = {producer.produce(target, f"m{i}".encode(), delay=1) for i in range(300)}
+    assert producer.flush(10) == 0
+    arrived = testbed.collect(target, len(sent), timeout=60)
+    by_id = {_headers(r)["delay-id"].decode(): r for r in arrived}
+    assert set(by_id) == sent
+    for record in arrived:
+        assert record.timestamp()[1] >= int(_headers(record)["delay-due-ms"])
+    assert not any(tp[0] == short for tp in paused())

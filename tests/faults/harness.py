@@ -33,8 +33,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def scenario_name(scenario: str, guarantee: str) -> str:
-    """A scenario's row in the table; exactly-once rows are marked."""
+def scenario_name(scenario: str, guarantee: str, layout: str = "shared") -> str:
+    """A scenario's row in the table; exactly-once rows are marked, and so are rows run
+    with one level worker per level."""
+    if layout == "per-level":
+        scenario = f"{scenario} (per-level)"
     return f"{scenario} (exactly-once)" if guarantee == "exactly-once" else scenario
 
 

@@ -28,19 +28,22 @@ SCENARIO = "5. group 2-3-1 x3"
 
 
 @pytest.mark.parametrize(
-    "guarantee",
+    ("guarantee", "layout"),
+    # CI runs the stricter guarantee (no duplicate either) with the default layout;
+    # --all runs at-least-once, and exactly-once with one worker per level.
     [
-        pytest.param("at-least-once", marks=pytest.mark.long),
-        "exactly-once",
+        pytest.param("at-least-once", "shared", marks=pytest.mark.long),
+        ("exactly-once", "shared"),
+        pytest.param("exactly-once", "per-level", marks=pytest.mark.long),
     ],
 )
 def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
-    fault_run, kafka_bootstrap, fault_summary, guarantee
+    fault_run, kafka_bootstrap, fault_summary, guarantee, layout
 ):
     """Exactly-once: a revoked partition's transaction commits before it moves, and a
     lost one's is aborted (or fenced by the broker), so nothing shows twice."""
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap, guarantee=guarantee)
+    run = fault_run(kafka_bootstrap, guarantee=guarantee, level_workers=layout)
     run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
     target = run.target("churn")
     names = (f"m{i}-{run.testbed.tag}" for i in itertools.count())
@@ -76,7 +79,10 @@ def test_members_joining_and_leaving_by_sigterm_and_kill_9_lose_nothing(
             live.append(newcomer)
     time.sleep(SESSION_TIMEOUT_S + 4)  # the killed member's partitions move meanwhile
 
-    report = run.drain(scenario_name(SCENARIO, guarantee), timeout=60)
+    report = run.drain(
+        scenario_name(SCENARIO, guarantee, layout),
+        timeout=60,
+    )
     resumed = [r for r in recovery_s(report, left) if r is not None]
     report.recovery_s = max(resumed, default=None)
     report.notes.append(f"session timeout {SESSION_TIMEOUT_S} s; SIGTERM exits {sigterm_exits}")

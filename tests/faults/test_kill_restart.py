@@ -27,17 +27,22 @@ SCENARIO = "2. kill -9 x20 + restart"
 
 
 @pytest.mark.parametrize(
-    "guarantee",
-    # CI runs the stricter of the two (no duplicate either); --all runs both.
-    [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"],
+    ("guarantee", "layout"),
+    # CI runs the stricter guarantee (no duplicate either) with the default layout;
+    # --all runs at-least-once, and exactly-once with one worker per level.
+    [
+        pytest.param("at-least-once", "shared", marks=pytest.mark.long),
+        ("exactly-once", "shared"),
+        pytest.param("exactly-once", "per-level", marks=pytest.mark.long),
+    ],
 )
 def test_kill_9_then_restart_under_the_same_name_loses_nothing_and_resumes_at_once(
-    fault_run, kafka_bootstrap, fault_summary, guarantee
+    fault_run, kafka_bootstrap, fault_summary, guarantee, layout
 ):
     """Exactly-once: the restarted instance's transactional id fences the killed one's
     open transaction, so a read_committed reader sees no duplicate either."""
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap, guarantee=guarantee)
+    run = fault_run(kafka_bootstrap, guarantee=guarantee, level_workers=layout)
     target = run.target("kill9")
     run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
     name = f"kill9-{run.testbed.tag}"
@@ -57,7 +62,10 @@ def test_kill_9_then_restart_under_the_same_name_loses_nothing_and_resumes_at_on
         run.assert_alive()
     time.sleep(5)  # traffic goes on after the last restart
 
-    report = run.drain(scenario_name(SCENARIO, guarantee), timeout=60)
+    report = run.drain(
+        scenario_name(SCENARIO, guarantee, layout),
+        timeout=60,
+    )
     resumed = recovery_s(report, restarts)
     windows = list(zip(restarts, [*kills[1:], math.inf], strict=True))
     # Records produced after a restart and due before the next kill: what a restarted

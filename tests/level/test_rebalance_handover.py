@@ -276,3 +276,34 @@ def test_6_an_assignment_waits_while_a_dead_members_transaction_holds_the_offset
     run(rig)
     assert rig.consumer.committed_calls >= 4
     assert seen(rig.producer) == ["id-0-2", "id-0-3"]
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_6_a_partition_starts_at_the_later_of_its_groups_offset_and_the_other_layouts(
+    clock, exactly_once, monkeypatch
+):
+    """After a change of worker layout the other layout's group is the one that moved
+    on (and on the way back this group's offsets are the old ones): each partition
+    starts at the later of the two, asked again while the other's are unstable."""
+    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once))
+    answers: list[dict[tuple[str, int], int] | None] = [
+        None,  # a killed member's transaction still holds them
+        None,
+        {(LEVEL_TOPIC, 0): 3, (LEVEL_TOPIC, 1): 1},
+    ]
+    asked: list[list[tuple[str, int]]] = []
+
+    def other_layout(tps: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        asked.append(tps)
+        return answers.pop(0)
+
+    rig.loop._fallback = other_layout
+    rig.consumer.committed_tps[(LEVEL_TOPIC, 1)] = 2  # this group got further here
+    append(rig, 0, 5)
+    append(rig, 1, 4)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    run(rig)
+    assert len(asked) == 3
+    assert sorted(rig.consumer.explicit_starts) == [(0, 3), (1, 2)]
+    assert sorted(seen(rig.producer)) == ["id-0-3", "id-0-4", "id-1-2", "id-1-3"]
