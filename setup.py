@@ -60,14 +60,18 @@ def extensions() -> list[Any]:
     from setuptools import Extension
 
     extension = Extension(MODULE, [str(stamped)])
-    return list(
-        cythonize(
-            [extension],
-            compiler_directives={"language_level": "3", "annotation_typing": False},
-            build_dir="build/cython-c",
-            quiet=True,
+    try:
+        return list(
+            cythonize(
+                [extension],
+                compiler_directives={"language_level": "3", "annotation_typing": False},
+                build_dir="build/cython-c",
+                quiet=True,
+            )
         )
-    )
+    except Exception as exc:  # Cython itself failed on the source: run it interpreted
+        print(f"delayservice: fast path not translated ({exc}); it runs interpreted")
+        return []
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

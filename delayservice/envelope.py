@@ -11,6 +11,7 @@ so an audit can match both sides.
 | `delay-target`    | the real topic                                        |
 | `delay-ms`        | the requested delay in milliseconds                   |
 | `delay-id`        | unique message id (de-duplication, cancel, audit)     |
+| `delay-partitioner` | how the producer places keyed records (optional)   |
 | `delay-partition` | explicit target partition, only when one was given    |
 | `delay-due-ms`    | absolute due time, epoch ms, once it is known         |
 | `delay-cancel`    | a cancel marker: its value is the delay-id to cancel  |
@@ -27,6 +28,7 @@ from __future__ import annotations
 import uuid
 from typing import Final, NamedTuple, cast
 
+from delayservice import partitioners
 from delayservice.errors import EnvelopeError
 from delayservice.topic_names import MAX_LENGTH as MAX_TOPIC_NAME
 
@@ -38,6 +40,10 @@ H_TARGET: Final = "delay-target"
 H_DELAY_MS: Final = "delay-ms"
 H_ID: Final = "delay-id"
 H_PARTITION: Final = "delay-partition"
+H_PARTITIONER: Final = "delay-partitioner"
+"""The librdkafka partitioner of the producer that sent it (`partitioners`): the
+daemon places a keyed record with it, where an undelayed send would land. Absent:
+murmur2, the Java client's."""
 H_DUE_MS: Final = "delay-due-ms"
 H_CANCEL: Final = "delay-cancel"
 """A cancel marker: its value is the delay-id to cancel. A marker carries only this and
@@ -65,6 +71,7 @@ class Envelope(NamedTuple):
     partition: int | None = None
     due_ms: int | None = None
     version: int = VERSION
+    partitioner: str | None = None
 
     def headers(self) -> Headers:
         out: Headers = [
@@ -73,6 +80,8 @@ class Envelope(NamedTuple):
             (H_DELAY_MS, str(self.delay_ms).encode()),
             (H_ID, self.id.encode()),
         ]
+        if self.partitioner is not None:
+            out.append((H_PARTITIONER, self.partitioner.encode()))
         if self.partition is not None:
             out.append((H_PARTITION, str(self.partition).encode()))
         if self.due_ms is not None:
@@ -88,6 +97,9 @@ def wrap(envelope: Envelope, user_headers: Headers | None) -> Headers:
             raise EnvelopeError(f"header {name!r} uses the reserved prefix {PREFIX!r}")
     return user + envelope.headers()
 
+
+PARTITIONER_NAMES: Final[dict[bytes, str]] = {name.encode(): name for name in partitioners.NAMES}
+"""`delay-partitioner`'s values as they arrive, to the one string each."""
 
 MAX_DIGITS: Final = 15
 """Numbers in the envelope have at most this many digits (epoch ms until year 33658)."""
@@ -174,8 +186,12 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
             delay_ms = _fast_int(env[H_DELAY_MS])
             partition = _fast_int(env[H_PARTITION]) if H_PARTITION in env else None
             due_ms = _fast_int(env[H_DUE_MS]) if H_DUE_MS in env else None
+            partitioner = PARTITIONER_NAMES[env[H_PARTITIONER]] if H_PARTITIONER in env else None  # type: ignore[index]
             if target and message_id and (partition is None or partition <= MAX_PARTITION):
-                return Envelope(target, delay_ms, message_id, partition, due_ms), user, size
+                envelope = Envelope(
+                    target, delay_ms, message_id, partition, due_ms, VERSION, partitioner
+                )
+                return envelope, user, size
     except Exception:  # noqa: S110  # any surprise: the checked path names it
         pass
     return _checked(env), user, size
@@ -183,16 +199,18 @@ def unwrap(headers: Headers | None) -> tuple[Envelope, Headers, int]:
 
 ByteHeaders = list[tuple[str, bytes | None]]
 """Headers as the client returns them from a consumed record."""
-PlainTail = tuple[str, int, str, "int | None", ByteHeaders]
-"""(target, delay ms, id, due ms or None, the user's headers) of a plain envelope."""
+PlainTail = tuple[str, int, str, "int | None", ByteHeaders, "str | None"]
+"""(target, delay ms, id, due ms or None, the user's headers, partitioner or None) of a
+plain envelope."""
 
 
 def plain_tail(headers: object) -> PlainTail | None:
     """The envelope as `wrap` writes it without a target partition, read from the end
     of `headers`: `delay-v` 1, `delay-target`, `delay-ms`, `delay-id`, optionally
-    `delay-due-ms`, after user headers none of which uses the prefix and whose values
-    are bytes or None. None for anything else, which `unwrap` then parses in full and
-    names what is wrong; a record this accepts, `unwrap` reads the same way.
+    `delay-partitioner`, optionally `delay-due-ms`, after user headers none of which
+    uses the prefix and whose values are bytes or None. None for anything else, which
+    `unwrap` then parses in full and names what is wrong; a record this accepts,
+    `unwrap` reads the same way.
 
     It runs once per record the precise intake reads, where `unwrap`'s dictionary of
     fields cost a seventh of the thread. The level forwarder's fast path
@@ -205,12 +223,18 @@ def plain_tail(headers: object) -> PlainTail | None:
     count = len(headers)
     end = count
     due_ms = None
+    partitioner = None
     if count >= 5 and headers[-1][0] == H_DUE_MS:
         raw_due = headers[-1][1]
         if not (type(raw_due) is bytes and raw_due.isdigit() and len(raw_due) <= MAX_DIGITS):
             return None
         due_ms = int(raw_due)
         end = count - 1
+    if end >= 5 and headers[end - 1][0] == H_PARTITIONER:
+        partitioner = PARTITIONER_NAMES.get(headers[end - 1][1])
+        if partitioner is None:
+            return None
+        end -= 1
     if end < 4:
         return None
     (v, version), (t, raw_target), (m, raw_ms), (i, raw_id) = headers[end - 4 : end]
@@ -242,7 +266,14 @@ def plain_tail(headers: object) -> PlainTail | None:
             target = _target_name(raw_target)
         except UnicodeDecodeError:
             return None
-    return target, int(raw_ms), raw_id.decode("ascii"), due_ms, cast("ByteHeaders", user)
+    return (
+        target,
+        int(raw_ms),
+        raw_id.decode("ascii"),
+        due_ms,
+        cast("ByteHeaders", user),
+        partitioner,
+    )
 
 
 def _checked(env: dict[str, bytes | str | None]) -> Envelope:
@@ -274,7 +305,18 @@ def _checked(env: dict[str, bytes | str | None]) -> Envelope:
         ),
         due_ms=_int(H_DUE_MS, env[H_DUE_MS], 0, biggest) if H_DUE_MS in env else None,
         version=version,
+        partitioner=_partitioner(env[H_PARTITIONER]) if H_PARTITIONER in env else None,
     )
+
+
+def _partitioner(raw: bytes | str | None) -> str:
+    name = _text(H_PARTITIONER, raw)
+    if name not in PARTITIONER_NAMES.values():
+        raise EnvelopeError(
+            f"header {H_PARTITIONER} names no partitioner: {preview(name)} "
+            f"(one of {', '.join(sorted(PARTITIONER_NAMES.values()))})"
+        )
+    return name
 
 
 def forwarded_headers(user_headers: Headers, envelope: Envelope, due_ms: int) -> Headers:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from confluent_kafka import Producer
 
+from delayservice import partitioners
 from delayservice.delay_timing import Delay, DeliverAt, delay_to_ms, exact_timing
 from delayservice.envelope import (
     H_CANCEL,
@@ -110,6 +111,9 @@ class DelayProducer:
         self.levels = levels
         self._settings = settings
         self._producer = Producer(config)
+        self._partitioner = str(config.get("partitioner", partitioners.DEFAULT))
+        """Written in every envelope: the daemon places a keyed record with it, on the
+        partition an undelayed send through this producer would reach."""
         self._partitions = TopicPartitions(self._producer)
         self._reply_config = connection_config(config)
 
@@ -159,6 +163,7 @@ class DelayProducer:
                     message_id,
                     partition if partition >= 0 else None,
                     timing[1],
+                    partitioner=self._partitioner if partition < 0 else None,
                 )
                 wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers
                 self._producer.produce(precise_topic, value, key, headers=wrapped, **kwargs)
@@ -172,7 +177,11 @@ class DelayProducer:
             self._producer.produce(topic, value, key, headers=user_headers, **kwargs)
             return message_id
         level = self.levels.select(delay_ms)
-        envelope = Envelope(topic, delay_ms, message_id, partition if partition >= 0 else None)
+        envelope = (
+            Envelope(topic, delay_ms, message_id, partition)
+            if partition >= 0
+            else Envelope(topic, delay_ms, message_id, partitioner=self._partitioner)
+        )
         self._producer.produce(
             level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
         )

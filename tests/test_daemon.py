@@ -6,6 +6,10 @@ import time
 from collections import defaultdict
 
 import pytest
+from confluent_kafka import Producer
+
+from delayservice.envelope import Envelope, new_id, wrap
+from delayservice.producer import DelayProducer
 
 pytestmark = pytest.mark.kafka
 
@@ -157,6 +161,9 @@ def test_two_daemons_share_the_partitions_and_stopping_one_loses_nothing(testbed
 def test_forwarded_messages_land_where_a_java_client_would_put_them(
     testbed, java_partitions, guarantee
 ):
+    """Records from a producer that hashes like Java's: the SDK set to `murmur2_random`,
+    and a producer that writes no `delay-partitioner` at all (a Java application's, or
+    any other that speaks the envelope without it)."""
     settings = testbed.settings(levels="1s", guarantee=guarantee)
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"partitioned-{testbed.tag}", partitions=7)
@@ -164,11 +171,21 @@ def test_forwarded_messages_land_where_a_java_client_would_put_them(
     testbed.wait_assigned(daemon, partitions=settings.partitions)
     keys = [f"customer-{i}" for i in range(100)] + ["", "ü-ñ", "x" * 300]
     expected = java_partitions(keys, 7)
-    producer = testbed.producer(settings)
-    for key in keys:
-        producer.produce(target, b"v", key=key.encode(), delay=1)
-    producer.produce(target, b"pinned", key=b"customer-1", partition=5, delay=1)
-    producer.flush(10)
+    level = next(iter(settings.level_set()))
+    sdk = DelayProducer(
+        {"bootstrap.servers": testbed.bootstrap, "partitioner": "murmur2_random"},
+        settings=settings,
+    )
+    plain = Producer({"bootstrap.servers": testbed.bootstrap})
+    for index, key in enumerate(keys):
+        if index % 2:
+            sdk.produce(target, b"v", key=key.encode(), delay=1)
+        else:
+            envelope = Envelope(target, level.delay_ms, new_id())  # no delay-partitioner
+            plain.produce(level.topic, b"v", key.encode(), headers=wrap(envelope, None))
+    sdk.produce(target, b"pinned", key=b"customer-1", partition=5, delay=1)
+    assert sdk.flush(10) == 0
+    assert plain.flush(10) == 0
     records = testbed.collect(target, len(keys) + 1, timeout=30)
     for record in records:
         if record.value() == b"pinned":
@@ -176,6 +193,50 @@ def test_forwarded_messages_land_where_a_java_client_would_put_them(
         else:
             key = record.key().decode()
             assert record.partition() == expected[key], key
+
+
+DETERMINISTIC = [
+    "consistent_random",
+    "consistent",
+    "murmur2_random",
+    "murmur2",
+    "fnv1a_random",
+    "fnv1a",
+]
+
+
+def test_a_delayed_record_lands_where_an_undelayed_one_from_the_same_producer_does(testbed):
+    """For each librdkafka partitioner: keys sent undelayed through a plain confluent
+    `Producer` land on some partitions (librdkafka's own placement, from its delivery
+    reports); the same keys sent delayed through `DelayProducer` with the same
+    `partitioner` are forwarded by the daemon to exactly the same ones."""
+    settings = testbed.settings(levels="1s")
+    testbed.create_delay_topics(settings)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    keys = [f"order-{i}".encode() for i in range(60)] + [b"\xff\x00", "ü".encode() * 40]
+    for name in DETERMINISTIC:
+        target = testbed.create_topic(f"by-{name}-{testbed.tag}", partitions=6)
+        undelayed: dict[bytes, int] = {}
+
+        def placed(error, message, found=undelayed):
+            assert error is None, error
+            found[message.key()] = message.partition()
+
+        direct = Producer({"bootstrap.servers": testbed.bootstrap, "partitioner": name})
+        for key in [*keys, b""] if name != "consistent_random" else keys:  # b"": sticky there
+            direct.produce(target, b"now", key, on_delivery=placed)
+        assert direct.flush(10) == 0
+        delayed = DelayProducer(
+            {"bootstrap.servers": testbed.bootstrap, "partitioner": name}, settings=settings
+        )
+        for key in undelayed:
+            delayed.produce(target, b"later", key=key, delay=1)
+        assert delayed.flush(10) == 0
+        records = testbed.collect(target, 2 * len(undelayed), timeout=30)
+        forwarded = {r.key(): r.partition() for r in records if r.value() == b"later"}
+        assert forwarded == undelayed, name
+        assert len(set(undelayed.values())) > 1, f"{name}: every key on one partition"
 
 
 def test_readiness_waits_for_the_first_assignment_and_names_what_each_level_owns(testbed):
@@ -236,8 +297,10 @@ def test_a_backlog_parked_in_one_level_never_stops_forwarding_of_another(testbed
         return {tp for worker in daemon.workers for tp in worker.loop.paused}
 
     testbed.wait_for(
-        lambda: {tp for tp in paused() if tp[0] == long_}
-        == {(long_, p) for p in range(settings.partitions)},
+        lambda: (
+            {tp for tp in paused() if tp[0] == long_}
+            == {(long_, p) for p in range(settings.partitions)}
+        ),
         60,
         "every partition of the long level to be paused near its mark",
     )

@@ -205,6 +205,7 @@ _tail = [
     ("delay-target", b"orders"),
     ("delay-ms", b"1500"),
     ("delay-id", b"0123456789abcdef0123456789abcdef-p2"),
+    ("delay-partitioner", b"consistent_random"),
     ("delay-due-ms", b"1700000000000"),
 ]
 
@@ -233,12 +234,15 @@ _kept = st.just(("keep", None))
             _kept,
             _kept,
             st.tuples(st.just("value"), _hostile_value),
-            st.tuples(st.just("name"), st.sampled_from(["delay-id", "delay-partition", "x"])),
+            st.tuples(
+                st.just("name"),
+                st.sampled_from(["delay-id", "delay-partition", "delay-partitioner", "x"]),
+            ),
         ),
-        min_size=5,
-        max_size=5,
+        min_size=len(_tail),
+        max_size=len(_tail),
     ),
-    st.one_of(st.just(0), st.just(0), st.just(0), st.integers(0, 5)),
+    st.one_of(st.just(0), st.just(0), st.just(0), st.integers(0, len(_tail))),
     st.one_of(st.just(False), st.just(False), st.booleans()),
 )
 def test_the_plain_tail_reads_only_what_unwrap_reads_the_same_way(user, changes, cut, extra):
@@ -258,28 +262,39 @@ def test_the_plain_tail_reads_only_what_unwrap_reads_the_same_way(user, changes,
     if tail is None:
         return
     envelope, full_user, _size = unwrap(headers)
-    target, delay_ms, message_id, due_ms, plain_user = tail
-    assert envelope == Envelope(target, delay_ms, message_id, None, due_ms)
+    target, delay_ms, message_id, due_ms, plain_user, partitioner = tail
+    assert envelope == Envelope(target, delay_ms, message_id, None, due_ms, partitioner=partitioner)
     assert plain_user == full_user
 
 
 @given(
     st.lists(st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=8)))),
     st.sampled_from([None, 1_700_000_000_000]),
+    st.sampled_from([None, "consistent_random", "murmur2", "fnv1a_random"]),
 )
-def test_the_plain_tail_reads_what_wrap_writes(user, due_ms):
+def test_the_plain_tail_reads_what_wrap_writes(user, due_ms, partitioner):
     """Every envelope the producer writes without a target partition takes the fast read,
     unless a user header uses the reserved prefix (which `wrap` refuses anyway)."""
-    envelope = Envelope("orders", 1500, "0123456789abcdef0123456789abcdef-p2", None, due_ms)
+    envelope = Envelope(
+        "orders",
+        1500,
+        "0123456789abcdef0123456789abcdef-p2",
+        None,
+        due_ms,
+        partitioner=partitioner,
+    )
     try:
         headers = wrap(envelope, user)
     except EnvelopeError:
         return
-    assert plain_tail(headers) == ("orders", 1500, envelope.id, due_ms, user)
+    assert plain_tail(headers) == ("orders", 1500, envelope.id, due_ms, user, partitioner)
 
 
 _HOSTILE_VALUES = [
     None,
+    b"consistent",
+    b"Consistent",
+    b"murmur2\x00",
     b"1",
     b"2",
     b"01",
@@ -309,7 +324,7 @@ def test_each_tail_field_with_a_hostile_value_is_read_as_unwrap_reads_it(index, 
         assert tail is None
         return
     if tail is not None:
-        assert Envelope(*tail[:3], None, tail[3]) == envelope
+        assert Envelope(*tail[:3], None, tail[3], partitioner=tail[5]) == envelope
         assert tail[4] == user
 
 

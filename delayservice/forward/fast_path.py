@@ -26,9 +26,11 @@ from delayservice.envelope import (
     H_DELAY_MS,
     H_DUE_MS,
     H_ID,
+    H_PARTITIONER,
     H_TARGET,
     H_VERSION,
     MAX_DIGITS,
+    PARTITIONER_NAMES,
     PREFIX,
     _target_name,
 )
@@ -41,7 +43,7 @@ ANY_PARTITION = -1
 """librdkafka's RD_KAFKA_PARTITION_UA: the partitioner decides (by key)."""
 
 
-def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
+def hold_run(  # noqa: PLR0912, PLR0915  # one loop, inline on purpose
     records: list[Any], delay_ms: int, previous_ms: int, read_ms: int
 ) -> tuple[list[Any], int, list[tuple[int, int]]]:
     """`records` (one partition's, in offset order, read at `read_ms`) as queue entries:
@@ -54,6 +56,7 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
     unstamped: list[tuple[int, int]] = []
     heads = headers_of_run(records)  # never record.headers(): see record_headers
     names = _TARGET_NAMES
+    partitioners = PARTITIONER_NAMES
     last_ms: bytes = b""
     last_user: tuple[Any, ...] = NO_HEADERS  # the previous record's: names shared
     last_stamp, due, latest = -1, 0, 0
@@ -64,8 +67,16 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
             if stamp != last_stamp:  # records of one batch share one due time
                 last_stamp, due = stamp, stamp + delay_ms
                 latest = max(latest, due)
-            if type(headers) is list and len(headers) >= 4:
-                (v, version), (t, raw_target), (m, raw_ms), (i, raw_id) = headers[-4:]
+            end = len(headers) if type(headers) is list else 0
+            partitioner = None
+            if end >= 5 and headers[-1][0] == H_PARTITIONER:
+                partitioner = partitioners.get(headers[-1][1])
+                end = end - 1 if partitioner is not None else 0
+            if end >= 4:
+                v, version = headers[end - 4]
+                t, raw_target = headers[end - 3]
+                m, raw_ms = headers[end - 2]
+                i, raw_id = headers[end - 1]
                 if (
                     v == H_VERSION
                     and t == H_TARGET
@@ -89,7 +100,7 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
                         except UnicodeDecodeError:
                             target = ""
                     user = NO_HEADERS
-                    count = len(headers) - 4
+                    count = end - 4
                     if count:
                         kept = []
                         for position in range(count):
@@ -110,7 +121,7 @@ def hold_run(  # noqa: PLR0912  # one loop, inline on purpose
                         last_user = user
                         append(
                             (record.offset(), due, target, record.value(), record.key(), user,
-                             raw_id, raw_ms)
+                             raw_id, raw_ms, partitioner)
                         )  # fmt: skip
                         continue
         else:
@@ -128,23 +139,26 @@ def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
     now_ms: int,
     plain: bool,
     lateness: list[tuple[int, int]],
-    sendable: Callable[[str], bool],
+    sendable: Callable[[str], int],
     produce_waiting: Callable[..., None],
     send_one: Callable[[tuple[str, int], Any, int], None],
     later: type[Exception],
+    place: Callable[[str | None, Any, int], int | None],
 ) -> int:
     """Send one partition's (`tp`'s) due run in order; how many went (the rest must wait: the
     sender's `later` error stopped it).
 
     A `Held` record (when nothing is `plain`-ly doomed or suspected) whose target
-    `sendable` says exists goes out as it is, by position (`sender.ANY_PARTITION`);
+    `sendable` says exists (it gives the target's partition count, 0 for none) goes out
+    as it is, by position, on the partition its producer's partitioner gives its key
+    (`place`: `partitioners.place`), else where the producer puts it (`ANY_PARTITION`);
     a full local queue waits in `produce_waiting`. Anything else, and anything
     produce() raises beyond a full queue (at once, or while it waited for room: a
     transaction turned abortable, a target deleted meanwhile), goes to `send_one` (the
     full parse), which sends it, dead-letters it or says it must wait. Each
     forward's lateness (ms after its due time) is counted into `lateness` as (ms,
     records) pairs."""
-    known: dict[str, bool] = {}
+    known: dict[str, int] = {}
     last_due, due_header, same = -1, (H_DUE_MS, b""), 0
     index = 0
     try:
@@ -153,23 +167,31 @@ def send_held_run(  # noqa: PLR0912  # one loop, inline on purpose
                 send_one(tp, record, now_ms)
                 continue
             if plain:
-                _, due, target, value, key, user, raw_id, _ = record
-                ok = known.get(target)
-                if ok is None:
-                    ok = known[target] = sendable(target)
-                if ok:
+                _, due, target, value, key, user, raw_id, _, partitioner = record
+                count = known.get(target)
+                if count is None:
+                    count = known[target] = sendable(target)
+                if count:
+                    partition = ANY_PARTITION
+                    if partitioner is not None:
+                        placed = place(partitioner, key, count)
+                        if placed is not None:
+                            partition = placed
                     if due != last_due:
                         if same:
                             lateness.append((now_ms - last_due, same))
                         last_due, due_header, same = due, (H_DUE_MS, str(due).encode()), 0
                     headers = [*user, (H_ID, raw_id), due_header]
                     try:
-                        produce(target, value, key, ANY_PARTITION, None, None, 0, headers)
+                        produce(target, value, key, partition, None, None, 0, headers)
                         same += 1
                         continue
                     except BufferError:
                         try:
-                            produce_waiting(produce, target, value, key, headers, None)
+                            produce_waiting(
+                                produce, target, value, key, headers,
+                                None if partition == ANY_PARTITION else partition,
+                            )  # fmt: skip
                             same += 1
                             continue
                         except later:

@@ -7,7 +7,7 @@ envelope once, when it admits the record into its partition's queue, and a recor
 envelope has the shape `DelayProducer` writes, on a topic stamped by the broker, is
 kept as a plain tuple:
 
-    (offset, due ms, target, value, key, user headers, delay-id, delay-ms)
+    (offset, due ms, target, value, key, user headers, delay-id, delay-ms, partitioner)
 
 Every member is immutable, so after its first pass the collector stops visiting it, and
 the `Message` with its headers is freed at once. Its forward is built from it without
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from delayservice.envelope import H_DELAY_MS, H_ID, H_TARGET, H_VERSION
+from delayservice.envelope import H_DELAY_MS, H_ID, H_PARTITIONER, H_TARGET, H_VERSION
 
 OFFSET: Final = 0
 DUE: Final = 1
@@ -32,8 +32,9 @@ KEY: Final = 4
 USER: Final = 5
 ID: Final = 6
 DELAY: Final = 7
+PARTITIONER: Final = 8
 
-Held = tuple[int, int, str, Any, Any, tuple[tuple[str, Any], ...], bytes, bytes]
+Held = tuple[int, int, str, Any, Any, tuple[tuple[str, Any], ...], bytes, bytes, str | None]
 """See the module's docstring; a queue entry is a `Held` or the client's `Message`."""
 
 
@@ -93,13 +94,16 @@ class HeldView:
     def headers(self) -> list[tuple[str, Any]]:
         """The headers as they stood on the level topic."""
         held = self.held
-        return [
+        headers = [
             *held[USER],
             (H_VERSION, b"1"),
             (H_TARGET, held[TARGET].encode()),
             (H_DELAY_MS, held[DELAY]),
             (H_ID, held[ID]),
         ]
+        if held[PARTITIONER] is not None:
+            headers.append((H_PARTITIONER, held[PARTITIONER].encode()))
+        return headers
 
     def set_headers(self, _headers: Any) -> None:
         """Nothing is cached here: the headers are rebuilt on every call."""

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from delayservice import partitioners
 from delayservice.envelope import (
     H_DELAY_MS,
     H_DUE_MS,
@@ -233,15 +234,17 @@ class RecordSender:
                 int(self._clock.time() * 1000),
                 not failures.doomed and not failures.suspects,
                 self._lateness_of(tp[0]),
-                self._can_send,
+                self._partition_count,
                 self._produce_after_full,
                 self._send_one,
                 SendLaterError,
+                partitioners.place,
             )
         )
 
-    def _can_send(self, target: str) -> bool:
-        return self._sendable_name(target) is not None
+    def _partition_count(self, target: str) -> int:
+        """The partition count of a valid, existing target, 0 otherwise."""
+        return self._known_target(target) or 0
 
     def _send_held(self, tp: TP, records: list[Any]) -> int:
         """`send_run` for precise records (`SlotRecord`), whose envelope and due time were
@@ -250,19 +253,19 @@ class RecordSender:
         produce = self._producer.produce
         lateness = self._lateness_of(tp[0])
         plain = not self.failures.doomed and not self.failures.suspects
-        known: dict[str, str | None] = {}  # target -> itself when it can be sent to
+        known: dict[str, int] = {}  # target -> its partition count (0: it cannot be sent to)
         now_ms = int(self._clock.time() * 1000)
         for index, record in enumerate(records):
             envelope = record.envelope
-            target = None
+            count = 0
             if plain and record.problem is None and envelope is not None:
-                target = known.get(envelope.target, "")
-                if target == "":
-                    target = known[envelope.target] = self._sendable_name(envelope.target)
+                count = known.get(envelope.target, -1)
+                if count < 0:
+                    count = known[envelope.target] = self._partition_count(envelope.target)
                 if envelope.partition is not None:
-                    target = None
+                    count = 0
             try:
-                if target is None or not self._fast_produce(produce, target, record):
+                if not count or not self._fast_produce(produce, count, record):
                     self._send_one(tp, record, now_ms)
                     continue
             except SendLaterError:
@@ -270,18 +273,23 @@ class RecordSender:
             lateness.append((now_ms - record.due_ms, 1))
         return len(records)
 
-    def _fast_produce(self, produce: Callable[..., None], target: str, record: Any) -> bool:
-        """Produce a precise record's forward; False when produce() raised something a
-        full queue does not explain, at once or while it waited for room (`_send_one`
-        then says what it was). Raises only what waiting raises to stop the run."""
-        headers = forwarded_headers(record.user, record.envelope, record.due_ms)
+    def _fast_produce(self, produce: Callable[..., None], count: int, record: Any) -> bool:
+        """Produce a precise record's forward to its target (of `count` partitions), on
+        the partition its producer's partitioner gives its key; False when produce()
+        raised something a full queue does not explain, at once or while it waited for
+        room (`_send_one` then says what it was). Raises only what waiting raises to
+        stop the run."""
+        envelope = record.envelope
+        target = envelope.target
+        key = record.key()
+        placed = partitioners.place(envelope.partitioner, key, count)
+        headers = forwarded_headers(record.user, envelope, record.due_ms)
         try:
-            produce(target, record.value(), record.key(), ANY_PARTITION, None, None, 0, headers)
+            partition = ANY_PARTITION if placed is None else placed
+            produce(target, record.value(), key, partition, None, None, 0, headers)
         except BufferError:
             try:
-                self._produce_after_full(
-                    produce, target, record.value(), record.key(), headers, None
-                )
+                self._produce_after_full(produce, target, record.value(), key, headers, placed)
             except (SendLaterError, ForwarderFatalError):
                 raise
             except Exception:
@@ -290,9 +298,14 @@ class RecordSender:
             return False
         return True
 
-    def _sendable_name(self, target: str) -> str | None:
-        """`target` when it is a valid, existing topic, else None."""
-        return target if self._known_target(target) is not None else None
+    @staticmethod
+    def _partition_of(envelope: Envelope, key: Any, count: Any) -> int | None:
+        """Where a forward goes: its explicit partition, as it is; else the one its
+        producer's partitioner gives its key among the target's `count`; else (None)
+        wherever the daemon's producer puts it."""
+        if envelope.partition is not None or type(count) is not int:
+            return envelope.partition
+        return partitioners.place(envelope.partitioner, key, count)
 
     def _known_target(self, target: str) -> int | None:
         """The partition count of a valid, existing target, else None (the slow path
@@ -338,6 +351,7 @@ class RecordSender:
             if problem is not None:  # decided here, where it was read, not after a re-publish
                 self._dead_letter(tp, record, Doom(*problem))
                 return
+            partition = self._partition_of(envelope, record.key(), count)
             if not exact and (
                 envelope.delay_ms > level.delay_ms
                 or (envelope.due_ms is not None and envelope.due_ms > due)
@@ -349,15 +363,10 @@ class RecordSender:
             user.append((H_ID, envelope.id.encode()))
             user.append((H_DUE_MS, str(due).encode()))
             if spot in self.failures.suspects:
-                self._produce_suspect(spot, record, target, user, envelope.partition)
+                self._produce_suspect(spot, record, target, user, partition)
             else:
                 self._produce(
-                    self._producer.produce,
-                    target,
-                    record.value(),
-                    record.key(),
-                    user,
-                    envelope.partition,
+                    self._producer.produce, target, record.value(), record.key(), user, partition
                 )
             self._lateness_of(tp[0]).append((now_ms - due, 1))
         except EnvelopeError as exc:

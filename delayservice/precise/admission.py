@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 
 NOT_APPEND_TIME: Final = "not_append_time"
 VALID_TARGETS_KEPT: Final = 10_000
-Plain = tuple[int, str, int, str, "int | None", ByteHeaders]
+Plain = tuple[int, str, int, str, "int | None", ByteHeaders, "str | None"]
 """What `Admission.plain` reads from a common record: (due ms, target, delay ms, id,
-`delay-due-ms` or None, the user's headers)."""
+`delay-due-ms` or None, the user's headers, `delay-partitioner` or None)."""
 _WARN_EVERY_S: Final = 60.0
 
 
@@ -58,7 +58,7 @@ class Admission:
         """The common record, decided without building anything: a broker-written
         timestamp, the envelope as `DelayProducer` writes it (`plain_tail`), a delay in
         range and a valid target. Returns (due ms, target, delay ms, id, due-ms header,
-        user headers); None for anything else, which `hold` then decides in full (the
+        user headers, partitioner); None for anything else, which `hold` then decides in full (the
         same due time for a record both accept: the append time plus the delay, or the
         `delay-due-ms` when later)."""
         tail = plain_tail(headers)
@@ -67,7 +67,7 @@ class Admission:
         kind, base = message.timestamp()
         if kind != TIMESTAMP_LOG_APPEND_TIME:
             return None
-        target, delay_ms, message_id, due_header, user = tail
+        target, delay_ms, message_id, due_header, user, partitioner = tail
         if delay_ms > self._max_delay:
             return None
         if target not in self._valid_targets:
@@ -81,7 +81,7 @@ class Admission:
             if due_header > base + self._max_delay:
                 return None
             due = due_header
-        return due, target, delay_ms, message_id, due_header, user
+        return due, target, delay_ms, message_id, due_header, user, partitioner
 
     def hold(
         self, message: Message, slot: Any, now_ms: int | None = None, headers: object = None

@@ -68,7 +68,7 @@ from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_file import encode_fields
-from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.slot_record import SlotRecord, stored_headers
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.wheel import Wheel
@@ -79,10 +79,12 @@ BATCH: Final = 10_000
 """Records handled at most per sync and commit: a sync waits for the disk, so fewer and
 larger batches keep the intake reading (what is queued is taken at once, so a quiet
 topic's batches stay small and nothing waits for a batch to fill)."""
-_Fields = tuple[int, bytes | None, bytes | None, ByteHeaders, str, int, str, int | None, int]
+_Fields = tuple[
+    int, bytes | None, bytes | None, ByteHeaders, str, int, str, int | None, int, str | None
+]
 """A stored record's (offset, key, value, user headers, target, delay ms, id,
-`delay-due-ms`, due ms): its `SlotRecord` is built only if its slot is in memory (most
-records go to disk only)."""
+`delay-due-ms`, due ms, `delay-partitioner`): its `SlotRecord` is built only if its slot
+is in memory (most records go to disk only)."""
 POLL_TIMEOUT_S: Final = 0.2
 ERROR_PAUSE_S: Final = 0.5
 METADATA_EVERY_S: Final = 10.0
@@ -524,15 +526,16 @@ class Intake:
                 found = plain(message, headers)
                 key, value = message.key(), message.value()
                 if found is not None and not isinstance(key, str) and not isinstance(value, str):
-                    due, target, delay_ms, message_id, due_header, user = found
+                    due, target, delay_ms, message_id, due_header, user, partitioner = found
                     if message_id in cancelled:
                         self._markers.cancelled_first(ledger.partition, offset, message_id)
                         continue
                     partition = ledger.partition
                     replica = roles.get(partition) is Role.REPLICA
                     frame = encode_fields(
-                        offset, due, replica, message_id, target, None, delay_ms, key, value, user
-                    )
+                        offset, due, replica, message_id, target, None, delay_ms, key, value,
+                        stored_headers(user, partitioner),
+                    )  # fmt: skip
                     fields = (
                         offset,
                         key,
@@ -543,6 +546,7 @@ class Intake:
                         message_id,
                         due_header,
                         due,
+                        partitioner,
                     )
                     to_write.append(
                         (partition, due + takeover_ms if replica else due, frame, fields)
@@ -637,7 +641,10 @@ class Intake:
             held.delay_ms,
             record.key(),
             record.value(),
-            [(n, v.encode() if isinstance(v, str) else v) for n, v in record.user],
+            stored_headers(
+                [(n, v.encode() if isinstance(v, str) else v) for n, v in record.user],
+                held.partitioner,
+            ),
         )
         fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
         self._to_write.append((partition, fire_ms, frame, record))
@@ -657,8 +664,11 @@ class Intake:
                 held.slot = tracker
                 record = held
             else:
-                offset, key, value, user, target, delay_ms, message_id, due_header, due = held
-                envelope = Envelope(target, delay_ms, message_id, None, due_header)
+                (offset, key, value, user, target, delay_ms, message_id, due_header, due,
+                 partitioner) = held  # fmt: skip
+                envelope = Envelope(
+                    target, delay_ms, message_id, None, due_header, partitioner=partitioner
+                )
                 record = SlotRecord(
                     partition, offset, key, value, cast("Headers", user), envelope, due, tracker
                 )

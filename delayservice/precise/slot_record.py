@@ -12,8 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayservice.envelope import Envelope, Headers
+from delayservice.envelope import H_PARTITIONER, PARTITIONER_NAMES, Envelope, Headers
 from delayservice.precise.slot_file import StoredRecord
+
+
+def stored_headers(
+    user: list[tuple[str, bytes | None]], partitioner: str | None
+) -> list[tuple[str, bytes | None]]:
+    """The headers a slot file keeps of a record: the user's, and the envelope's
+    `delay-partitioner` after them when there is one (no user header may use the
+    `delay-` prefix, so it cannot be taken for one; `SlotRecord.stored` takes it back)."""
+    if partitioner is None:
+        return user
+    return [*user, (H_PARTITIONER, partitioner.encode())]
 
 
 class SlotRecord:
@@ -48,14 +59,25 @@ class SlotRecord:
 
     @classmethod
     def stored(cls, item: StoredRecord, partition: int, slot: Any) -> SlotRecord:
-        """A record loaded from a slot file."""
+        """A record loaded from a slot file (`stored_headers` wrote its headers)."""
+        user: Headers = list(item.headers)
+        partitioner = None
+        if user and user[-1][0] == H_PARTITIONER:
+            raw = user.pop()[1]
+            partitioner = PARTITIONER_NAMES.get(raw) if isinstance(raw, bytes) else None
         return cls(
             partition,
             item.offset,
             item.key,
             item.value,
-            list(item.headers),
-            Envelope(item.target, item.delay_ms, item.message_id, item.target_partition),
+            user,
+            Envelope(
+                item.target,
+                item.delay_ms,
+                item.message_id,
+                item.target_partition,
+                partitioner=partitioner,
+            ),
             item.due_ms,
             slot,
         )

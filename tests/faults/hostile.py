@@ -160,6 +160,15 @@ class HostileFactory:
                 lambda: f"ü✓-{uuid.uuid4().hex}",
             ],
             "delay-due-ms": [lambda: None, lambda: b"abc", lambda: b"-1"],
+            "delay-partitioner": [
+                *(
+                    lambda v=v: v
+                    for v in (None, b"", b"Murmur2", b"murmur2 ", b"crc32", b"\xff", b"random\x00")
+                ),
+                lambda: "consistent" * 1000,
+                # Valid ones: the record goes where that partitioner puts its key.
+                *(lambda v=v: v for v in (b"consistent", b"fnv1a_random", b"murmur2", b"random")),
+            ],
         }
 
     def record(self, level_index: int) -> tuple[int, bytes | None, bytes | None, Headers]:
@@ -175,6 +184,10 @@ class HostileFactory:
         }
         if rng.random() < 0.3:
             envelope["delay-partition"] = str(rng.randrange(t.target_partitions))
+        if rng.random() < 0.5:
+            envelope["delay-partitioner"] = rng.choice(
+                [b"consistent_random", b"consistent", b"fnv1a", b"fnv1a_random", b"murmur2_random"]
+            )
         mutations = self._mutations(level_ms)
         duplicate = None
         for _ in range(rng.choices((0, 1, 2), (0.15, 0.6, 0.25))[0]):

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from delayservice import partitioners
 from tests.faults.harness import Produced, Reader, Rec
 
 ENVELOPE_PREFIX = "delay-"
@@ -131,6 +132,9 @@ def expect(rec: Rec, topology: Topology) -> Expectation:
     due_ms = _number(env["delay-due-ms"]) if "delay-due-ms" in env else None
     if "delay-due-ms" in env and due_ms is None:
         return dead(f"delay-due-ms is {env['delay-due-ms']!r}")
+    partitioner = _text(env.get("delay-partitioner"))
+    if "delay-partitioner" in env and partitioner not in partitioners.NAMES:
+        return dead(f"delay-partitioner is {env['delay-partitioner']!r}")
     if delay_ms > LONG_MAX:
         return dead(f"delay-ms {delay_ms} does not fit a long")
     existing = topology.existing()
@@ -138,6 +142,8 @@ def expect(rec: Rec, topology: Topology) -> Expectation:
         return dead(f"target {target[:40]!r} does not exist")
     if partition is not None and partition >= existing[target]:
         return dead(f"partition {partition} of {target} does not exist")
+    if partition is None:  # where an undelayed send through its producer would land
+        partition = partitioners.place(partitioner, rec.key, existing[target])
     plain = target in topology.targets and delay_ms <= topology.top_ms and _size(rec) < LARGE_BYTES
     return Expectation(
         "forward" if plain else "either", "valid", message_id, target, partition, delay_ms, due_ms

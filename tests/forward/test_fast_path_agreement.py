@@ -37,6 +37,8 @@ FIELDS: dict[str, list[Any]] = {
     "delay-id": [b"", None, "é".encode(), "id"],
 }
 """Wrong values for each envelope field (the fast path must refuse each)."""
+PARTITIONERS: list[Any] = [b"consistent_random", b"fnv1a", b"murmur2", b"crc", b"", None, "fnv1a"]
+"""`delay-partitioner` values, valid and not."""
 USER: list[tuple[Any, Any]] = [
     ("trace", b"abc"),
     ("u", None),
@@ -58,6 +60,8 @@ def _headers(rng: random.Random, offset: int) -> list[tuple[Any, Any]]:
         ("delay-ms", str(delay).encode()),
         ("delay-id", f"id-{offset}".encode()),
     ]
+    if rng.random() < 0.4:  # the SDK writes its partitioner after the id
+        tail.append(("delay-partitioner", rng.choice(PARTITIONERS)))
     twist = rng.random()
     if twist < 0.5:
         pass
@@ -105,8 +109,10 @@ def test_what_the_fast_path_sends_plain_tail_reads_the_same_way(clock: FakeClock
         headers = sent_headers[offset]
         tail = plain_tail(headers)
         assert tail is not None, f"the fast path sent what plain_tail refuses: {headers!r}"
-        target, delay_ms, message_id, due_ms, user = tail
-        assert (target, delay_ms, due_ms) == (TARGET, int(headers[-2][1]), None), headers
+        target, delay_ms, message_id, due_ms, user, partitioner = tail
+        fields = dict(headers[len(user) :])
+        assert (target, delay_ms, due_ms) == (TARGET, int(fields["delay-ms"]), None), headers
+        assert partitioner == ((fields.get("delay-partitioner") or b"").decode() or None)
         assert PREVIOUS_DELAY_MS < delay_ms <= LEVEL.delay_ms
         sent = by_id[message_id]
         assert sent.headers[: len(user)] == user, headers

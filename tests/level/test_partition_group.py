@@ -112,6 +112,7 @@ def test_plain_records_are_held_as_their_values_and_the_rest_as_the_clients_mess
         (("trace", b"t"),),
         b"plain",
         b"5000",
+        None,  # no delay-partitioner: placed as the daemon's producer places it
     )
     assert [offset_of(entry) for entry in taken] == [0, 1, 2, 3, 4]
 
