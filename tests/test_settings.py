@@ -208,17 +208,28 @@ def test_settings_env_makes_a_new_process_load_the_same_settings(monkeypatch):
     ],
 )
 def test_an_instance_name_the_broker_would_refuse_is_a_configuration_error(name, problem):
+    """Per level, a member is `{instance_name}-{level topic}`."""
     with pytest.raises(ConfigError, match=f"instance_name.*{problem}"):
-        load_settings(instance_name=name, topic_prefix="p" * 60)
+        load_settings(instance_name=name, topic_prefix="p" * 60, level_workers="per-level")
 
 
 def test_worker_processes_count_in_the_instance_id_limit():
     prefix = "p" * 50  # level topic "ppp...1", 51 characters
     name = "x" * (249 - len("-p1-") - 51)
-    assert load_settings(instance_name=name, levels="1s", topic_prefix=prefix).processes == 1
-    load_settings(instance_name=name, levels="1s", topic_prefix=prefix, processes=2)  # fits
+    per_level = {"levels": "1s", "topic_prefix": prefix, "level_workers": "per-level"}
+    assert load_settings(instance_name=name, **per_level).processes == 1
+    load_settings(instance_name=name, processes=2, **per_level)  # fits
     with pytest.raises(ConfigError, match=r"instance_name.*249"):  # "-p10" is one too many
-        load_settings(instance_name=name, levels="1s", topic_prefix=prefix, processes=11)
+        load_settings(instance_name=name, processes=11, **per_level)
+
+
+def test_the_shared_workers_member_id_does_not_grow_with_the_level_topics():
+    """One worker for all levels joins as `{instance_name}-p{k}-levels`, whatever the
+    topics: the longest name and the most processes fit where per level they do not."""
+    longest = {"instance_name": "x" * 200, "topic_prefix": "p" * 60, "processes": 64}
+    assert load_settings(**longest).level_workers == "shared"
+    with pytest.raises(ConfigError, match=r"instance_name.*249"):
+        load_settings(level_workers="per-level", **longest)
 
 
 @pytest.mark.parametrize("count", [0, -1, 65])

@@ -557,6 +557,10 @@ class ConsumerLoop:
                     reason = "the other worker layout's group holds unstable offsets"
             except KafkaException as exc:
                 reason = str(exc.args[0].str() if exc.args else exc)
+            except Exception as exc:  # never leave the callback without the assignment
+                reason = repr(exc)
+                self._m_loop_errors.inc()
+                log.exception("%s: fetching the start offsets failed", self.name)
             if self._stopping.is_set():
                 return None
             log.log(
@@ -590,7 +594,7 @@ class ConsumerLoop:
             other = found
         out = []
         for tp in committed:
-            offset = max(tp.offset, other.get(tp_of(tp), -1))
+            offset = max(tp.offset, other.get(tp_of(tp), tp.offset))
             if offset != tp.offset:
                 log.info(
                     "%s: %s[%d] starts at %d, where the other worker layout got to (%d here)",

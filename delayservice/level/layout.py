@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -35,7 +35,8 @@ SHARED: Final = "shared"
 PER_LEVEL: Final = "per-level"
 SHARED_NAME: Final = "levels"
 """The shared worker's name: its metrics' `worker` label, its ids' suffix."""
-ADMIN_TIMEOUT_S: Final = 10.0
+ADMIN_TIMEOUT_S: Final = 5.0
+"""Normally milliseconds; a broker just restarted may not answer at once (asked again)."""
 
 
 @dataclass(frozen=True)
@@ -97,13 +98,13 @@ class OtherLayout:
                 if level in levels:
                     self._groups[level.topic] = plan.group_id
         self._settings = settings
-        self._admin: Any = None
 
     def __call__(self, tps: list[TP]) -> dict[TP, int] | None:
         """The other group's committed offset of each of `tps` that has one; None while
-        any of them is unstable (asked again by the caller)."""
-        if self._admin is None:
-            self._admin = AdminClient(client_config.admin(self._settings))
+        any of them is unstable or the broker does not answer (asked again by the
+        caller). A client of its own each time: it runs at assignments only, and one
+        kept across a broker restart was seen to time out for a minute after it."""
+        admin = AdminClient(client_config.admin(self._settings))
         by_group: dict[str, list[TopicPartition]] = {}
         for topic, partition in tps:
             group = self._groups.get(topic)
@@ -113,12 +114,12 @@ class OtherLayout:
         for group, asked in by_group.items():
             request = [ConsumerGroupTopicPartitions(group, asked)]
             try:
-                futures = self._admin.list_consumer_group_offsets(
+                futures = admin.list_consumer_group_offsets(
                     request, require_stable=True, request_timeout=ADMIN_TIMEOUT_S
                 )
                 answer = futures[group].result(ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                log.info("offsets of %s not given yet (%s); asking again", group, exc)
+            except (KafkaException, TimeoutError) as exc:  # a broker away, or restarting
+                log.info("offsets of %s not given yet (%r); asking again", group, exc)
                 return None
             for tp in answer.topic_partitions:
                 if tp.error is not None:

@@ -307,3 +307,28 @@ def test_6_a_partition_starts_at_the_later_of_its_groups_offset_and_the_other_la
     assert len(asked) == 3
     assert sorted(rig.consumer.explicit_starts) == [(0, 3), (1, 2)]
     assert sorted(seen(rig.producer)) == ["id-0-3", "id-0-4", "id-1-2", "id-1-3"]
+
+
+def test_6_a_fallback_that_raises_is_asked_again_and_the_partitions_are_still_assigned(
+    clock, monkeypatch
+):
+    """After a broker restart the admin call for the other layout's offsets can time out
+    (a bare TimeoutError, not a KafkaException): the assign callback asks again instead
+    of failing, which left the member without its partitions."""
+    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    calls = {"n": 0}
+
+    def flaky(tps: list[tuple[str, int]]) -> dict[tuple[str, int], int] | None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise TimeoutError
+        return {}
+
+    rig.loop._fallback = flaky
+    append(rig, 0, 2)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert calls["n"] == 2
+    assert rig.loop.owned() == [0]
+    assert seen(rig.producer) == ["id-0-0", "id-0-1"]
