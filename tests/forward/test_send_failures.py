@@ -52,6 +52,25 @@ def full_at(
     return on_produce
 
 
+def replaced_by_fresh_producers(
+    rig: LevelRig, clock: FakeClock, then: Callable[[FakeProducer], None] | None = None
+) -> list[FakeProducer]:
+    """Each producer the forwarder makes to replace a failed one is a fresh fake, owned
+    by the rig's consumer (`then` sets it up); returns them as they come."""
+    made: list[FakeProducer] = []
+
+    def fresh() -> FakeProducer:
+        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
+        producer.owner = rig.consumer
+        if then is not None:
+            then(producer)
+        made.append(producer)
+        return producer
+
+    rig.forwarder._make_producer = fresh
+    return made
+
+
 def all_forwarded_once(rig: LevelRig, count: int) -> None:
     seen = forwarded(rig)
     expected = [f"id-0-{offset}" for offset in range(count)]
@@ -124,15 +143,7 @@ def test_a_producer_that_goes_fatal_mid_pass_is_replaced_and_loses_nothing(
     from the next poll or flush, and refuses every produce() with _FATAL (a code, not
     flagged fatal). The producer is replaced and everything not committed goes again."""
     rig = rig_for(clock, exactly_once)
-    replacements: list[FakeProducer] = []
-
-    def fresh() -> FakeProducer:
-        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
-        producer.owner = rig.consumer
-        replacements.append(producer)
-        return producer
-
-    rig.forwarder._make_producer = fresh
+    replacements = replaced_by_fresh_producers(rig, clock)
     rig.consumer.queue_rebalance("assign", 0)
     rig.producer.fatal_after = 4
     append(rig, 0, RECORDS)
@@ -248,15 +259,7 @@ def test_a_producer_fenced_once_is_replaced_and_nothing_is_sent_twice(clock: Fak
     process was frozen): a new producer takes over and everything goes again from the
     committed offsets, so a read_committed reader sees each record once."""
     rig = rig_for(clock, True)
-    replacements: list[FakeProducer] = []
-
-    def fresh() -> FakeProducer:
-        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
-        producer.owner = rig.consumer
-        replacements.append(producer)
-        return producer
-
-    rig.forwarder._make_producer = fresh
+    replacements = replaced_by_fresh_producers(rig, clock)
     rig.consumer.queue_rebalance("assign", 0)
     rig.producer.commit_txn_raises = fenced()
     append(rig, 0, 3)
@@ -274,13 +277,10 @@ def test_a_fence_that_keeps_coming_stops_the_forwarder_with_a_hint(clock: FakeCl
     the replacements allowed, the forwarder gives up and says what to check."""
     rig = rig_for(clock, True)
 
-    def fresh() -> FakeProducer:
-        producer = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
-        producer.owner = rig.consumer
+    def fences(producer: FakeProducer) -> None:
         producer.commit_txn_raises = fenced()
-        return producer
 
-    rig.forwarder._make_producer = fresh
+    replaced_by_fresh_producers(rig, clock, fences)
     rig.consumer.queue_rebalance("assign", 0)
     rig.producer.commit_txn_raises = fenced()
     append(rig, 0, 2)
