@@ -43,14 +43,13 @@ from confluent_kafka import (
 from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.broker_clock import BrokerClock
-from delayservice.kafka.client_errors import is_fatal
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, MakeConsumer, unread_records
+from delayservice.kafka.consumer_thread import ConsumerThread
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.partition_group import RECORD_KEY_ALLOWANCE, PartitionGroup
 from delayservice.levels import Level
-from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,6 @@ BATCH = 1000
 POLL_TIMEOUT_S = 0.2
 LAG_INTERVAL_S = 5.0
 PROBE_INTERVAL_S = 2.0
-ERROR_PAUSE_S = 0.5
 PAUSED_POLL_S = 0.01
 HANDOVER_WAIT_S = 0.005
 COMMIT_RETRY_S = 1.0
@@ -84,7 +82,7 @@ def tp_of(tp: TopicPartition) -> TP:
     return (tp.topic, tp.partition)
 
 
-class ConsumerLoop:
+class ConsumerLoop(ConsumerThread):
     def __init__(
         self,
         levels: Sequence[Level],
@@ -109,6 +107,14 @@ class ConsumerLoop:
         where a partition with no committed offset in this group starts instead."""
         self.levels = {level.topic: level for level in levels}
         self.name = name if name is not None else "+".join(lv.name for lv in levels)
+        super().__init__(
+            f"consumer of {self.name}",
+            f"consumer-{self.name}",
+            on_fatal,
+            loop_errors=metrics.loop_errors.labels(self.name, "consumer"),
+            commits=metrics.commits.labels(self.name),
+            commit_failures=metrics.commit_failures.labels(self.name),
+        )
         self._topics = list(self.levels)
         self._broker_clock = broker_clock if broker_clock is not None else BrokerClock()
         self._fallback = fallback
@@ -124,13 +130,11 @@ class ConsumerLoop:
         self._rejoin_timeout = rejoin_timeout_s
         self.unassigned_since: float | None = None
         """Monotonic time the worker lost its partitions and has not been assigned since."""
-        self._throttle = Throttle()
         self._stop_timeout = stop_timeout_s
         self._group = group
         self._flow = flow
         self._forwarder = forwarder
         self._exactly_once = forwarder.transactional
-        self._on_fatal = on_fatal
         self.owned_partitions: set[TP] = set()
         self.confirmed: dict[TP, int] = {}
         """partition -> the last offset the broker confirmed as committed."""
@@ -140,9 +144,6 @@ class ConsumerLoop:
         self._metrics = metrics
         self._m_consumed = {t: metrics.consumed.labels(lv.name) for t, lv in self.levels.items()}
         self._m_clock = metrics.clock_offset.labels(self.name)
-        self._m_commits = metrics.commits.labels(self.name)
-        self._m_commit_failures = metrics.commit_failures.labels(self.name)
-        self._m_loop_errors = metrics.loop_errors.labels(self.name, "consumer")
         self.paused: set[TP] = set()
         self._rewind: dict[TP, int] = {}
         self._in_hand: list[Message] = []
@@ -150,28 +151,14 @@ class ConsumerLoop:
         self._admitted: set[TP] = set()
         """Partitions of `_in_hand` whose records were admitted (or set to be re-read)."""
         self._to_resume_on_assign: list[TP] = []
-        self._stopping = threading.Event()
-        self.broker_down = False
         self.first_assignment = threading.Event()
         """Set once the group has given this instance its first assignment (maybe empty)."""
-        self._thread = threading.Thread(
-            target=self._main, name=f"consumer-{self.name}", daemon=True
-        )
+        self._next_commit = self._next_lag = self._next_probe = 0.0
 
     # -- lifecycle -----------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
     def request_stop(self) -> None:
-        self._stopping.set()
+        super().request_stop()
         self._forwarder.request_stop()
-
-    def join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
 
     def owned(self, topic: str | None = None) -> list[int]:
         """The partitions it owns (of `topic`, or of its only level)."""
@@ -186,18 +173,8 @@ class ConsumerLoop:
     def _consumer(self) -> ConsumerClient:
         return self.keeper.client
 
-    def on_error(self, error: KafkaError) -> None:
-        """librdkafka's error callback; runs on this thread during poll."""
-        code = error.code()
-        if code == KafkaError._ALL_BROKERS_DOWN:
-            self.broker_down = True
-            log.warning("%s: all brokers are down; retrying", self.name)
-        elif is_fatal(error):
-            # The client is unusable (for example fenced after a coordinator failover);
-            # the loop replaces it rather than stopping the process.
-            self.keeper.fail(error.str())
-        elif self._throttle.allow(code) is not None:
-            log.info("%s: %s", self.name, error.str())
+    def _kept(self) -> ConsumerKeeper:
+        return self.keeper
 
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """Commit results: only what the broker confirmed counts as committed."""
@@ -216,48 +193,21 @@ class ConsumerLoop:
             on_lost=self._guarded(self._lost, current),
         )
 
-    def _main(self) -> None:
-        try:
-            self._subscribe()
-        except Exception as exc:
-            log.exception("consumer of %s could not subscribe", self.name)
-            self._on_fatal(f"consumer of {self.name} could not subscribe: {exc}")
-            return
-        self._run()
-        try:
-            self._shutdown()
-        except Exception:
-            log.exception("%s: shutdown failed; uncommitted records will be re-read", self.name)
+    def _open(self) -> ConsumerKeeper:
+        self._next_commit = self._next_lag = self._next_probe = time.monotonic()
+        self._subscribe()
+        return self.keeper
 
-    def _run(self) -> None:
-        next_commit = next_lag = next_probe = time.monotonic()
-        while not self._stopping.is_set():
-            try:
-                if self.keeper.failed is not None and not self._rebuild():
-                    return
-                next_commit, next_lag, next_probe = self._iteration(
-                    next_commit, next_lag, next_probe
-                )
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and is_fatal(error):
-                    self.keeper.fail(error.str())
-                    continue
-                self._survive(exc)
-            except Exception as exc:
-                self._survive(exc)
+    _replace_hint = "; if it is fenced, another live process uses the same instance_name"
 
-    def _rebuild(self) -> bool:
-        """Replace a consumer that hit a fatal error; False when that keeps happening.
+    def _replaced(self) -> None:
+        """The consumer that hit a fatal error was replaced (repeated fencing means
+        another live process uses this instance name, which only an operator can fix).
 
         What it held is dropped uncommitted, as on a lost assignment: the new consumer
         re-reads from the last confirmed commit, so nothing is lost (some records may
-        be forwarded twice). Fencing that repeats means another live process uses this
-        instance name, which only an operator can fix.
+        be forwarded twice).
         """
-        hint = "; if it is fenced, another live process uses the same instance_name"
-        if not self.keeper.replace(hint):
-            return False
         self._let_go(set(self.owned_partitions), commit=False)
         self._to_resume_on_assign.clear()
         self.first_assignment.clear()
@@ -265,15 +215,10 @@ class ConsumerLoop:
         self.paused.clear()
         self._rewind.clear()
         self._subscribe()
-        return True
 
-    def _survive(self, exc: Exception) -> None:
-        """An iteration failed for a reason of its own: log it, count it, carry on, from
-        the first record of the batch in hand that was not admitted."""
-        self._m_loop_errors.inc()
-        log.error("consumer of %s: %r; continuing", self.name, exc, exc_info=exc)
+    def _recover(self) -> None:
+        """Carry on from the first record of the batch in hand that was not admitted."""
         self._rewind_unadmitted()
-        self._stopping.wait(ERROR_PAUSE_S)
 
     def _rewind_unadmitted(self) -> None:
         """The client has moved past every record it returned: a partition of the batch in
@@ -292,9 +237,7 @@ class ConsumerLoop:
                 continue
             rewind[tp] = min(offset, rewind.get(tp, offset))
 
-    def _iteration(
-        self, next_commit: float, next_lag: float, next_probe: float
-    ) -> tuple[float, float, float]:
+    def _iteration(self) -> None:
         if self._forwarder.reseek_wanted():
             self._reseek()
         self._in_hand = messages = self._next_messages()
@@ -315,12 +258,12 @@ class ConsumerLoop:
                 self._wanted.update(
                     {tp: o for tp, o in durable.items() if tp in self.owned_partitions}
                 )
-            if self._wanted and (durable or now >= next_commit):
+            if self._wanted and (durable or now >= self._next_commit):
                 self._commit(asynchronous=True)
-                next_commit = now + COMMIT_RETRY_S
-        self._update_gauges(lag=now >= next_lag)
-        if now >= next_lag:
-            next_lag = now + LAG_INTERVAL_S
+                self._next_commit = now + COMMIT_RETRY_S
+        self._update_gauges(lag=now >= self._next_lag)
+        if now >= self._next_lag:
+            self._next_lag = now + LAG_INTERVAL_S
             self._publish_clock_offset()
         if (
             self.unassigned_since is not None
@@ -331,10 +274,9 @@ class ConsumerLoop:
                 f"no assignment {now - self.unassigned_since:.0f}s after losing its "
                 "partitions while the broker answers"
             )
-        if self.broker_down and now >= next_probe:
+        if self.broker_down and now >= self._next_probe:
             self._probe_broker()
-            next_probe = now + PROBE_INTERVAL_S
-        return next_commit, next_lag, next_probe
+            self._next_probe = now + PROBE_INTERVAL_S
 
     def _next_messages(self) -> list[Message]:
         """The next batch, without waiting for a full one.
@@ -726,34 +668,17 @@ class ConsumerLoop:
     def _count_commit(
         self, error: KafkaError | None, partitions: list[TopicPartition] | None
     ) -> None:
+        done, failed = self._answered(error, partitions)
         if error is not None:
             self._asked.clear()
-            self._m_commit_failures.inc()
-            log.warning("%s: commit failed (%s); retrying", self.name, error.str())
             return
-        done = [
-            (tp_of(tp), tp.offset)
-            for tp in partitions or []
-            if tp.error is None and tp.topic in self.levels
-        ]
-        failed = [tp for tp in partitions or [] if tp.error is not None]
-        for tp, offset in done:
+        for tp, offset in ((tp_of(tp), tp.offset) for tp in done if tp.topic in self.levels):
             self.confirmed[tp] = offset
             self._asked.pop(tp, None)
             if self._wanted.get(tp) == offset:
                 del self._wanted[tp]
         for failure in failed:
             self._asked.pop(tp_of(failure), None)
-        if done:
-            self._m_commits.inc()
-        if failed:
-            self._m_commit_failures.inc()
-            log.warning(
-                "%s: commit of %s failed (%s); retrying",
-                self.name,
-                _named(map(tp_of, failed)),
-                failed[0].error.str() if failed[0].error is not None else "?",
-            )
 
     def _update_gauges(self, *, lag: bool) -> None:
         group = self._group

@@ -48,13 +48,12 @@ from delayservice.envelope import (
     Headers,
 )
 from delayservice.forward import dead_letter as dl
-from delayservice.kafka.client_errors import is_fatal
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, unread_records
+from delayservice.kafka.consumer_thread import ERROR_PAUSE_S, ConsumerThread
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import headers_of_run
-from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
@@ -86,7 +85,6 @@ _Fields = tuple[
 `delay-due-ms`, due ms, `delay-partitioner`): its `SlotRecord` is built only if its slot
 is in memory (most records go to disk only)."""
 POLL_TIMEOUT_S: Final = 0.2
-ERROR_PAUSE_S: Final = 0.5
 METADATA_EVERY_S: Final = 10.0
 """How often the partition count is read: partitions added to the precise topic are
 read within this long."""
@@ -139,7 +137,7 @@ class _Times:
         self.lag = 0.0
 
 
-class Intake:
+class Intake(ConsumerThread):
     def __init__(
         self,
         topic: str,
@@ -177,6 +175,14 @@ class Intake:
         so (`ids`). `intake_offsets` keeps, beside the slot files, how far each
         partition was read and written."""
         self.topic = topic
+        super().__init__(
+            f"intake of {topic}",
+            "precise-intake",
+            on_fatal,
+            loop_errors=metrics.loop_errors.labels(level_name, "intake"),
+            commits=metrics.commits.labels(level_name),
+            commit_failures=metrics.commit_failures.labels(level_name),
+        )
         self._make_consumer = make_consumer
         self._keeper: ConsumerKeeper | None = None  # made on this intake's thread
         self._reading: set[int] = set()  # partitions assigned to the present client
@@ -192,7 +198,6 @@ class Intake:
         self._send_dead_letter = dead_letter
         self._placement = placement
         self._takeover_ms = takeover_ms
-        self._on_fatal = on_fatal
         self.after_batch = after_batch
         self._check_storage = check_storage
         self._answer = answer
@@ -215,91 +220,60 @@ class Intake:
         """partition -> first offset of the batch being handled, until it is settled."""
         self._batch_ends: dict[PartitionLedger, int] = {}  # the next offset after it
         self._asked: dict[int, int] = {}  # partition -> offset committed, not yet answered
-        self._throttle = Throttle()
         self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
-        self._m_commits = metrics.commits.labels(level_name)
-        self._m_commit_failures = metrics.commit_failures.labels(level_name)
         self._m_assigned = metrics.assigned_partitions.labels(level_name)
         self._m_lag = metrics.consumer_lag.labels(level_name)
-        self._m_loop_errors = metrics.loop_errors.labels(level_name, "intake")
-        self.broker_down = False
         self.assigned = threading.Event()
         self.caught_up = threading.Event()
         """Every record the precise topic held when the intake started (per partition, the
         end offset at its first assignment) is on disk or in memory: until then, records
         due soon may still be unread, and the daemon does not say it is ready."""
         self._catch_up: dict[int, int] = {}  # partition -> end offset to read up to
+        self._times = _Times()
         self.records_left = 0
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="precise-intake", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        self._stopping.set()
-
-    def join(self, timeout: float) -> bool:
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
     @property
     def _consumer(self) -> ConsumerClient | None:
         return None if self._keeper is None else self._keeper.client
 
-    def on_error(self, error: KafkaError) -> None:
-        code = error.code()
-        if code == KafkaError._ALL_BROKERS_DOWN:
-            self.broker_down = True
-        if is_fatal(error) and self._keeper is not None:
-            self._keeper.fail(error.str())  # replaced at the loop's next turn
-        elif self._throttle.allow(code) is not None:
-            log.info("%s: %s", self.topic, error.str())
+    def _kept(self) -> ConsumerKeeper | None:
+        return self._keeper
 
     # -- the loop ------------------------------------------------------------------
-    def _main(self) -> None:
-        try:
-            self._keeper = ConsumerKeeper(
-                self.topic, self._make_consumer, self.on_error, self.on_commit, self._on_fatal
-            )
-        except Exception as exc:
-            log.exception("consumer of %s could not be created", self.topic)
-            self._on_fatal(f"consumer of {self.topic} could not be created: {exc}")
-            return
-        keeper = self._keeper
-        times = _Times()
-        while not self._stopping.is_set():
-            try:
-                if keeper.failed is not None:
-                    if not keeper.replace():
-                        break  # the daemon is stopping (`on_fatal`)
-                    self._reading.clear()  # the new client reads from where this left
-                    self._asked.clear()  # the old client's answers will not come
-                    times.metadata = 0.0
-                self._iteration(keeper.client, times)
-            except KafkaException as exc:
-                self._kafka_error(keeper, exc)
-            except MarkerRepliesError as exc:  # the broker is away: read the batch again
-                if self._throttle.allow("replies") is not None:
-                    log.warning("intake of %s: %s; reading the batch again", self.topic, exc)
-                self._rewind()
-                self._stopping.wait(ERROR_PAUSE_S)
-            except (StorageError, OSError) as fault:
-                self._storage_fault(fault)
-                break
-            except Exception:
-                self._m_loop_errors.inc()
-                log.exception("intake of %s: unexpected error; continuing", self.topic)
-                self._rewind()
-                self._stopping.wait(ERROR_PAUSE_S)
-        self._shutdown()
+    def _open(self) -> ConsumerKeeper:
+        self._keeper = ConsumerKeeper(
+            self.topic, self._make_consumer, self.on_error, self.on_commit, self._on_fatal
+        )
+        return self._keeper
 
-    def _iteration(self, consumer: ConsumerClient, times: _Times) -> None:
+    def _replaced(self) -> None:
+        self._reading.clear()  # the new client reads from where this left
+        self._asked.clear()  # the old client's answers will not come
+        self._times.metadata = 0.0
+
+    def _recover(self) -> None:
+        self._rewind()
+
+    def _unexpected(self, exc: Exception) -> bool:
+        """The broker away while markers are answered: read the batch again. A fault
+        of the disk stops the thread (`_storage_fault`); anything else is survived."""
+        if isinstance(exc, MarkerRepliesError):
+            if self._throttle.allow("replies") is not None:
+                log.warning("intake of %s: %s; reading the batch again", self.topic, exc)
+            self._rewind()
+            self._stopping.wait(ERROR_PAUSE_S)
+            return True
+        if isinstance(exc, (StorageError, OSError)):
+            self._storage_fault(exc)
+            return False
+        return super()._unexpected(exc)
+
+    def _iteration(self) -> None:
+        times = self._times
+        consumer = self._consumer
+        assert consumer is not None  # `_open` ran
         if time.monotonic() >= times.metadata:
             self._assign()
             times.metadata = time.monotonic() + METADATA_EVERY_S
@@ -317,18 +291,13 @@ class Intake:
             times.lag = time.monotonic() + LAG_EVERY_S
             self._m_lag.set(unread_records(consumer, self.topic, list(self.roles)))
 
-    def _kafka_error(self, keeper: ConsumerKeeper, exc: KafkaException) -> None:
-        """A client made unusable is replaced at the next turn; one that goes away by
-        itself is retried, quietly while a fresh start explains it; anything else is
-        logged, counted and survived."""
-        error = exc.args[0] if exc.args else None
-        if isinstance(error, KafkaError) and is_fatal(error):
-            keeper.fail(error.str())
+    def _kafka_error(self, exc: KafkaException, error: KafkaError | None) -> None:
+        """One that goes away by itself is retried, quietly while a fresh start explains
+        it; anything else is survived like any other exception."""
+        if error is None or not _passing(error):
+            self._survive(exc)
             return
-        if not (isinstance(error, KafkaError) and _passing(error)):
-            self._m_loop_errors.inc()
-            log.error("intake of %s: Kafka error; continuing", self.topic, exc_info=exc)
-        elif self._throttle.allow(("retriable", error.code())) is not None:
+        if self._throttle.allow(("retriable", error.code())) is not None:
             young = error.code() in _STARTING and self._starting.young(error.code())
             log.log(
                 logging.INFO if young else logging.WARNING,
@@ -739,20 +708,11 @@ class Intake:
     def on_commit(self, error: KafkaError | None, partitions: list[TopicPartition] | None) -> None:
         """The broker's answer to a commit: what it confirmed is committed; anything else
         is asked again at the next commit."""
-        confirmed = [
-            (tp.partition, tp.offset)
-            for tp in partitions or []
-            if tp.error is None and tp.offset >= 0 and error is None
-        ]
+        done, _failed = self._answered(error, partitions)
         for tp in partitions or []:
             if self._asked.get(tp.partition) == tp.offset:
                 del self._asked[tp.partition]
-        if len(confirmed) < len(partitions or []) or error is not None:
-            self._m_commit_failures.inc()
-            if error is not None and self._throttle.allow("commit") is not None:
-                log.warning("%s: commit failed (%s); trying again", self.topic, error.str())
-        self.ledger.committed(confirmed)
-        self._m_commits.inc()
+        self.ledger.committed([(tp.partition, tp.offset) for tp in done])
 
     def _shutdown(self) -> None:
         try:

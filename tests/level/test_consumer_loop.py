@@ -55,7 +55,9 @@ def rig(clock: FakeClock) -> LevelRig:
 
 def step(rig: LevelRig, *, commit: bool = False) -> None:
     """One pass of the consumer loop; `commit`: a commit is due (a retry of one)."""
-    rig.loop._iteration(0.0 if commit else INF, INF, INF)
+    loop = rig.loop
+    loop._next_commit, loop._next_lag, loop._next_probe = (0.0 if commit else INF), INF, INF
+    loop._iteration()
 
 
 def forward(rig: LevelRig, *, commit: bool = False) -> None:
@@ -751,7 +753,7 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
     prepare_two_partitions(rig)
     fenced = KafkaError(KafkaError._FATAL, "Static consumer fenced", fatal=True)
     rig.loop.on_error(fenced)
-    assert rig.loop._rebuild()
+    assert rig.loop._replace_client(rig.loop.keeper)
     assert rig.consumer.closed
     assert rig.loop.owned() == []
     assert not rig.loop.first_assignment.is_set()  # not ready until assigned again
@@ -762,9 +764,11 @@ def test_a_fenced_consumer_is_replaced_and_what_it_held_is_re_read(rig):
 
     for _ in range(REPLACEMENTS_ALLOWED - 1):
         rig.loop.on_error(fenced)
-        assert rig.loop._rebuild()
+        assert rig.loop._replace_client(rig.loop.keeper)
     rig.loop.on_error(fenced)
-    assert not rig.loop._rebuild()  # fenced again and again: another process has the name
+    assert not rig.loop._replace_client(
+        rig.loop.keeper
+    )  # fenced again and again: another process has the name
     assert "instance_name" in rig.fatal[0]
 
 
@@ -781,7 +785,7 @@ def test_a_level_that_stays_unassigned_after_losing_its_partitions_gets_a_new_co
     clock.advance(2.0)
     step(rig)
     assert "no assignment" in (rig.loop.keeper.failed or "")
-    assert rig.loop._rebuild()
+    assert rig.loop._replace_client(rig.loop.keeper)
     assert rig.loop.unassigned_since is None
     rig.consumer.queue_rebalance("assign", 0, 1)
     step(rig)
