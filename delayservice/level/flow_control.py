@@ -18,12 +18,13 @@ from delayservice.level.memory_budget import RECORD_OVERHEAD, MemoryBudget
 
 RECHECK_EVERY: Final = 64
 """Records admitted against a local estimate of the budget's room before it is summed
-over every level again; other levels' admissions between two sums can pass the cap
-by at most this many records each."""
+again. The shared worker is the budget's only user; with one worker per level, the
+other workers' admissions between two sums can pass the cap by at most this many
+records each."""
 
 
 class FlowControl:
-    """One per level, used by its consumer thread only."""
+    """One per level worker, used by its consumer thread only."""
 
     def __init__(self, high_water: int, low_water: int, budget: MemoryBudget) -> None:
         if not 0 <= low_water < high_water:
@@ -34,7 +35,7 @@ class FlowControl:
         """A partition is paused from here on, before a record must be refused: what
         its client delivers meanwhile is still admitted up to `high_water`."""
         self.budget = budget
-        self._room = 0  # this level's estimate of the budget's free bytes
+        self._room = 0  # this worker's estimate of the budget's free bytes
         self._until_recheck = 0
 
     def admits(
