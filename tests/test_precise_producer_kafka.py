@@ -77,6 +77,7 @@ def test_exact_messages_and_a_cancel_land_on_the_partition_of_their_id(testbed):
             ("delay-target", b"orders"),
             ("delay-ms", str((10 + n) * 60_000).encode()),
             ("delay-id", mid.encode()),
+            ("delay-partitioner", b"consistent_random"),  # librdkafka's default
         ]
     at_headers = dict(by_id[at_id].headers())
     assert at_headers["delay-ms"] == b"0"
