@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,15 +14,10 @@ from pathlib import Path
 import pytest
 
 from delayservice.errors import DelayTooLongError
+from delayservice.kafka.local_broker import free_port
 from delayservice.producer import DelayProducer
 
 pytestmark = pytest.mark.kafka
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ready(port: int) -> bool:
@@ -51,7 +45,7 @@ def own_settings_file(testbed, tmp_path) -> Path:
         f'group_id = "own-{testbed.tag}"\n'
         f'instance_name = "own-{testbed.tag}"\n'
         'metrics_host = "127.0.0.1"\n'
-        f"metrics_port = {_free_port()}\n"
+        f"metrics_port = {free_port()}\n"
         "shutdown_timeout_s = 15.0\n"
     )
     return config

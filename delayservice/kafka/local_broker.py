@@ -8,6 +8,7 @@ fresh log dir and runs `kafka.Kafka` in combined broker+controller mode on loopb
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -65,9 +66,20 @@ def ensure_jars(version: str = KAFKA_VERSION) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen, or the
+    kernel may hand the same port out twice (a broker whose two listeners shared one
+    port failed to format its storage)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 class LocalBroker:
@@ -83,8 +95,7 @@ class LocalBroker:
         self.version = version
         self.heap = heap
         self.extra = extra_properties or {}
-        self.port = free_port()
-        self.controller_port = free_port()
+        self.port, self.controller_port = free_ports(2)
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.workdir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -130,20 +141,26 @@ class LocalBroker:
             "-cp",
             f"{libs}/*",
         ]
-        cluster_id = subprocess.run(
-            [*self._jvm, "kafka.tools.StorageTool", "random-uuid"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()[-1]
-        subprocess.run(
-            [*self._jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        cluster_id = self._storage_tool("random-uuid").split()[-1]
+        self._storage_tool("format", "-t", cluster_id, "-c", str(config))
         self._launch(timeout)
         return self
+
+    def _storage_tool(self, *args: str) -> str:
+        """Kafka's StorageTool's output; what it printed when it fails, in the error."""
+        done = subprocess.run(
+            [*self._jvm, "kafka.tools.StorageTool", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            said = (done.stdout + done.stderr).strip().splitlines()[-20:]
+            raise DelayServiceError(
+                f"Kafka's StorageTool {args[0]} exited {done.returncode} in {self.workdir}: "
+                + ("\n".join(said) or "(it printed nothing)")
+            )
+        return done.stdout
 
     def _launch(self, timeout: float) -> None:
         assert self.workdir is not None

@@ -14,6 +14,7 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
+from delayservice.kafka.local_broker import free_port
 from delayservice.settings import settings_env
 
 pytestmark = pytest.mark.kafka
@@ -31,12 +32,6 @@ def _env(settings, port: int, instance: str, session_timeout_s: float = 6) -> di
         instance_name=instance,
         session_timeout_s=session_timeout_s,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _start(env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -115,7 +110,7 @@ def test_kill_9_mid_stream_then_restart_delivers_every_message_at_least_once(tes
     settings = testbed.settings(levels="1s,2s")
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"crash-{testbed.tag}")
-    port = _free_port()
+    port = free_port()
     env = _env(settings, port, instance=f"{testbed.tag}-crash")
     process = _start(env)
     forwarded = 0.0
@@ -168,7 +163,7 @@ def test_a_restart_under_the_same_instance_name_takes_the_partitions_back_at_onc
     target = testbed.create_topic(
         f"static-{testbed.tag}", config={"message.timestamp.type": "LogAppendTime"}
     )
-    port = _free_port()
+    port = free_port()
     env = _env(settings, port, f"{testbed.tag}-static", session_timeout_s=session_timeout_s)
     producer = testbed.producer(settings)
     first = _start(env)
@@ -221,7 +216,7 @@ def test_a_restart_under_the_same_instance_name_takes_the_partitions_back_at_onc
 def test_sigterm_commits_flushes_and_exits_0_within_the_timeout(testbed):
     settings = testbed.settings(levels="1s")
     testbed.create_delay_topics(settings)
-    port = _free_port()
+    port = free_port()
     process = _start(_env(settings, port, f"{testbed.tag}-term"))
     testbed.wait_for(lambda: _ready(port), 60, "the daemon to be ready")
     started = time.monotonic()
@@ -232,11 +227,11 @@ def test_sigterm_commits_flushes_and_exits_0_within_the_timeout(testbed):
 
 
 def test_unreachable_broker_reports_not_ready_and_still_stops_cleanly():
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYSERVICE_")}
     env.update(
         {
-            "DELAYSERVICE_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
+            "DELAYSERVICE_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
             "DELAYSERVICE_INSTANCE_NAME": f"unreachable-{uuid.uuid4().hex[:8]}",
             "DELAYSERVICE_METRICS_HOST": "127.0.0.1",
             "DELAYSERVICE_METRICS_PORT": str(port),
