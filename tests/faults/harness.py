@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
@@ -88,6 +89,18 @@ class DaemonProcess:
             url = f"http://127.0.0.1:{self.port}/readyz"
             with urllib.request.urlopen(url, timeout=1) as response:
                 return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def serving(self) -> bool:
+        """Its HTTP endpoint answers, ready or not: the interpreter has imported the
+        package and the daemon is starting its workers."""
+        try:
+            url = f"http://127.0.0.1:{self.port}/readyz"
+            with urllib.request.urlopen(url, timeout=1):
+                return True
+        except urllib.error.HTTPError:
+            return True  # 503: serving, not ready yet
         except OSError:
             return False
 
