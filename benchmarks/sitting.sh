@@ -30,7 +30,7 @@ declare -A rows=(
   [steady_eos_per_level]="benchmarks/steady_lateness.py --guarantee exactly-once --level-workers per-level"
   # A backlog parked in the 2 h level beside a steady flow on the 1 s one, and the
   # same flow alone: one level's backlog must not slow another.
-  [isolation_quiet]="benchmarks/steady_lateness.py --seconds 30 --rate 2000 --levels 1s,2h"
+  [isolation_quiet]="benchmarks/steady_lateness.py --seconds 30 --rate 2000 --levels 1s,2h --park-top"
   [isolation_backlog]="benchmarks/steady_lateness.py --seconds 30 --rate 2000 --levels 1s,2h --backlog 300000"
   [idle]="benchmarks/idle_footprint.py"
   [idle_per_level]="benchmarks/idle_footprint.py --level-workers per-level"

@@ -25,8 +25,8 @@ their transaction commits, so that figure includes the commit interval.
 With `--backlog N`, N messages for the top level are written before the daemon starts
 and wait there (due an hour or more later): the daemon reads them and pauses their
 partitions near the mark, and the steady load runs on the other levels. Run it with
-`--backlog 0` on the same levels to compare: one level's backlog must not slow
-another's forwarding.
+`--park-top` instead on the same levels to compare (the same flow, nothing parked): one
+level's backlog must not slow another's forwarding.
 """
 
 from __future__ import annotations
@@ -241,6 +241,12 @@ def main() -> int:
         "--backlog", type=int, default=0, help="park this many in the top level first"
     )
     parser.add_argument(
+        "--park-top",
+        action="store_true",
+        help="the flow uses the levels below the top one (implied by --backlog), for a "
+        "quiet run to compare a backlog's with",
+    )
+    parser.add_argument(
         "--hogs", type=int, default=0, help="busy processes running beside the load"
     )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
@@ -261,6 +267,7 @@ def main() -> int:
         print(sent)
         return 0
 
+    park_top = bool(args.backlog or args.park_top)
     with broker(args.bootstrap) as bootstrap:
         tag = uuid.uuid4().hex[:6]
         settings = load_settings(
@@ -299,11 +306,11 @@ def main() -> int:
             generator = subprocess.run(
                 [sys.executable, __file__, "--generate", target, "--rate", str(args.rate),
                  "--seconds", str(args.seconds), "--burst", str(args.burst),
-                 *(["--skip-top"] if args.backlog else [])],
+                 *(["--skip-top"] if park_top else [])],
                 env=settings_env(settings), capture_output=True, text=True, check=True,
             )  # fmt: skip
             sent = int(generator.stdout.split()[-1])
-            flow = list(settings.level_set())[: -1 if args.backlog else None]
+            flow = list(settings.level_set())[: -1 if park_top else None]
             top = max(level.delay_ms for level in flow) / 1000
             deadline = time.monotonic() + top + 120
             while target_count(ends, target) < sent and time.monotonic() < deadline:
