@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 from typing import Annotated
 
@@ -36,6 +37,9 @@ def run(
         config, bootstrap_servers=bootstrap_servers, levels=levels, metrics_port=metrics_port
     )
     setup_logging(settings.log_level)
+    # A crash inside a client library (SIGSEGV, SIGABRT) would end the process with no
+    # word of where: every thread's Python stack goes to stderr (the journal) first.
+    faulthandler.enable()
     daemon: Daemon | Supervisor = (
         Supervisor(settings) if settings.processes > 1 else Daemon(settings)
     )
