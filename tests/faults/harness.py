@@ -117,13 +117,13 @@ class DaemonProcess:
         self.process.send_signal(signal.SIGTERM)
 
     def wait_sigterm(self, timeout: float) -> int | None:
-        """The exit code after `send_sigterm`, or None if it overran `timeout` (then killed)."""
+        """The exit code after `send_sigterm`, or None if it overran `timeout`: then its
+        stacks go to its log (`dump_stacks`), so a hung daemon says where it hung."""
         assert self.process is not None
         try:
             self.sigterm_exit = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(30)
+            self.dump_stacks()
             self.sigterm_exit = None
         return self.sigterm_exit
 
