@@ -238,8 +238,11 @@ def test_a_data_directory_in_use_refuses_the_second_daemon_in_one_line(testbed, 
     settings = _precise(testbed, tmp_path)
     first = testbed.start_daemon(settings)
     testbed.wait_assigned(first, partitions=settings.partitions)
+    # assigned is not ready: the first must have caught up before the refusal can disturb it
+    testbed.wait_for(lambda: first.readiness()[0], 60, "the first daemon to be ready")
     with pytest.raises(ConfigError, match=r"data_dir: .* is in use by another process"):
         testbed.start_daemon(settings)
     second = testbed._daemons[-1]
     assert second.stop() == 0  # nothing half-built is left to stop
-    assert first.readiness()[0]
+    ready, why = first.readiness()
+    assert ready, why
