@@ -612,8 +612,9 @@ class ConsumerLoop(ConsumerThread):
             self._paused_since.pop(tp, None)
             self._wanted.pop(tp, None)
             self._asked.pop(tp, None)
-        if self._forwarder.reseek_wanted():  # the hand-over ended in an unknown outcome
-            self._reseek()
+        # A hand-over that ended in an unknown outcome leaves a re-seek asked for. It is
+        # done by the next iteration, never here: in a rebalance callback a committed()
+        # or seek() waiting on a frozen broker would hold the rebalance with it.
         return durable
 
     def _reseek(self) -> None:
