@@ -46,6 +46,13 @@ COMMIT_RETRY_S: Final = 30.0
 Past this (or `COMMIT_ATTEMPTS`), its outcome is unknown and the producer is fenced."""
 COMMIT_ATTEMPTS: Final = 20
 COMMIT_RETRY_PAUSE_S: Final = 0.05
+ABORT_ATTEMPTS: Final = 6
+"""How many times an abort that runs out of time is resumed (librdkafka: "retry call to
+resume"), at `TXN_TIMEOUT_S` each, before the producer is given up. With a broker frozen
+for 35 s under a full backlog, replacing the producer at the first timeout left a new
+one that could not init either, the old one destroyed in the middle of its abort, and a
+re-read with every partition lost; resumed, the abort ends once the broker is back and
+the interval goes again from memory."""
 
 
 class Transaction:
@@ -130,15 +137,26 @@ class Transaction:
             self._spent(step, self._clock.monotonic() - started)
 
     def abort(self) -> None:
+        """Abort the open transaction, resuming an abort that ran out of time (it goes
+        on in the background) up to `ABORT_ATTEMPTS` times. Raises `ForwarderFatalError`
+        for any other failure, or when it keeps running out of time or the worker is
+        stopping: whatever the transaction's state then, it is not ours to continue; a
+        new producer's init_transactions ends it, and the interval goes again."""
         if not self.open:
             return
         try:
-            self.producer.abort_transaction(TXN_TIMEOUT_S)
-        except KafkaException as exc:
-            # Whatever the transaction's state now, it is not ours to continue: a new
-            # producer's init_transactions ends it, and the interval goes again.
-            error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
-            raise producer_failed(error, f"{self.name}: abort_transaction") from exc
+            for attempt in range(ABORT_ATTEMPTS):
+                try:
+                    self.producer.abort_transaction(TXN_TIMEOUT_S)
+                    return
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else KafkaError(KafkaError._FAIL)
+                    resumable = (
+                        isinstance(error, KafkaError) and error.retriable() and not error.fatal()
+                    )
+                    if not resumable or attempt + 1 == ABORT_ATTEMPTS or self._stopping.is_set():
+                        raise producer_failed(error, f"{self.name}: abort_transaction") from exc
+                    log.warning("%s: abort_transaction: %s; resuming it", self.name, error.str())
         finally:
             self.open = False
 

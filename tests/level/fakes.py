@@ -542,6 +542,11 @@ class FakeProducer:
         the background, as librdkafka's do: an abort then is refused (`_CONFLICT`), and
         `purge` (the producer given up) leaves the commit to complete."""
         self._commit_in_flight = False
+        self.abort_timeouts = 0
+        """abort_transaction calls that time out (retriable: "retry call to resume") while
+        the abort goes on, as librdkafka's do: the queue is purged at once, and until a
+        call returns, any other transaction call is refused (`_CONFLICT`)."""
+        self._abort_in_flight = False
         self.send_offsets_raises: KafkaException | None = None
         self.flush_leaves: int = 0  # reports a flush leaves unserved (a flush timeout)
         self.topics = dict(topics if topics is not None else {TARGET: 3, OTHER_TARGET: 3, DLQ: 1})
@@ -645,8 +650,18 @@ class FakeProducer:
         self._refuse_if_fatal()
         self.txn_inits += 1
 
+    def _refuse_during_abort(self, call: str) -> None:
+        if self._abort_in_flight:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._CONFLICT,
+                    f"{call}: conflicting abort_transaction API call is already in progress",
+                )
+            )
+
     def begin_transaction(self) -> None:
         self._refuse_if_fatal()
+        self._refuse_during_abort("begin_transaction")
         assert self.txn_inits, "begin before init_transactions"
         assert not self.txn_open, "a transaction is open already"
         self.txn_open = True
@@ -673,6 +688,7 @@ class FakeProducer:
 
     def commit_transaction(self, timeout: float = -1) -> None:
         self._refuse_if_fatal()
+        self._refuse_during_abort("commit_transaction")
         assert self.txn_open
         self.flush()
         if self.abortable is not None:
@@ -728,6 +744,17 @@ class FakeProducer:
             )
         with self._cond:
             self._pending.clear()
+        if self.abort_timeouts > 0:
+            self.abort_timeouts -= 1
+            self._abort_in_flight = True
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT,
+                    "Timed out waiting for operation to finish, retry call to resume",
+                    retriable=True,
+                )
+            )
+        self._abort_in_flight = False
         self.aborted.extend(self.txn_sent)
         self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
         self.abortable = None

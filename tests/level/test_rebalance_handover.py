@@ -203,6 +203,42 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
     assert violations(rig.producer, second) == []
 
 
+def test_an_abort_that_runs_out_of_time_is_resumed_on_the_same_producer(clock):
+    """librdkafka's abort goes on after its timeout ("retry call to resume"); a broker
+    frozen past one call must not cost the producer, its init and a re-read."""
+    rig, second = exactly_once_rig(clock)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    step(rig)
+    rig.producer.hold_reports = True  # the flush before commit times out: abort
+    rig.producer.abort_timeouts = transaction_module.ABORT_ATTEMPTS - 1
+    forward(rig, commit=True)
+    assert rig.forwarder._producer is rig.producer  # not replaced
+    assert not rig.forwarder.reseek_wanted()
+    assert rig.producer.abort_timeouts == 0
+    assert len(rig.producer.aborted) == 3
+    rig.producer.hold_reports = False
+    run(rig)
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
+    assert violations(rig.producer, second) == []
+
+
+def test_an_abort_that_keeps_running_out_of_time_replaces_the_producer(clock):
+    rig, second = exactly_once_rig(clock)
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 3)
+    step(rig)
+    rig.producer.hold_reports = True
+    rig.producer.abort_timeouts = transaction_module.ABORT_ATTEMPTS
+    forward(rig, commit=True)
+    assert rig.producer.abort_timeouts == 0  # every attempt was made
+    assert rig.forwarder._producer is second
+    assert rig.forwarder.reseek_wanted()  # its outcome is unknown: read again
+    run(rig)
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
+    assert violations(rig.producer, second) == []
+
+
 def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock):
     rig = two_partitions_in_a_transaction(clock)
     original = rig.forwarder._commit_point
