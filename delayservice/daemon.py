@@ -54,6 +54,8 @@ class Worker(Protocol):
     def health(self) -> tuple[bool, str]: ...
 
 
+SIGNAL_CHECK_S: Final = 0.5
+"""How often the main thread wakes to run a signal handler that is due (`Daemon.wait`)."""
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -176,8 +178,14 @@ class Daemon:
         self._stop.set()
 
     def wait(self) -> int:
-        """Block until a stop is requested, then stop; returns the exit code."""
-        self._stop.wait()
+        """Block until a stop is requested, then stop; returns the exit code.
+
+        Waits in slices: Python runs a signal handler on the main thread only, and a
+        process-directed SIGTERM the kernel delivers to another thread (any of ours
+        may take it) does not wake a main thread blocked on a lock with no timeout.
+        Waiting for ever, a daemon could ignore SIGTERM until SIGKILL."""
+        while not self._stop.wait(SIGNAL_CHECK_S):
+            pass
         return self.stop()
 
     def stop(self) -> int:
