@@ -49,6 +49,16 @@ root conftest, because under pytest-xdist only the controller prints, and it loa
 conftest below this one."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No property test has a deadline: Hypothesis's default (200 ms an example) is a
+    timed assertion, and on a loaded two-core host it failed a slot-file property
+    that passed on every rerun. Tests with settings of their own keep them."""
+    from hypothesis import settings
+
+    settings.register_profile("delayservice", deadline=None)
+    settings.load_profile("delayservice")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "teardown":  # a row added during the call is on this report too
         from tests.faults.summary_table import rows_of
