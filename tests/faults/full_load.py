@@ -12,10 +12,13 @@ from the daemon's own /metrics that its producer did find the queue full.
 from __future__ import annotations
 
 import random
+import threading
+import time
 import urllib.request
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, SentLog, wait_until
@@ -101,3 +104,66 @@ def metric_total(daemon: DaemonProcess, name: str) -> float:
 def queue_filled(*daemons: DaemonProcess) -> float:
     """How often the live ones among `daemons` found their producer's queue full."""
     return sum(metric_total(d, QUEUE_FULL) for d in daemons if d.alive())
+
+
+class LeaderWatch:
+    """Which partitions of `topics` the broker says have no leader, sampled every
+    `every_s` from a thread of its own until `stop`. After a freeze a stall may be the
+    broker's (a partition left without a leader holds any producer and any
+    transaction that touched it), so the report says how long any went leaderless."""
+
+    def __init__(self, bootstrap: str, topics: list[str], every_s: float = 2.0) -> None:
+        self._admin = AdminClient({"bootstrap.servers": bootstrap})
+        self._topics = topics
+        self._every = every_s
+        self._stop = threading.Event()
+        self._since: dict[tuple[str, int], float] = {}
+        self.longest: tuple[float, str] = (0.0, "")
+        self.unanswered = 0
+        self._thread = threading.Thread(target=self._run, name="leader-watch", daemon=True)
+
+    def start(self) -> LeaderWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> str:
+        """Stop sampling; the line for the report."""
+        self._stop.set()
+        self._thread.join(30)
+        seconds, where = self.longest
+        said = (
+            f"a partition without a leader after the thaw for {seconds:.0f} s ({where})"
+            if where
+            else "every partition had a leader whenever asked after the thaw"
+        )
+        if self.unanswered:
+            said += f"; {self.unanswered} metadata requests unanswered"
+        return said
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self._every)
+
+    def _sample(self) -> None:
+        try:
+            metadata = self._admin.list_topics(timeout=5)
+        except KafkaException:
+            self.unanswered += 1
+            return
+        now = time.monotonic()
+        leaderless = set()
+        for topic in self._topics:
+            described = metadata.topics.get(topic)
+            if described is None:
+                continue
+            for partition, state in described.partitions.items():
+                if state.leader < 0 or state.error is not None:
+                    leaderless.add((topic, partition))
+        for tp in list(self._since):
+            if tp not in leaderless:
+                del self._since[tp]
+        for tp in leaderless:
+            since = self._since.setdefault(tp, now)
+            if now - since >= self.longest[0]:
+                self.longest = (now - since, f"{tp[0]}[{tp[1]}]")

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaException
 
-from tests.faults.full_load import BACKLOG, TargetCount, queue_filled, write_backlog
+from tests.faults.full_load import (
+    BACKLOG,
+    LeaderWatch,
+    TargetCount,
+    queue_filled,
+    write_backlog,
+)
 from tests.faults.harness import DaemonProcess, now_ms, scenario_name, wait_until
 from tests.faults.measure import Report, Source
 
@@ -125,11 +131,17 @@ def test_full_load_broker_frozen(own_broker, fault_run, fault_summary, guarantee
         time.sleep(FREEZE_S)  # holding the freeze; in-flight forwards time out
     finally:
         own_broker.thaw()
-    report = run.drain(
-        _row(18, f"broker SIGSTOP {FREEZE_S:.0f} s", guarantee),
-        FORWARD_TIMEOUT_S,
-        while_live=load.note_queue(daemon),
-    )
+    levels = [level.topic for level in run.settings.level_set().levels]
+    leaders = LeaderWatch(own_broker.bootstrap, [load.target, *levels]).start()
+    try:
+        report = run.drain(
+            _row(18, f"broker SIGSTOP {FREEZE_S:.0f} s", guarantee),
+            FORWARD_TIMEOUT_S,
+            while_live=load.note_queue(daemon),
+        )
+    finally:
+        report_line = leaders.stop()
+    report.notes.append(report_line)
     load.filled = [max(0.0, f - filled_before) for f in load.filled]
     load.verdict(report, guarantee, fault_summary)
 
