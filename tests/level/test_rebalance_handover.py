@@ -203,6 +203,30 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
     assert violations(rig.producer, second) == []
 
 
+def test_a_re_seek_asked_for_during_a_revoke_waits_for_the_next_iteration(clock):
+    """A hand-over that ends in an unknown outcome asks for a re-seek; inside the
+    rebalance callback its committed() and seek() would wait on the broker the
+    rebalance is waiting on, so the callback only leaves the request."""
+    rig, second = exactly_once_rig(clock)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
+    rig.consumer.queue_rebalance("revoke", 0)
+    step(rig)  # the revoke's commit point cannot say what it did: the producer goes
+    assert rig.forwarder._producer is second
+    assert rig.loop.owned() == [1]
+    assert rig.forwarder.reseek_wanted()
+    assert rig.consumer.seeks == []  # nothing sought from inside the callback
+    step(rig)
+    assert not rig.forwarder.reseek_wanted()
+    assert [tp for tp, _ in rig.consumer.seeks] == [1]
+    run(rig)
+    assert violations(rig.producer, second) == []
+
+
 def test_an_abort_that_runs_out_of_time_is_resumed_on_the_same_producer(clock):
     """librdkafka's abort goes on after its timeout ("retry call to resume"); a broker
     frozen past one call must not cost the producer, its init and a re-read."""
