@@ -652,10 +652,11 @@ class FakeProducer:
 
     def _refuse_during_abort(self, call: str) -> None:
         if self._abort_in_flight:
-            raise KafkaException(
+            raise KafkaException(  # as rd_kafka_txn_curr_api_begin: retriable
                 KafkaError(
                     KafkaError._CONFLICT,
-                    f"{call}: conflicting abort_transaction API call is already in progress",
+                    f"{call}: Conflicting abort_transaction API call is already in progress",
+                    retriable=True,
                 )
             )
 
