@@ -118,6 +118,11 @@ class FaultRun:
             final.notes.append(f"SIGTERM exit codes at the end: {exits}")
         if not read_all:
             final.notes.append("the read-back did not reach every partition's end")
+        if self.reader is not None and self.reader.rebuilt:
+            final.notes.append(
+                f"the test's reader replaced its client {self.reader.rebuilt} times "
+                "(it could not give a partition's end)"
+            )
         return final
 
     def _read_to_end(self, timeout: float = 120.0) -> bool:

@@ -9,6 +9,7 @@ depends on what the daemon says about itself.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import subprocess
@@ -355,6 +356,10 @@ class Rec:
         return any(n == name for n, _ in self.headers)
 
 
+REBUILD_AFTER_S = 15.0
+"""How long the reader's client may fail to give a partition's end before it is replaced."""
+
+
 class Reader:
     """Reads whole topics from offset 0 with assign(), never through a group, so
     reading back cannot disturb the daemon's groups; call `catch_up` to read on."""
@@ -363,20 +368,21 @@ class Reader:
         from confluent_kafka import Consumer
 
         self._bootstrap = bootstrap
-        self._consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"faults-reader-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "enable.partition.eof": False,
-                # What an exactly-once consumer of the targets sees: the duplicates
-                # column counts copies that committed, not aborted attempts.
-                "isolation.level": "read_committed",
-            }
-        )
+        self._config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"faults-reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+            # What an exactly-once consumer of the targets sees: the duplicates
+            # column counts copies that committed, not aborted attempts.
+            "isolation.level": "read_committed",
+        }
+        self._consumer = Consumer(self._config)
         self.records: dict[str, list[Rec]] = {}
         self._assigned: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset
+        self.rebuilt = 0
+        """How often its client was replaced (`_end_of`)."""
         self.add(topics)
 
     def add(self, topics: Iterable[str]) -> None:
@@ -457,16 +463,48 @@ class Reader:
 
     def _end_of(self, tp: Any, deadline: float) -> int | None:
         """The partition's end offset; asked again while the broker cannot say (a
-        restarted broker is not yet the leader), None at the deadline."""
+        restarted broker is not yet the leader), None at the deadline.
+
+        After a broker froze and fenced itself on waking, this reader's client answered
+        "Local: Unknown partition" for a target partition for minutes on end, while a
+        fresh client's metadata named its leader every 2 s, and the scenario read as a
+        daemon that forwarded nothing. librdkafka's leader lookup for this call
+        (`rd_kafka_topic_partition_list_query_leaders`) takes a cached "no leader" as
+        final and asks the broker nothing. So each failure refreshes the topic's
+        metadata (`list_topics`), and a client that still fails is replaced
+        (`_rebuild`)."""
         from confluent_kafka import KafkaException
 
+        failing_since = None
         while True:
             try:
                 return int(self._consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1])
-            except KafkaException:
-                if time.monotonic() > deadline:
+            except KafkaException as exc:
+                now = time.monotonic()
+                if now > deadline:
                     return None
+                failing_since = failing_since if failing_since is not None else now
+                with contextlib.suppress(KafkaException):
+                    self._consumer.list_topics(tp.topic, timeout=5)
+                if now - failing_since > REBUILD_AFTER_S:
+                    self._rebuild(f"{tp.topic}[{tp.partition}]: {exc}")
+                    failing_since = None
                 time.sleep(0.2)
+
+    def _rebuild(self, why: str) -> None:
+        """A new client for the same partitions, each from the next offset not read."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        print(f"reader: replacing its client ({why})", flush=True)
+        self.rebuilt += 1
+        try:
+            self._consumer.close()
+        except Exception as exc:  # a wedged client may refuse even this
+            print(f"reader: closing the old client: {exc}", flush=True)
+        self._consumer = Consumer(self._config)
+        self._consumer.incremental_assign(
+            [TopicPartition(t, p, o) for (t, p), o in self._assigned.items()]
+        )
 
     def close(self) -> None:
         self._consumer.close()
