@@ -497,7 +497,12 @@ class Intake(ConsumerThread):
                 if found is not None and not isinstance(key, str) and not isinstance(value, str):
                     due, target, delay_ms, message_id, due_header, user, partitioner = found
                     if message_id in cancelled:
-                        self._markers.cancelled_first(ledger.partition, offset, message_id)
+                        self._markers.cancelled_first(
+                            ledger.partition,
+                            offset,
+                            message_id,
+                            maybe_stored=offset < self._offsets.written(ledger.partition),
+                        )
                         continue
                     partition = ledger.partition
                     replica = roles.get(partition) is Role.REPLICA
@@ -599,7 +604,12 @@ class Intake(ConsumerThread):
                 return False
             return True  # the owner dead-letters it
         if held.id in self._cancels:
-            return self._markers.cancelled_first(partition, offset, held.id)
+            return self._markers.cancelled_first(
+                partition,
+                offset,
+                held.id,
+                maybe_stored=offset < self._offsets.written(partition),
+            )
         frame = encode_fields(
             offset,
             record.due_ms,

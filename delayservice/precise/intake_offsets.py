@@ -110,6 +110,14 @@ class IntakeOffsets:
         with self._lock:
             return {p: r.written for p, r in self._reached.items() if r.written > r.resume}
 
+    def written(self, partition: int) -> int:
+        """The end of the furthest batch of `partition` begun to be written (-1: none).
+        A record below it may sit in a slot file already, written by an earlier process
+        or an earlier try of its batch, even when its offset never committed."""
+        with self._lock:
+            reached = self._reached.get(partition)
+        return -1 if reached is None else reached.written
+
     @reported
     def wrote(self, ends: Iterable[tuple[int, int]]) -> None:
         """(partition, offset) pairs: a batch ending before `offset` is about to be

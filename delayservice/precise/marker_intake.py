@@ -131,12 +131,20 @@ class MarkerIntake:
         self._moves = []
         self.answered = []
 
-    def cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
+    def cancelled_first(
+        self, partition: int, offset: int, message_id: str, *, maybe_stored: bool = False
+    ) -> bool:
         """A message whose cancel came before it: not stored. Its cancel is retired only
         once this offset is committed: a crash before would read the message again and
         must still find its cancel. A moved message is read again after a crash: its
-        cancel stays for the copy the move wrote, which it calls off when it loads."""
-        if message_id in self._reschedules:
+        cancel stays for the copy the move wrote, which it calls off when it loads.
+        `maybe_stored`: the message is read again (its offset is below where the intake
+        began to write), and an earlier reading may have written it to its slot file
+        before its cancel was read in the same batch, which never committed (a kill -9
+        while the batch's replies waited, or a batch read again after a failure): the
+        cancel stays, to call that copy off when its slot loads, or until it expires.
+        Retired now, it would let the copy out."""
+        if message_id in self._reschedules or maybe_stored:
             return True
         self._matched_at.append((partition, offset, message_id))
         self._m_cancels.labels("cancelled").inc()

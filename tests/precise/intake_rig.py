@@ -198,6 +198,11 @@ class Rig:
         self.intake_offsets = IntakeOffsets(root / "offsets", on_fault=fault)
         self.answered: list[Answered] = []
         self.answer_fails: Exception | None = None
+        self.hold_answers = False
+        """Replies wait until `release_answers` is set: the window, after a batch is on
+        disk and before its offsets commit, that a kill -9 can land in."""
+        self.answering = threading.Event()
+        self.release_answers = threading.Event()
         self.consumer = Consumer(partitions)
         self.dead = DeadLetters()
         placement = Placement(1, 0, 1)
@@ -206,7 +211,7 @@ class Rig:
             self.cancels,
             self.reschedules,
             placement,
-            cast(Any, _Outcomes()),
+            cast(Any, Outcomes()),
             lookahead_s=2.0,
             clock=lambda: NOW_MS / 1000,
             unread=self.intake_offsets.in_flight(),
@@ -254,6 +259,9 @@ class Rig:
 
     def _answer(self, answered: list[Answered]) -> None:
         """What the replies' producer does: acknowledged, unless told to fail once."""
+        if self.hold_answers:
+            self.answering.set()
+            self.release_answers.wait()
         failure, self.answer_fails = self.answer_fails, None
         if failure is not None:
             raise failure
@@ -270,7 +278,7 @@ class Rig:
         assert self.intake.join(10)
 
 
-class _Outcomes:
+class Outcomes:
     def cancelled(self, outcome: str, count: int = 1) -> None:
         pass
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING
 
 from delayservice.precise import slot_store
-from tests.precise.intake_rig import Rig, record, running, wait
+from delayservice.precise.placement import Placement
+from delayservice.precise.wheel import Wheel
+from tests.precise.intake_rig import FAR_MS, NOW_MS, Outcomes, Rig, record, running, wait
 
 
 def _assigned(rig: Rig) -> list[tuple[int, int]]:
@@ -76,3 +78,43 @@ def test_a_batch_in_flight_at_a_crash_is_read_again_before_its_slots_load(
 
 def _eio(*_args: Any) -> None:
     raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_a_cancel_read_in_a_batch_a_kill_left_uncommitted_still_calls_its_message_off(
+    tmp_path: Path,
+):
+    """A message and its cancel in one batch: the message is written to its slot, the
+    cancel to the log, and the process dies while the batch's replies wait, before its
+    offsets commit. The next process reads the message again and finds its cancel, as
+    if the cancel had come first; retiring the cancel then would let the copy already
+    in the slot file out when it loads (3 of 20 acknowledged cancels leaked under
+    exactly-once, whose replies wait for the forwarder's transaction)."""
+    killed = Rig(tmp_path)
+    killed.hold_answers = True
+    killed.intake.start()
+    try:
+        killed.feed([record(0), record(1, cancel="id-0-0")])
+        assert killed.answering.wait(10)
+        assert killed.consumer.committed_offsets == {}
+        assert "id-0-0" in killed.cancels
+        with running(tmp_path) as again:  # the same data directory, read from the start
+            again.run_batch([record(0), record(1, cancel="id-0-0")])
+            again.run_batch([record(2)])  # committed past both: a cancel matched is retired
+            assert "id-0-0" in again.cancels
+        later = Rig(tmp_path)  # the data directory when the message falls due
+        wheel = Wheel(
+            later.store,
+            later.cancels,
+            later.reschedules,
+            Placement(1, 0, 1),
+            cast(Any, Outcomes()),
+            lookahead_s=2.0,
+            clock=lambda: (NOW_MS + FAR_MS) / 1000,
+        )
+        wheel.split_due_spans()
+        wheel._load_due_slots()
+        loaded = [r.envelope.id for _, records in wheel.buffer.take(100) for r in records]
+        assert loaded == ["id-0-2"]  # not id-0-0, cancelled
+    finally:
+        killed.release_answers.set()
+        killed.stop()
