@@ -497,12 +497,7 @@ class Intake(ConsumerThread):
                 if found is not None and not isinstance(key, str) and not isinstance(value, str):
                     due, target, delay_ms, message_id, due_header, user, partitioner = found
                     if message_id in cancelled:
-                        self._markers.cancelled_first(
-                            ledger.partition,
-                            offset,
-                            message_id,
-                            maybe_stored=offset < self._offsets.written(ledger.partition),
-                        )
+                        self._cancelled_first(ledger.partition, offset, message_id)
                         continue
                     partition = ledger.partition
                     replica = roles.get(partition) is Role.REPLICA
@@ -556,6 +551,15 @@ class Intake(ConsumerThread):
         if in_memory:
             self._wheel.admit(in_memory)
 
+    def _cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
+        """A message whose cancel is in the log already; one read again below where this
+        partition's writing had begun may sit in a slot file from that earlier reading
+        (`MarkerIntake.cancelled_first`)."""
+        maybe_stored = offset < self._offsets.written(partition)
+        return self._markers.cancelled_first(
+            partition, offset, message_id, maybe_stored=maybe_stored
+        )
+
     def _ours(self, messages: list[Message]) -> tuple[list[Message], list[PartitionLedger]]:
         """The batch's records of partitions this intake holds, and their ledgers; notes
         where each partition's part of the batch starts (to read it again after a
@@ -604,12 +608,7 @@ class Intake(ConsumerThread):
                 return False
             return True  # the owner dead-letters it
         if held.id in self._cancels:
-            return self._markers.cancelled_first(
-                partition,
-                offset,
-                held.id,
-                maybe_stored=offset < self._offsets.written(partition),
-            )
+            return self._cancelled_first(partition, offset, held.id)
         frame = encode_fields(
             offset,
             record.due_ms,

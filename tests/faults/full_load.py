@@ -108,9 +108,11 @@ def queue_filled(*daemons: DaemonProcess) -> float:
 
 class LeaderWatch:
     """Which partitions of `topics` the broker says have no leader, sampled every
-    `every_s` from a thread of its own until `stop`. After a freeze a stall may be the
-    broker's (a partition left without a leader holds any producer and any
-    transaction that touched it), so the report says how long any went leaderless."""
+    `every_s` from a thread of its own until `stop`. Right after a thaw the broker
+    fences itself and a partition may have no leader for a moment: a client whose
+    metadata was refreshed then can keep that answer (see `Reader._end_of`), and a
+    partition left without a leader for longer would hold any producer. The report
+    says how long any went leaderless."""
 
     def __init__(self, bootstrap: str, topics: list[str], every_s: float = 2.0) -> None:
         self._admin = AdminClient({"bootstrap.servers": bootstrap})
