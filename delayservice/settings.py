@@ -169,16 +169,16 @@ class Settings(BaseSettings):
     )
     guarantee: Literal["at-least-once", "exactly-once"] = Field(
         "at-least-once",
-        description="Level mode's delivery promise: at-least-once (flush, then commit) or "
-        "exactly-once (forwards and offsets in one Kafka transaction, for read_committed "
-        "consumers of the target).",
+        description="The delivery promise, of levels and precise mode alike: at-least-once "
+        "(flush, then commit) or exactly-once (forwards in Kafka transactions with what says "
+        "they were delivered, for read_committed consumers of the target).",
     )
     commit_interval_s: float | None = Field(
         None,
         gt=0,
         le=3600,
-        description="How often level mode makes what it sent durable and commits; "
-        "default 1 s at-least-once, 0.1 s exactly-once.",
+        description="How often what was sent is made durable and committed; default 0.1 s "
+        "exactly-once, else 1 s.",
     )
     retry_backoff_s: float = Field(
         1.0, gt=0, le=MAX_WAIT_S, description="First retry delay of a failed forward."
@@ -417,6 +417,14 @@ class Settings(BaseSettings):
         if self.replicas == 2 and self.precise_members < 2:
             raise ConfigError(
                 "replicas", "2 copies need at least 2 instances: set precise_members >= 2"
+            )
+        if self.precise and self.replicas == 2 and self.guarantee == "exactly-once":
+            # Two holders of a partition would each deliver under their own
+            # transactional id: nothing fences one from the other yet.
+            raise ConfigError(
+                "replicas",
+                "exactly-once precise mode holds one copy for now: set replicas = 1 "
+                "or guarantee = at-least-once",
             )
         if self.precise and self.processes > 1:
             # Every worker process would be the same member over the same data directory.

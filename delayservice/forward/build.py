@@ -16,6 +16,7 @@ from typing import Any
 
 from delayservice.forward.buffer import Buffer, Runs
 from delayservice.forward.forwarder import Forwarder, Routes
+from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka import client_config
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
@@ -37,11 +38,13 @@ def build_forwarder(
     commit_interval_s: float,
     transactional_id: str | None = None,
     settle: Callable[[Runs], None] | None = None,
+    ledger: TransactionLedger | None = None,
     clock: Any = time,
 ) -> Forwarder:
     """The forwarder of `buffer`, which holds the records of `levels` (its worker is
     `name`): exactly-once when a `transactional_id` is given, else at-least-once;
-    `settle` gets the records each commit point made durable."""
+    `settle` gets the records each commit point made durable; `ledger` (with a
+    `transactional_id`) is what its transactions carry instead of consumer offsets."""
     client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{name}"
     config = client_config.level_producer(settings, client_id, transactional_id)
     unconfirmed = watch_unconfirmed(config)
@@ -72,6 +75,7 @@ def build_forwarder(
         clock=clock,
         make_producer=new_producer,
         settle=settle,
+        ledger=ledger,
     )
     built.append(forwarder)
     return forwarder

@@ -26,9 +26,13 @@ record once. A record whose envelope asks for more than its level is re-publishe
 once, with its absolute due time, to where it fits (the precise topic when precise mode
 runs, else the smallest level that holds what remains) and its partition moves on.
 
-Precise mode forwards through this forwarder too, at-least-once, over its own buffer
+Precise mode forwards through this forwarder too, over its own buffer
 (`forward.buffer.Buffer`): each commit point hands the records it made durable to
 `settle`, which settles them in their slots (`precise_worker.settle_durable`).
+Exactly-once, its transactions carry no consumer offsets but a `ledger`'s record of
+what they delivered (`transaction_ledger`), learned again after every
+init_transactions; an unknown outcome then puts the interval back in the buffer,
+where what the ledger says committed is settled unsent.
 
 No exception from one record escapes a send; the loop survives anything else.
 """
@@ -58,6 +62,7 @@ from delayservice.forward.sender import (
     producer_failed,
 )
 from delayservice.forward.transaction import Transaction
+from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka.client_errors import error_of, is_fatal
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
@@ -134,6 +139,7 @@ class Forwarder:
         clock: Any = time,
         make_producer: Callable[[], Any] | None = None,
         settle: Callable[[Runs], None] | None = None,
+        ledger: TransactionLedger | None = None,
     ) -> None:
         """`levels`: the delay topics it forwards (their records come from `group`);
         `name`: its worker's, for threads, messages and the per-worker metrics.
@@ -141,7 +147,8 @@ class Forwarder:
         `delivery.report.only.error` (and a `transactional.id` when `transactional`),
         its log lines going through `unconfirmed` (`watch_unconfirmed`). `settle` is
         handed, at each commit point, the records it made durable (precise mode settles
-        them in its slots; see `PreciseWorker`)."""
+        them in its slots; see `PreciseWorker`). `ledger` (exactly-once, precise mode):
+        what the transactions carry instead of consumer offsets."""
         self.levels = {level.topic: level for level in levels}
         self.name = name
         self.group = group
@@ -156,6 +163,7 @@ class Forwarder:
         self._flush_timeout = flush_timeout_s
         self._clock = clock
         self._settle = settle
+        self._ledger = ledger
         self._metrics = metrics
         self._m_forwarded = {t: metrics.forwarded.labels(lv.name) for t, lv in self.levels.items()}
         self._m_stubs = {
@@ -200,7 +208,14 @@ class Forwarder:
         self._reseek = threading.Event()
         """Set while the consumer thread is to drop the queues and seek back to the
         committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
-        self._txn = Transaction(name, producer, self._stopping, clock, self._step_spent)
+        self._txn = Transaction(
+            name,
+            producer,
+            self._stopping,
+            clock,
+            self._step_spent,
+            ledger.learn if ledger is not None else None,
+        )
         # progress_at: when a commit point last made records durable (`stalled`).
         self._last_commit = self.progress_at = clock.monotonic()
         self._throttle = Throttle()
@@ -380,6 +395,8 @@ class Forwarder:
         if self._reseek.is_set():  # the queues are stale until the consumer thread seeks
             self._stopping.wait(RESEEK_POLL_S)
             return
+        if self._ledger is not None:
+            self._txn.init()  # learns what committed before anything is taken
         if interval.waiting:
             self._send_waiting()
         runs = self.group.take(TAKE)
@@ -391,7 +408,7 @@ class Forwarder:
             self.sender.poll(0)
         since = clock.monotonic() - self._last_commit
         if commit or (
-            interval
+            (interval or self._ledger_pending())
             and (
                 since >= self._interval
                 or interval.reports
@@ -399,6 +416,9 @@ class Forwarder:
             )
         ):
             self._commit_point()
+
+    def _ledger_pending(self) -> bool:
+        return self._ledger is not None and self._ledger.pending()
 
     def _idle(self) -> bool:
         head = self.group.next_due_ms()
@@ -502,7 +522,13 @@ class Forwarder:
         """After an unknown outcome or a group error, as Kafka Streams does: nothing held
         in memory is sent again. The interval and the queues are dropped and the
         consumer thread seeks every owned partition back to its committed offset, which
-        says what the transaction did; until then nothing is taken."""
+        says what the transaction did; until then nothing is taken. With a `ledger` the
+        interval goes back to the buffer instead: the ledger, learned again after the
+        fence, says which of its records committed."""
+        if self._ledger is not None:
+            self.interval.requeue({})
+            self._waiting_changed()
+            return
         self._reseek.set()
         self.interval.reset()
         self._waiting_changed()
@@ -569,7 +595,9 @@ class Forwarder:
         interval = self.interval
         self._last_commit = self._clock.monotonic()
         if not interval and not self._txn.open:
-            return True
+            if not self._ledger_pending():
+                return True
+            self._txn.begin()
         remaining = self.sender.flush(self._flush_timeout)
         self._step_spent("flush", self._clock.monotonic() - self._last_commit)
         if remaining:
@@ -598,7 +626,12 @@ class Forwarder:
             )
             self._waiting_changed()
         offsets = interval.committable()
-        if self.transactional:
+        if self._ledger is not None:
+            self._ledger.write(self._producer, interval.runs)
+            if not self._commit_transaction({}):
+                return False
+            self._ledger.committed()
+        elif self.transactional:
             if not self._commit_transaction(offsets):
                 return False
         else:

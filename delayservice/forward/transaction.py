@@ -65,7 +65,10 @@ class Transaction:
         stopping: threading.Event,
         clock: Any,
         spent: Callable[[str, float], None],
+        learn: Callable[[], None] | None = None,
     ) -> None:
+        """`learn` runs after each init_transactions until it succeeds
+        (`TransactionLedger.learn`)."""
         self.name = name
         """The forwarder's (its worker's) name, for messages."""
         self.producer = producer
@@ -73,6 +76,8 @@ class Transaction:
         self.group_metadata: Any = None
         """The consumer's group metadata, handed over by the consumer thread."""
         self._ready = False
+        self._learn = learn
+        self._learned = learn is None
         self._stopping = stopping
         self._clock = clock
         self._spent = spent
@@ -83,11 +88,13 @@ class Transaction:
         self.producer = producer
         self.open = False
         self._ready = False
+        self._learned = self._learn is None
 
     def init(self) -> None:
         """Once per producer. Raises `SendLaterError` while the coordinator is not there
         yet, `ForwarderFatalError` when the producer cannot go on."""
         if self._ready:
+            self._learned_once()
             return
         producer = self.producer
         try:
@@ -102,6 +109,12 @@ class Transaction:
                 raise producer_failed(error, f"{self.name}: init_transactions") from exc
             raise SendLaterError(f"init_transactions: {exc}") from exc
         self._ready = True
+        self._learned_once()
+
+    def _learned_once(self) -> None:
+        if not self._learned and self._learn is not None:
+            self._learn()
+            self._learned = True
 
     def begin(self) -> None:
         """Raises `ForwarderFatalError` when the producer failed for good (librdkafka

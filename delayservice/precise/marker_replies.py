@@ -104,7 +104,8 @@ class MarkerRepliesError(DelayServiceError):
 
 class MarkerReplies:
     """Writes the replies of one member through the daemon's shared producer, and waits
-    until the broker has them."""
+    until the broker has them; exactly-once, through `in_transaction` (the forwarder's
+    transactions, `DeliveryLog.answer`) instead."""
 
     def __init__(
         self,
@@ -114,6 +115,7 @@ class MarkerReplies:
         member: int,
         role_of: Callable[[int], str | None],
         flush_timeout_s: float = 10.0,
+        in_transaction: Callable[[list[tuple[bytes, bytes]]], None] | None = None,
     ) -> None:
         self._topic = outcomes_topic
         self._marker_topic = marker_topic
@@ -121,16 +123,11 @@ class MarkerReplies:
         self._member = member
         self._role_of = role_of
         self._flush_timeout = flush_timeout_s
+        self._in_transaction = in_transaction
 
-    def send(self, answered: list[Answered]) -> None:
-        """Produce the replies and flush; raises `MarkerRepliesError` unless every one
-        was acknowledged."""
-        failures: list[str] = []
-
-        def delivered(error: Any, _message: Any) -> None:
-            if error is not None:
-                failures.append(error.str() if hasattr(error, "str") else str(error))
-
+    def records(self, answered: list[Answered]) -> list[tuple[bytes, bytes]]:
+        """The replies as (key, value) records of the outcomes topic."""
+        out = []
         for item in answered:
             reply = MarkerReply(
                 item.reply.kind,
@@ -140,13 +137,25 @@ class MarkerReplies:
                 self._member,
                 self._role_of(item.partition),
             )
+            out.append((reply_key(self._marker_topic, item.partition, item.offset), reply.encode()))
+        return out
+
+    def send(self, answered: list[Answered]) -> None:
+        """Produce the replies and flush (or have a transaction commit them); raises
+        `MarkerRepliesError` unless every one was acknowledged."""
+        records = self.records(answered)
+        if self._in_transaction is not None:
+            self._in_transaction(records)
+            return
+        failures: list[str] = []
+
+        def delivered(error: Any, _message: Any) -> None:
+            if error is not None:
+                failures.append(error.str() if hasattr(error, "str") else str(error))
+
+        for key, value in records:
             try:
-                self._producer.produce(
-                    self._topic,
-                    reply.encode(),
-                    reply_key(self._marker_topic, item.partition, item.offset),
-                    on_delivery=delivered,
-                )
+                self._producer.produce(self._topic, value, key, on_delivery=delivered)
             except BufferError as exc:
                 raise MarkerRepliesError(
                     f"replies on {self._topic}: {exc}", retriable=True

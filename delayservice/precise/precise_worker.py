@@ -1,13 +1,15 @@
 """Precise mode, wired: intake thread -> slot files -> loader -> buffer -> forwarder.
 
-It forwards through the level workers' forwarder (`Forwarder`, at-least-once: a
-producer that reports only failures, and commit points that flush it) with its own
-producer; its metrics carry the level label `exact`. The settle protocol: at each
-commit point the forwarder hands over the records it made durable (forwarded or
-dead-lettered), and only those settle: a slot's record gets its settled mark (its file
-is deleted with the last one), a dead letter of the intake lets its offset commit.
-Failed records go again or are dead-lettered by the forwarder's `Failures` rules
-before they settle; nothing sent settles before a flush said it is durable.
+It forwards through the level workers' forwarder (`Forwarder`: a producer that
+reports only failures, and commit points that flush it or, exactly-once, commit its
+transaction) with its own producer; its metrics carry the level label `exact`. The
+settle protocol: at each commit point the forwarder hands over the records it made
+durable (forwarded or dead-lettered), and only those settle: a slot's record gets its
+settled mark (its file is deleted with the last one), a dead letter of the intake lets
+its offset commit. Failed records go again or are dead-lettered by the forwarder's
+`Failures` rules before they settle; nothing sent settles before a flush said it is
+durable, or its transaction committed. Exactly-once, each transaction also carries the
+record of what it delivered, and the replies to markers (`delivery_log`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.census_export import CensusExport
 from delayservice.precise.data_dir import DataDir
+from delayservice.precise.delivery_log import DeliveryLog
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.intake import Intake
 from delayservice.precise.marker_replies import MarkerReplies
@@ -103,9 +106,18 @@ def precise_routes(settings: Settings) -> Routes:
 
 
 def precise_commit_interval(settings: Settings) -> float:
-    """Precise mode forwards at-least-once: a second between commit points unless set."""
+    """A second between commit points at-least-once unless set; exactly-once, the
+    levels' interval (0.1 s unless set): read_committed readers wait for it."""
+    if settings.guarantee == "exactly-once":
+        return settings.commit_interval()
     interval = settings.commit_interval_s
     return 1.0 if interval is None else interval
+
+
+def precise_transactional_id(settings: Settings, member: int, *, far: bool = False) -> str:
+    """The transactional id member `member` forwards the precise topic (or the far one)
+    under: stable, so a restarted member fences its predecessor's open transaction."""
+    return f"{precise_group_id(settings, member, far=far)}-forward"
 
 
 class SettlesSlots(Protocol):
@@ -117,6 +129,12 @@ def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> 
     record is settled in its slot (a mark, or the file's deletion with the last one);
     a dead letter of the intake lets its offset commit. A slot file that cannot be
     marked or deleted stays on disk for the restart the fault is already causing."""
+    with contextlib.suppress(StorageError):  # reported through `on_fault`
+        wheel.settle_many(_slots_settling(runs, offsets))
+
+
+def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker, int]]:
+    """The slot records among `runs`; the intake's dead letters settle their offsets."""
     slots: list[tuple[SlotTracker, int]] = []
     for _, records in runs:
         for record in records:
@@ -125,8 +143,19 @@ def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> 
                 slots.append((slot, record.offset()))
             elif isinstance(slot, PartitionLedger):
                 offsets.settle(slot, record.offset(), 0)
-    with contextlib.suppress(StorageError):  # reported through `on_fault`
-        wheel.settle_many(slots)
+    return slots
+
+
+def settle_delivered(
+    runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger, delivery: DeliveryLog
+) -> None:
+    """`settle_durable` after a transaction committed: once the marks are written, the
+    delivery log need not carry them into the next transaction."""
+    try:
+        wheel.settle_many(_slots_settling(runs, offsets))
+    except StorageError:  # reported through `on_fault`; the next transaction names them
+        return
+    delivery.marked()
 
 
 def _nothing() -> None:
@@ -146,6 +175,9 @@ class _Consumers:
 
     def for_progress(self, callbacks: dict[str, Any]) -> ConsumerClient:
         return self._make(callbacks, f"{self._group}-progress")
+
+    def for_delivered(self, overrides: dict[str, Any]) -> ConsumerClient:
+        return self._make(overrides, f"{self._group}-delivered")
 
     def _make(self, callbacks: dict[str, Any], group_id: str) -> ConsumerClient:
         config = client_config.consumer(self._settings, group_id, self._client_id)
@@ -189,10 +221,21 @@ class PreciseWorker:
         synced, or dead letter flushed)."""
         roles: dict[int, Role] = {}  # this member's role per partition, as assigned
         consumers = _Consumers(settings, topic, far=far)
+        done_topic = settings.precise_far_done_topic if far else settings.precise_done_topic
+        self.delivery = (
+            DeliveryLog(
+                done_topic,
+                settings.precise_outcomes_topic,
+                settings.precise_member,
+                consumers.for_delivered,
+            )
+            if settings.guarantee == "exactly-once"
+            else None
+        )
         takeover_ms = int(settings.takeover_delay_s * 1000)
         self.progress = (
             Progress(
-                settings.precise_far_done_topic if far else settings.precise_done_topic,
+                done_topic,
                 self.placement,
                 producer,
                 consumers.for_progress,
@@ -218,8 +261,17 @@ class PreciseWorker:
             held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
             topic=topic,
             unread=self.disk.intake_offsets.in_flight(),
+            delivered=self.delivery,
         )
         buffer = self.wheel.buffer
+        settle: Callable[[Runs], None] = functools.partial(
+            settle_durable, wheel=self.wheel, offsets=self.ledger
+        )
+        if self.delivery is not None:
+            self.delivery.wake = buffer.wake
+            settle = functools.partial(
+                settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=self.delivery
+            )
         self.forwarder = build_forwarder(
             [self.level],
             self.level.name,
@@ -230,7 +282,13 @@ class PreciseWorker:
             make_producer,
             on_fatal,
             commit_interval_s=precise_commit_interval(settings),
-            settle=functools.partial(settle_durable, wheel=self.wheel, offsets=self.ledger),
+            transactional_id=(
+                precise_transactional_id(settings, settings.precise_member, far=far)
+                if self.delivery is not None
+                else None
+            ),
+            settle=settle,
+            ledger=self.delivery,
         )
         replies = MarkerReplies(
             settings.precise_outcomes_topic,
@@ -238,6 +296,7 @@ class PreciseWorker:
             producer,
             settings.precise_member,
             lambda partition: role.value if (role := roles.get(partition)) else None,
+            in_transaction=self.delivery.answer if self.delivery is not None else None,
         )
         self.intake = Intake(
             topic,
@@ -267,8 +326,10 @@ class PreciseWorker:
         self._export(metrics, settings.precise_lookahead_s, buffer)
         self.census = CensusExport(self.disk.root, self.cancels, metrics, level_name)
         log.info(
-            "precise mode: %s, data in %s, member %d of %d, %d replica(s), %d slot files on disk",
+            "precise mode: %s, %s, data in %s, member %d of %d, %d replica(s), "
+            "%d slot files on disk",
             topic,
+            settings.guarantee,
             self.disk.root,
             settings.precise_member,
             settings.precise_members,
@@ -304,6 +365,8 @@ class PreciseWorker:
 
     def request_stop(self) -> None:
         self._stopping = True  # faults met while stopping change no exit code
+        if self.delivery is not None:
+            self.delivery.stopping()
         self.intake.request_stop()
         self.forwarder.request_stop()
 
@@ -319,6 +382,8 @@ class PreciseWorker:
         self.census.stop(max(0.1, deadline - time.monotonic()))
         if self.progress is not None:
             self.progress.stop(max(0.1, deadline - time.monotonic()))
+        if self.delivery is not None:
+            self.delivery.close()
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
         self.disk.close()
         return stopped

@@ -1,6 +1,7 @@
 """Taking due records for the forwarder: the last look before a record is sent.
 
-What must not go out any more is held back here, under the wheel's lock: a record
+What must not go out any more is held back here, under the wheel's lock: a record a
+committed transaction delivered before this producer took over (exactly-once), one
 cancelled since it was loaded, a copy a reschedule has replaced, a replica's copy the
 owner reported done (or, just after a start, one whose fate waits for the other
 holder's reports). What goes out is remembered, so a cancel or reschedule that comes
@@ -15,7 +16,7 @@ from delayservice.precise.placement import Role
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.wheel_state import WheelState
+from delayservice.precise.wheel_state import Delivered, WheelState
 
 NOT_READY_RETRY_S: Final = 0.5
 """How soon a copy waiting for the other holder's reports to be read is looked at again."""
@@ -43,7 +44,7 @@ class SlotTaking(WheelState):
         sent: list[str] = []
         # An owner's record due before this may have been taken over meanwhile.
         overdue_before_ms = now_ms - self._takeover * 1000
-        coverage = self._coverage
+        coverage, delivered = self._coverage, self._delivered
         with self._lock:
             in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
             stale = self._moved_away(records)
@@ -58,12 +59,10 @@ class SlotTaking(WheelState):
                     settled.append((tracker, record.offset()))  # moved: another copy is live
                     continue
                 in_memory.discard(message_id)
+                if delivered is not None and self._sent_before(record, delivered, settled, sent):
+                    continue
                 if message_id in cancelled_in_memory:
-                    cancelled_in_memory.discard(message_id)
-                    # Match and mark under one hold of the lock, so no write of marks
-                    # in between can retire the cancel before its message's mark.
-                    self._matches.setdefault(tracker, []).append(message_id)
-                    self._settle_locked(tracker, record.offset())
+                    self._cancelled_now(message_id, tracker, record.offset())
                     cancelled += 1
                     continue
                 partition = record.partition()
@@ -87,6 +86,32 @@ class SlotTaking(WheelState):
             self._recent.add_all(sent)
         self._kept(cancelled, settled, deferred)
         return out
+
+    def _cancelled_now(self, message_id: str, tracker: SlotTracker, offset: int) -> None:
+        """A record cancelled since it was loaded is settled unsent (lock held). Match and
+        mark under one hold of the lock, so no write of marks in between can retire the
+        cancel before its message's mark."""
+        self._cancelled_in_memory.discard(message_id)
+        self._matches.setdefault(tracker, []).append(message_id)
+        self._settle_locked(tracker, offset)
+
+    def _sent_before(
+        self,
+        record: SlotRecord,
+        delivered: Delivered,
+        settled: list[tuple[SlotTracker, int]],
+        sent: list[str],
+    ) -> bool:
+        """Whether a committed transaction delivered `record` and its settled mark was
+        not written (a kill, or an unknown outcome, right after the commit): it is
+        settled now, and counts as sent for markers that come later (lock held)."""
+        if not delivered.sent(record.partition(), record.offset()):
+            return False
+        assert record.envelope is not None
+        self._cancelled_in_memory.discard(record.envelope.id)
+        settled.append((record.slot, record.offset()))
+        sent.append(record.envelope.id)
+        return True
 
     def _kept(
         self,

@@ -42,7 +42,7 @@ from delayservice.precise.slot_taking import SlotTaking
 from delayservice.precise.span_splitting import SpanSplitting
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S
-from delayservice.precise.wheel_state import UNBOUNDED, Coverage, Outcomes
+from delayservice.precise.wheel_state import UNBOUNDED, Coverage, Delivered, Outcomes
 from delayservice.timers.base import Clock
 
 __all__ = ["READ_AGAIN", "Reschedule", "Wheel"]  # move_many's request and outcome
@@ -70,6 +70,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         held: HeldBytes | None = None,
         unread: Iterable[int] = (),
         topic: str = "",
+        delivered: Delivered | None = None,
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
@@ -78,7 +79,8 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         a batch the intake had not committed at the last stop; their slots load as
         usual but stay on disk, finished or not, until it has read that batch again
         (`read_again`). `topic`: the precise topic (the buffer's runs are
-        keyed by its partitions)."""
+        keyed by its partitions). `delivered` (exactly-once): records it names were
+        delivered by a transaction that committed, and are settled unsent."""
         super().__init__(
             store,
             cancels,
@@ -93,6 +95,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             held if held is not None else HeldBytes(max_buffered_bytes),
         )
         self._unread.update(unread)
+        self._delivered = delivered
         self.buffer = SlotBuffer(clock, keep=self._keep_or_stop, topic=topic)
         """What the forwarder takes from; its taker drops what must not go out."""
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)

@@ -50,6 +50,13 @@ class Coverage(Protocol):
     def covers(self, partition: int, offset: int, due_ms: int) -> bool: ...
 
 
+class Delivered(Protocol):
+    """Exactly-once: what transactions that committed before this producer took over
+    delivered (`delivery_log.DeliveryLog`)."""
+
+    def sent(self, partition: int, offset: int) -> bool: ...
+
+
 class Outcomes(Protocol):
     """Counters the wheel reports to; the metrics object provides them."""
 
@@ -87,6 +94,7 @@ class WheelState:
         self._lookahead = lookahead_s
         self._takeover = takeover_s
         self._coverage = coverage
+        self._delivered: Delivered | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._tiers = Tiers.for_horizon(horizon_s)

@@ -74,6 +74,9 @@ def _consumer(client: dict[str, Any]) -> Consumer:
             **client,
             "group.id": f"delayservice-reply-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
+            # Exactly-once, replies commit in the forwarder's transactions: one that
+            # was aborted was never given.
+            "isolation.level": "read_committed",
         }
     )
 

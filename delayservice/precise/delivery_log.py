@@ -1,0 +1,326 @@
+"""Exactly-once in precise mode: each transaction says what it delivered.
+
+A level's transaction carries the offsets of what it forwarded. The precise topic's
+offsets commit when a record is on disk, long before it is due, so a precise forward's
+transaction has none to carry; what must commit with the forward is the word that it
+was delivered. A settled mark in a slot file can only be written once the transaction
+has committed, and a kill -9 in between, or a commit whose outcome is unknown, leaves
+a record delivered and unmarked. So every transaction also writes one record to the
+topic's done topic, key `sent:{member}`: per partition, the offsets of the precise
+records it forwarded or dead-lettered (a copy a reschedule wrote carries its marker's
+offset, so each copy is named apart; the reschedule log says which one is live).
+
+The forwarder writes a transaction's settled marks (to the page cache, which outlives
+the process) before it begins the next one, so at any moment only the records of the
+last transaction that committed can be delivered and unmarked, and the latest
+`sent:{member}` record names them: the topic can be compacted. Marks that could not be
+written (a storage fault) are carried into the next records until they are.
+
+After every init_transactions, which fences the member's previous producer and ends
+its open transaction (committed or aborted), the forwarder `learn`s: it reads the done
+topic read_committed to its end and takes this member's latest record. Records it
+names are settled unsent when they come up (`sent`, asked by the wheel as it hands
+records to the forwarder); nothing after it was delivered.
+
+Replies to cancel and reschedule markers go in the same transactions (`answer`): a
+reply is visible to a read_committed reader together with what the forwarder sent
+before it, and the intake commits a marker's offset only once the transaction holding
+its reply committed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from delayservice.forward.buffer import Runs
+from delayservice.forward.sender import SendLaterError
+from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.precise.marker_replies import MarkerRepliesError
+from delayservice.precise.slot_ledger import SlotTracker
+
+log = logging.getLogger(__name__)
+
+VERSION: Final = 1
+READ_TIMEOUT_S: Final = 30.0
+"""How long `learn` reads before it gives up for now (the forwarder tries again): a
+transaction another member left open holds read_committed readers back until the broker
+aborts it (the transaction timeout, 10 s)."""
+REPLY_WAIT_S: Final = 30.0
+"""How long the intake waits for the transaction holding its replies."""
+STOP_WAIT_S: Final = 2.0
+"""Once stopping, how long it still waits (the forwarder's last commit point)."""
+LARGE_RECORD: Final = 900_000
+"""A record above this size is logged: it nears the broker's default message limit."""
+
+
+def sent_key(member: int) -> bytes:
+    return f"sent:{member}".encode()
+
+
+def encode_sent(member: int, offsets: Mapping[int, Iterable[int]]) -> bytes:
+    """Per partition, the sorted offsets as runs: [first, length, gap, length, ...] with
+    each first relative to the end of the run before (small numbers: a burst is a few
+    runs), compressed."""
+    partitions: dict[str, list[int]] = {}
+    for partition, found in offsets.items():
+        runs: list[int] = []
+        end = 0
+        length = 0
+        for offset in sorted(set(found)):
+            if length and offset == end:
+                length += 1
+            else:
+                if length:
+                    runs[-1] = length
+                runs += [offset - end, 0]
+                length = 1
+            end = offset + 1
+        if length:
+            runs[-1] = length
+            partitions[str(partition)] = runs
+    packed = zlib.compress(json.dumps(partitions, separators=(",", ":")).encode())
+    return json.dumps(
+        {"v": VERSION, "member": member, "sent": base64.b64encode(packed).decode()}
+    ).encode()
+
+
+def decode_sent(raw: bytes | None) -> dict[int, set[int]] | None:
+    """The offsets a `sent` record names, or None for anything malformed (never raises:
+    the done topic is writable by whoever can write the precise topic)."""
+    try:
+        data: Any = json.loads(raw or b"")
+        if not isinstance(data, dict) or data.get("v") != VERSION:
+            return None
+        partitions = json.loads(zlib.decompress(base64.b64decode(data["sent"])))
+        out: dict[int, set[int]] = {}
+        for name, runs in partitions.items():
+            offsets = out.setdefault(int(name), set())
+            end = 0
+            for gap, length in zip(runs[::2], runs[1::2], strict=True):
+                first = end + int(gap)
+                offsets.update(range(first, first + int(length)))
+                end = first + int(length)
+    except Exception:
+        return None
+    return out
+
+
+@dataclass
+class _Replies:
+    """Replies handed over by one call of `answer`, waiting for their transaction."""
+
+    records: list[tuple[bytes, bytes]]
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class DeliveryLog:
+    """The forwarder's `TransactionLedger` in precise mode, and the wheel's word on what
+    was delivered before this process (or this producer) took over."""
+
+    def __init__(
+        self,
+        done_topic: str,
+        outcomes_topic: str,
+        member: int,
+        make_consumer: Callable[[dict[str, Any]], ConsumerClient],
+        *,
+        wake: Callable[[], None] = lambda: None,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        reply_wait_s: float = REPLY_WAIT_S,
+    ) -> None:
+        """`wake`: wakes the forwarder (replies are waiting for a transaction)."""
+        self._topic = done_topic
+        self._outcomes = outcomes_topic
+        self._member = member
+        self._key = sent_key(member)
+        self._make_consumer = make_consumer
+        self.wake = wake
+        self._read_timeout = read_timeout_s
+        self._reply_wait = reply_wait_s
+        self._consumer: ConsumerClient | None = None
+        self._ends: ConsumerClient | None = None
+        """Asks where the topic ends, read_uncommitted: a read_committed reader is told
+        the last stable offset, which another member's open transaction holds back
+        below this member's own records."""
+        self._latest: dict[int, set[int]] = {}
+        self._known: dict[int, set[int]] = {}
+        """What committed transactions delivered, as learned: settled unsent."""
+        self._unmarked: dict[int, set[int]] = {}
+        """Delivered by committed transactions, settled marks not yet known written."""
+        self._in_txn: dict[int, set[int]] = {}
+        self._lock = threading.Lock()
+        self._replies: list[_Replies] = []
+        self._replies_in_txn: list[_Replies] = []
+        self._failed: list[str] = []
+        self._stop_at: float | None = None
+
+    # -- the wheel's side ------------------------------------------------------------
+    def sent(self, partition: int, offset: int) -> bool:
+        """Whether a committed transaction delivered this record (learned after the last
+        fence): it is settled, not sent again. Asked on the forwarder's thread."""
+        known = self._known.get(partition)
+        return known is not None and offset in known
+
+    @property
+    def known(self) -> int:
+        """Records learned delivered (for logs and tests)."""
+        return sum(map(len, self._known.values()))
+
+    # -- the intake's side -------------------------------------------------------------
+    def answer(self, records: list[tuple[bytes, bytes]]) -> None:
+        """Hand replies (key, value) to the forwarder's next transaction and wait until it
+        committed; raises `MarkerRepliesError` when it did not in time (the intake reads
+        the markers again and answers them again)."""
+        if not records:
+            return
+        replies = _Replies(records)
+        with self._lock:
+            self._replies.append(replies)
+        self.wake()
+        started = time.monotonic()
+        while not replies.done.wait(0.05):
+            now = time.monotonic()
+            stop_at = self._stop_at
+            stopped = stop_at is not None and now - stop_at >= STOP_WAIT_S
+            if now - started < self._reply_wait and not stopped:
+                continue
+            with self._lock:
+                if replies in self._replies:
+                    self._replies.remove(replies)
+            raise MarkerRepliesError(
+                f"replies on {self._outcomes}: no transaction committed them in "
+                f"{now - started:.0f} s",
+                retriable=True,
+            )
+
+    def stopping(self) -> None:
+        """The daemon stops: replies wait only for the forwarder's last commit point."""
+        self._stop_at = time.monotonic()
+
+    # -- the forwarder's side (TransactionLedger) ------------------------------------
+    def pending(self) -> bool:
+        return bool(self._replies)
+
+    def write(self, producer: Any, runs: Runs) -> None:
+        """Produce this transaction's `sent` record (with marks still unwritten from
+        before) and the replies waiting, inside the open transaction."""
+        delivered: dict[int, set[int]] = {p: set(o) for p, o in self._unmarked.items()}
+        for (_, partition), records in runs:
+            offsets = delivered.setdefault(partition, set())
+            offsets.update(r.offset() for r in records if type(r.slot) is SlotTracker)
+        delivered = {p: o for p, o in delivered.items() if o}
+        self._in_txn = delivered
+        with self._lock:
+            self._replies_in_txn = list(self._replies)
+        if delivered:
+            value = encode_sent(self._member, delivered)
+            if len(value) > LARGE_RECORD:
+                log.warning(
+                    "%s: a transaction's delivery record is %d bytes (%d records); a smaller "
+                    "commit_interval_s keeps it below the broker's message limit",
+                    self._topic,
+                    len(value),
+                    sum(map(len, delivered.values())),
+                )
+            producer.produce(self._topic, value, self._key, on_delivery=self._report)
+        for replies in self._replies_in_txn:
+            for key, reply in replies.records:
+                producer.produce(self._outcomes, reply, key, on_delivery=self._report)
+
+    def committed(self) -> None:
+        for partition, offsets in self._in_txn.items():
+            self._unmarked.setdefault(partition, set()).update(offsets)
+        self._in_txn = {}
+        with self._lock:
+            done, self._replies_in_txn = self._replies_in_txn, []
+            self._replies = [r for r in self._replies if r not in done]
+        for replies in done:
+            replies.done.set()
+
+    def marked(self) -> None:
+        """The settled marks of every committed transaction so far are written."""
+        self._unmarked = {}
+
+    def learn(self) -> None:
+        """Read the done topic read_committed to its end; what this member's latest
+        record names was delivered and is settled unsent when it comes up."""
+        started = time.monotonic()
+        try:
+            consumer = self._consumer
+            if consumer is None:
+                consumer = self._consumer = self._make_consumer({})
+                consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
+            if self._ends is None:
+                self._ends = self._make_consumer({"isolation.level": "read_uncommitted"})
+            _, end = self._ends.get_watermark_offsets(
+                TopicPartition(self._topic, 0), timeout=10.0, cached=False
+            )
+            self._read_to_end(consumer, end, started + self._read_timeout)
+        except SendLaterError:
+            raise
+        except Exception as exc:
+            self._close()  # a fresh reader next time, from the beginning
+            raise SendLaterError(f"reading {self._topic}: {exc}") from exc
+        for partition, offsets in self._latest.items():
+            self._known.setdefault(partition, set()).update(offsets)
+        log.info(
+            "%s: %d records delivered before this producer took over (%.2f s to read)",
+            self._topic,
+            sum(map(len, self._latest.values())),
+            time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        consumers = (self._consumer, self._ends)
+        self._consumer = self._ends = None
+        self._latest = {}
+        for consumer in consumers:
+            if consumer is not None:
+                try:
+                    consumer.close()
+                except Exception:
+                    log.exception("closing a reader of %s failed", self._topic)
+
+    def _read_to_end(self, consumer: ConsumerClient, end: int, deadline: float) -> None:
+        """Read on until the position passes `end` (it steps over transaction markers,
+        which are never returned), taking this member's latest record."""
+        tp = TopicPartition(self._topic, 0)
+        while True:
+            position = consumer.position([tp])[0].offset
+            if position >= end or (position < 0 and end <= 0):
+                return
+            if time.monotonic() >= deadline:
+                raise SendLaterError(
+                    f"{self._topic} not read to its end ({end}) in {self._read_timeout:.0f} s"
+                )
+            for message in consumer.consume(500, 0.2):
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        log.info("%s: %s", self._topic, error.str())
+                    continue
+                if message.key() != self._key:
+                    continue
+                found = decode_sent(message.value())
+                if found is not None:
+                    self._latest = found
+
+    def _report(self, error: Any, _message: Any) -> None:
+        """A failed delivery of a record written here: the transaction is then
+        abortable and does not commit, and everything in it goes again."""
+        if error is not None:
+            self._failed.append(error.str() if hasattr(error, "str") else str(error))
+            log.warning("%s: a transaction's record was refused: %s", self._topic, self._failed[-1])

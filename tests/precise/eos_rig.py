@@ -1,0 +1,165 @@
+"""Precise mode exactly-once on fakes: a process is a real wheel over a data directory,
+the forwarder `PreciseWorker` builds for exactly-once (`build_forwarder` with a
+transactional id and the `DeliveryLog`, settling through `settle_delivered`), and
+producers registered with one `FakeCoordinator`, so a second process over the same
+directory (a restart) fences the first and learns what its transactions committed."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from delayservice.envelope import Envelope
+from delayservice.forward.buffer import Runs
+from delayservice.forward.build import build_forwarder
+from delayservice.forward.forwarder import Forwarder
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.cancel_log import CancelLog
+from delayservice.precise.delivery_log import DeliveryLog
+from delayservice.precise.offset_ledger import LevelLedger
+from delayservice.precise.placement import Placement
+from delayservice.precise.precise_worker import (
+    PreciseLevel,
+    precise_routes,
+    settle_delivered,
+)
+from delayservice.precise.reschedule_log import RescheduleLog
+from delayservice.precise.slot_file import StoredRecord, encode
+from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.slot_store import SlotStore
+from delayservice.precise.wheel import Wheel
+from delayservice.settings import Settings, load_settings
+from tests.level.fakes import DLQ, TARGET, FakeClock, Sent
+from tests.precise.test_wheel import Outcomes
+from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
+
+PRECISE_TOPIC = "timers"
+DONE_TOPIC = f"{PRECISE_TOPIC}_done"
+OUTCOMES_TOPIC = f"{PRECISE_TOPIC}_outcomes"
+LEVEL = PreciseLevel(0, 0, PRECISE_TOPIC)
+TRANSACTIONAL_ID = "delayservice-precise-0-forward"
+
+
+class KilledError(Exception):
+    """The process died right after a transaction committed, before its marks."""
+
+
+def eos_settings() -> Settings:
+    return load_settings(
+        levels="1s",
+        precise=True,
+        precise_topic=PRECISE_TOPIC,
+        dead_letter_topic=DLQ,
+        guarantee="exactly-once",
+    )
+
+
+class Process:
+    """One daemon's precise worker, as far as forwarding goes."""
+
+    def __init__(self, root: Path, coordinator: FakeCoordinator, clock: FakeClock) -> None:
+        self.clock = clock
+        self.coordinator = coordinator
+        self.store = SlotStore(root / "slots")
+        self.cancels = CancelLog(root / "cancels.log")
+        self.reschedules = RescheduleLog(root / "reschedules.log")
+        self.readers: list[DoneReader] = []
+        self.delivery = DeliveryLog(DONE_TOPIC, OUTCOMES_TOPIC, 0, self._reader, reply_wait_s=5.0)
+        self.wheel = Wheel(
+            self.store,
+            self.cancels,
+            self.reschedules,
+            Placement(1, 0, 1),
+            Outcomes(),
+            lookahead_s=5.0,
+            clock=clock.time,
+            topic=PRECISE_TOPIC,
+            delivered=self.delivery,
+        )
+        self.delivery.wake = self.wheel.buffer.wake
+        self.producers: list[FencingProducer] = []
+        self.fatal: list[str] = []
+        self.die_after_commit = False
+        settings = eos_settings()
+        settle = functools.partial(
+            settle_delivered, wheel=self.wheel, offsets=LevelLedger(), delivery=self.delivery
+        )
+
+        def settle_or_die(runs: Runs) -> None:
+            if self.die_after_commit:
+                raise KilledError
+            settle(runs)
+
+        self.forwarder: Forwarder = build_forwarder(
+            [LEVEL],
+            LEVEL.name,
+            settings,
+            ServiceMetrics(CollectorRegistry()),
+            self.wheel.buffer,
+            precise_routes(settings),
+            self._producer,
+            self.fatal.append,
+            commit_interval_s=0.1,
+            transactional_id=TRANSACTIONAL_ID,
+            settle=settle_or_die,
+            ledger=self.delivery,
+            clock=clock,
+        )
+
+    def _reader(self, overrides: dict[str, Any]) -> DoneReader:
+        reader = DoneReader(self.coordinator, DONE_TOPIC)
+        self.readers.append(reader)
+        return reader
+
+    def _producer(self, config: dict[str, Any]) -> FencingProducer:
+        topics = {TARGET: 3, DLQ: 1, DONE_TOPIC: 1, OUTCOMES_TOPIC: 1}
+        self.producers.append(FencingProducer(self.coordinator, topics, self.clock, config))
+        return self.producers[-1]
+
+    @property
+    def producer(self) -> FencingProducer:
+        return self.producers[-1]
+
+    def hold(self, offset: int, due_in_s: float, partition: int = 0) -> None:
+        """What the intake does for one record: write it to its slot, sync, buffer it."""
+        due_ms = self.clock.ms() + int(due_in_s * 1000)
+        stored = StoredRecord(
+            offset, due_ms, False, f"id-{offset}", TARGET, None, 0, b"k", b"v", []
+        )
+        tracker = self.wheel.append(partition, due_ms, encode(stored))
+        self.store.sync()
+        if tracker is not None:
+            record = SlotRecord(
+                partition, offset, b"k", b"v", [], Envelope(TARGET, 0, f"id-{offset}"),
+                due_ms, tracker,
+            )  # fmt: skip
+            self.wheel.admit([(record, due_ms / 1000)])
+
+    def load(self) -> None:
+        """The loader's pass: slots now in reach come into memory."""
+        self.wheel._load_due_slots()
+
+    def step(self, passes: int = 1) -> None:
+        for _ in range(passes):
+            self.forwarder.step(commit=True)
+
+    def slot_files(self) -> int:
+        return len(self.store.slots())
+
+    def die(self) -> None:
+        """kill -9: nothing more is written (the page cache keeps what was)."""
+        self.store.close()
+        self.cancels.close()
+
+
+def delivered_ids(coordinator: FakeCoordinator) -> Counter[str]:
+    """Per `delay-id`, the copies a read_committed reader of the target sees."""
+    return Counter(s.delay_id or "" for s in coordinator.visible(TARGET))
+
+
+def sent_records(coordinator: FakeCoordinator) -> list[Sent]:
+    return coordinator.visible(DONE_TOPIC)

@@ -1,0 +1,219 @@
+"""Precise mode exactly-once on fakes: what a read_committed reader of the target sees
+across a kill after a commit, a kill inside a transaction, and a commit whose outcome
+is unknown (the coordinator completed it, or aborted it); and the replies to markers
+committing in the same transactions."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from prometheus_client import CollectorRegistry
+
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.delivery_log import decode_sent, encode_sent
+from delayservice.precise.precise_worker import PreciseWorker
+from tests.level.fakes import FakeClock, FakeProducer
+from tests.precise.eos_rig import (
+    OUTCOMES_TOPIC,
+    TRANSACTIONAL_ID,
+    KilledError,
+    Process,
+    delivered_ids,
+    eos_settings,
+    sent_records,
+)
+from tests.precise.txn_fakes import FakeCoordinator
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def coordinator() -> FakeCoordinator:
+    return FakeCoordinator()
+
+
+def test_the_delivery_record_round_trips_runs_and_scattered_offsets():
+    offsets = {0: [5, 6, 7, 9, 100, 101, 3], 4: [2**40, 2**40 + 1]}
+    assert decode_sent(encode_sent(3, offsets)) == {p: set(o) for p, o in offsets.items()}
+    assert decode_sent(b"not json") is None
+    assert decode_sent(b'{"v": 1, "sent": "AAAA"}') is None
+
+
+def test_a_transaction_names_what_it_delivered_and_marks_settle_only_after_it_commits(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    process = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        process.hold(offset, 0)
+    process.hold(3, 30)
+    process.forwarder.step()  # sent, inside a transaction that has not committed
+    assert process.producer.txn_open
+    assert delivered_ids(coordinator) == {}
+    assert process.slot_files() == 2  # nothing settles before the commit
+    process.step()
+    assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1, "id-2": 1}
+    [record] = sent_records(coordinator)
+    assert record.key == b"sent:0"
+    assert decode_sent(record.value) == {0: {0, 1, 2}}
+    assert process.slot_files() == 1  # the due slot went with its last record
+    assert process.producer.config["transactional.id"] == TRANSACTIONAL_ID
+
+
+def test_a_kill_after_a_commit_before_its_marks_sends_nothing_again(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    first = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        first.hold(offset, 0)
+    first.hold(3, 0.5)
+    first.hold(4, 10)
+    first.die_after_commit = True
+    with pytest.raises(KilledError):
+        first.step()
+    first.die()
+    clock.advance(1)
+    assert sorted(delivered_ids(coordinator)) == ["id-0", "id-1", "id-2"]
+
+    again = Process(tmp_path, coordinator, clock)
+    again.load()
+    again.step()
+    assert again.delivery.known == 3
+    clock.advance(10)
+    again.load()
+    again.step(2)
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(5)}
+    assert again.slot_files() == 0
+
+
+def test_a_kill_inside_a_transaction_leaves_its_forwards_unseen_and_sends_them_once(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    first = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        first.hold(offset, 0)
+    first.forwarder.step()  # sent; the transaction is open when the process dies
+    assert len(first.producer.txn_sent) == 3
+    first.die()
+
+    again = Process(tmp_path, coordinator, clock)  # its init fences the dead one
+    again.load()
+    again.step()
+    assert first.producer.aborted
+    assert not first.producer.txn_open
+    assert again.delivery.known == 0
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
+    assert again.slot_files() == 0
+
+
+@pytest.mark.parametrize("completed", [True, False], ids=["committed", "aborted"])
+def test_a_commit_whose_outcome_is_unknown_is_learned_after_the_fence_never_sent_twice(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock, completed: bool
+):
+    """commit_transaction keeps timing out (its outcome unknown): the producer is
+    replaced, whose init_transactions ends the transaction either way, and what the
+    done topic then says decides which records go again."""
+    coordinator.in_flight_completes = completed
+    process = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        process.hold(offset, 0)
+    process.producer.commit_timeouts = 1_000
+    process.step()  # the commit fails for good: a new producer fences the old one
+    assert len(process.producers) == 2
+    assert process.producers[0].fatal_error is not None  # fenced
+    assert process.delivery.known == (3 if completed else 0)
+    assert process.slot_files() == 1  # nothing settled on an unknown outcome
+    process.step(2)
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
+    assert process.slot_files() == 0
+    assert process.fatal == []
+
+
+def test_replies_commit_in_the_transaction_and_an_aborted_one_goes_again(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    process = Process(tmp_path, coordinator, clock)
+    process.hold(0, 0)
+    answered: list[BaseException | None] = []
+
+    def answer() -> None:
+        try:
+            process.delivery.answer([(b"timers:0:7", b'{"outcome":"accepted"}')])
+            answered.append(None)
+        except BaseException as exc:
+            answered.append(exc)
+
+    waiting = threading.Thread(target=answer)
+    waiting.start()
+    while not process.delivery.pending():
+        waiting.join(0.01)
+    abortable = KafkaError(KafkaError._TIMED_OUT, "abort it", txn_requires_abort=True)
+    process.producer.commit_txn_raises = KafkaException(abortable)
+    process.step()
+    assert coordinator.visible(OUTCOMES_TOPIC) == []
+    assert answered == []  # still waiting: nothing committed the reply
+    process.producer.commit_txn_raises = None
+    process.step()
+    waiting.join(5)
+    assert answered == [None]
+    assert [s.key for s in coordinator.visible(OUTCOMES_TOPIC)] == [b"timers:0:7"]
+    assert delivered_ids(coordinator) == {"id-0": 1}
+
+
+def test_a_reply_alone_still_commits(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """Nothing due: the forwarder opens a transaction for the replies only."""
+    process = Process(tmp_path, coordinator, clock)
+    waiting = threading.Thread(
+        target=process.delivery.answer, args=([(b"timers:0:9", b'{"outcome":"moved"}')],)
+    )
+    waiting.start()
+    while not process.delivery.pending():
+        waiting.join(0.01)
+    process.forwarder.step(wait=False)
+    clock.advance(1)
+    process.forwarder.step(wait=False)
+    waiting.join(5)
+    assert not waiting.is_alive()
+    assert [s.key for s in coordinator.visible(OUTCOMES_TOPIC)] == [b"timers:0:9"]
+    assert sent_records(coordinator) == []  # nothing delivered, nothing named
+
+
+def test_the_worker_forwards_in_transactions_under_its_members_id(tmp_path: Path):
+    """`PreciseWorker` under guarantee = exactly-once: its forwarder is transactional,
+    with the member's stable id (the far topic's its own), and carries the log."""
+    made: list[FakeProducer] = []
+
+    def make_producer(config: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(config=config))
+        return made[-1]
+
+    settings = eos_settings().model_copy(update={"data_dir": tmp_path})
+    workers = [
+        PreciseWorker(
+            settings,
+            ServiceMetrics(CollectorRegistry()),
+            FakeProducer(),
+            [].append,
+            make_producer=make_producer,
+            far=far,
+        )
+        for far in (False, True)
+    ]
+    try:
+        assert [w.forwarder.transactional for w in workers] == [True, True]
+        assert [p.config["transactional.id"] for p in made] == [
+            "delayservice-precise-0-forward",
+            "delayservice-precise-far-0-forward",
+        ]
+        assert all(w.delivery is not None for w in workers)
+    finally:
+        for worker in workers:
+            worker.disk.close()
