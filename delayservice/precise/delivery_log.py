@@ -20,7 +20,12 @@ After every init_transactions, which fences the member's previous producer and e
 its open transaction (committed or aborted), the forwarder `learn`s: it reads the done
 topic read_committed to its end and takes this member's latest record. Records it
 names are settled unsent when they come up (`sent`, asked by the wheel as it hands
-records to the forwarder); nothing after it was delivered.
+records to the forwarder); nothing after it was delivered. A restart need not read
+the whole topic (a compacted topic keeps its active segment whole, a record per
+transaction): every `NOTE_EVERY_S`, between two transactions and once the marks of
+every one before are written, the topic's end is noted beside the slot files
+(`{data_dir}/{topic}.delivered`, in the page cache), and a restart reads from there:
+any record it needs is later.
 
 Replies to cancel and reschedule markers go in the same transactions (`answer`): a
 reply is visible to a read_committed reader together with what the forwarder sent
@@ -33,11 +38,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -59,6 +66,7 @@ REPLY_WAIT_S: Final = 30.0
 """How long the intake waits for the transaction holding its replies."""
 STOP_WAIT_S: Final = 2.0
 """Once stopping, how long it still waits (the forwarder's last commit point)."""
+NOTE_EVERY_S: Final = 10.0
 LARGE_RECORD: Final = 900_000
 """A record above this size is logged: it nears the broker's default message limit."""
 
@@ -137,8 +145,11 @@ class DeliveryLog:
         wake: Callable[[], None] = lambda: None,
         read_timeout_s: float = READ_TIMEOUT_S,
         reply_wait_s: float = REPLY_WAIT_S,
+        position_file: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`wake`: wakes the forwarder (replies are waiting for a transaction)."""
+        """`wake`: wakes the forwarder (replies are waiting for a transaction);
+        `position_file`: where the done topic's offset a restart reads from is noted."""
         self._topic = done_topic
         self._outcomes = outcomes_topic
         self._member = member
@@ -163,6 +174,11 @@ class DeliveryLog:
         self._replies_in_txn: list[_Replies] = []
         self._failed: list[str] = []
         self._stop_at: float | None = None
+        self._position_file = position_file
+        self._clock = clock
+        self._noted_at = clock()
+        self.learned = False
+        """Whether it has learned once since it started (readiness waits for it)."""
 
     # -- the wheel's side ------------------------------------------------------------
     def sent(self, partition: int, offset: int) -> bool:
@@ -248,23 +264,40 @@ class DeliveryLog:
             replies.done.set()
 
     def marked(self) -> None:
-        """The settled marks of every committed transaction so far are written."""
+        """The settled marks of every committed transaction so far are written: now and
+        then, note where the done topic ends (no record before it is needed again)."""
         self._unmarked = {}
+        if self._position_file is None or self._clock() - self._noted_at < NOTE_EVERY_S:
+            return
+        self._noted_at = self._clock()
+        ends = self._ends
+        if ends is None:
+            return
+        try:
+            _, end = ends.get_watermark_offsets(
+                TopicPartition(self._topic, 0), timeout=1.0, cached=False
+            )
+            write_position(self._position_file, end)
+        except Exception as exc:  # only a longer read at the next start
+            log.debug("%s: end not noted: %s", self._topic, exc)
 
     def learn(self) -> None:
         """Read the done topic read_committed to its end; what this member's latest
         record names was delivered and is settled unsent when it comes up."""
         started = time.monotonic()
         try:
-            consumer = self._consumer
-            if consumer is None:
-                consumer = self._consumer = self._make_consumer({})
-                consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
             if self._ends is None:
                 self._ends = self._make_consumer({"isolation.level": "read_uncommitted"})
             _, end = self._ends.get_watermark_offsets(
                 TopicPartition(self._topic, 0), timeout=10.0, cached=False
             )
+            consumer = self._consumer
+            if consumer is None:
+                start = read_position(self._position_file) if not self.learned else None
+                if start is None or start > end:  # none noted, or the topic made again
+                    start = OFFSET_BEGINNING
+                consumer = self._consumer = self._make_consumer({})
+                consumer.assign([TopicPartition(self._topic, 0, start)])
             self._read_to_end(consumer, end, started + self._read_timeout)
         except SendLaterError:
             raise
@@ -273,6 +306,7 @@ class DeliveryLog:
             raise SendLaterError(f"reading {self._topic}: {exc}") from exc
         for partition, offsets in self._latest.items():
             self._known.setdefault(partition, set()).update(offsets)
+        self.learned = True
         log.info(
             "%s: %d records delivered before this producer took over (%.2f s to read)",
             self._topic,
@@ -324,3 +358,28 @@ class DeliveryLog:
         if error is not None:
             self._failed.append(error.str() if hasattr(error, "str") else str(error))
             log.warning("%s: a transaction's record was refused: %s", self._topic, self._failed[-1])
+
+
+def delivered_position_path(data_dir: Path, topic: str) -> Path:
+    return data_dir / f"{topic}.delivered"
+
+
+def write_position(path: Path, offset: int) -> None:
+    """Note `offset` (to the page cache; a machine crash may leave the old one or none,
+    and a restart then reads more)."""
+    spare = path.with_name(path.name + ".new")
+    spare.write_text(f"{offset} {zlib.crc32(str(offset).encode())}\n", encoding="ascii")
+    os.replace(spare, path)
+
+
+def read_position(path: Path | None) -> int | None:
+    """The offset noted, or None when there is none or it does not read back whole."""
+    if path is None:
+        return None
+    try:
+        offset, crc = path.read_text(encoding="ascii").split()
+        if zlib.crc32(offset.encode()) != int(crc):
+            return None
+        return int(offset)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None

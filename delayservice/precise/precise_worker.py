@@ -36,7 +36,7 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.census_export import CensusExport
 from delayservice.precise.data_dir import DataDir
-from delayservice.precise.delivery_log import DeliveryLog
+from delayservice.precise.delivery_log import DeliveryLog, delivered_position_path
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.intake import Intake
 from delayservice.precise.marker_replies import MarkerReplies
@@ -228,6 +228,7 @@ class PreciseWorker:
                 settings.precise_outcomes_topic,
                 settings.precise_member,
                 consumers.for_delivered,
+                position_file=delivered_position_path(settings.data_dir, topic),
             )
             if settings.guarantee == "exactly-once"
             else None
@@ -403,6 +404,8 @@ class PreciseWorker:
             return False, f"{topic}: broker unreachable"
         if not self.intake.assigned.is_set():
             return False, f"{topic}: reading partition metadata"
+        if self.delivery is not None and not self.delivery.learned:
+            return False, f"{topic}: reading what its transactions delivered"
         if not self.intake.caught_up.is_set():
             left = self.intake.records_left
             return False, f"{topic}: catching up" + (f": {left} records left" if left else "")

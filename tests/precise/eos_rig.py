@@ -68,7 +68,15 @@ class Process:
         self.cancels = CancelLog(root / "cancels.log")
         self.reschedules = RescheduleLog(root / "reschedules.log")
         self.readers: list[DoneReader] = []
-        self.delivery = DeliveryLog(DONE_TOPIC, OUTCOMES_TOPIC, 0, self._reader, reply_wait_s=5.0)
+        self.delivery = DeliveryLog(
+            DONE_TOPIC,
+            OUTCOMES_TOPIC,
+            0,
+            self._reader,
+            reply_wait_s=5.0,
+            position_file=root / f"{PRECISE_TOPIC}.delivered",
+            clock=clock.monotonic,
+        )
         self.wheel = Wheel(
             self.store,
             self.cancels,
@@ -112,6 +120,7 @@ class Process:
 
     def _reader(self, overrides: dict[str, Any]) -> DoneReader:
         reader = DoneReader(self.coordinator, DONE_TOPIC)
+        reader.isolation = overrides.get("isolation.level", "read_committed")
         self.readers.append(reader)
         return reader
 
@@ -119,6 +128,12 @@ class Process:
         topics = {TARGET: 3, DLQ: 1, DONE_TOPIC: 1, OUTCOMES_TOPIC: 1}
         self.producers.append(FencingProducer(self.coordinator, topics, self.clock, config))
         return self.producers[-1]
+
+    @property
+    def reader(self) -> DoneReader:
+        """The reader of what committed (another asks where the topic ends)."""
+        [reader] = [r for r in self.readers if r.isolation == "read_committed"]
+        return reader
 
     @property
     def producer(self) -> FencingProducer:

@@ -14,7 +14,13 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.delivery_log import decode_sent, encode_sent
+from delayservice.precise.delivery_log import (
+    NOTE_EVERY_S,
+    decode_sent,
+    encode_sent,
+    read_position,
+    write_position,
+)
 from delayservice.precise.precise_worker import PreciseWorker
 from tests.level.fakes import FakeClock, FakeProducer
 from tests.precise.eos_rig import (
@@ -217,3 +223,46 @@ def test_the_worker_forwards_in_transactions_under_its_members_id(tmp_path: Path
     finally:
         for worker in workers:
             worker.disk.close()
+
+
+def test_a_restart_reads_the_done_topic_from_the_end_noted_once_marks_were_written(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    first = Process(tmp_path, coordinator, clock)
+    for offset in range(4):
+        first.hold(offset, 0)
+        first.step()
+        clock.advance(NOTE_EVERY_S / 2)  # the end is noted after every second commit
+    assert read_position(tmp_path / "timers.delivered") == 3
+    first.hold(4, 0)
+    first.hold(5, 0)
+    first.die_after_commit = True
+    with pytest.raises(KilledError):
+        first.step()
+    first.die()
+
+    again = Process(tmp_path, coordinator, clock)
+    again.load()
+    again.step()
+    assert again.reader.reads == 2  # the noted end on, not the whole topic
+    assert again.delivery.known == 2
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(6)}
+
+
+def test_a_noted_end_past_the_topics_end_is_ignored(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """The done topic was made again: its offsets start over."""
+    write_position(tmp_path / "timers.delivered", 50)
+    (tmp_path / "timers.delivered.new").write_text("garbage")
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    first.die_after_commit = True
+    with pytest.raises(KilledError):
+        first.step()
+    first.die()
+    again = Process(tmp_path, coordinator, clock)
+    again.load()
+    again.step()
+    assert again.delivery.known == 1
+    assert delivered_ids(coordinator) == {"id-0": 1}

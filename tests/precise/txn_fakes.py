@@ -102,6 +102,7 @@ class DoneReader:
         self.assigned = False
         self.closed = False
         self.reads = 0
+        self.isolation = "read_committed"
 
     def _records(self) -> list[Sent]:
         return self.coordinator.visible(self.topic)
@@ -109,6 +110,8 @@ class DoneReader:
     def assign(self, partitions: list[TopicPartition]) -> None:
         assert [(tp.topic, tp.partition) for tp in partitions] == [(self.topic, 0)]
         self.assigned = True
+        if partitions[0].offset >= 0:
+            self.position_at = partitions[0].offset
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
