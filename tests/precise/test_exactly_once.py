@@ -236,14 +236,7 @@ def test_a_restart_reads_the_done_topic_from_the_end_noted_once_marks_were_writt
     assert read_position(tmp_path / "timers.delivered") == 3
     first.hold(4, 0)
     first.hold(5, 0)
-    first.die_after_commit = True
-    with pytest.raises(KilledError):
-        first.step()
-    first.die()
-
-    again = Process(tmp_path, coordinator, clock)
-    again.load()
-    again.step()
+    again = _killed_after_commit_and_restarted(first, tmp_path)
     assert again.reader.reads == 2  # the noted end on, not the whole topic
     assert again.delivery.known == 2
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(6)}
@@ -257,12 +250,19 @@ def test_a_noted_end_past_the_topics_end_is_ignored(
     (tmp_path / "timers.delivered.new").write_text("garbage")
     first = Process(tmp_path, coordinator, clock)
     first.hold(0, 0)
-    first.die_after_commit = True
-    with pytest.raises(KilledError):
-        first.step()
-    first.die()
-    again = Process(tmp_path, coordinator, clock)
-    again.load()
-    again.step()
+    again = _killed_after_commit_and_restarted(first, tmp_path)
     assert again.delivery.known == 1
     assert delivered_ids(coordinator) == {"id-0": 1}
+
+
+def _killed_after_commit_and_restarted(process: Process, root: Path) -> Process:
+    """`process` is killed right after its next commit, before its marks; a new one
+    over the same directory forwards what is due."""
+    process.die_after_commit = True
+    with pytest.raises(KilledError):
+        process.step()
+    process.die()
+    again = Process(root, process.coordinator, process.clock)
+    again.load()
+    again.step()
+    return again
