@@ -383,7 +383,8 @@ class Forwarder:
         interval = self.interval
         self._serve_requests()
         if wait:
-            deadline = self._last_commit + self._floor if interval else float("inf")
+            busy = interval or self._ledger_pending()
+            deadline = self._last_commit + self._floor if busy else float("inf")
             until = clock.time() + max(0.0, deadline - clock.monotonic())
             waiting_ms = interval.waiting_until_ms()
             if waiting_ms is not None:

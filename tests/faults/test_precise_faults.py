@@ -31,7 +31,7 @@ from confluent_kafka.admin import NewPartitions
 
 from delayservice.precise.ids import named_partition
 from delayservice.producer import DelayProducer
-from tests.faults.harness import DaemonProcess, Reader, now_ms, wait_until
+from tests.faults.harness import DaemonProcess, Reader, now_ms, scenario_name, wait_until
 from tests.faults.hostile import FuzzTopics, HostileFactory
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ pytestmark = pytest.mark.kafka
 
 SEED = 4_242
 KILLS = 8
+KILLS_EXACTLY_ONCE = 20
 TAKEOVER_S = 3
 
 
@@ -71,10 +72,15 @@ def _precise_run(fault_run, kafka_bootstrap, testbed, name: str, **overrides: An
     )
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_precise_kill_9_during_intake_and_forwarding_loses_nothing(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
+    """Exactly-once: twenty kills, and a read_committed reader sees no duplicate (the
+    restarted daemon learns from the done topic what the killed one's transactions
+    delivered). Both: cancels acknowledged before each kill, none delivered."""
     rng = random.Random(SEED)
+    kills = KILLS_EXACTLY_ONCE if guarantee == "exactly-once" else KILLS
     run = _precise_run(
         fault_run,
         kafka_bootstrap,
@@ -84,31 +90,43 @@ def test_precise_kill_9_during_intake_and_forwarding_loses_nothing(
         data_dir=tmp_path / "wheel",
         precise_lookahead_s=2.0,
         precise_far_after="3s",  # about half the traffic on the far topic, its own wheel
+        guarantee=guarantee,
     )
     target = run.target("pkill")
     name = f"pkill-{run.testbed.tag}"
     daemon = run.fleet.spawn(name)
     run.wait_ready(daemon)
     run.traffic([target], rate=120, seed=SEED, precision="exact")
+    canceller = Canceller(run)
     time.sleep(2)
-    for _ in range(KILLS):
+    for _ in range(kills):
+        canceller.cancel(canceller.send(target, [rng.uniform(8, 12)], rng))
         time.sleep(rng.uniform(0.3, 3.0))  # lands during intake, loading or forwarding
         daemon.kill()
         daemon = run.fleet.spawn(name)
         run.assert_alive()
     time.sleep(4)
+    canceller.wait_past_due()
     cleaned_up: list[bool] = []
 
     def slots_deleted() -> None:
         run.wait_ready(daemon)
         cleaned_up.append(wait_until(lambda: not list((tmp_path / "wheel").rglob("*.slot")), 30))
 
-    report = run.drain("7. precise: kill -9 x8 + restart", timeout=90, while_live=slots_deleted)
+    report = run.drain(
+        scenario_name(f"7. precise: kill -9 x{kills} + restart", guarantee),
+        timeout=90,
+        while_live=slots_deleted,
+    )
     report.notes.append(
-        "delays 1 ms to 6 s in precise mode (above 3 s on the far topic), same data directory"
+        "delays 1 ms to 6 s in precise mode (above 3 s on the far topic), same data "
+        "directory, a cancel acknowledged before each kill"
     )
     _verdict(run, report, fault_summary)
     assert cleaned_up == [True], "slot files left behind after everything was forwarded"
+    assert len(report.cancelled) == kills
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
@@ -324,8 +342,13 @@ class Canceller:
         time.sleep(max(0.0, self.last_due + margin_s - time.monotonic()))
 
 
+@pytest.mark.parametrize(
+    "guarantee",
+    # CI runs at-least-once here; exactly-once's CI row is scenario 24.
+    ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
+)
 def test_precise_cancels_then_kill_9_within_a_second_leak_nothing(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
     """Issue 15's report: cancels 5.2 to 6.8 s before due, kill -9 0.1 to 1.1 s later,
     restart at once on the same data directory, round after round. The cancelled
@@ -339,6 +362,7 @@ def test_precise_cancels_then_kill_9_within_a_second_leak_nothing(
         "ckill",
         levels="1s,2s,5s",
         data_dir=tmp_path / "wheel",
+        guarantee=guarantee,
     )
     target = run.target("pckill")
     name = f"pckill-{run.testbed.tag}"
@@ -362,13 +386,18 @@ def test_precise_cancels_then_kill_9_within_a_second_leak_nothing(
         kills.append(after)
         run.wait_ready(daemon)
     canceller.wait_past_due()
-    report = run.drain(f"10. precise: cancels then kill -9 x{CANCEL_ROUNDS}", timeout=90)
+    report = run.drain(
+        scenario_name(f"10. precise: cancels then kill -9 x{CANCEL_ROUNDS}", guarantee),
+        timeout=90,
+    )
     report.notes.append(
         f"{VICTIMS} cancels per round {min(leads):.1f}-{max(leads):.1f} s before due, "
         f"kill -9 {min(kills):.2f}-{max(kills):.2f} s after them, restart at once"
     )
     _verdict(run, report, fault_summary)
     assert len(report.cancelled) == CANCEL_ROUNDS * VICTIMS
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 # -- a full disk -----------------------------------------------------------------------
@@ -509,8 +538,9 @@ GROWN_TO = 6
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_precise_partitions_added_under_traffic_cancels_still_find_their_messages(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
     """Messages sent on 3 partitions, the topic grown to 6 under traffic, then cancels
     both ways round: a producer that knows 6 cancels messages sent on 3, and one that
@@ -524,6 +554,7 @@ def test_precise_partitions_added_under_traffic_cancels_still_find_their_message
         levels="1s,5s",
         data_dir=tmp_path / "wheel",
         max_delay="2m",
+        guarantee=guarantee,
     )
     topic = run.settings.precise_topic
     target = run.target("pgrow")
@@ -555,7 +586,10 @@ def test_precise_partitions_added_under_traffic_cancels_still_find_their_message
     before.wait_past_due()
     after.wait_past_due()  # both: each knows when what it cancelled is due
     report = run.drain(
-        f"13. precise: partitions {run.settings.partitions} -> {GROWN_TO} under traffic",
+        scenario_name(
+            f"13. precise: partitions {run.settings.partitions} -> {GROWN_TO} under traffic",
+            guarantee,
+        ),
         timeout=90,
     )
     # Before ids named partitions: message on crc32(id) % 3, its cancel on crc32(id) % 6.
@@ -568,6 +602,8 @@ def test_precise_partitions_added_under_traffic_cancels_still_find_their_message
     ]
     _verdict(run, report, fault_summary)
     _nothing_dead_lettered(report)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 RESTART_PENDING = 1_500

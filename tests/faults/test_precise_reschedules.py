@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from delayservice.producer import DelayProducer
-from tests.faults.harness import DaemonProcess
+from tests.faults.harness import DaemonProcess, scenario_name
 
 if TYPE_CHECKING:
     from tests.faults.conftest import FaultRun
@@ -125,8 +125,13 @@ ROUNDS = 5
 PER_ROUND = 10
 
 
+@pytest.mark.parametrize(
+    "guarantee",
+    # CI runs at-least-once here; exactly-once's CI row is scenario 24.
+    ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
+)
 def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
     rng = random.Random(SEED)
     run = fault_run(
@@ -135,6 +140,7 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
         precise_topic=f"dp-rkill-{testbed.tag}",
         levels="1s,2s,5s",
         data_dir=tmp_path / "wheel",
+        guarantee=guarantee,
     )
     target = run.target("prkill")
     name = f"prkill-{run.testbed.tag}"
@@ -156,7 +162,9 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
         daemon = _restart(run, daemon, name, kills[-1])
     assert time.time() < start + 32, "the rounds ran past the earliest new due time"
     mover.wait_past_due()
-    report = run.drain(f"14. precise: reschedules then kill -9 x{ROUNDS}", timeout=90)
+    report = run.drain(
+        scenario_name(f"14. precise: reschedules then kill -9 x{ROUNDS}", guarantee), timeout=90
+    )
     late = report.lateness_where(lambda s: bool(s.replaced))
     report.notes.append(
         f"{mover.moves} moves of {len(moved)} messages, kill -9 "
@@ -166,6 +174,8 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
         else "no rescheduled message arrived"
     )
     _verdict(run, report, fault_summary, moved)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 @pytest.mark.long

@@ -6,6 +6,7 @@ committing in the same transactions."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from delayservice.precise.delivery_log import (
     write_position,
 )
 from delayservice.precise.precise_worker import PreciseWorker
-from tests.level.fakes import FakeClock, FakeProducer
+from tests.level.fakes import FakeClock, FakeProducer, wait_for
 from tests.precise.eos_rig import (
     OUTCOMES_TOPIC,
     TRANSACTIONAL_ID,
@@ -266,3 +267,35 @@ def _killed_after_commit_and_restarted(process: Process, root: Path) -> Process:
     again.load()
     again.step()
     return again
+
+
+class _WallClock:
+    """The rig's clock, on real time: the forwarder's thread sleeps on it."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+def test_an_idle_forwarder_commits_a_reply_handed_in_right_after_a_commit(
+    tmp_path: Path, coordinator: FakeCoordinator
+):
+    """Nothing due, a commit just made: the forwarder's thread must not sleep until the
+    next record falls due while a reply waits for a transaction."""
+    process = Process(tmp_path, coordinator, _WallClock())  # type: ignore[arg-type]
+    process.hold(0, 0)
+    process.hold(1, 3600)  # the next record due: an hour out
+    process.forwarder.start()
+    try:
+        wait_for(lambda: delivered_ids(coordinator) == {"id-0": 1}, "the due record")
+        started = time.monotonic()
+        process.delivery.answer([(b"timers:0:5", b'{"outcome":"accepted"}')])
+        assert time.monotonic() - started < 2.0
+    finally:
+        process.forwarder.stop(5)
+    assert [s.key for s in coordinator.visible(OUTCOMES_TOPIC)] == [b"timers:0:5"]
