@@ -47,6 +47,7 @@ from precise_common import (
     tag_for,
     vm_rss,
     wait_for_count,
+    wait_for_ids,
 )
 
 from delayservice.producer import DelayProducer
@@ -121,6 +122,12 @@ def main() -> int:
         default=None,
         help="the daemon's max_buffered_bytes, in MiB (default: the setting's default)",
     )
+    parser.add_argument(
+        "--guarantee",
+        choices=["at-least-once", "exactly-once"],
+        default="at-least-once",
+        help="the daemon's guarantee (targets are read read_committed)",
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     args = parser.parse_args()
 
@@ -134,6 +141,7 @@ def main() -> int:
             root,
             partitions=args.partitions,
             precise_lookahead_s=args.lookahead,
+            guarantee=args.guarantee,
             **(
                 {"max_buffered_bytes": args.max_buffered_mib * MiB} if args.max_buffered_mib else {}
             ),
@@ -153,7 +161,8 @@ def main() -> int:
                 cpu_before = cpu_seconds(daemon.pid)
                 stderr(f"slot loads begin, due in {at - time.time():.1f} s: {load()}")
                 deadline = time.monotonic() + max(0.0, at - time.time()) + 900
-                arrived = wait_for_count(bootstrap, target, args.messages, deadline)
+                wait = wait_for_ids if args.guarantee == "exactly-once" else wait_for_count
+                arrived = wait(bootstrap, target, args.messages, deadline)
                 cpu = cpu_seconds(daemon.pid) - cpu_before
                 stderr(f"{arrived:,} arrived; {load()}")
             peak_rss = rss.peak
@@ -176,7 +185,7 @@ def main() -> int:
     print(
         f"\nburst of {n:,} exact messages of {args.value_bytes} B, all due at one instant "
         f"({args.ahead:g} s ahead), precise topic of {args.partitions} partitions, "
-        f"lookahead {args.lookahead:g} s; daemon in its own process"
+        f"lookahead {args.lookahead:g} s, {args.guarantee}; daemon in its own process"
     )
     print(
         f"produce time              : {produce_s:.1f} s ({n / produce_s:,.0f} msg/s), "

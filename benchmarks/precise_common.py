@@ -261,6 +261,9 @@ def _consumer(bootstrap: str, group: str | None = None) -> Consumer:
             "bootstrap.servers": bootstrap,
             "group.id": group or f"precise-bench-read-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
+            # What a consumer of an exactly-once daemon's targets sees; the same as
+            # read_uncommitted for topics written without transactions.
+            "isolation.level": "read_committed",
         }
     )
 
@@ -318,7 +321,8 @@ class Seen(NamedTuple):
 
 def read_topic(bootstrap: str, topic: str, starts: dict[int, int] | None = None) -> list[Seen]:
     """Every record of `topic` (from `starts` per partition when given), read by
-    assignment to the end offsets of now."""
+    assignment to the end offsets of now (read_committed: until each partition's
+    position, which steps over transaction markers, reaches its end)."""
     starts = starts or {}
     ends = {p: end for p, end in end_offsets(bootstrap, topic).items() if end > starts.get(p, 0)}
     total = sum(end - starts.get(p, 0) for p, end in ends.items())
@@ -338,9 +342,9 @@ def read_topic(bootstrap: str, topic: str, starts: dict[int, int] | None = None)
                 delay = headers.get(H_DELAY_MS)
                 due = headers.get(H_DUE_MS)
                 out.append(Seen(headers.get(H_ID), ts, int(delay or 0), int(due) if due else None))
-                partition, offset = message.partition(), message.offset()
-                if partition in ends and offset is not None and offset + 1 >= ends[partition]:
-                    del ends[partition]
+            for position in consumer.position([TopicPartition(topic, p) for p in ends]):
+                if position.offset >= ends[position.partition]:
+                    del ends[position.partition]
             tick(f"  reading {topic}: {len(out):,} of {total:,} records")
     finally:
         consumer.close()
@@ -372,7 +376,8 @@ def wait_for_count(
     bootstrap: str, topic: str, expected: int, deadline: float, what: str = "arrived"
 ) -> int:
     """Poll the end offsets of `topic` until it holds `expected` records or the
-    monotonic `deadline` passes; returns the last count."""
+    monotonic `deadline` passes; returns the last count. Under exactly-once the end
+    offsets count transaction markers too: `wait_for_ids` counts what committed."""
     tick = Ticker()
     started = time.monotonic()
     count = record_count(bootstrap, topic)

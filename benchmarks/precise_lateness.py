@@ -54,6 +54,7 @@ from precise_common import (
     stderr,
     tag_for,
     wait_for_count,
+    wait_for_ids,
 )
 
 from delayservice.producer import DelayProducer
@@ -177,6 +178,7 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
             levels=args.levels,
             precise=mode == "precise",
             max_delay=args.max_delay_setting,
+            guarantee=args.guarantee,
         )
         target = f"{tag}-target"
         create_topics(settings, [target], TARGET_PARTITIONS)
@@ -192,7 +194,8 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
             sent = int(generator.stdout.split()[-1])
             stderr(f"  {mode}: {sent:,} sent; waiting for the last to fall due and arrive")
             deadline = time.monotonic() + args.max_delay + 120
-            wait_for_count(bootstrap, target, sent, deadline)
+            wait = wait_for_ids if args.guarantee == "exactly-once" else wait_for_count
+            wait(bootstrap, target, sent, deadline)
             cpu = cpu_seconds(daemon.pid) - cpu_before
             seconds = time.monotonic() - started
         stderr(f"  {mode}: reading both sides back")
@@ -229,7 +232,8 @@ def run_steady(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> list[
         f"\n(b) steady {args.rate:,} msg/s for {args.seconds:g} s, delays uniform in "
         f"[{args.min_delay:g} s, {args.max_delay:g} s] (seed {args.seed}), "
         f"{args.value_bytes} B values; one daemon per mode, run one after the other "
-        f"on the same broker; level mode over {args.levels}"
+        f"on the same broker; level mode over {args.levels}; {args.guarantee}, targets "
+        "read read_committed"
     )
     width = 26
     print(f"{'':<{width}}" + "".join(f"{mode:>22}" for mode in modes))
@@ -292,6 +296,12 @@ def main() -> int:
     parser.add_argument("--value-bytes", type=int, default=200, help="steady: value size")
     parser.add_argument("--seed", type=int, default=7, help="steady: delays' random seed")
     parser.add_argument("--max-delay-setting", default="1d", help="the daemon's max_delay")
+    parser.add_argument(
+        "--guarantee",
+        choices=["at-least-once", "exactly-once"],
+        default="at-least-once",
+        help="the daemon's guarantee (targets are read read_committed)",
+    )
     parser.add_argument("--bootstrap", help="an existing broker instead of a local one")
     parser.add_argument("--generate", help=argparse.SUPPRESS)  # the load generator's role
     parser.add_argument("--mode", help=argparse.SUPPRESS)

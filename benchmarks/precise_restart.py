@@ -87,7 +87,12 @@ def one_run(bootstrap: str, args: argparse.Namespace, number: int) -> Run:
     log_path = Path(f"/tmp/precise-restart-{tag}.log")
     with data_dir("restart") as root:
         settings = precise_settings(
-            bootstrap, tag, root, partitions=args.partitions, precise_lookahead_s=2.0
+            bootstrap,
+            tag,
+            root,
+            partitions=args.partitions,
+            precise_lookahead_s=2.0,
+            guarantee=args.guarantee,
         )
         target = f"{tag}-target"
         create_topics(settings, [target], 3)
@@ -132,6 +137,12 @@ def main() -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--guarantee",
+        choices=["at-least-once", "exactly-once"],
+        default="at-least-once",
+        help="the daemon's guarantee (targets are read read_committed)",
+    )
     parser.add_argument("--pending", type=int, default=1_500)
     parser.add_argument("--min-delay", type=float, default=3.0)
     parser.add_argument("--max-delay", type=float, default=9.0)
@@ -153,7 +164,7 @@ def main() -> int:
     print(
         f"\nrestart after kill -9 with {args.pending:,} exact messages pending "
         f"(delays {args.min_delay:g}-{args.max_delay:g} s, killed {args.kill_after:g} s after "
-        f"the flush), {args.runs} runs; "
+        f"the flush), {args.runs} runs, {args.guarantee}; "
         "lateness of what falls due >= 1 s after ready"
     )
     for number, run in enumerate(runs, 1):

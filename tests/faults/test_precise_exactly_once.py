@@ -6,9 +6,10 @@ offsets commit when a record is on disk, so what keeps a record from going twice
 the done topic's record of each transaction (`precise.delivery_log`): a producer
 replaced after an unknown outcome (or a restarted daemon's) fences the one before under
 the same transactional id, reads what committed and settles those records unsent.
-Messages are cancelled before and after the outage, so cancels race the fault. The other precise rows run exactly-once too (kill -9 twenty times, cancels
-then kill -9, reschedules then kill -9, partitions added, the burst then kill -9): they
-are parametrized by guarantee where they live.
+Messages are cancelled before and after the outage, so cancels race the fault. The
+other precise rows run exactly-once too (kill -9 twenty times, cancels then kill -9,
+reschedules then kill -9, partitions added, the burst then kill -9): they are
+parametrized by guarantee where they live.
 """
 
 from __future__ import annotations
