@@ -159,6 +159,9 @@ class DeliveryLog:
         self._read_timeout = read_timeout_s
         self._reply_wait = reply_wait_s
         self._consumer: ConsumerClient | None = None
+        self._read_from = 0
+        """Where the reader was assigned from: its position says nothing (OFFSET_INVALID)
+        until it has returned a record, and nothing comes when it starts at the end."""
         self._ends: ConsumerClient | None = None
         """Asks where the topic ends, read_uncommitted: a read_committed reader is told
         the last stable offset, which another member's open transaction holds back
@@ -298,6 +301,7 @@ class DeliveryLog:
                     start = OFFSET_BEGINNING
                 consumer = self._consumer = self._make_consumer({})
                 consumer.assign([TopicPartition(self._topic, 0, start)])
+                self._read_from = max(0, start)
             self._read_to_end(consumer, end, started + self._read_timeout)
         except SendLaterError:
             raise
@@ -333,8 +337,8 @@ class DeliveryLog:
         which are never returned), taking this member's latest record."""
         tp = TopicPartition(self._topic, 0)
         while True:
-            position = consumer.position([tp])[0].offset
-            if position >= end or (position < 0 and end <= 0):
+            position = max(self._read_from, consumer.position([tp])[0].offset)
+            if position >= end:
                 return
             if time.monotonic() >= deadline:
                 raise SendLaterError(

@@ -299,3 +299,25 @@ def test_an_idle_forwarder_commits_a_reply_handed_in_right_after_a_commit(
     finally:
         process.forwarder.stop(5)
     assert [s.key for s in coordinator.visible(OUTCOMES_TOPIC)] == [b"timers:0:5"]
+
+
+def test_a_restart_with_nothing_after_the_noted_end_learns_at_once(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """The reader starts at the topic's end: it returns nothing and its position stays
+    unknown, which must not read as "not there yet"."""
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    first.step()
+    clock.advance(NOTE_EVERY_S)
+    first.hold(1, 0)
+    first.step()  # marks written; the end (2) noted
+    first.die()
+    assert read_position(tmp_path / "timers.delivered") == 2
+    again = Process(tmp_path, coordinator, clock)
+    again.delivery._read_timeout = 1.0
+    again.load()
+    again.step()
+    assert again.delivery.learned
+    assert again.reader.reads == 0
+    assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1}

@@ -98,7 +98,8 @@ class DoneReader:
     def __init__(self, coordinator: FakeCoordinator, topic: str) -> None:
         self.coordinator = coordinator
         self.topic = topic
-        self.position_at = -1001  # OFFSET_INVALID until the first fetch
+        self.position_at = -1001  # OFFSET_INVALID until a record was returned
+        self._fetch_at = 0
         self.assigned = False
         self.closed = False
         self.reads = 0
@@ -110,8 +111,7 @@ class DoneReader:
     def assign(self, partitions: list[TopicPartition]) -> None:
         assert [(tp.topic, tp.partition) for tp in partitions] == [(self.topic, 0)]
         self.assigned = True
-        if partitions[0].offset >= 0:
-            self.position_at = partitions[0].offset
+        self._fetch_at = max(0, partitions[0].offset)
 
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
@@ -125,9 +125,11 @@ class DoneReader:
         assert self.assigned
         assert not self.closed
         records = self._records()
-        start = max(0, self.position_at)
+        start = self._fetch_at
         batch = records[start : start + num_messages]
-        self.position_at = start + len(batch)
+        self._fetch_at = start + len(batch)
+        if batch:  # librdkafka moves the position as it returns records
+            self.position_at = self._fetch_at
         self.reads += len(batch)
         return [
             Message(topic=self.topic, partition=0, offset=start + i, key=s.key, value=s.value)
