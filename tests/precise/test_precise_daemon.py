@@ -58,8 +58,10 @@ def _append_times(testbed: Any, settings: Any, count: int) -> dict[str, int]:
     }
 
 
-def test_each_message_is_forwarded_at_its_own_due_millisecond(testbed, tmp_path):
-    settings = _precise(testbed, tmp_path)
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_each_message_is_forwarded_at_its_own_due_millisecond(testbed, tmp_path, guarantee):
+    """Exactly-once, read read_committed: once each, as at-least-once."""
+    settings = _precise(testbed, tmp_path, guarantee=guarantee)
     target = testbed.create_topic(f"exact-{testbed.tag}")
     daemon = testbed.start_daemon(settings)
     testbed.wait_assigned(daemon, partitions=settings.partitions)
