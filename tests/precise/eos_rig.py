@@ -139,17 +139,17 @@ class Process:
     def producer(self) -> FencingProducer:
         return self.producers[-1]
 
-    def hold(self, offset: int, due_in_s: float, partition: int = 0) -> None:
+    def hold(self, offset: int, due_in_s: float, partition: int = 0, target: str = TARGET) -> None:
         """What the intake does for one record: write it to its slot, sync, buffer it."""
         due_ms = self.clock.ms() + int(due_in_s * 1000)
         stored = StoredRecord(
-            offset, due_ms, False, f"id-{offset}", TARGET, None, 0, b"k", b"v", []
+            offset, due_ms, False, f"id-{offset}", target, None, 0, b"k", b"v", []
         )
         tracker = self.wheel.append(partition, due_ms, encode(stored))
         self.store.sync()
         if tracker is not None:
             record = SlotRecord(
-                partition, offset, b"k", b"v", [], Envelope(TARGET, 0, f"id-{offset}"),
+                partition, offset, b"k", b"v", [], Envelope(target, 0, f"id-{offset}"),
                 due_ms, tracker,
             )  # fmt: skip
             self.wheel.admit([(record, due_ms / 1000)])

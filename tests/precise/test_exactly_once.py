@@ -23,7 +23,7 @@ from delayservice.precise.delivery_log import (
     write_position,
 )
 from delayservice.precise.precise_worker import PreciseWorker
-from tests.level.fakes import FakeClock, FakeProducer, wait_for
+from tests.level.fakes import DLQ, FakeClock, FakeProducer, wait_for
 from tests.precise.eos_rig import (
     OUTCOMES_TOPIC,
     TRANSACTIONAL_ID,
@@ -321,3 +321,27 @@ def test_a_restart_with_nothing_after_the_noted_end_learns_at_once(
     assert again.delivery.learned
     assert again.reader.reads == 0
     assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1}
+
+
+def test_a_dead_letter_named_by_the_last_transaction_is_not_sent_again(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """A slot record that could only be dead-lettered settles like a forward: the
+    restarted process neither forwards it nor dead-letters it again."""
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0, target="no-such-topic")
+    first.hold(1, 0)
+    again = _killed_after_commit_and_restarted(first, tmp_path)
+    assert again.delivery.known == 2
+    assert [s.delay_id for s in coordinator.visible(DLQ)] == ["id-0"]
+    assert delivered_ids(coordinator) == {"id-1": 1}
+    assert again.slot_files() == 0
+
+
+def test_a_cancel_of_a_message_learned_delivered_is_too_late(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    again = _killed_after_commit_and_restarted(first, tmp_path)
+    assert again.wheel.cancel("id-0", clock.ms() + 60_000) == "too_late"
