@@ -13,8 +13,11 @@ offset, so each copy is named apart; the reschedule log says which one is live).
 The forwarder writes a transaction's settled marks (to the page cache, which outlives
 the process) before it begins the next one, so at any moment only the records of the
 last transaction that committed can be delivered and unmarked, and the latest
-`sent:{member}` record names them: the topic can be compacted. Marks that could not be
-written (a storage fault) are carried into the next records until they are.
+`sent:{member}` record names them: the topic can be compacted. Records are named with
+their slot (partition and second). Two kinds are carried into every later record until
+they are settled: those whose marks could not be written (a storage fault), and those
+learned delivered that have not come up yet (a slot still loading after a restart),
+while their slot file is on disk.
 
 After every init_transactions, which fences the member's previous producer and ends
 its open transaction (committed or aborted), the forwarder `learn`s: it reads the done
@@ -75,12 +78,16 @@ def sent_key(member: int) -> bytes:
     return f"sent:{member}".encode()
 
 
-def encode_sent(member: int, offsets: Mapping[int, Iterable[int]]) -> bytes:
-    """Per partition, the sorted offsets as runs: [first, length, gap, length, ...] with
-    each first relative to the end of the run before (small numbers: a burst is a few
-    runs), compressed."""
+Slot = tuple[int, int]
+"""(partition, second): a slot file, and the records of it a transaction delivered."""
+
+
+def encode_sent(member: int, offsets: Mapping[Slot, Iterable[int]]) -> bytes:
+    """Per slot, the sorted offsets as runs: [first, length, gap, length, ...] with each
+    first relative to the end of the run before (small numbers: a burst is a few runs),
+    compressed."""
     partitions: dict[str, list[int]] = {}
-    for partition, found in offsets.items():
+    for (partition, second), found in offsets.items():
         runs: list[int] = []
         end = 0
         length = 0
@@ -95,14 +102,14 @@ def encode_sent(member: int, offsets: Mapping[int, Iterable[int]]) -> bytes:
             end = offset + 1
         if length:
             runs[-1] = length
-            partitions[str(partition)] = runs
+            partitions[f"{partition}:{second}"] = runs
     packed = zlib.compress(json.dumps(partitions, separators=(",", ":")).encode())
     return json.dumps(
         {"v": VERSION, "member": member, "sent": base64.b64encode(packed).decode()}
     ).encode()
 
 
-def decode_sent(raw: bytes | None) -> dict[int, set[int]] | None:
+def decode_sent(raw: bytes | None) -> dict[Slot, set[int]] | None:
     """The offsets a `sent` record names, or None for anything malformed (never raises:
     the done topic is writable by whoever can write the precise topic)."""
     try:
@@ -110,9 +117,10 @@ def decode_sent(raw: bytes | None) -> dict[int, set[int]] | None:
         if not isinstance(data, dict) or data.get("v") != VERSION:
             return None
         partitions = json.loads(zlib.decompress(base64.b64decode(data["sent"])))
-        out: dict[int, set[int]] = {}
+        out: dict[Slot, set[int]] = {}
         for name, runs in partitions.items():
-            offsets = out.setdefault(int(name), set())
+            partition, second = name.split(":")
+            offsets = out.setdefault((int(partition), int(second)), set())
             end = 0
             for gap, length in zip(runs[::2], runs[1::2], strict=True):
                 first = end + int(gap)
@@ -147,9 +155,11 @@ class DeliveryLog:
         reply_wait_s: float = REPLY_WAIT_S,
         position_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        slot_exists: Callable[[int, int], bool] = lambda _partition, _second: True,
     ) -> None:
         """`wake`: wakes the forwarder (replies are waiting for a transaction);
-        `position_file`: where the done topic's offset a restart reads from is noted."""
+        `position_file`: where the done topic's offset a restart reads from is noted;
+        `slot_exists`: whether a slot's file is still on disk."""
         self._topic = done_topic
         self._outcomes = outcomes_topic
         self._member = member
@@ -166,12 +176,14 @@ class DeliveryLog:
         """Asks where the topic ends, read_uncommitted: a read_committed reader is told
         the last stable offset, which another member's open transaction holds back
         below this member's own records."""
-        self._latest: dict[int, set[int]] = {}
-        self._known: dict[int, set[int]] = {}
-        """What committed transactions delivered, as learned: settled unsent."""
-        self._unmarked: dict[int, set[int]] = {}
+        self._slot_exists = slot_exists
+        self._latest: dict[Slot, set[int]] = {}
+        self._known: dict[int, dict[int, int]] = {}
+        """partition -> offset -> second: learned delivered by committed transactions,
+        not come up yet; settled unsent when they do."""
+        self._unmarked: dict[Slot, set[int]] = {}
         """Delivered by committed transactions, settled marks not yet known written."""
-        self._in_txn: dict[int, set[int]] = {}
+        self._in_txn: dict[Slot, set[int]] = {}
         self._lock = threading.Lock()
         self._replies: list[_Replies] = []
         self._replies_in_txn: list[_Replies] = []
@@ -182,17 +194,23 @@ class DeliveryLog:
         self._noted_at = clock()
         self.learned = False
         """Whether it has learned once since it started (readiness waits for it)."""
+        self.learned_records = 0
+        """How many records the last `learn` found delivered."""
 
     # -- the wheel's side ------------------------------------------------------------
     def sent(self, partition: int, offset: int) -> bool:
         """Whether a committed transaction delivered this record (learned after the last
-        fence): it is settled, not sent again. Asked on the forwarder's thread."""
+        fence): it is settled, not sent again (and no longer carried). Asked on the
+        forwarder's thread, which settles it before its next commit."""
         known = self._known.get(partition)
-        return known is not None and offset in known
+        if not known or offset not in known:
+            return False
+        del known[offset]
+        return True
 
     @property
     def known(self) -> int:
-        """Records learned delivered (for logs and tests)."""
+        """Records learned delivered that have not come up yet."""
         return sum(map(len, self._known.values()))
 
     # -- the intake's side -------------------------------------------------------------
@@ -233,11 +251,14 @@ class DeliveryLog:
     def write(self, producer: Any, runs: Runs) -> None:
         """Produce this transaction's `sent` record (with marks still unwritten from
         before) and the replies waiting, inside the open transaction."""
-        delivered: dict[int, set[int]] = {p: set(o) for p, o in self._unmarked.items()}
-        for (_, partition), records in runs:
-            offsets = delivered.setdefault(partition, set())
-            offsets.update(r.offset() for r in records if type(r.slot) is SlotTracker)
-        delivered = {p: o for p, o in delivered.items() if o}
+        delivered: dict[Slot, set[int]] = {k: set(o) for k, o in self._unmarked.items()}
+        for _, records in runs:
+            for record in records:
+                slot = record.slot
+                if type(slot) is SlotTracker:
+                    delivered.setdefault((slot.partition, slot.second), set()).add(record.offset())
+        for (partition, second), offsets in self._still_known().items():
+            delivered.setdefault((partition, second), set()).update(offsets)
         self._in_txn = delivered
         with self._lock:
             self._replies_in_txn = list(self._replies)
@@ -255,6 +276,26 @@ class DeliveryLog:
         for replies in self._replies_in_txn:
             for key, reply in replies.records:
                 producer.produce(self._outcomes, reply, key, on_delivery=self._report)
+
+    def _still_known(self) -> dict[Slot, set[int]]:
+        """What was learned delivered and has not come up yet, where its slot file is
+        still on disk (a file gone took its records with it)."""
+        by_slot: dict[Slot, set[int]] = {}
+        for partition, offsets in self._known.items():
+            for offset, second in offsets.items():
+                by_slot.setdefault((partition, second), set()).add(offset)
+        gone = [slot for slot in by_slot if not self._exists(slot)]
+        for partition, second in gone:
+            known = self._known[partition]
+            for offset in by_slot.pop((partition, second)):
+                del known[offset]
+        return by_slot
+
+    def _exists(self, slot: Slot) -> bool:
+        try:
+            return self._slot_exists(*slot)
+        except Exception:  # a closed store (stopping): keep naming it
+            return True
 
     def committed(self) -> None:
         for partition, offsets in self._in_txn.items():
@@ -308,13 +349,16 @@ class DeliveryLog:
         except Exception as exc:
             self._close()  # a fresh reader next time, from the beginning
             raise SendLaterError(f"reading {self._topic}: {exc}") from exc
-        for partition, offsets in self._latest.items():
-            self._known.setdefault(partition, set()).update(offsets)
+        for (partition, second), offsets in self._latest.items():
+            known = self._known.setdefault(partition, {})
+            for offset in offsets:
+                known[offset] = second
         self.learned = True
+        self.learned_records = sum(map(len, self._latest.values()))
         log.info(
             "%s: %d records delivered before this producer took over (%.2f s to read)",
             self._topic,
-            sum(map(len, self._latest.values())),
+            self.learned_records,
             time.monotonic() - started,
         )
 

@@ -229,6 +229,9 @@ class PreciseWorker:
                 settings.precise_member,
                 consumers.for_delivered,
                 position_file=delivered_position_path(settings.data_dir, topic),
+                slot_exists=lambda partition, second: (
+                    self.store.size(partition, second) is not None
+                ),
             )
             if settings.guarantee == "exactly-once"
             else None

@@ -76,6 +76,7 @@ class Process:
             reply_wait_s=5.0,
             position_file=root / f"{PRECISE_TOPIC}.delivered",
             clock=clock.monotonic,
+            slot_exists=lambda partition, second: self.store.size(partition, second) is not None,
         )
         self.wheel = Wheel(
             self.store,
@@ -161,6 +162,16 @@ class Process:
     def step(self, passes: int = 1) -> None:
         for _ in range(passes):
             self.forwarder.step(commit=True)
+
+    def killed_after_commit(self) -> None:
+        """Reach a commit point, and die right after it committed, before its marks."""
+        self.die_after_commit = True
+        try:
+            self.step()
+        except KilledError:
+            self.die()
+            return
+        raise AssertionError("no transaction committed")
 
     def slot_files(self) -> int:
         return len(self.store.slots())

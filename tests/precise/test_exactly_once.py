@@ -27,7 +27,6 @@ from tests.level.fakes import DLQ, FakeClock, FakeProducer, wait_for
 from tests.precise.eos_rig import (
     OUTCOMES_TOPIC,
     TRANSACTIONAL_ID,
-    KilledError,
     Process,
     delivered_ids,
     eos_settings,
@@ -47,8 +46,8 @@ def coordinator() -> FakeCoordinator:
 
 
 def test_the_delivery_record_round_trips_runs_and_scattered_offsets():
-    offsets = {0: [5, 6, 7, 9, 100, 101, 3], 4: [2**40, 2**40 + 1]}
-    assert decode_sent(encode_sent(3, offsets)) == {p: set(o) for p, o in offsets.items()}
+    offsets = {(0, 17): [5, 6, 7, 9, 100, 101, 3], (4, 2**31): [2**40, 2**40 + 1]}
+    assert decode_sent(encode_sent(3, offsets)) == {k: set(o) for k, o in offsets.items()}
     assert decode_sent(b"not json") is None
     assert decode_sent(b'{"v": 1, "sent": "AAAA"}') is None
 
@@ -68,7 +67,7 @@ def test_a_transaction_names_what_it_delivered_and_marks_settle_only_after_it_co
     assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1, "id-2": 1}
     [record] = sent_records(coordinator)
     assert record.key == b"sent:0"
-    assert decode_sent(record.value) == {0: {0, 1, 2}}
+    assert decode_sent(record.value) == {(0, clock.ms() // 1000): {0, 1, 2}}
     assert process.slot_files() == 1  # the due slot went with its last record
     assert process.producer.config["transactional.id"] == TRANSACTIONAL_ID
 
@@ -81,17 +80,14 @@ def test_a_kill_after_a_commit_before_its_marks_sends_nothing_again(
         first.hold(offset, 0)
     first.hold(3, 0.5)
     first.hold(4, 10)
-    first.die_after_commit = True
-    with pytest.raises(KilledError):
-        first.step()
-    first.die()
+    first.killed_after_commit()
     clock.advance(1)
     assert sorted(delivered_ids(coordinator)) == ["id-0", "id-1", "id-2"]
 
     again = Process(tmp_path, coordinator, clock)
     again.load()
     again.step()
-    assert again.delivery.known == 3
+    assert again.delivery.learned_records == 3
     clock.advance(10)
     again.load()
     again.step(2)
@@ -114,7 +110,7 @@ def test_a_kill_inside_a_transaction_leaves_its_forwards_unseen_and_sends_them_o
     again.step()
     assert first.producer.aborted
     assert not first.producer.txn_open
-    assert again.delivery.known == 0
+    assert again.delivery.learned_records == 0
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
     assert again.slot_files() == 0
 
@@ -134,7 +130,7 @@ def test_a_commit_whose_outcome_is_unknown_is_learned_after_the_fence_never_sent
     process.step()  # the commit fails for good: a new producer fences the old one
     assert len(process.producers) == 2
     assert process.producers[0].fatal_error is not None  # fenced
-    assert process.delivery.known == (3 if completed else 0)
+    assert process.delivery.learned_records == (3 if completed else 0)
     assert process.slot_files() == 1  # nothing settled on an unknown outcome
     process.step(2)
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
@@ -239,7 +235,7 @@ def test_a_restart_reads_the_done_topic_from_the_end_noted_once_marks_were_writt
     first.hold(5, 0)
     again = _killed_after_commit_and_restarted(first, tmp_path)
     assert again.reader.reads == 2  # the noted end on, not the whole topic
-    assert again.delivery.known == 2
+    assert again.delivery.learned_records == 2
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(6)}
 
 
@@ -252,17 +248,14 @@ def test_a_noted_end_past_the_topics_end_is_ignored(
     first = Process(tmp_path, coordinator, clock)
     first.hold(0, 0)
     again = _killed_after_commit_and_restarted(first, tmp_path)
-    assert again.delivery.known == 1
+    assert again.delivery.learned_records == 1
     assert delivered_ids(coordinator) == {"id-0": 1}
 
 
 def _killed_after_commit_and_restarted(process: Process, root: Path) -> Process:
     """`process` is killed right after its next commit, before its marks; a new one
     over the same directory forwards what is due."""
-    process.die_after_commit = True
-    with pytest.raises(KilledError):
-        process.step()
-    process.die()
+    process.killed_after_commit()
     again = Process(root, process.coordinator, process.clock)
     again.load()
     again.step()
@@ -332,7 +325,7 @@ def test_a_dead_letter_named_by_the_last_transaction_is_not_sent_again(
     first.hold(0, 0, target="no-such-topic")
     first.hold(1, 0)
     again = _killed_after_commit_and_restarted(first, tmp_path)
-    assert again.delivery.known == 2
+    assert again.delivery.learned_records == 2
     assert [s.delay_id for s in coordinator.visible(DLQ)] == ["id-0"]
     assert delivered_ids(coordinator) == {"id-1": 1}
     assert again.slot_files() == 0
@@ -345,3 +338,31 @@ def test_a_cancel_of_a_message_learned_delivered_is_too_late(
     first.hold(0, 0)
     again = _killed_after_commit_and_restarted(first, tmp_path)
     assert again.wheel.cancel("id-0", clock.ms() + 60_000) == "too_late"
+
+
+def test_what_was_learned_and_has_not_come_up_yet_is_named_again_until_it_does(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """A restart learns two records delivered, but their slot is not loaded yet when
+    the next transaction commits (a burst loading under the memory cap): that
+    transaction names them too, or a second kill would send them again."""
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    first.hold(1, 0)
+    first.killed_after_commit()
+
+    second = Process(tmp_path, coordinator, clock)  # its slot is left unloaded
+    second.hold(7, 0, partition=1)
+    second.killed_after_commit()
+    assert second.delivery.known == 2
+    assert decode_sent(sent_records(coordinator)[-1].value) == {
+        (0, clock.ms() // 1000): {0, 1},
+        (1, clock.ms() // 1000): {7},
+    }
+
+    third = Process(tmp_path, coordinator, clock)
+    third.load()
+    third.step()
+    assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1, "id-7": 1}
+    assert third.slot_files() == 0
+    assert third.delivery.known == 0  # each came up once, and is carried no more
