@@ -313,6 +313,8 @@ class DeliveryLog:
         self._unmarked = {}
         if self._position_file is None or self._clock() - self._noted_at < NOTE_EVERY_S:
             return
+        if any(self._known.values()):
+            return  # records still carried: a restart must find the record naming them
         self._noted_at = self._clock()
         ends = self._ends
         if ends is None:

@@ -366,3 +366,21 @@ def test_what_was_learned_and_has_not_come_up_yet_is_named_again_until_it_does(
     assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1, "id-7": 1}
     assert third.slot_files() == 0
     assert third.delivery.known == 0  # each came up once, and is carried no more
+
+
+def test_the_end_is_not_noted_while_learned_records_are_still_carried(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    first.killed_after_commit()
+    second = Process(tmp_path, coordinator, clock)  # slot 0 left unloaded: 0 is carried
+    clock.advance(NOTE_EVERY_S)
+    second.hold(7, 0, partition=1)
+    second.step()
+    assert read_position(tmp_path / "timers.delivered") is None
+    second.die()
+    third = Process(tmp_path, coordinator, clock)
+    third.load()
+    third.step()
+    assert delivered_ids(coordinator) == {"id-0": 1, "id-7": 1}
