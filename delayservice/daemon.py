@@ -131,9 +131,6 @@ class Daemon:
             for plan in layout.workers(self.settings)
         ]
         if self.settings.precise:
-            caveat = precise_guarantee_caveat(self.settings)
-            if caveat is not None:
-                log.warning("%s", caveat)
             client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
             producer = Producer(client_config.producer(self.settings, client_id))
             held = HeldBytes(self.settings.max_buffered_bytes)  # one cap for both wheels
@@ -205,20 +202,6 @@ class Daemon:
             self._server = None
         self._phase = "stopped"
         return EXIT_FAILED if (self._fatal or stuck) else EXIT_OK
-
-
-def precise_guarantee_caveat(settings: Settings) -> str | None:
-    """What an operator who asked for exactly-once must know when precise mode runs too.
-
-    `guarantee` is level mode's promise; the precise path delivers at least once. A
-    daemon started with both would otherwise give exact messages a weaker promise than
-    its configuration reads as, and say nothing."""
-    if settings.precise and settings.guarantee == "exactly-once":
-        return (
-            "guarantee = exactly-once covers level messages only: precise mode delivers "
-            "exact messages at least once (docs/precise-mode.md)"
-        )
-    return None
 
 
 GC_THRESHOLDS: Final = (100_000, 1_000, 1_000)
