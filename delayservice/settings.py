@@ -418,14 +418,6 @@ class Settings(BaseSettings):
             raise ConfigError(
                 "replicas", "2 copies need at least 2 instances: set precise_members >= 2"
             )
-        if self.precise and self.replicas == 2 and self.guarantee == "exactly-once":
-            # Two holders of a partition would each deliver under their own
-            # transactional id: nothing fences one from the other yet.
-            raise ConfigError(
-                "replicas",
-                "exactly-once precise mode holds one copy for now: set replicas = 1 "
-                "or guarantee = at-least-once",
-            )
         if self.precise and self.processes > 1:
             # Every worker process would be the same member over the same data directory.
             raise ConfigError(

@@ -5,7 +5,7 @@ put any bytes in a header name, into a level topic, the precise topic and its `_
 progress topic, between good records sent through `DelayProducer`. The daemon runs as a
 real `delayservice run` subprocess (a segfault shows as its death, not the test's), once
 per guarantee, with precise mode on: two replicas at-least-once, so the progress reader
-runs too; one under exactly-once (which holds one copy for now), where the delivery log
+runs too; one under exactly-once (once for every record needs one copy), where the delivery log
 reads `_done` when the forwarder takes over. Each kind of record and what the daemon does with it:
 
 - a header name that is not UTF-8: confluent-kafka cannot decode it (its `headers()`
