@@ -39,11 +39,17 @@ declare -A rows=(
   [precise_burst_300k]="benchmarks/precise_burst.py --messages 300000 --max-buffered-mib 256"
   [precise_burst_500k]="benchmarks/precise_burst.py --messages 500000 --max-buffered-mib 256"
   [precise_restart]="benchmarks/precise_restart.py"
+  # Precise mode under each guarantee, side by side (targets read read_committed).
+  [precise_burst_300k_eos]="benchmarks/precise_burst.py --messages 300000 --max-buffered-mib 256 --guarantee exactly-once"
+  [precise_steady_5k_alo]="benchmarks/precise_lateness.py --parts steady --modes precise --rate 5000"
+  [precise_steady_5k_eos]="benchmarks/precise_lateness.py --parts steady --modes precise --rate 5000 --guarantee exactly-once"
+  [precise_restart_eos]="benchmarks/precise_restart.py --guarantee exactly-once"
   [precise_long_delay]="benchmarks/precise_long_delay.py --messages 500000"
 )
 order=(forwarding catch_up steady_alo steady_alo_hog steady_eos steady_eos_hog forwarding_per_level
   steady_alo_per_level steady_eos_per_level isolation_quiet isolation_backlog idle idle_per_level
-  burst memory precise_burst_300k precise_burst_500k precise_restart precise_long_delay)
+  burst memory precise_burst_300k precise_burst_300k_eos precise_burst_500k precise_restart
+  precise_restart_eos precise_steady_5k_alo precise_steady_5k_eos precise_long_delay)
 if [ "$#" -gt 0 ]; then
   order=("$@")
 fi

@@ -1,4 +1,4 @@
-"""Scenario 24: precise mode with guarantee = exactly-once under a broker restart.
+"""Scenario 25: precise mode with guarantee = exactly-once under a broker restart.
 
 What a read_committed reader of the target sees is judged (the harness reads
 read_committed): 0 lost, 0 early, 0 duplicates, 0 cancels leaked. The precise topic's
@@ -80,6 +80,6 @@ def test_precise_exactly_once_broker_restart_delivers_each_message_once(
     time.sleep(8)
     _cancel_some(canceller, target, rng)
     canceller.wait_past_due()
-    report = run.drain(scenario_name("24. precise: broker restart", "exactly-once"), timeout=90)
+    report = run.drain(scenario_name("25. precise: broker restart", "exactly-once"), timeout=90)
     report.notes.append(f"broker down {OUTAGE_S:.0f} s + restart, cancels before and after")
     _exactly_once(run, report, fault_summary)

@@ -127,7 +127,7 @@ PER_ROUND = 10
 
 @pytest.mark.parametrize(
     "guarantee",
-    # CI runs at-least-once here; exactly-once's CI row is scenario 24.
+    # CI runs at-least-once here; exactly-once's CI rows are scenarios 7 and 23.
     ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
 )
 def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
