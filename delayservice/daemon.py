@@ -27,6 +27,7 @@ from delayservice.kafka import client_config, topics
 from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.level import layout
 from delayservice.level.level_worker import LevelWorker
+from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -119,7 +120,11 @@ class Daemon:
         # commits the transaction of, what that worker sent); precise mode forwards
         # through one of its own too, and reports progress (replicas) through the one
         # made here.
-        workers: list[Worker] = [
+        markers = LevelMarkers(
+            self.settings, self.metrics, lambda: int(self.broker_clock.time() * 1000)
+        )
+        workers: list[Worker] = [markers]  # first: the level forwarders wait for it
+        workers.extend(
             LevelWorker(
                 plan,
                 self.settings,
@@ -127,9 +132,10 @@ class Daemon:
                 self.budget,
                 self.fail,
                 broker_clock=self.broker_clock,
+                markers=markers,
             )
             for plan in layout.workers(self.settings)
-        ]
+        )
         if self.settings.precise:
             caveat = precise_guarantee_caveat(self.settings)
             if caveat is not None:

@@ -79,6 +79,7 @@ def exact_timing(
     delay: Delay | None,
     deliver_at: DeliverAt | None,
     max_delay_ms: int,
+    limit_name: str = "max_delay",
 ) -> tuple[int, int | None] | None:
     """`(delay-ms, delay-due-ms)` of an exact message, or None to send it undelayed.
 
@@ -89,15 +90,15 @@ def exact_timing(
     """
     if delay is not None and deliver_at is not None:
         raise ValueError("pass delay= or deliver_at=, not both")
-    limit = format_duration_ms(max_delay_ms)
+    limit = f"{limit_name} ({format_duration_ms(max_delay_ms)})"
+    remedy = "raise max_delay" if limit_name == "max_delay" else "add a longer level"
     if deliver_at is None:
         delay_ms = delay_to_ms(delay, None)
         if delay_ms is None:
             return None
         if delay_ms > max_delay_ms:
             raise DelayTooLongError(
-                f"delay of {delay_ms} ms is above max_delay ({limit}); "
-                "raise max_delay or shorten the delay"
+                f"delay of {delay_ms} ms is above {limit}; {remedy} or shorten the delay"
             )
         return delay_ms, None
     due_ms = math.ceil(epoch_seconds(deliver_at) * 1000)
@@ -106,7 +107,7 @@ def exact_timing(
         return None
     if ahead_ms > max_delay_ms:
         raise DelayTooLongError(
-            f"deliver_at is {math.ceil(ahead_ms)} ms ahead, above max_delay ({limit}); "
-            "raise max_delay or deliver sooner"
+            f"deliver_at is {math.ceil(ahead_ms)} ms ahead, above {limit}; "
+            f"{remedy} or deliver sooner"
         )
     return 0, due_ms

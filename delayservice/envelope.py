@@ -16,6 +16,7 @@ so an audit can match both sides.
 | `delay-due-ms`    | absolute due time, epoch ms, once it is known         |
 | `delay-cancel`    | a cancel marker: its value is the delay-id to cancel  |
 | `delay-reschedule`| a reschedule marker: its value is the delay-id to move  |
+| `delay-moved-by`  | a moved level message's copy: the marker that moved it |
 
 A reschedule marker also carries `delay-ms` (from its own append time) or
 `delay-due-ms`: the new due time.
@@ -53,6 +54,11 @@ H_RESCHEDULE: Final = "delay-reschedule"
 """A reschedule marker: its value is the delay-id to move, and `delay-ms` (from the
 marker's append time) or `delay-due-ms` (epoch ms) the new due time. Like a cancel it
 has no key or value."""
+
+H_MOVED_BY: Final = "delay-moved-by"
+"""On the copy of a level message a reschedule moved: `{append ms}:{partition}:{offset}`
+of that marker on the markers topic. The markers after it belong to this copy
+(`level.marker_verdict`)."""
 
 Headers = list[tuple[str, str | bytes | None]]
 """Headers in the list form confluent-kafka accepts and returns."""

@@ -58,6 +58,37 @@ def fnv1a(key: bytes) -> int:
     return h
 
 
+def murmur2(key: bytes) -> int:
+    """Kafka's murmur2 (the Java client's `Utils.murmur2`, librdkafka's `rd_murmur2`),
+    as a signed 32-bit result."""
+    m = 0x5BD1E995
+    length = len(key)
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    whole = length - length % 4
+    for i in range(0, whole, 4):
+        k = int.from_bytes(key[i : i + 4], "little")
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    rest = length % 4
+    if rest == 3:
+        h ^= key[whole + 2] << 16
+    if rest >= 2:
+        h ^= key[whole + 1] << 8
+    if rest >= 1:
+        h ^= key[whole]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def _murmur2(key: bytes, count: int) -> int | None:
+    return (murmur2(key) & 0x7FFFFFFF) % count
+
+
 def _crc32(key: bytes, count: int) -> int | None:
     return zlib.crc32(key) % count
 
@@ -76,6 +107,26 @@ _PLACES: Final[dict[str, Callable[[bytes, int], int | None]]] = {
     "fnv1a_random": _fnv1a,
     "fnv1a": _fnv1a,
 }
+
+
+_KEYED: Final[dict[str, Callable[[bytes, int], int | None]]] = {
+    **_PLACES,
+    "murmur2_random": _murmur2,
+    "murmur2": _murmur2,
+}
+"""Every hashing partitioner, murmur2 too: what `keyed_partition` needs, where no
+producer of the daemon's hashes the key for it."""
+
+
+def keyed_partition(partitioner: str | None, key: bytes | None, count: int) -> int | None:
+    """The partition among `count` that `partitioner` gives `key`, murmur2 (Java's, and
+    the meaning of no partitioner named) included; None where librdkafka would pick a
+    partition of its own (no key, an empty key under a `_random` partitioner, `random`),
+    which the caller then picks itself."""
+    if key is None:
+        return None
+    rule = _KEYED.get(partitioner or "murmur2")
+    return None if rule is None else rule(key, count)
 
 
 def place(partitioner: str | None, key: bytes | None, count: int) -> int | None:

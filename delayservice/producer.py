@@ -7,19 +7,29 @@ topic names come from the settings the daemon reads (`load_settings`: the
 `DELAYSERVICE_*` variables and the file `DELAYSERVICE_CONFIG` or `config_file=` names),
 so a producer deployed beside a daemon agrees with it.
 
+A level message goes to the partition of its level topic that the application's
+partitioner gives its key (a key's messages keep their order within a level; a message
+without a key goes to a partition picked for a while), and its id names the level, that
+partition and when it was sent (`level.ids`).
+
 With `precision="exact"` a delayed message goes instead to a precise topic, where the
 precise-mode daemon forwards it at exactly its due time (any delay up to `max_delay`):
 the precise topic up to `precise_far_after`, the far topic beyond, so that far-future
-messages are read by an intake of their own. `cancel()` can withdraw it and
-`reschedule()` move it before then, and say what the daemon did (`MarkerReceipt`). An
-exact message's id names the topic and the partition it was sent to (`ids.precise_id`),
-and its markers go there, so the instances holding the message read them however many
-partitions the topic has gained since.
+messages are read by an intake of their own. An exact message's id names the topic and
+the partition it was sent to (`ids.precise_id`).
+
+`cancel()` withdraws a message and `reschedule()` moves it, in both modes, and say what
+the daemon did (`MarkerReceipt`). A level message's markers go to the markers topic,
+which every daemon reads whole; an exact message's go to the partition its id names, so
+the instances holding the message read them however many partitions the topic has
+gained since.
 """
 
 from __future__ import annotations
 
+import random
 import time
+import zlib
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
@@ -41,7 +51,8 @@ from delayservice.envelope import (
     wrap,
 )
 from delayservice.errors import DelayServiceError
-from delayservice.levels import LevelSet
+from delayservice.level.ids import level_id, level_place
+from delayservice.levels import Level, LevelSet
 from delayservice.marker_receipt import (
     DeliveryCallback,
     MarkerReceipt,
@@ -63,6 +74,13 @@ __all__ = [
     "exact_timing",
     "precise_partition",
 ]
+STICKY_S: Final = 0.01
+"""How long messages without a key keep going to one partition of a level (librdkafka's
+`sticky.partitioning.linger.ms`): batches stay whole, and load still spreads."""
+MARKER_FLUSH_S: Final = 30.0
+"""How long a level cancel or reschedule waits for this producer's messages in flight,
+so that its marker never reaches the broker before the message it names."""
+
 Precision = Literal["level", "exact"]
 """`level`: the smallest level at least as long as the delay (the default). `exact`: the
 precise topic, delivered at the requested time."""
@@ -116,6 +134,8 @@ class DelayProducer:
         partition an undelayed send through this producer would reach."""
         self._partitions = TopicPartitions(self._producer)
         self._reply_config = connection_config(config)
+        self._sticky: dict[str, tuple[int, float]] = {}
+        """Level topic -> (the partition keyless messages go to, until when)."""
 
     def produce(
         self,
@@ -170,13 +190,14 @@ class DelayProducer:
                 return message_id
         else:
             delay_ms = delay_to_ms(delay, deliver_at)
-        message_id = new_id()
         if delay_ms is None:
             if partition >= 0:
                 kwargs["partition"] = partition
             self._producer.produce(topic, value, key, headers=user_headers, **kwargs)
-            return message_id
+            return new_id()
         level = self.levels.select(delay_ms)
+        kwargs["partition"] = self._level_partition(level, key)
+        message_id = level_id(level.index, kwargs["partition"])
         envelope = (
             Envelope(topic, delay_ms, message_id, partition)
             if partition >= 0
@@ -186,6 +207,22 @@ class DelayProducer:
             level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
         )
         return message_id
+
+    def _level_partition(self, level: Level, key: bytes | str | None) -> int:
+        """The partition of `level`'s topic for a message with `key`: the one this
+        producer's partitioner gives the key, as an undelayed send would be placed; a
+        sticky one for a message without a key (or under `random`)."""
+        count = self._partitions.count(level.topic, refresh=True)
+        raw = key.encode() if isinstance(key, str) else key
+        placed = partitioners.keyed_partition(self._partitioner, raw, count)
+        if placed is not None:
+            return placed
+        now = time.monotonic()
+        sticky = self._sticky.get(level.topic)
+        if sticky is None or sticky[1] <= now or sticky[0] >= count:
+            sticky = (random.randrange(count), now + STICKY_S)  # not security
+            self._sticky[level.topic] = sticky
+        return sticky[0]
 
     @overload
     def cancel(
@@ -213,20 +250,24 @@ class DelayProducer:
         wait: float | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> MarkerReceipt | MarkerReply:
-        """Ask the precise-mode daemon not to forward the message with `message_id`.
+        """Ask the daemon not to forward the message with `message_id`, level or exact.
 
-        Sends a cancel marker (no key, no value; headers `delay-v` and `delay-cancel`) to
-        the precise-topic partition that holds the message, so the instances holding it
-        read the cancel too: the one its id names (see `precise_partition`), however
-        many partitions the topic has now. It works whatever this producer's default
-        precision is. Only messages sent with `precision="exact"` can be cancelled: a
-        level-mode message waits in a level topic, and the daemon forwards it regardless.
+        Sends a cancel marker (no key, no value; headers `delay-v` and `delay-cancel`):
+        for a level message to the markers topic, which every daemon reads, after this
+        producer's messages in flight are acknowledged (so the marker never reaches the
+        broker before the message); for an exact one to the precise-topic partition its
+        id names (see `precise_partition`), however many partitions the topic has now.
+        It works whatever this producer's default precision is. A cancel the broker
+        acknowledges before the message is due is honoured (level mode: whatever
+        happens to the daemon; precise mode: once the daemon has read it).
 
-        With `wait` (seconds) it returns the daemon's reply: outcome `accepted` (the
-        message, if still pending, will not be delivered), `too_late` (already sent),
-        `unmatched` or `refused`; `NoReplyError` if none came in time. Without, it
-        returns a `MarkerReceipt` at once, whose `reply(timeout)` waits later.
-        `on_delivery` reports where the marker landed, as for `produce()`.
+        With `wait` (seconds) it returns the daemon's reply: `applied` when it will not
+        be delivered (outcome `cancelled` for a level message, `accepted` for an exact
+        one), else `too_late` (it was due first), `unmatched` (no such message there; an
+        id from before level ids named their place) or `refused`; `NoReplyError` if none
+        came in time. Without, it returns a `MarkerReceipt` at once, whose
+        `reply(timeout)` waits later. `on_delivery` reports where the marker landed, as
+        for `produce()`.
         """
         _check_id(message_id)
         headers: Headers = [(H_VERSION, str(VERSION).encode()), (H_CANCEL, message_id.encode())]
@@ -275,16 +316,17 @@ class DelayProducer:
         wait: float | None = None,
         on_delivery: DeliveryCallback | None = None,
     ) -> MarkerReceipt | MarkerReply:
-        """Move a pending exact message to a new due time, earlier or later.
+        """Move a pending message, level or exact, to a new due time, earlier or later.
 
         Sends a reschedule marker (no key, no value; headers `delay-v`,
-        `delay-reschedule`, and `delay-ms` or `delay-due-ms`) to the partition that
-        holds the message, as `cancel` does. `delay` counts from when the broker
-        appends the marker; `deliver_at` is an absolute time. The message keeps its id,
-        key, value and headers and is delivered once, at the new time; never earlier
-        than the daemon reads the marker, so a time in the past means now. A cancel
-        always wins over a reschedule, whichever came first. A time beyond `max_delay`
-        raises `DelayTooLongError` before anything is sent.
+        `delay-reschedule`, and `delay-ms` or `delay-due-ms`) where `cancel` sends a
+        cancel. `delay` counts from when the broker appends the marker; `deliver_at` is
+        an absolute time. The message keeps its id, key, value and headers and is
+        delivered once: an exact one at the new time; a level one at the smallest level
+        at least as long as what is left then, never before the new time. A time in the
+        past means now. A cancel always wins over a reschedule, whichever came first. A
+        time beyond `max_delay` (exact) or the top level (level) raises
+        `DelayTooLongError` before anything is sent.
 
         With `wait` (seconds) it returns the daemon's reply: outcome `moved` (with the
         new `due_ms`), `too_late` (already sent), `unmatched`, `cancelled` or
@@ -293,7 +335,10 @@ class DelayProducer:
         _check_id(message_id)
         if delay is None and deliver_at is None:
             raise ValueError("pass delay= or deliver_at=")
-        timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
+        if self._marker_home(message_id)[2]:
+            timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
+        else:
+            timing = exact_timing(delay, deliver_at, self.levels.max_delay_ms, "the top level")
         delay_ms, due_ms = timing if timing is not None else (0, None)
         headers: Headers = [
             (H_VERSION, str(VERSION).encode()),
@@ -313,35 +358,46 @@ class DelayProducer:
         on_delivery: DeliveryCallback | None,
         wait: float | None,
     ) -> MarkerReceipt:
-        """Send a cancel or reschedule marker to where the message is: the topic and
-        partition its id names, else (a hand-made or older id) crc32 of the id over
-        the precise topic's partitions. A caller who waits for the reply hears that the
+        """Send a cancel or reschedule marker to where the daemon holding the message
+        reads it (`_marker_home`). A caller who waits for the reply hears that the
         outcomes topic is missing before anything is sent."""
-        settings = self._exact_settings()
-        if wait is not None and not self._partitions.exists(settings.precise_outcomes_topic):
+        topic, outcomes, exact = self._marker_home(message_id)
+        if wait is not None and not self._partitions.exists(outcomes):
             from delayservice.status.marker_outcome import unavailable
 
-            raise unavailable(settings.precise_outcomes_topic)
+            raise unavailable(outcomes)
         place = named_place(message_id)
         if place is not None:
-            topic = settings.precise_far_topic if place.far else settings.precise_topic
             partition = place.partition
-        else:
-            topic = settings.precise_topic
+        elif exact:
             partition = precise_partition(message_id, self._partitions.count(topic))
+        else:
+            partition = zlib.crc32(message_id.encode()) % self._partitions.count(topic)
+            if len(self._producer):  # its message may still be on its way: let it land first
+                self._producer.flush(MARKER_FLUSH_S)
         receipt = MarkerReceipt(
-            kind,
-            message_id,
-            self._producer.poll,
-            self._reply_config,
-            settings.precise_outcomes_topic,
-            on_delivery,
+            kind, message_id, self._producer.poll, self._reply_config, outcomes, on_delivery
         )
         self._producer.produce(
             topic, None, None, partition=partition, headers=headers,
             on_delivery=receipt.on_delivery,
         )  # fmt: skip
         return receipt
+
+    def _marker_home(self, message_id: str) -> tuple[str, str, bool]:
+        """(the topic a marker of `message_id` goes to, where it is answered, whether the
+        message is exact). An exact id names its topic; a level id, and with precise
+        mode off any other id (a level id from before ids named their place: the
+        daemon answers `unmatched`), goes to the markers topic; with precise mode on,
+        an id of no known form goes to the precise topic, as it always did."""
+        settings = self._exact_settings()
+        place = named_place(message_id)
+        if place is not None:
+            topic = settings.precise_far_topic if place.far else settings.precise_topic
+            return topic, settings.precise_outcomes_topic, True
+        if level_place(message_id) is None and settings.precise:
+            return settings.precise_topic, settings.precise_outcomes_topic, True
+        return settings.markers_topic, settings.markers_outcomes_topic, False
 
     def _precise_route(self, delay_ms: int, due_ms: int | None) -> tuple[str, bool]:
         """The precise topic for a message due within `precise_far_after`, else the

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     levels: str = Field(DEFAULT_LEVELS, description="Delay levels, smallest first, e.g. 5s,1m,2h.")
     topic_prefix: str = Field(DEFAULT_TOPIC_PREFIX, description="Level N lives in PREFIX + N.")
     dead_letter_topic: str = Field("delay_dead_letter", description="Where bad records go.")
+    markers_topic: str = Field(
+        "delay_markers",
+        description="Where cancel and reschedule markers of level messages go; the daemon "
+        "answers each on MARKERS_TOPIC_outcomes.",
+    )
     group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
     partitions: int = Field(
         3, ge=1, le=2**31 - 1, description="Partitions per level topic (topics create)."
@@ -406,6 +411,22 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _marker_topics(self) -> Settings:
+        """The level markers topic and its outcomes topic are names Kafka takes, and
+        neither is a topic of another kind: a marker read as a delayed record (or one
+        read as a marker) would be dead-lettered or ignored."""
+        own = {level.topic: f"level {level.name}'s topic" for level in self.level_set()}
+        own[self.dead_letter_topic] = "the dead-letter topic"
+        own.update(dict.fromkeys(self.precise_topics(), "a precise-mode topic"))
+        for name in self.marker_topics():
+            reason = invalid_reason(name)
+            if reason is not None:
+                raise ConfigError("markers_topic", f"{name!r}: {reason}")
+            if name in own:
+                raise ConfigError("markers_topic", f"{name} is also {own[name]}")
+        return self
+
+    @model_validator(mode="after")
     def _precise_membership(self) -> Settings:
         """A member index outside the group would own no partition, and a second copy
         on the owner itself would not survive the loss of its disk."""
@@ -466,6 +487,16 @@ class Settings(BaseSettings):
             self.precise_outcomes_topic,
         )
 
+    @property
+    def markers_outcomes_topic(self) -> str:
+        """Where the daemon answers each level marker with what it did
+        (`level.marker_answers`)."""
+        return f"{self.markers_topic}_outcomes"
+
+    def marker_topics(self) -> tuple[str, str]:
+        """The level markers topic and its outcomes topic."""
+        return self.markers_topic, self.markers_outcomes_topic
+
     def commit_interval(self) -> float:
         """The commit interval in force: exactly-once readers wait for it, so it is short."""
         if self.commit_interval_s is not None:
@@ -480,7 +511,7 @@ class Settings(BaseSettings):
         forwarding into one would loop or corrupt it."""
         return frozenset(
             {level.topic for level in self.level_set()}
-            | {self.dead_letter_topic, *self.precise_topics()}
+            | {self.dead_letter_topic, *self.precise_topics(), *self.marker_topics()}
         )
 
     def __repr_args__(self) -> Any:

@@ -154,6 +154,7 @@ class Testbed:
             "levels": "1s,2s,3s",
             "topic_prefix": f"dt-{self.tag}-",
             "dead_letter_topic": f"dlq-{self.tag}",
+            "markers_topic": f"dm-{self.tag}",
             "group_id": f"ds-{self.tag}",
             "metrics_port": 0,
             "metrics_host": "127.0.0.1",

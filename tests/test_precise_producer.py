@@ -218,8 +218,8 @@ def test_a_missing_precise_topic_says_how_to_create_it_and_is_not_remembered(fak
 
 def test_unreachable_metadata_is_a_retriable_error_naming_the_topic(fake):
     fake.failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
-    producer = _producer()
-    with pytest.raises(DelayServiceError, match=f"precise topic {PRECISE}") as caught:
+    producer = _producer(precise=True)  # an id of no known form goes to the precise topic
+    with pytest.raises(DelayServiceError, match=f"partitions of {PRECISE}: broker down") as caught:
         producer.cancel("abc")
     assert caught.value.retriable
     assert caught.value.code == KafkaError._TRANSPORT
@@ -254,6 +254,7 @@ def test_a_level_producer_given_only_levels_reads_settings_only_when_it_needs_th
     """Today's `levels=` producers never read the environment; cancel and exact sends
     need the precise topic, so they load the settings then (and their errors show)."""
     monkeypatch.setenv("DELAYSERVICE_PRECISE_TOPIC", "from-env")
+    monkeypatch.setenv("DELAYSERVICE_PRECISE", "true")  # an id of no known form goes there
     monkeypatch.setenv("DELAYSERVICE_PRECISE_MEMBER", "5")  # invalid: 1 member
     producer = DelayProducer({}, levels=LevelSet.parse("1s"))
     producer.produce("orders", b"v", delay=1)

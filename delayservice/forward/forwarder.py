@@ -407,6 +407,8 @@ class Forwarder:
             finally:
                 self.group.settle()
             self.sender.poll(0)
+        if self.sender.markers_waiting():
+            self._serve_markers()
         since = clock.monotonic() - self._last_commit
         if commit or (
             (interval or self._ledger_pending())
@@ -574,6 +576,13 @@ class Forwarder:
                     self.group.put_back(later, rest)
                 return
 
+    def _serve_markers(self) -> None:
+        """Level mode: answer new markers and move their messages now (in the open
+        transaction, exactly-once; `level.marker_actions`)."""
+        if self.transactional and not self._txn.open:
+            self._txn.begin()
+        self.sender.serve_markers()
+
     def _unsent(self, runs: Runs) -> None:
         """A send raised past the sender (a producer gone fatal, or a bug): which records
         of the first run went out is unknown, so it goes back whole with every run after
@@ -682,7 +691,7 @@ class Forwarder:
             self._metrics.dead_lettered.labels(self.levels[doom_spot[0]].name, doom.reason).inc()
             if doom.stub:
                 self._m_stubs[doom_spot[0]].inc()
-        for spot in interval.rerouted:
+        for spot in (*interval.rerouted, *interval.withdrawn):
             forwarded[spot[0]] -= 1
         lateness = interval.take_lateness()
         runs = interval.settle(offsets)

@@ -16,11 +16,27 @@ re-published, dead letters, lateness, failed deliveries), `Failures` reads them.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any
+from typing import Any, Protocol
 
 from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.failures import Doom, Key, Report
 from delayservice.forward.held_record import offset_of
+
+
+class Listener(Protocol):
+    """Told how each interval ends, for decisions taken beside its records (level
+    mode's markers: `level.marker_actions`)."""
+
+    def open(self) -> bool:
+        """Whether it holds decisions this interval must commit."""
+        ...
+
+    def settled(self) -> None: ...
+
+    def dropped(self, spots: set[Key] | None = None, tps: set[TP] | None = None) -> None:
+        """All of them (no argument), or those about `spots` or `tps`, will not commit."""
+        ...
+
 
 Waiting = dict[TP, dict[int, tuple[int, Any]]]
 """At-least-once: partition -> offset -> (not before, epoch ms; record), for records that
@@ -44,14 +60,17 @@ class OpenInterval:
         """Records re-published to another delay topic, and where."""
         self.dead_sent: dict[Key, Doom] = {}
         """Dead letters sent, counted once they commit."""
+        self.withdrawn: dict[Key, str] = {}
+        """Records a marker withdrew (sent nowhere, committed), and why."""
+        self.listener: Listener | None = None
         self.lateness: dict[str, list[tuple[int, int]]] = {}
         """Per delay topic, (ms between due time and send, forwards)."""
         self.reports: list[Report] = []
         """Failed deliveries, filled while the producer is served (poll, flush)."""
 
     def __bool__(self) -> bool:
-        """Whether anything was sent since the last commit point."""
-        return bool(self.runs)
+        """Whether anything was sent (or decided) since the last commit point."""
+        return bool(self.runs) or (self.listener is not None and self.listener.open())
 
     def took(self, tp: TP) -> None:
         """Records of `tp` are about to be sent: note which assignment they came from."""
@@ -87,11 +106,14 @@ class OpenInterval:
                     self.waiting.setdefault(tp, {})[spot[2]] = (now_ms + wait, record)
                     self.dead_sent.pop(spot, None)
                     self.rerouted.pop(spot, None)
+                    self.withdrawn.pop(spot, None)
                 else:
                     stay.append(record)
             if stay:
                 kept.append((tp, stay))
         self.runs = kept
+        if self.listener is not None and again:
+            self.listener.dropped(spots=set(again))
 
     def waiting_until_ms(self) -> int | None:
         """When the first record set aside may go again."""
@@ -119,6 +141,9 @@ class OpenInterval:
         self.taken_from = {tp: i for tp, i in self.taken_from.items() if tp in self.waiting}
         self.rerouted.clear()
         self.dead_sent.clear()
+        self.withdrawn.clear()
+        if self.listener is not None:
+            self.listener.settled()
         return runs
 
     def take_lateness(self) -> dict[str, list[tuple[int, int]]]:
@@ -155,6 +180,8 @@ class OpenInterval:
     def drop(self, tps: set[TP]) -> None:
         """What was sent of `tps` never commits here (they were lost)."""
         self.runs = [(tp, r) for tp, r in self.runs if tp not in tps]
+        if self.listener is not None:
+            self.listener.dropped(tps=tps)
 
     def forget(self, tps: set[TP]) -> None:
         """`tps` are no longer this forwarder's: every trace of them goes."""
@@ -162,7 +189,7 @@ class OpenInterval:
         for table in (self.sent_through, self.committed, self.waiting, self.taken_from):
             for tp in tps:
                 table.pop(tp, None)
-        for notes in (self.rerouted, self.dead_sent):
+        for notes in (self.rerouted, self.dead_sent, self.withdrawn):
             for spot in [s for s in notes if s[:2] in tps]:
                 del notes[spot]
 
@@ -170,4 +197,7 @@ class OpenInterval:
         self.taken_from = {tp: i for tp, i in self.taken_from.items() if tp in self.waiting}
         self.rerouted.clear()
         self.dead_sent.clear()
+        self.withdrawn.clear()
         self.lateness = {}
+        if self.listener is not None:
+            self.listener.dropped()

@@ -42,6 +42,7 @@ from delayservice.forward.failures import (
     dead_letter_copy,
     permanent_reason,
 )
+from delayservice.forward.held_record import record_of
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.client_errors import error_of, is_fatal
@@ -80,6 +81,9 @@ class Routes:
     """Precise mode: every delay is the record's own, checked when it was read (and its
     records come with their envelope read), so nothing here is re-published or out of
     range."""
+    markers: Any = None
+    """Level mode: the worker's side of cancel and reschedule
+    (`level.marker_actions.WorkerMarkers`); None where markers are not read."""
 
 
 class ForwarderFatalError(DelayServiceError):
@@ -225,6 +229,14 @@ class RecordSender:
         self._sending = tp[0]
         if self._routes.exact:
             return self._send_held(tp, records)
+        markers = self._routes.markers
+        if markers is not None:
+            marked = markers.screen(tp, records)
+            if marked:
+                return self._send_screened(tp, records, marked)
+        return self._send_plain(tp, records)
+
+    def _send_plain(self, tp: TP, records: list[Any]) -> int:
         failures = self.failures
         return int(
             self._fast.send_held_run(
@@ -241,6 +253,25 @@ class RecordSender:
                 partitioners.place,
             )
         )
+
+    def _send_screened(self, tp: TP, records: list[Any], marked: list[int]) -> int:
+        """`send_run` for a run where a marker may concern the records at `marked`: those
+        take the full path (`_send_one`, which asks the markers), the rest go as usual."""
+        start = 0
+        now_ms = int(self._clock.time() * 1000)
+        for position in [*marked, len(records)]:
+            if position > start:
+                sent = self._send_plain(tp, records[start:position])
+                if sent < position - start:
+                    return start + sent
+            if position == len(records):
+                break
+            try:
+                self._send_one(tp, record_of(tp, records[position]), now_ms)
+            except SendLaterError:
+                return position
+            start = position + 1
+        return len(records)
 
     def _partition_count(self, target: str) -> int:
         """The partition count of a valid, existing target, 0 otherwise."""
@@ -318,7 +349,7 @@ class RecordSender:
             return None
         return count if type(count) is int else None
 
-    def _send_one(self, tp: TP, record: Any, now_ms: int) -> None:  # noqa: PLR0912
+    def _send_one(self, tp: TP, record: Any, now_ms: int) -> None:  # noqa: PLR0912, PLR0915
         """Everything but the common case: the full envelope check, re-publishing,
         dead letters, records sent with a callback of their own. Raises only
         `SendLaterError` (and `ForwarderFatalError`)."""
@@ -338,6 +369,10 @@ class RecordSender:
                 self._dead_letter(tp, record, UNREADABLE_DOOM)
                 return
             envelope, user = self._envelope(record)
+            marked_due = self._marked(tp, record, envelope, due)
+            if marked_due is None:
+                return  # a marker withdrew it, or moved it: nothing to forward
+            due = marked_due
             target = envelope.target
             problem = self._names.problem(target) or (
                 None if exact else self._out_of_range(envelope, due, level)
@@ -387,6 +422,15 @@ class RecordSender:
             self._dead_letter_safely(
                 tp, record, Doom(dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
             )
+
+    def _marked(self, tp: TP, record: Any, envelope: Envelope, due: int) -> int | None:
+        """The due time to forward `record` with, as its id's markers decide (None:
+        withdrawn or moved); `due` when no marker names it."""
+        markers = self._routes.markers
+        if markers is None or not markers.has(envelope.id):
+            return due
+        decided: int | None = markers.decide(tp, record, envelope, due, self)
+        return decided
 
     def _envelope(self, record: Any) -> tuple[Envelope, Headers]:
         """A record's envelope and the user's headers (a copy, to append to). Precise
@@ -527,16 +571,69 @@ class RecordSender:
             topic, delay_ms = routes.precise_topic, 0
         else:
             topic, delay_ms = routes.levels.select(max(1, remaining)).topic, remaining
-        raw = read_headers(record)
-        headers = [
-            (n, v)
-            for n, v in (raw if isinstance(raw, list) else [])
-            if n not in (H_DUE_MS, H_DELAY_MS)
-        ]
-        headers.append((H_DELAY_MS, str(delay_ms).encode()))
-        headers.append((H_DUE_MS, str(target_due).encode()))
-        self._produce(self._producer.produce, topic, record.value(), record.key(), headers, None)
+        extra = [(H_DELAY_MS, str(delay_ms).encode()), (H_DUE_MS, str(target_due).encode())]
+        self.republish(tp, record, topic, None, extra)
         self._interval.rerouted[(tp[0], tp[1], record.offset() or 0)] = topic
+
+    def republish(
+        self,
+        tp: TP,
+        record: Any,
+        topic: str,
+        partition: int | None,
+        extra: list[tuple[str, Any]],
+    ) -> None:
+        """Produce `record` again to the delay topic `topic` (on `partition`, or where
+        the producer puts it), its headers' `extra` names replaced by `extra`."""
+        raw = read_headers(record)
+        names = {name for name, _ in extra}
+        headers = [(n, v) for n, v in (raw if isinstance(raw, list) else []) if n not in names]
+        headers.extend(extra)
+        self._produce(
+            self._producer.produce, topic, record.value(), record.key(), headers, partition
+        )
+
+    # -- what the markers of level mode ask of the sender (`level.marker_actions`) --------
+    def withdraw(self, spot: Key, outcome: str) -> None:
+        """A marker withdrew this record: it goes nowhere, and its offset commits."""
+        self._interval.withdrawn[spot] = outcome
+
+    def rerouted(self, spot: Key, topic: str) -> None:
+        self._interval.rerouted[spot] = topic
+
+    def partition_count(self, topic: str) -> int:
+        """The partition count of a topic (a level's), or `DelayServiceError`."""
+        count = self._targets.partitions(topic)
+        if type(count) is not int:
+            raise DelayServiceError(f"cannot place a copy on {topic}: {count}", retriable=True)
+        return count
+
+    def envelope_of(self, record: Any) -> Envelope | None:
+        """A queued record's envelope, None when it has none that reads."""
+        try:
+            return self._envelope(record)[0]
+        except (EnvelopeError, TypeError):
+            return None
+
+    def answer(
+        self, topic: str, value: bytes, key: bytes, on_delivery: Callable[[Any, Any], None]
+    ) -> None:
+        """Produce an answer to a marker (in the open transaction, exactly-once)."""
+        produce = functools.partial(self._producer.produce, on_delivery=on_delivery)
+        self._produce(produce, topic, value, key, None, None)
+
+    def markers_waiting(self) -> bool:
+        markers = self._routes.markers
+        return markers is not None and bool(markers.waiting())
+
+    def serve_markers(self) -> None:
+        """Answer new markers and move their messages now, where they are queued here.
+        A failure leaves them for the next pass."""
+        try:
+            self._routes.markers.serve(self)
+        except (SendLaterError, DelayServiceError, KafkaException) as exc:
+            if self._throttle.allow("markers") is not None:
+                log.warning("%s: markers wait: %s", self._worker, exc)
 
     def _dead_letter(self, tp: TP, record: Message, doom: Doom) -> None:
         held_back = self._throttle.allow(("dead-letter", doom.reason))

@@ -6,6 +6,11 @@ each partition's head is its earliest-due record and producer clock skew cannot 
 a record early. Retention must be well above the level's delay, or a paused backlog
 could be deleted before it is forwarded.
 
+Two for cancel and reschedule of level messages: the markers topic (one partition,
+LogAppendTime, since a marker counts if its append time is before its message's due
+time, and kept as long as a level topic, since a restarted daemon reads it again for
+every message still waiting) and its outcomes topic, where the daemon answers them.
+
 With `precise` on, five more: the precise topic and the far topic (LogAppendTime too,
 since due times count from their append time; their records wait in the daemon's
 wheels, not in Kafka, so retention only has to cover an unread backlog), a done topic
@@ -84,9 +89,37 @@ def wanted(settings: Settings) -> list[TopicSpec]:
             {"retention.ms": str(base_retention)},
         )
     )
+    specs.extend(_marker_specs(settings, base_retention))
     if settings.precise:
         specs.extend(_precise_specs(settings, base_retention))
     return specs
+
+
+def _marker_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
+    """One partition each: every daemon reads all of the markers topic (any of them may
+    come to own the partition a marker names), and all its markers in one order; a
+    sender waiting for an answer reads the outcomes topic from its end."""
+    top = min_retention_ms(settings.level_set().max_delay_ms)
+    return [
+        TopicSpec(
+            settings.markers_topic,
+            "level markers",
+            1,
+            settings.replication_factor,
+            {
+                "message.timestamp.type": LOG_APPEND_TIME,
+                "retention.ms": str(max(base_retention, top)),
+            },
+            top,
+        ),
+        TopicSpec(
+            settings.markers_outcomes_topic,
+            "level outcomes",
+            1,
+            settings.replication_factor,
+            {"retention.ms": str(base_retention)},
+        ),
+    ]
 
 
 def _precise_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:

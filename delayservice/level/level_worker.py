@@ -21,6 +21,7 @@ from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.layout import OtherLayout, WorkerPlan
+from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level
@@ -40,12 +41,14 @@ class LevelWorker:
         on_fatal: Callable[[str], None],
         make_producer: Callable[[dict[str, Any]], Any] = Producer,
         broker_clock: BrokerClock | None = None,
+        markers: LevelMarkers | None = None,
     ) -> None:
         """One consumer, one forwarder thread and one producer (one transaction) for the
         levels of `plan`: a commit point flushes (or commits the transaction of)
         exactly what this worker sent. Due times are met by `broker_clock` (the
         process's, shared by its workers: this host's clock held back to the
-        broker's)."""
+        broker's). `markers`: the process's cancels and reschedules (the daemon always
+        gives them; without, nothing waits for markers and none is honoured)."""
         clock = broker_clock if broker_clock is not None else BrokerClock()
         self.name = plan.name
         self.levels = plan.levels
@@ -56,10 +59,12 @@ class LevelWorker:
             level.topic: metrics.level_mismatches.labels(level.name, "not_append_time")
             for level in plan.levels
         }
+        view = markers.for_worker(plan.name) if markers is not None else None
         self.group = PartitionGroup(
             [(lv.topic, lv.delay_ms, all_levels.previous_delay_ms(lv)) for lv in plan.levels],
             clock.time,
             lambda topic, count: mismatches[topic].inc(count),
+            view,
         )
         budget.register(self.group)
         routes = Routes(
@@ -67,6 +72,7 @@ class LevelWorker:
             settings.precise_topic if settings.precise else None,
             settings.dead_letter_topic,
             settings.internal_topics(),
+            markers=view,
         )
         self.forwarder = build_forwarder(
             plan.levels,
@@ -81,6 +87,7 @@ class LevelWorker:
             transactional_id=plan.transactional_id if exactly_once else None,
             clock=clock,
         )
+        self.forwarder.interval.listener = view
 
         def make_consumer(callbacks: dict[str, Any]) -> ConsumerClient:
             config = client_config.consumer(settings, plan.group_id, client_id, plan.member_id)

@@ -28,17 +28,21 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Message
 
 from delayservice.forward import speedups
 from delayservice.forward.buffer import NEVER, TP, Alarm, Runs
 from delayservice.forward.held_record import DUE, HeldView, entry_bytes
+
+if TYPE_CHECKING:
+    from delayservice.level.marker_actions import WorkerMarkers
 
 Clock = Callable[[], float]
 RECORD_KEY_ALLOWANCE: Final = 64
@@ -60,11 +64,13 @@ class PartitionGroup:
         delays: Iterable[tuple[str, int, int]],
         clock: Clock = time.time,
         on_not_append_time: Callable[[str, int], None] | None = None,
+        markers: WorkerMarkers | None = None,
     ) -> None:
         """`delays`: (topic, its level's delay, the next shorter level's delay) of each
         level served; envelopes asking for no more than the shorter one belong there.
         `on_not_append_time(topic, n)`: n records admitted without a broker-written
-        timestamp."""
+        timestamp. `markers`: its worker's cancels and reschedules; nothing is taken
+        that is due after the markers read (`MarkerGate`)."""
         self._delays = {topic: (delay, previous) for topic, delay, previous in delays}
         self._clock = clock
         self._on_not_append = on_not_append_time
@@ -107,6 +113,10 @@ class PartitionGroup:
         self.peak_partition_buffered = 0
         self._alarm = Alarm(self._cond, clock)
         self._hold_run = speedups.fast_path().hold_run
+        self._markers = markers
+        if markers is not None:
+            markers.queue_of = self.queues.get
+            markers.due_of = self.due_of
 
     @property
     def topics(self) -> list[str]:
@@ -121,6 +131,8 @@ class PartitionGroup:
             self.queues.setdefault(tp, deque())
             self.counts.setdefault(tp, 0)
             self.bytes.setdefault(tp, 0)
+        if self._markers is not None:
+            self._markers.assigned(tp)
 
     def add(self, tp: TP, records: list[Message], size: int, read_ms: int) -> None:
         """Hand over `records` (in offset order) of `tp`, `size` payload bytes in all,
@@ -129,7 +141,10 @@ class PartitionGroup:
             return
         kind, stamp = records[0].timestamp()
         delay = self._delays[tp[0]][0]
-        first_due = (stamp if kind == TIMESTAMP_LOG_APPEND_TIME else read_ms) + delay
+        appended = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else read_ms
+        first_due = appended + delay
+        if self._markers is not None:
+            self._markers.need(tp, appended)  # before the forwarder can take them
         with self._cond:
             incarnation = self.incarnations.get(tp)
             if incarnation is None:
@@ -178,6 +193,8 @@ class PartitionGroup:
                 self._heap = [entry for entry in self._heap if entry[1] not in tps]
                 heapq.heapify(self._heap)
             self._drained.notify_all()
+        if self._markers is not None:
+            self._markers.released(tps)
 
     def _uncount(self, topic: str, count: int, size: int) -> None:
         if topic in self.held:
@@ -218,7 +235,12 @@ class PartitionGroup:
 
     def retire(self, runs: Runs) -> None:
         """These records are committed and never go again: the due times kept for those
-        without a broker-written timestamp go with them."""
+        without a broker-written timestamp go with them, and (with markers) no marker
+        older than the lead before them is needed for their partition any more."""
+        if self._markers is not None:
+            for tp, records in runs:
+                if records and tp[0] in self._delays:
+                    self._markers.progress(tp, self._appended(tp, records[-1]))
         if not self.overrides:
             return
         with self._cond:
@@ -229,9 +251,31 @@ class PartitionGroup:
                         if type(record) is not tuple and type(record) is not HeldView:
                             over.pop(record.offset() or 0, None)
 
+    def _appended(self, tp: TP, record: Any) -> int:
+        """A queued record's append time: a held one's due time less its level's delay."""
+        if type(record) is tuple:
+            return int(record[DUE]) - self._delays[tp[0]][0]
+        if type(record) is HeldView:
+            return record.due_ms - self._delays[tp[0]][0]
+        return int(record.timestamp()[1])
+
     def wait(self, deadline: float) -> None:
-        """Sleep until the earliest head is due, `deadline` (clock seconds) or `wake`."""
-        self._alarm.sleep(deadline, self._head_s)
+        """Sleep until the earliest head may be taken, `deadline` (clock seconds) or
+        `wake`."""
+        self._alarm.sleep(deadline, self._ready_s)
+
+    def _ready_s(self) -> float:
+        """When the earliest head may be taken: its due time, once the markers are read
+        through it; until then it waits for the reader to wake it (NEVER)."""
+        head = self._head_s()
+        markers = self._markers
+        if markers is None or head == NEVER:
+            return head
+        due_ms = math.ceil(head * 1000)
+        if due_ms <= markers.through_ms():
+            return head
+        markers.want(id(self), due_ms, self.wake)
+        return head if head > self._clock() else NEVER
 
     def _head_s(self) -> float:
         head = self._heap[0][0] / 1000 if self._heap else NEVER
@@ -317,6 +361,8 @@ class PartitionGroup:
         runs, earliest head first. Never a record before its due time."""
         self.admit()
         now_ms = int(self._clock() * 1000)
+        if self._markers is not None:
+            now_ms = min(now_ms, self._markers.through_ms())
         out: Runs = []
         taken = 0
         due_of = self.due_of

@@ -211,6 +211,30 @@ class ServiceMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.level_markers = Counter(
+            "delayservice_level_markers",
+            "Cancel and reschedule markers of level messages answered, by the level their "
+            "id names (- for none) and outcome: cancelled (the message will not be "
+            "delivered), moved (it is due at the new time), too_late (it was due before "
+            "the marker), unmatched (no message with the id was there), refused (a marker "
+            "that cannot be read, an unknown level or partition, a time beyond the top "
+            "level).",
+            ["level", "kind", "outcome"],
+            registry=registry,
+        )
+        self.level_markers_kept = Gauge(
+            "delayservice_level_markers_kept",
+            "Level markers in memory, by kind: those a record still waiting may need, "
+            "bounded by the markers sent within twice the top level's delay.",
+            ["kind"],
+            registry=registry,
+        )
+        self.level_markers_lag = Gauge(
+            "delayservice_level_markers_lag_seconds",
+            "How far behind now the level markers are read through: a level record due "
+            "later than that waits for them (late, never early).",
+            registry=registry,
+        )
         self.precise_takeovers = Counter(
             "delayservice_precise_takeovers",
             "Replica copies forwarded because the owner had not reported them done after "

@@ -11,7 +11,10 @@ between reads the marker again and answers it again (a move already done is answ
 by them. Readers take the first reply per key.
 
 Value: JSON `{"v": 1, "kind": "cancel" | "reschedule", "id", "outcome", "due_ms"
-(a move's new due time, else null), "member", "role"}`.
+(a move's new due time, else null), "member", "role"}`. Level mode answers on its own
+outcomes topic in the same form (`level.marker_answers`), with "member" and "role" null
+and two more fields when they say something: "reason" (why a marker was not applied)
+and "copy" (`topic:partition` where a moved message's copy was written).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ RESCHEDULE: Final = "reschedule"
 APPLIED: Final = frozenset({"accepted", "moved"})
 """Outcomes that did what the marker asked: a cancel kept (the message, if pending,
 will not be delivered), a message moved."""
+CANCELLED: Final = "cancelled"
+"""Level mode's answer to a cancel it kept (precise mode says `accepted`); to a
+reschedule, in both modes, that a cancel came first."""
 
 
 def reply_key(topic: str, partition: int, offset: int) -> bytes:
@@ -49,24 +55,29 @@ class MarkerReply:
     due_ms: int | None = None
     member: int | None = None
     role: str | None = None
+    reason: str | None = None
+    copy: str | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "v": VERSION,
-                "kind": self.kind,
-                "id": self.message_id,
-                "outcome": self.outcome,
-                "due_ms": self.due_ms,
-                "member": self.member,
-                "role": self.role,
-            },
-            separators=(",", ":"),
-        ).encode()
+        fields: dict[str, Any] = {
+            "v": VERSION,
+            "kind": self.kind,
+            "id": self.message_id,
+            "outcome": self.outcome,
+            "due_ms": self.due_ms,
+            "member": self.member,
+            "role": self.role,
+        }
+        if self.reason is not None:
+            fields["reason"] = self.reason
+        if self.copy is not None:
+            fields["copy"] = self.copy
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @property
     def applied(self) -> bool:
-        return self.outcome in APPLIED
+        """Whether the marker did what it asked (a level cancel says `cancelled`)."""
+        return self.outcome in APPLIED or (self.kind == CANCEL and self.outcome == CANCELLED)
 
 
 def parse_reply(raw: bytes | None) -> MarkerReply | None:
@@ -78,15 +89,16 @@ def parse_reply(raw: bytes | None) -> MarkerReply | None:
             return None
         kind, message_id, outcome = data["kind"], data["id"], data["outcome"]
         due_ms, member, role = data.get("due_ms"), data.get("member"), data.get("role")
+        reason, copy = data.get("reason"), data.get("copy")
         if not all(isinstance(x, str) for x in (kind, message_id, outcome)):
             return None
         if not all(x is None or type(x) is int for x in (due_ms, member)):
             return None
-        if role is not None and not isinstance(role, str):
+        if not all(x is None or isinstance(x, str) for x in (role, reason, copy)):
             return None
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
-    return MarkerReply(kind, message_id, outcome, due_ms, member, role)
+    return MarkerReply(kind, message_id, outcome, due_ms, member, role, reason, copy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,8 @@
-"""How many partitions each precise topic has, as a producer sees it.
+"""How many partitions each topic a producer sends delayed messages to has, as it sees
+them: the precise topics, the level topics and the markers topic.
 
-An exact send picks its partition from the count (`ids.precise_id`), so a count known
+An exact send picks its partition from the count (`ids.precise_id`), a level send from
+its key over the count (`DelayProducer`), so a count known
 is kept (partitions are never removed, so it stays valid) and refreshed at most every
 `REFRESH_S`: producers start using partitions added to a topic within that long, and a
 failed refresh changes nothing. A marker needs no count at all when its id names its
@@ -18,9 +20,9 @@ from confluent_kafka import KafkaException
 from delayservice.errors import DelayServiceError
 
 METADATA_TIMEOUT_S: Final = 10.0
-"""How long the first exact send or marker to a topic waits for its partition count."""
+"""How long the first delayed send or marker to a topic waits for its partition count."""
 REFRESH_S: Final = 300.0
-"""How often exact sends look for partitions a topic has gained (librdkafka's
+"""How often sends look for partitions a topic has gained (librdkafka's
 `topic.metadata.refresh.interval.ms` default)."""
 REFRESH_TIMEOUT_S: Final = 2.0
 
@@ -62,7 +64,7 @@ class TopicPartitions:
         except KafkaException as exc:
             error = exc.args[0]
             raise DelayServiceError(
-                f"cannot read the partitions of the precise topic {topic}: {error.str()}",
+                f"cannot read the partitions of {topic}: {error.str()}",
                 code=error.code(),
                 retriable=True,
             ) from exc
@@ -70,8 +72,8 @@ class TopicPartitions:
         if info is None or info.error is not None or not info.partitions:
             problem = info.error.str() if info is not None and info.error else "no partitions"
             raise DelayServiceError(
-                f"the precise topic {topic} is not available ({problem}); create it with "
-                "`delayservice topics create` with precise = true (DELAYSERVICE_PRECISE=true)",
+                f"the topic {topic} is not available ({problem}); create it with "
+                "`delayservice topics create` (with precise = true for precise mode's)",
                 code=info.error.code() if info is not None and info.error else None,
                 retriable=True,
             )

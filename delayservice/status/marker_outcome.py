@@ -30,7 +30,7 @@ class RepliesUnavailableError(DelayServiceError):
 def unavailable(topic: str, code: int | None = None) -> RepliesUnavailableError:
     return RepliesUnavailableError(
         f"the outcomes topic {topic} is not available; create it with "
-        "`delayservice topics create` (precise = true)",
+        "`delayservice topics create` (with precise = true for precise mode's)",
         code=code,
     )
 

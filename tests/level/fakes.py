@@ -52,6 +52,9 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
+from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
+from delayservice.level.marker_book import MarkerBook
+from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level, LevelSet
@@ -62,6 +65,7 @@ LEVEL = Level(2, 5_000, LEVEL_TOPIC)
 PREVIOUS_DELAY_MS = 1_000
 MAX_DELAY_MS = 60_000
 DLQ = "delay-dead-letters"
+OUTCOMES = "delay_markers_outcomes"
 TARGET = "orders"
 OTHER_TARGET = "payments"
 
@@ -940,6 +944,9 @@ class LevelRig(_Fakes):
     forwarder: Forwarder
     loop: ConsumerLoop
     fatal: list[str]
+    markers: WorkerMarkers | None = None
+    """With `markers=True`: the worker's side of cancel and reschedule, over a book and
+    a gate the test fills and moves itself (no reader thread)."""
 
 
 LEVELS = LevelSet([PREVIOUS_DELAY_MS, LEVEL.delay_ms, 20_000, MAX_DELAY_MS], "delay_topic_")
@@ -968,6 +975,7 @@ def make_level_rig(
     precise_topic: str | None = None,
     hold_back: bool = False,
     levels: tuple[Level, ...] = (LEVEL,),
+    markers: bool = False,
 ) -> LevelRig:
     """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it.
     `hold_back`: due times are met by a `BrokerClock` over it, as in the daemon (left out
@@ -990,12 +998,24 @@ def make_level_rig(
         all_topics.setdefault(level.topic, 3)
     if precise_topic is not None:
         all_topics.setdefault(precise_topic, 3)
+    all_topics.setdefault(OUTCOMES, 1)
     producer = FakeProducer(all_topics, clock, config)
     producer.owner = consumer
     PRODUCERS.append(producer)
     base: Any = clock if clock is not None else time
     broker_clock = BrokerClock(base, MAX_HOLD_BACK_S if hold_back else 0.0)
     due_clock: Any = broker_clock if hold_back else base
+    view = None
+    if markers:
+        view = WorkerMarkers(
+            WORKER,
+            MarkerBook(LEVELS),
+            MarkerGate(LEAD_MS),
+            LEVELS,
+            OUTCOMES,
+            metrics,
+            lambda: int(due_clock.time() * 1000),
+        )
     group = PartitionGroup(
         [(lv.topic, lv.delay_ms, LEVELS.previous_delay_ms(lv)) for lv in levels],
         due_clock.time,
@@ -1003,6 +1023,7 @@ def make_level_rig(
             LEVELS.by_topic(topic).name,  # type: ignore[union-attr]
             "not_append_time",
         ).inc(n),
+        view,
     )
     budget = MemoryBudget(max_bytes)
     budget.register(group)
@@ -1013,6 +1034,7 @@ def make_level_rig(
         precise_topic,
         DLQ,
         frozenset({*(lv.topic for lv in LEVELS), DLQ}),
+        markers=view,
     )
     forwarder = Forwarder(
         levels,
@@ -1032,13 +1054,14 @@ def make_level_rig(
         clock=due_clock,
     )
     box.append(forwarder)
+    forwarder.interval.listener = view
     loop = ConsumerLoop(
         levels, consumer.make, group, flow, forwarder, metrics, on_fatal=fatal.append,
         stop_timeout_s=2.0, broker_clock=broker_clock, name=WORKER,
     )  # fmt: skip
     return LevelRig(
         registry, metrics, clock, consumer, producer, group, budget, flow, forwarder, loop,
-        fatal,
+        fatal, view,
     )  # fmt: skip
 
 

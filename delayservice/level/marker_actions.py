@@ -1,0 +1,408 @@
+"""One level worker's side of cancel and reschedule: what its forwarder does with the
+markers of the partitions it owns.
+
+- Screening: a run taken from a partition some marker's id names is checked for those
+  ids (a set lookup per record, only there); a record that matches takes the sender's
+  full path, which asks `decide`.
+- Deciding: the verdict (`marker_verdict`) on the record as taken at its due time:
+  withdraw it (cancelled, or moved before), move it (a copy, re-published to the level
+  that holds what is left, with `delay-moved-by`), or forward it.
+- Serving: between sends, the owner looks for each new marker's message in its queue
+  and answers at once: `cancelled` (it will be withdrawn when taken, which decides the
+  same), `too_late`, or it moves the message now (a copy; the original stays queued and
+  is withdrawn when its turn comes). A marker whose message is not there is answered
+  once the message could no longer arrive: `too_late` (sent before the marker) or
+  `unmatched` (never there), by the time the id says it was sent.
+
+Every answer goes to the outcomes topic through the worker's own producer, so under
+exactly-once a move, its answer and whatever it withdrew commit in one transaction;
+all of it is noted in the book at once and taken back if the interval does not commit
+(the open interval calls `settled`, `dropped`). A new owner answers and moves nothing
+of a partition until it has read the answers written before it took the partition
+over (`outcomes_through_ms`): those say which moves its predecessor carried out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+
+from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_MOVED_BY, Envelope
+from delayservice.forward.buffer import TP
+from delayservice.forward.failures import Key
+from delayservice.forward.held_record import ID, offset_of, record_of
+from delayservice.forward.sender import SendLaterError
+from delayservice.kafka.record_headers import read_headers
+from delayservice.level.marker_book import FORWARDED, UNMATCHED, Action, Entry, MarkerBook
+from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.marker_verdict import (
+    CANCEL_IT,
+    CLOSED,
+    MOVE,
+    MOVED,
+    TOO_LATE,
+    LevelMarker,
+    Order,
+    Verdict,
+)
+from delayservice.levels import LevelSet
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.partitioners import keyed_partition
+from delayservice.precise.marker_replies import CANCELLED, MarkerReply
+
+LEAD_MS: Final = 10_000
+"""How long after its marker a message may still reach the broker and be covered by it
+(`DelayProducer.cancel` first waits for its own messages in flight)."""
+SKEW_MS: Final = 5_000
+"""How far a producer's clock (the send time in an id) may be off the broker's, for
+telling a marker that came after its message's delivery from one for no message."""
+CHECK_MS: Final = 200
+"""How often the markers whose message was not found are looked at again."""
+EMPTY_GRACE_MS: Final = 5_000
+
+
+def moved_by(marker: LevelMarker) -> bytes:
+    return f"{marker.appended_ms}:{marker.partition}:{marker.offset}".encode()
+
+
+def cursor_of(record: Any) -> Order | None:
+    """Which marker made this copy (`delay-moved-by`), None for a message as first sent."""
+    if type(record) is tuple:
+        return None
+    headers = read_headers(record)
+    for name, value in headers if isinstance(headers, list) else ():
+        if name == H_MOVED_BY and isinstance(value, bytes):
+            parts = value.split(b":")
+            if len(parts) == 3 and all(p.isdigit() for p in parts):
+                return (int(parts[0]), int(parts[1]), int(parts[2]))
+    return None
+
+
+def id_of(record: Any) -> str | None:
+    if type(record) is tuple:
+        return bytes(record[ID]).decode("ascii", "replace")
+    headers = read_headers(record)
+    for name, value in headers if isinstance(headers, list) else ():
+        if name == H_ID and isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+    return None
+
+
+class WorkerMarkers:
+    def __init__(
+        self,
+        worker: str,
+        book: MarkerBook,
+        gate: MarkerGate,
+        levels: LevelSet,
+        outcomes_topic: str,
+        metrics: ServiceMetrics,
+        now_ms: Callable[[], int],
+    ) -> None:
+        self.worker = worker
+        self.book = book
+        self.gate = gate
+        self._levels = levels
+        self._outcomes = outcomes_topic
+        self._metrics = metrics
+        self._now_ms = now_ms
+        self.owned: dict[TP, int] = {}
+        """Partition -> when it was assigned (epoch ms)."""
+        self._open: list[tuple[Key | None, TP, Action]] = []
+        self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
+        """Partition -> (offset through which its queue was searched, for which ids)."""
+        self._next_check = 0
+        self._seen_change = -1
+        self.queue_of: Callable[[TP], deque[Any] | None] = lambda _tp: None
+        self.due_of: Callable[[TP, Any], int] = lambda _tp, _r: 0
+
+    # -- the partition group's side ----------------------------------------------------
+    def through_ms(self) -> int:
+        return self.gate.through_ms
+
+    def want(self, group: int, due_ms: int, wake: Callable[[], None]) -> None:
+        self.gate.want(group, due_ms, wake)
+
+    def need(self, tp: TP, appended_ms: int) -> None:
+        self.gate.need(tp, appended_ms)
+
+    def progress(self, tp: TP, appended_ms: int) -> None:
+        self.gate.progress(tp, appended_ms)
+
+    def assigned(self, tp: TP) -> None:
+        self.owned[tp] = self._now_ms()
+        self._scanned.pop(tp, None)
+        self.book.touch()
+
+    def released(self, tps: Iterable[TP]) -> None:
+        tps = set(tps)
+        for tp in tps:
+            self.owned.pop(tp, None)
+            self._scanned.pop(tp, None)
+        self.gate.release(tps)
+
+    # -- the sender's side ---------------------------------------------------------------
+    def screen(self, tp: TP, records: list[Any]) -> list[int] | None:
+        """Positions of the records of a run that a marker may concern (None: none can)."""
+        ids = self.book.watch.get(tp)
+        if not ids:
+            return None
+        return [i for i, r in enumerate(records) if type(r) is tuple and r[ID] in ids]
+
+    def has(self, message_id: str) -> bool:
+        return self.book.has(message_id)
+
+    def decide(
+        self, tp: TP, record: Any, envelope: Envelope, due_ms: int, sender: Any
+    ) -> int | None:
+        """What to do with a record taken at its due time: None when it is withdrawn or
+        moved (done here), else the due time to forward it with. Raises
+        `SendLaterError` while the answers of the predecessor are still being read."""
+        message_id = envelope.id
+        if not self._outcomes_known(tp) and self.book.has_reschedule(message_id):
+            raise SendLaterError("reading which moves the partition's last owner made")
+        found = self.book.verdict_for(message_id, cursor_of(record), due_ms)
+        spot = (tp[0], tp[1], offset_of(record))
+        action = Action()
+        now = self._now_ms()
+        if found.action == MOVE:
+            assert found.marker is not None
+            asked = found.marker.asked_due_ms or now
+            if asked > now:
+                copy = self._copy(tp, record, envelope, found.marker, now, sender)
+                action.executed.append(found.marker.key)
+                action.copies.append((message_id, copy))
+                self._answer_all(found, action, sender, copy)
+                sender.rerouted(spot, copy[0])
+                self._note(spot, tp, action)
+                return None
+        self._answer_all(found, action, sender, None)
+        forward_due: int | None = due_ms
+        if found.action in (CANCEL_IT, CLOSED):
+            sender.withdraw(spot, CANCELLED if found.action == CANCEL_IT else MOVED)
+            if found.action == CANCEL_IT:
+                action.final.append((message_id, CANCELLED))
+            forward_due = None
+        else:
+            if found.action == MOVE and found.marker is not None:
+                forward_due = found.marker.asked_due_ms  # its new time has come: now
+            action.final.append((message_id, FORWARDED))
+        self._note(spot, tp, action)
+        return forward_due
+
+    def _copy(
+        self,
+        tp: TP,
+        record: Any,
+        envelope: Envelope,
+        marker: LevelMarker,
+        now: int,
+        sender: Any,
+    ) -> TP:
+        """Re-publish `record` due at the marker's time, to the level that holds what is
+        left; returns where the copy went."""
+        asked = marker.asked_due_ms or now
+        remaining = max(1, asked - now)
+        level = self._levels.select(min(remaining, self._levels.max_delay_ms))
+        count = sender.partition_count(level.topic)
+        viewed = record_of(tp, record)
+        partition = keyed_partition(envelope.partitioner, viewed.key(), count)
+        if partition is None:
+            partition = tp[1] % count
+        extra = [(H_DELAY_MS, str(remaining).encode()), (H_DUE_MS, str(asked).encode())]
+        extra.append((H_MOVED_BY, moved_by(marker)))
+        sender.republish(tp, viewed, level.topic, partition, extra)
+        return (level.topic, partition)
+
+    def _answer_all(self, found: Verdict, action: Action, sender: Any, copy: TP | None) -> None:
+        """Answer what the verdict settles (a move: each reschedule `moved`, to the time
+        of the last one, with where its copy went)."""
+        moved_to = found.marker.asked_due_ms if found.marker is not None else None
+        where = f"{copy[0]}:{copy[1]}" if copy is not None else None
+        for marker, outcome in found.answers:
+            if self.book.is_answered(marker.key):
+                continue
+            if outcome == MOVED:
+                self._answer(marker, outcome, action, sender, due_ms=moved_to, copy=where)
+            else:
+                self._answer(marker, outcome, action, sender)
+
+    def _answer(
+        self,
+        marker: LevelMarker,
+        outcome: str,
+        action: Action,
+        sender: Any,
+        *,
+        due_ms: int | None = None,
+        reason: str | None = None,
+        copy: str | None = None,
+    ) -> None:
+        reply = MarkerReply(
+            marker.kind, marker.message_id, outcome, due_ms, None, None, reason, copy
+        )
+        action.answers.append((marker.key, outcome))
+        sender.answer(
+            self._outcomes, reply.encode(), marker.key, functools.partial(self._failed, marker.key)
+        )
+
+    def _failed(self, key: bytes, error: Any, _message: Any) -> None:
+        """An answer the broker refused (at-least-once): given again later."""
+        if error is not None:
+            self.book.take_back(Action(answers=[(key, "")]))
+
+    def _note(self, spot: Key | None, tp: TP, action: Action) -> None:
+        if action.answers or action.executed or action.final or action.copies:
+            self.book.apply(action)
+            self._open.append((spot, tp, action))
+
+    def _outcomes_known(self, tp: TP) -> bool:
+        assigned = self.owned.get(tp)
+        return assigned is not None and self.gate.outcomes_through_ms >= assigned
+
+    # -- serving: answers and early moves between sends ------------------------------------
+    def waiting(self) -> bool:
+        """Whether `serve` may have something to do (cheap: runs every pass)."""
+        if not self.owned:
+            return False
+        return self.book.version != self._seen_change or self._now_ms() >= self._next_check
+
+    def serve(self, sender: Any) -> None:
+        self._seen_change = self.book.version
+        now = self._now_ms()
+        self._next_check = now + CHECK_MS
+        for tp in list(self.owned):
+            if not self._outcomes_known(tp):
+                continue
+            entries = self.book.entries(tp)
+            copies = self.book.copies_on(tp)
+            if not entries and not copies:
+                self._scanned.pop(tp, None)
+                continue
+            for entry in entries:
+                if entry.refusal is not None:
+                    outcome, reason = entry.refusal
+                    self._serve_one(entry, outcome, sender, reason=reason)
+            found = self._search(tp, [e for e in entries if e.refusal is None], copies)
+            for message_id, record in found.items():
+                self._early(tp, message_id, record, now, sender)
+            for entry in entries:
+                if entry.refusal is None and entry.marker.message_id not in found:
+                    self._not_found(tp, entry, now, sender)
+
+    def _serve_one(
+        self, entry: Entry, outcome: str, sender: Any, reason: str | None = None
+    ) -> None:
+        if self.book.is_answered(entry.marker.key):
+            return
+        action = Action()
+        self._answer(entry.marker, outcome, action, sender, reason=reason)
+        self._note(None, entry.tp, action)
+
+    def _search(self, tp: TP, entries: list[Entry], copies: set[str]) -> dict[str, Any]:
+        """The queued records of `tp` that these markers (or copies) may concern: a
+        marker not searched for yet searches the whole queue once, then only records
+        admitted since are looked at."""
+        queue = self.queue_of(tp)
+        if not queue:
+            return {}
+        through, searched = self._scanned.get(tp, (-1, set()))
+        wanted = {e.marker.message_id for e in entries} | copies
+        fresh = {e.marker.message_id for e in entries if e.marker.key not in searched}
+        fresh |= {c for c in copies if c.encode() not in searched}
+        found: dict[str, Any] = {}
+        last = through
+        for record in reversed(queue):
+            offset = offset_of(record)
+            last = max(last, offset)
+            if offset <= through and not fresh:
+                break
+            message_id = id_of(record)
+            if message_id in wanted and (offset > through or message_id in fresh):
+                found.setdefault(message_id, record)
+        keys = {e.marker.key for e in entries} | {c.encode() for c in copies}
+        self._scanned[tp] = (last, keys)
+        return found
+
+    def _early(self, tp: TP, message_id: str, record: Any, now: int, sender: Any) -> None:
+        """A marker's message is queued here: move it now, or answer what taking it will
+        do (a cancel, a delivery after the marker came too late)."""
+        found = self.book.verdict_for(message_id, cursor_of(record), self.due_of(tp, record))
+        if found.action == CLOSED:
+            return
+        action = Action()
+        copy = None
+        if found.action == MOVE and found.marker is not None:
+            envelope = sender.envelope_of(record_of(tp, record))
+            if envelope is None:
+                return  # no envelope to move it by: the full path dead-letters it when due
+            copy = self._copy(tp, record, envelope, found.marker, now, sender)
+            action.executed.append(found.marker.key)
+            action.copies.append((message_id, copy))
+        self._answer_all(found, action, sender, copy)
+        self._note(None, tp, action)
+
+    def _not_found(self, tp: TP, entry: Entry, now: int, sender: Any) -> None:
+        """The message of a marker is not queued here: answer once it cannot come."""
+        marker = entry.marker
+        message_id = marker.message_id
+        if self.book.is_answered(marker.key) or message_id in self.book.copies:
+            return  # its copy's holder answers
+        final = self.book.final.get(message_id)
+        if final is not None:
+            self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
+            return
+        if entry.sent_ms is None:
+            return
+        bound = entry.sent_ms + entry.delay_ms + LEAD_MS + SKEW_MS
+        if marker.appended_ms >= bound and not self.book.has_reschedule(message_id):
+            reason = "its message was due before the marker arrived: sent already"
+            self._serve_one(entry, TOO_LATE, sender, reason=reason)
+            return
+        if now < bound or not self._passed(tp, bound, now):
+            return
+        if marker.appended_ms < entry.sent_ms + entry.delay_ms - SKEW_MS:
+            reason = f"no message with this id reached {tp[0]} partition {tp[1]}"
+            self._serve_one(entry, UNMATCHED, sender, reason=reason)
+        else:
+            reason = "no message with this id was waiting: most likely sent before the marker"
+            self._serve_one(entry, TOO_LATE, sender, reason=reason)
+
+    def _passed(self, tp: TP, bound: int, now: int) -> bool:
+        """Whether the partition's forwarding is past `bound` (its head is due later, or
+        it has held nothing for a while)."""
+        queue = self.queue_of(tp)
+        if queue:
+            return self.due_of(tp, queue[0]) > bound
+        return now >= bound + EMPTY_GRACE_MS
+
+    # -- the open interval's listener ------------------------------------------------------
+    def open(self) -> bool:
+        return bool(self._open)
+
+    def settled(self) -> None:
+        for _, _, action in self._open:
+            for key, outcome in action.answers:
+                entry = self.book.keys.get(key)
+                level, kind = self._labels(entry)
+                self._metrics.level_markers.labels(level, kind, outcome).inc()
+        self._open.clear()
+
+    def _labels(self, entry: Entry | None) -> tuple[str, str]:
+        if entry is None:
+            return "-", "-"
+        level = self._levels.by_topic(entry.tp[0]) if entry.refusal is None else None
+        return (level.name if level is not None else "-"), entry.marker.kind
+
+    def dropped(self, spots: set[Key] | None = None, tps: set[TP] | None = None) -> None:
+        """The interval (or what it held of `spots`, or of `tps`) will not commit: what
+        it decided is decided again."""
+        kept = []
+        for spot, tp, action in self._open:
+            if (spots is not None and spot not in spots) or (tps is not None and tp not in tps):
+                kept.append((spot, tp, action))
+            else:
+                self.book.take_back(action)
+        self._open = kept

@@ -1,0 +1,332 @@
+"""The thread that reads the level markers topic and its outcomes topic, one per process.
+
+It owns one consumer, assigned every partition of both topics (no group: nothing here
+is committed, so a kill -9 loses nothing). At start it reads from twice the top
+level's delay ago, and again from earlier whenever a partition group holds older
+records (`MarkerGate.need`). Each pass notes the time, asks the broker where both
+topics end, and reads up to there: markers go to the book, answers mark what was
+answered and carried out, and the gate moves to the time noted. It passes when a group
+waits for the gate, when a rewind is asked for, and otherwise every `IDLE_PASS_S`, so
+markers are answered promptly even while nothing is due.
+
+A marker it cannot read (no id, an id that is not UTF-8, a new time that is not a
+number) is filed as refused, with the reason, and answered by the owner of the first
+level's partition 0; nothing a marker carries stops the thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from delayservice.envelope import H_CANCEL, H_RESCHEDULE
+from delayservice.forward.buffer import TP
+from delayservice.kafka import client_config
+from delayservice.kafka.record_headers import UNREADABLE, read_headers
+from delayservice.level.marker_book import REFUSED, MarkerBook
+from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.marker_verdict import LevelMarker
+from delayservice.log_throttle import Throttle
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
+from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, parse_reply
+from delayservice.settings import Settings
+
+log = logging.getLogger(__name__)
+
+IDLE_PASS_S: Final = 0.1
+PASS_TIMEOUT_S: Final = 5.0
+POLL_S: Final = 0.05
+BATCH: Final = 1000
+ERROR_PAUSE_S: Final = 0.5
+METADATA_S: Final = 60.0
+"""How often the level topics' partition counts are read again (markers naming a
+partition beyond them are refused)."""
+
+MakeConsumer = Callable[[dict[str, Any]], Any]
+
+
+def marker_of(message: Message) -> tuple[LevelMarker, tuple[str, str] | None] | None:
+    """A record of the markers topic as a marker, with its refusal (outcome, reason) if
+    it asks nothing a daemon can do; None for a record that is no marker at all."""
+    _, appended = message.timestamp()
+    where = (message.topic() or "", message.partition() or 0, message.offset() or 0)
+    headers = read_headers(message)
+    if headers is UNREADABLE or not isinstance(headers, list):
+        return LevelMarker(CANCEL, "", appended, *where), (REFUSED, "its headers cannot be read")
+    for name, kind in ((H_CANCEL, CANCEL), (H_RESCHEDULE, RESCHEDULE)):
+        values = [value for header, value in headers if header == name]
+        if not values:
+            continue
+        raw = values[0]
+        try:
+            message_id = raw.decode() if isinstance(raw, bytes) else (raw or "")
+        except UnicodeDecodeError:
+            return LevelMarker(kind, "", appended, *where), (REFUSED, "its id is not UTF-8")
+        if not message_id:
+            return LevelMarker(kind, "", appended, *where), (REFUSED, f"a {kind} without an id")
+        if kind == CANCEL:
+            return LevelMarker(CANCEL, message_id, appended, *where), None
+        try:
+            request = reschedule_request(headers)
+        except BadMarkerError as exc:
+            return LevelMarker(kind, message_id, appended, *where), (REFUSED, str(exc))
+        _, delay_ms, due_ms = request or ("", None, None)
+        asked = max(appended + (delay_ms or 0), due_ms or 0)
+        return LevelMarker(kind, message_id, appended, *where, asked), None
+    return None
+
+
+def _partitions(consumer: Any, topic: str) -> list[int]:
+    meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        why = meta.error if meta is not None and meta.error is not None else "no partitions"
+        raise RuntimeError(f"{topic}: {why}")
+    return sorted(meta.partitions)
+
+
+class MarkerReader:
+    def __init__(
+        self,
+        settings: Settings,
+        book: MarkerBook,
+        gate: MarkerGate,
+        metrics: ServiceMetrics,
+        now_ms: Callable[[], int],
+        make_consumer: MakeConsumer = Consumer,
+    ) -> None:
+        self.name = "markers"
+        self._settings = settings
+        self._book = book
+        self._gate = gate
+        self._now_ms = now_ms
+        self._make_consumer = make_consumer
+        levels = settings.level_set()
+        self._window_ms = 2 * levels.max_delay_ms + gate.lead_ms
+        self._level_topics = [level.topic for level in levels]
+        self._markers_topic = settings.markers_topic
+        self._outcomes_topic = settings.markers_outcomes_topic
+        self._metrics = metrics
+        self._m_errors = metrics.loop_errors.labels(self.name, "reader")
+        self._stopping = threading.Event()
+        self._throttle = Throttle()
+        self._assigned: list[TopicPartition] = []
+        self._read_to: dict[TP, int] = {}
+        self._next_metadata = 0.0
+        self._next_pass = 0
+        """When (epoch ms) the next pass is due while no group waits."""
+        self._thread = threading.Thread(target=self._main, name="marker-reader", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+        self._gate.demand.set()
+
+    def join(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def health(self) -> tuple[bool, str]:
+        if not self._thread.is_alive():
+            return False, "markers: reader stopped"
+        if self._gate.through_ms < 0:
+            return False, "markers: not read yet"
+        return True, "markers: read"
+
+    # -- the loop --------------------------------------------------------------------
+    def _main(self) -> None:
+        consumer: Any = None
+        while not self._stopping.is_set():
+            try:
+                if consumer is None:
+                    consumer = self._open()
+                self._step(consumer)
+            except Exception as exc:
+                self._m_errors.inc()
+                if self._throttle.allow(type(exc).__name__) is not None:
+                    log.warning("markers: %r; reading again", exc, exc_info=exc)
+                if consumer is not None:
+                    with contextlib.suppress(Exception):  # a broken client may refuse even this
+                        consumer.close()
+                consumer = None
+                self._stopping.wait(ERROR_PAUSE_S)
+        if consumer is not None:
+            consumer.close()
+
+    def _open(self) -> Any:
+        """A fresh consumer, assigned both topics from where the book needs them."""
+        config = {
+            **client_config.common(self._settings),
+            "group.id": f"delayservice-markers-{uuid.uuid4().hex}",
+            "client.id": f"delayservice-markers-{self._settings.instance_name}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+            **self._settings.consumer,
+        }
+        consumer = self._make_consumer(config)
+        try:
+            self._assigned = [
+                TopicPartition(topic, p)
+                for topic in (self._markers_topic, self._outcomes_topic)
+                for p in _partitions(consumer, topic)
+            ]
+            self._read_metadata(consumer)
+            start = self._now_ms() - self._window_ms
+            covered = self._gate.covered_from_ms
+            since = start if covered is None else min(start, covered)
+            self._gate.start(since)
+            consumer.assign(self._starts(consumer, since))
+        except BaseException:
+            consumer.close()
+            raise
+        log.info(
+            "markers: reading %s and %s from %d", self._markers_topic, self._outcomes_topic, since
+        )
+        return consumer
+
+    def _starts(self, consumer: Any, since_ms: int) -> list[TopicPartition]:
+        asked = [TopicPartition(tp.topic, tp.partition, max(0, since_ms)) for tp in self._assigned]
+        found = consumer.offsets_for_times(asked, timeout=PASS_TIMEOUT_S)
+        out = []
+        for tp in found:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            offset = tp.offset
+            if offset < 0:  # nothing that recent: from the end
+                offset = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=PASS_TIMEOUT_S, cached=False
+                )[1]
+            out.append(TopicPartition(tp.topic, tp.partition, offset))
+            self._read_to[(tp.topic, tp.partition)] = offset
+        return out
+
+    def _read_metadata(self, consumer: Any) -> None:
+        for topic in self._level_topics:
+            meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
+            if meta is not None and meta.error is None and meta.partitions:
+                self._book.partition_count(topic, len(meta.partitions))
+        self._next_metadata = time.monotonic() + METADATA_S
+
+    def _step(self, consumer: Any) -> None:
+        rewind = self._gate.take_rewind()
+        if rewind is not None:
+            since, _ = rewind
+            log.info("markers: reading again from %d for a partition that needs them", since)
+            for tp in self._starts(consumer, since):
+                consumer.seek(tp)
+        now = self._now_ms()
+        wanted = self._gate.next_wanted_ms()
+        if rewind is None and (wanted is None or wanted > now) and now < self._next_pass:
+            until = min(self._next_pass, wanted if wanted is not None else self._next_pass)
+            self._gate.demand.wait(max(0.0, (until - now) / 1000))
+            self._gate.demand.clear()
+            return
+        try:
+            if time.monotonic() >= self._next_metadata:
+                self._read_metadata(consumer)
+            self._pass(consumer)
+        except KafkaException as exc:  # a broker away: the gate waits, and so does forwarding
+            if self._throttle.allow("broker") is not None:
+                log.warning("markers: %s; reading again", exc)
+            self._stopping.wait(ERROR_PAUSE_S)
+
+    def _pass(self, consumer: Any) -> None:
+        """Note the time, find both topics' ends, read up to them, move the gate."""
+        generation = self._gate.generation
+        began = self._now_ms()
+        ends = {
+            (tp.topic, tp.partition): consumer.get_watermark_offsets(
+                tp, timeout=PASS_TIMEOUT_S, cached=False
+            )[1]
+            for tp in self._assigned
+        }
+        deadline = time.monotonic() + PASS_TIMEOUT_S
+        while not self._reached(ends, self._markers_topic):
+            if time.monotonic() > deadline or self._stopping.is_set():
+                return  # the gate stays where it was: forwarding waits, never early
+            self._read(consumer.consume(BATCH, POLL_S))
+            self._note_positions(consumer)
+        for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
+            self._read(message_batch)  # what else is queued (answers, mostly)
+        self._note_positions(consumer)
+        outcomes = began if self._reached(ends, self._outcomes_topic) else None
+        self._gate.advance(began, outcomes, generation)
+        self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
+        self._forget(began)
+
+    def _reached(self, ends: dict[TP, int], topic: str) -> bool:
+        return all(self._read_to.get(tp, -1) >= end for tp, end in ends.items() if tp[0] == topic)
+
+    def _note_positions(self, consumer: Any) -> None:
+        """Where each partition's reading got to: the consumer's position steps over
+        the transaction markers that end the outcomes topic."""
+        for tp in consumer.position(self._assigned):
+            key = (tp.topic, tp.partition)
+            if tp.offset >= 0 and tp.offset > self._read_to.get(key, -1):
+                self._read_to[key] = tp.offset
+
+    def _read(self, messages: list[Message]) -> None:
+        for message in messages:
+            if message.error() is not None:
+                continue
+            key = (message.topic() or "", message.partition() or 0)
+            self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
+            try:
+                if key[0] == self._markers_topic:
+                    self._file(message)
+                else:
+                    self._answer(message)
+            except Exception:  # one record never stops the reader
+                self._m_errors.inc()
+                log.exception("markers: a record at %s@%d could not be read", key, message.offset())
+
+    def _file(self, message: Message) -> None:
+        read = marker_of(message)
+        if read is None:
+            self._metrics.level_markers.labels("-", "none", REFUSED).inc()
+            if self._throttle.allow("not a marker") is not None:
+                log.warning(
+                    "markers: a record on %s without %s or %s is ignored",
+                    self._markers_topic,
+                    H_CANCEL,
+                    H_RESCHEDULE,
+                )
+            return
+        marker, refusal = read
+        self._book.file(marker, refusal)
+
+    def _answer(self, message: Message) -> None:
+        reply = parse_reply(message.value())
+        key = message.key()
+        if reply is None or key is None or not key.startswith(f"{self._markers_topic}:".encode()):
+            return
+        _, stamp = message.timestamp()
+        self._book.answer_read(key, reply, stamp)
+
+    def _forget(self, now_ms: int) -> None:
+        """Drop what no waiting record can need, and say how much is kept."""
+        before = now_ms - self._window_ms
+        need = self._gate.earliest_need()
+        if need is not None:
+            before = min(before, need)
+        if self._book.expire(before):
+            self._gate.forget_before(before)
+        kept = self._book.kept()
+        for kind in (CANCEL, RESCHEDULE):
+            self._metrics.level_markers_kept.labels(kind).set(kept.get(kind, 0))
+        self._metrics.level_markers_lag.set(max(0.0, (now_ms - self._gate.through_ms) / 1000))

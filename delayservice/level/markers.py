@@ -1,0 +1,61 @@
+"""Cancel and reschedule of level messages in one daemon process: the book of markers,
+the gate the forwarders wait on, and the thread that reads both topics.
+
+The daemon runs one `LevelMarkers` beside its level workers (it is one of the daemon's
+workers: started first, stopped with them, its health part of readiness) and gives
+each level worker its own side of it (`for_worker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
+from delayservice.level.marker_book import MarkerBook
+from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.marker_reader import MakeConsumer, MarkerReader
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.settings import Settings
+
+
+class LevelMarkers:
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        now_ms: Callable[[], int],
+        make_consumer: MakeConsumer | None = None,
+    ) -> None:
+        """`now_ms`: the clock the forwarders meet due times by (the broker's, held
+        back), so the gate and the due times compare."""
+        self.settings = settings
+        self.book = MarkerBook(settings.level_set())
+        self.gate = MarkerGate(LEAD_MS)
+        self._metrics = metrics
+        self._now_ms = now_ms
+        extra = {} if make_consumer is None else {"make_consumer": make_consumer}
+        self.reader = MarkerReader(settings, self.book, self.gate, metrics, now_ms, **extra)
+        self.name = self.reader.name
+
+    def for_worker(self, worker: str) -> WorkerMarkers:
+        return WorkerMarkers(
+            worker,
+            self.book,
+            self.gate,
+            self.settings.level_set(),
+            self.settings.markers_outcomes_topic,
+            self._metrics,
+            self._now_ms,
+        )
+
+    def start(self) -> None:
+        self.reader.start()
+
+    def request_stop(self) -> None:
+        self.reader.request_stop()
+
+    def join(self, timeout: float) -> bool:
+        return self.reader.join(timeout)
+
+    def health(self) -> tuple[bool, str]:
+        return self.reader.health()

@@ -1,0 +1,260 @@
+"""Cancel and reschedule of level messages on the fake level rig, under both guarantees.
+
+The markers are filed into the worker's book by hand and the gate moved by hand (the
+reader thread is tested on the real broker): what is checked here is what the forwarder
+does with them. A cancel appended before its message's due time withdraws it (its
+offset commits, nothing reaches the target), a reschedule re-publishes a copy to the
+level that holds what is left, and each marker is answered on the outcomes topic, in the
+transaction of what it did under exactly-once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
+from delayservice.level.ids import level_id
+from delayservice.level.marker_verdict import LevelMarker
+from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
+from tests.level.fakes import (
+    LEVEL,
+    LEVELS,
+    OUTCOMES,
+    TARGET,
+    FakeClock,
+    LevelRig,
+    envelope_headers,
+    kafka_error,
+    make_level_rig,
+    message,
+)
+from tests.level.test_consumer_loop import forward, step, subscribed
+
+GUARANTEES = [False, True]
+MARKERS = "delay_markers"
+
+
+def rig_for(clock: FakeClock, exactly_once: bool) -> LevelRig:
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once, markers=True))
+    rig.consumer.queue_rebalance("assign", 0, 1, 2)
+    step(rig)
+    return rig
+
+
+def send(rig: LevelRig, partition: int, offset: int, appended_ms: int) -> str:
+    """A level message with an id naming its place, appended at `appended_ms`."""
+    mid = level_id(LEVEL.index, partition, appended_ms)
+    headers = envelope_headers(message_id=mid)
+    rig.consumer.append(partition, message(partition, offset, appended_ms, headers=headers))
+    return mid
+
+
+def marker(
+    rig: LevelRig, kind: str, mid: str, appended_ms: int, offset: int, asked: int | None = None
+) -> LevelMarker:
+    filed = LevelMarker(kind, mid, appended_ms, MARKERS, 0, offset, asked)
+    assert rig.markers is not None
+    rig.markers.book.file(filed)
+    return filed
+
+
+def read_through(rig: LevelRig, ms: int | None = None) -> None:
+    """The reader read every marker appended before `ms` (now), and every answer."""
+    assert rig.markers is not None
+    gate = rig.markers.gate
+    if gate.covered_from_ms is None:
+        gate.start(0)
+    at = rig.now_ms() if ms is None else ms
+    gate.advance(at, at, gate.generation)
+
+
+def cycle(rig: LevelRig, times: int = 3) -> None:
+    for _ in range(times):
+        step(rig)
+        forward(rig, commit=True)
+        step(rig)
+
+
+def answers(rig: LevelRig) -> dict[bytes, dict[str, Any]]:
+    """Answers a read_committed reader of the outcomes topic sees, by marker."""
+    return {s.key: json.loads(s.value) for s in rig.producer.visible(OUTCOMES)}
+
+
+def delivered(rig: LevelRig) -> list[str]:
+    return [s.delay_id or "" for s in rig.producer.visible(TARGET)]
+
+
+def committed(rig: LevelRig, partition: int) -> int | None:
+    if rig.forwarder.transactional:
+        out = None
+        for _sent, offsets in rig.producer.committed_txns:
+            for tp, offset in offsets:
+                if tp == (LEVEL.topic, partition):
+                    out = offset
+        return out
+    return rig.consumer.committed_offsets.get(partition)
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_nothing_due_after_the_markers_read_is_forwarded(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    mid = send(rig, 0, 0, now - LEVEL.delay_ms - 100)  # due 100 ms ago
+    cycle(rig)
+    assert delivered(rig) == [], "forwarded before the markers were read through its due time"
+    read_through(rig, now - 200)
+    cycle(rig)
+    assert delivered(rig) == []
+    read_through(rig)
+    cycle(rig)
+    assert delivered(rig) == [mid]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_cancel_appended_before_the_due_time_withdraws_the_message(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    kept = send(rig, 0, 0, now - LEVEL.delay_ms - 50)
+    gone = send(rig, 0, 1, now - LEVEL.delay_ms - 40)
+    after = send(rig, 0, 2, now - LEVEL.delay_ms - 30)
+    cancel = marker(rig, CANCEL, gone, now - 1_000, offset=0)
+    read_through(rig)
+    cycle(rig)
+    assert delivered(rig) == [kept, after]
+    assert committed(rig, 0) == 3, "the withdrawn record's offset commits with the rest"
+    reply = answers(rig)[cancel.key]
+    assert (reply["kind"], reply["id"], reply["outcome"]) == (CANCEL, gone, "cancelled")
+    assert rig.metric("delayservice_level_markers_total", kind=CANCEL, outcome="cancelled") == 1
+    assert rig.metric("delayservice_forwarded_total") == 2
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_cancel_after_the_due_time_is_too_late_and_says_so(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    mid = send(rig, 1, 0, now - LEVEL.delay_ms - 500)  # due 500 ms ago, not yet sent
+    cancel = marker(rig, CANCEL, mid, now - 100, offset=0)
+    read_through(rig)
+    cycle(rig)
+    assert delivered(rig) == [mid]
+    assert answers(rig)[cancel.key]["outcome"] == "too_late"
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+@pytest.mark.parametrize("later", [True, False])
+def test_a_reschedule_moves_a_queued_message_to_the_level_that_holds_what_is_left(
+    clock, exactly_once, later
+):
+    """Found in its queue, the message is moved at once: a copy, due no earlier than the
+    new time, on the smallest level at least as long as what is left, answered `moved`
+    in the same transaction; the original is withdrawn when its turn comes."""
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    mid = send(rig, 2, 0, now - 1_000)  # due in 4 s
+    asked = now + (15_000 if later else 500)
+    move = marker(rig, RESCHEDULE, mid, now - 10, offset=3, asked=asked)
+    read_through(rig)
+    cycle(rig)
+    (copy,) = [s for s in rig.producer.visible() if s.topic != OUTCOMES]
+    level = LEVELS.select(asked - now)
+    assert copy.topic == level.topic
+    assert level.delay_ms >= asked - now
+    assert copy.header(H_DUE_MS) == str(asked).encode()
+    assert copy.header(H_DELAY_MS) == str(asked - now).encode()
+    assert copy.header(H_MOVED_BY) == f"{now - 10}:0:3".encode()
+    assert (copy.key, copy.value) == (b"k", b"v")
+    reply = answers(rig)[move.key]
+    assert (reply["outcome"], reply["due_ms"]) == ("moved", asked)
+    assert reply["copy"] == f"{copy.topic}:{copy.partition}"
+    clock.advance(5)  # the original falls due: withdrawn, never forwarded
+    read_through(rig)
+    cycle(rig)
+    assert delivered(rig) == []
+    assert committed(rig, 2) == 1
+    assert len([s for s in rig.producer.visible() if s.topic == level.topic]) == 1
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_move_already_answered_is_not_made_again(clock, exactly_once):
+    """After a restart the original is read again: the answer of the move, read back
+    from the outcomes topic, says its copy exists, so it is withdrawn, not copied twice."""
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    mid = send(rig, 0, 0, now - LEVEL.delay_ms - 10)
+    move = marker(rig, RESCHEDULE, mid, now - 2_000, offset=5, asked=now + 30_000)
+    assert rig.markers is not None
+    from delayservice.precise.marker_replies import MarkerReply
+
+    done = MarkerReply(RESCHEDULE, mid, "moved", now + 30_000, copy="delay_topic_4:1")
+    rig.markers.book.answer_read(move.key, done, now - 1_500)
+    read_through(rig)
+    cycle(rig)
+    assert [s for s in rig.producer.visible() if s.topic != OUTCOMES] == []
+    assert answers(rig) == {}
+    assert committed(rig, 0) == 1
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_cancel_wins_over_a_reschedule_in_either_order(clock, exactly_once):
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    first = send(rig, 0, 0, now - LEVEL.delay_ms - 30)
+    second = send(rig, 0, 1, now - LEVEL.delay_ms - 20)
+    a_cancel = marker(rig, CANCEL, first, now - 900, offset=0)
+    a_move = marker(rig, RESCHEDULE, first, now - 800, offset=1, asked=now + 9_000)
+    b_move = marker(rig, RESCHEDULE, second, now - 700, offset=2, asked=now + 9_000)
+    b_cancel = marker(rig, CANCEL, second, now - 600, offset=3, asked=None)
+    del b_move
+    read_through(rig)
+    cycle(rig)
+    outcomes = answers(rig)
+    assert outcomes[a_cancel.key]["outcome"] == "cancelled"
+    assert outcomes[a_move.key]["outcome"] == "cancelled"
+    assert outcomes[b_cancel.key]["outcome"] == "cancelled"
+    assert delivered(rig) == []
+    assert [s for s in rig.producer.visible() if s.topic not in (OUTCOMES,)] == []
+
+
+def test_an_aborted_transaction_takes_its_decisions_back(clock):
+    """Exactly-once: what a marker decided commits with the transaction or not at all;
+    when the answer's delivery fails the transaction aborts, and the decision is made
+    again and answered once."""
+    rig = rig_for(clock, True)
+    now = clock.ms()
+    mid = send(rig, 0, 0, now - LEVEL.delay_ms - 30)
+    cancel = marker(rig, CANCEL, mid, now - 900, offset=0)
+    read_through(rig)
+    failed: list[str] = []
+
+    def fail_first_answer(sent: Any) -> KafkaError | None:
+        if sent.topic == OUTCOMES and not failed:
+            failed.append(sent.key.decode())
+            return kafka_error(KafkaError._MSG_TIMED_OUT, retriable=True)
+        return None
+
+    rig.producer.outcome = fail_first_answer
+    for _ in range(4):
+        cycle(rig)
+        clock.advance(2)
+        read_through(rig)
+    assert failed == [cancel.key.decode()]
+    assert rig.producer.aborted, "the transaction holding the failed answer was aborted"
+    assert [s.key for s in rig.producer.visible(OUTCOMES)] == [cancel.key]
+    assert answers(rig)[cancel.key]["outcome"] == "cancelled"
+    assert delivered(rig) == []
+    assert committed(rig, 0) == 1
+
+
+def test_markers_of_partitions_it_does_not_hold_cost_the_run_nothing(clock):
+    rig = rig_for(clock, False)
+    assert rig.markers is not None
+    other = level_id(LEVEL.index, 2, clock.ms())
+    marker(rig, CANCEL, other, clock.ms(), offset=0)
+    held = (0, 0, TARGET, b"v", b"k", (), b"another-id", b"5000", None)
+    named = (1, 0, TARGET, b"v", b"k", (), other.encode(), b"5000", None)
+    assert rig.markers.screen((LEVEL.topic, 0), [held, named]) is None
+    assert rig.markers.screen((LEVEL.topic, 2), [held, named]) == [1]

@@ -1,0 +1,84 @@
+"""DelayProducer's level messages and their markers, against the fake wrapped producer:
+where a level message goes, what its id names, and where its cancel and reschedule go."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from delayservice import producer as producer_module
+from delayservice.errors import DelayTooLongError
+from delayservice.level.ids import level_place
+from delayservice.partitioners import murmur2
+from delayservice.producer import DelayProducer
+from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings
+
+MARKERS = "dmarkers"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
+    wrapped = FakeProducer()
+    monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
+    return wrapped
+
+
+def _producer(config: dict[str, str] | None = None) -> DelayProducer:
+    return DelayProducer(config or {}, settings=_settings(markers_topic=MARKERS))
+
+
+def test_a_keyed_level_message_goes_where_its_partitioner_puts_the_key_and_its_id_says_so(fake):
+    crc, java = _producer(), _producer({"partitioner": "murmur2_random"})
+    for producer, place in (
+        (crc, lambda key: zlib.crc32(key) % PARTITIONS),
+        (java, lambda key: (murmur2(key) & 0x7FFFFFFF) % PARTITIONS),
+    ):
+        for key in (b"order-1", b"order-2", "order-3"):
+            mid = producer.produce("orders", b"v", key, delay=2)
+            record = fake.sent[-1]
+            raw = key.encode() if isinstance(key, str) else key
+            assert record.topic == "lv-2"
+            assert record.partition == place(raw)
+            found = level_place(mid)
+            assert found is not None
+            assert (found.level, found.partition) == (2, record.partition)
+
+
+def test_messages_without_a_key_stay_on_one_partition_for_a_while(fake):
+    producer = _producer()
+    for _ in range(20):
+        producer.produce("orders", b"v", delay=1)
+    assert len({r.partition for r in fake.sent}) == 1
+    assert all(0 <= r.partition < PARTITIONS for r in fake.sent)
+
+
+def test_a_level_cancel_goes_to_the_markers_topic_after_the_message_is_acknowledged(fake):
+    producer = _producer()
+    mid = producer.produce("orders", b"v", b"k", delay=1)
+    flushed: list[int] = []
+    fake.flush = lambda timeout=-1: flushed.append(len(fake.sent)) or 0
+    producer.cancel(mid)
+    marker = fake.sent[-1]
+    assert flushed == [1], "the message in flight was flushed before the marker was sent"
+    assert marker.topic == MARKERS
+    assert marker.partition == zlib.crc32(mid.encode()) % PARTITIONS
+    assert (marker.key, marker.value) == (None, None)
+    assert marker.headers == [("delay-v", b"1"), ("delay-cancel", mid.encode())]
+
+
+def test_a_level_reschedule_beyond_the_top_level_is_refused_before_anything_is_sent(fake):
+    producer = _producer()
+    mid = producer.produce("orders", b"v", b"k", delay=1)
+    with pytest.raises(DelayTooLongError, match=r"above the top level \(2s\); add a longer level"):
+        producer.reschedule(mid, delay=3)
+    producer.reschedule(mid, delay=1.5)
+    marker = fake.sent[-1]
+    assert marker.topic == MARKERS
+    assert dict(marker.headers)["delay-ms"] == b"1500"
+
+
+def test_an_id_of_the_old_form_goes_to_the_markers_topic_where_it_is_answered_unmatched(fake):
+    producer = _producer()
+    producer.cancel("3f0c6be1a7d84b6e9d9c2a51e0f7d312")
+    assert fake.sent[-1].topic == MARKERS
