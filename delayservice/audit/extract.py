@@ -7,8 +7,8 @@ message as missing in one output and delivered in another. Pinning also fixes th
 audit's "as of" instant: a message counts as missing only if its due time plus the
 grace period had passed before the end offsets were taken.
 
-The delay side is the level topics and, with precise mode on, the precise topic, pinned
-and windowed alike: all of them use LogAppendTime, so `--since` and `--until` mean the
+The delay side is the level topics, the level markers topic and, with precise mode on,
+the precise topic, pinned and windowed alike: all of them use LogAppendTime, so `--since` and `--until` mean the
 broker's acceptance time on each, and an offset range names them all the same way.
 
 Each side is read at its own isolation level (see isolation.py): the delay topics as the
@@ -16,8 +16,8 @@ daemon reads them, the target topics as the audit was asked to. The pinned end o
 come from a consumer at the same level, so a read_committed range ends at the last
 stable offset and never waits on a transaction that is still open.
 
-With precise mode on, the outcomes topic (the daemon's replies to cancel and reschedule
-markers) is read too, as the delay topics are, and pinned last: the daemon may forward
+The outcomes topics (the daemon's replies to cancel and reschedule markers: level
+mode's, and precise mode's when it is on) are read too, as the delay topics are, and pinned last: the daemon may forward
 a moved copy before its reply is written, and a delivery read without the reply that
 moved it would look early. It is read from `--since` (less the clock skew: replies carry
 the daemon host's clock) to its end, since a message accepted in the window may be
@@ -327,13 +327,23 @@ def precise_topics(settings: Settings) -> list[str]:
 
 
 def outcomes_topics(settings: Settings) -> list[str]:
-    """Where the daemon replies to the markers sent to `precise_topics`."""
-    return [settings.precise_outcomes_topic] if settings.precise else []
+    """Where the daemon replies to markers: level mode's, and with precise mode on the
+    one for the markers sent to `precise_topics`."""
+    precise = [settings.precise_outcomes_topic] if settings.precise else []
+    return [settings.markers_outcomes_topic, *precise]
+
+
+def marker_topics(settings: Settings) -> list[str]:
+    """Topics markers land on, whose answers can move a message: the precise ones and
+    the level markers topic."""
+    return [*precise_topics(settings), settings.markers_topic]
 
 
 def delay_topics(settings: Settings) -> list[str]:
-    """Every topic that accepts delayed messages: the levels', then the precise ones."""
-    return [*(level.topic for level in settings.level_set()), *precise_topics(settings)]
+    """Every topic that accepts delayed messages or their markers: the levels', the
+    level markers topic, then the precise ones."""
+    levels = [level.topic for level in settings.level_set()]
+    return [*levels, settings.markers_topic, *precise_topics(settings)]
 
 
 def pin_outcomes(

@@ -23,6 +23,7 @@ from delayservice.audit.extract import (
     Window,
     extract,
     precise_topic,
+    marker_topics,
     precise_topics,
     record_count,
 )
@@ -165,7 +166,7 @@ def audit(
             accepted,
             transform.cancels(data.delay_records, precise),
             delivered,
-            transform.moves(data.outcomes.records, precise),
+            transform.moves(data.outcomes.records, marker_topics(settings)),
             as_of_ms=data.as_of_ms,
             grace_ms=options.grace_ms,
         )

@@ -24,14 +24,17 @@ the test. The rules:
   follows where the daemon can read it:
   for a precise message, only on the precise-topic partition that holds the message
   (where `DelayProducer.cancel` sends it, and the only partition the instance holding
-  the message is sure to read); for a level message, on any level topic, the rule from
-  before cancel existed, kept as it was. A marker on the precise topic never cancels a
-  level message: the daemon cannot call one off.
+  the message is sure to read); for a level message, anywhere but a precise topic: on
+  the level markers topic (where `DelayProducer.cancel` sends it, and which every
+  daemon reads whole), or on a level topic (the rule from before cancel existed).
 - delivered wins over cancelled, and the two are not exclusive: a message delivered
-  although its cancel came in time (the daemon read the marker after forwarding; a
-  cancel races the forward) has status `delivered` with both flags set, and counts as
-  both delivered and cancelled, so it stays visible without failing the audit. Hence
-  accepted = delivered + missing + pending + (cancelled and not delivered).
+  although its cancel came in time has status `delivered` with both flags set, and
+  counts as both delivered and cancelled. For a level message that is a broken
+  promise, counted as `leaked` (`BROKEN`): level mode honours every cancel the broker
+  acknowledged before the due time. For a precise message it is not (precise mode
+  promises only cancels it read before forwarding; a cancel races the forward), so it
+  stays visible without failing the audit. Hence accepted = delivered + missing +
+  pending + (cancelled and not delivered).
 - missing: not delivered, not cancelled, and due plus the grace period had passed when
   the audit pinned its input. Not yet that old: pending, judged by a later audit.
 - moved: a message rescheduled by id (precise mode) is due when its last move says, not
@@ -55,7 +58,11 @@ the test. The rules:
   (its own record's, or an earlier move's). Any copy counts, not only the first. The
   message was promised at one time and went out at another, so this breaks a promise
   as early and missing do (`BROKEN`). A copy without `delay-due-ms` cannot be judged
-  and is not counted.
+  and is not counted. A level message's move is answered on the level outcomes topic
+  the same way, and its copy waits on the level that holds what is left, so its
+  delivered `delay-due-ms` is the copy's level due time, at or after the time asked: a
+  level copy is superseded when it carries a due time before the time asked, or the
+  original's (the original itself went out).
 """
 
 from __future__ import annotations
@@ -91,8 +98,9 @@ COUNTS = (
     "superseded",
     "cancelled",
     "pending",
+    "leaked",
 )
-BROKEN = ("missing", "early", "superseded")
+BROKEN = ("missing", "early", "superseded", "leaked")
 """The counts that are broken promises: any one of them fails the audit."""
 REPLY_SCHEMA = (
     "v int, kind string, id string, outcome string, due_ms bigint, member int, role string"
@@ -293,17 +301,25 @@ def deliveries(target_records: DataFrame) -> DataFrame:
     ).where(F.length("id") > 0)
 
 
-def _deliveries_per_id(delivered: DataFrame, moved: DataFrame) -> DataFrame:
+def _deliveries_per_id(delivered: DataFrame, judged: DataFrame) -> DataFrame:
     """Copies per id, the first copy's place, and how many copies carry a due time the
-    id's last move replaced (null compares as unknown, and is not counted)."""
+    id's last move replaced (null compares as unknown, and is not counted): for an exact
+    message any other than the move's; for a level one, one before it or the original's
+    (a level copy is due at its level, at or after the time asked)."""
     F = _functions()  # noqa: N806
     first = F.min_by(
         F.struct("delivered_topic", "delivered_partition", "delivered_offset", "delivered_due_ms"),
         "forward_ms",
     )
-    stale = F.col("delivered_due_ms") != F.col("moved_due_ms")
+    due = F.col("delivered_due_ms")
+    stale = F.when(F.col("level") == PRECISE_LEVEL, due != F.col("moved_due_ms")).otherwise(
+        (due < F.col("moved_due_ms"))
+        | ((due == F.col("original_due_ms")) & (F.col("moved_due_ms") != F.col("original_due_ms")))
+    )
     return (
-        delivered.join(moved.select("id", "moved_due_ms"), "id", "left")
+        delivered.join(
+            judged.select("id", "moved_due_ms", "original_due_ms", "level"), "id", "left"
+        )
         .groupBy("id")
         .agg(
             F.count("*").alias("deliveries"),
@@ -356,7 +372,7 @@ def reconcile(
         .join(moved, "id", "left")
         .withColumn("due_ms", F.coalesce("moved_due_ms", "original_due_ms"))
     )
-    joined = judged.join(_deliveries_per_id(delivered, moved), "id", "left")
+    joined = judged.join(_deliveries_per_id(delivered, judged), "id", "left")
     m = (
         _with_cancels(joined, cancel_marks)
         .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
@@ -384,6 +400,10 @@ def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int) -> DataFrame:
         .withColumn("superseded", F.col("superseded_copies") > 0)
         .withColumn("missing", ~is_delivered & ~is_cancelled & overdue)
         .withColumn("pending", ~is_delivered & ~is_cancelled & ~overdue)
+        .withColumn(
+            "leaked",
+            is_delivered & F.coalesce(in_time, F.lit(False)) & (F.col("level") != PRECISE_LEVEL),
+        )
         .withColumn("lateness_ms", F.col("first_forward_ms") - F.col("due_ms"))
         .withColumn(
             "status",

@@ -1,4 +1,4 @@
-"""`delayservice cancel`: withdraw one precise-mode message by its id."""
+"""`delayservice cancel`: withdraw one delayed message, level or exact, by its id."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ def cancel(
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
-    """Cancel a message sent with exact precision, before it is due.
+    """Cancel a delayed message, level or exact, before it is due.
 
-    Level-mode messages cannot be cancelled. Prints where the cancel marker landed,
-    then the daemon's reply: accepted (the message, if still pending, will not be
-    delivered), too_late, unmatched or refused. Exit 1 unless accepted.
+    Prints where the cancel marker landed, then the daemon's reply: cancelled (a level
+    message) or accepted (an exact one): it will not be delivered; else too_late,
+    unmatched (no such message there, or an id from before level ids named their
+    place) or refused. Exit 1 unless it will not be delivered.
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     if not message_id.strip():

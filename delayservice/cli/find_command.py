@@ -19,6 +19,7 @@ from delayservice.cli.common import (
 from delayservice.cli.pending_command import when
 from delayservice.forward import dead_letter as dl
 from delayservice.levels import format_duration_ms, parse_duration_ms
+from delayservice.precise.marker_replies import CANCEL, CANCELLED
 from delayservice.settings import load_settings
 from delayservice.status.marker_trail import MOVED, Marker
 from delayservice.status.message_finder import NOT_FOUND, Whereabouts, find
@@ -55,7 +56,11 @@ def _outcome(marker: Marker, found: Whereabouts) -> str:
         return f"no reply yet{wish}"
     if reply.outcome == MOVED:
         return f"moved, due {when(reply.due_ms, now)}"
-    return _OUTCOMES.get(reply.outcome, reply.outcome)
+    if reply.outcome == CANCELLED and marker.kind == CANCEL:
+        said = "cancelled: it will not be delivered"
+    else:
+        said = _OUTCOMES.get(reply.outcome, reply.outcome)
+    return f"{said} ({reply.reason})" if reply.reason else said
 
 
 def _markers(found: Whereabouts) -> list[str]:

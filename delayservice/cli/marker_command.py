@@ -13,7 +13,7 @@ from delayservice.cli.common import fail
 from delayservice.cli.pending_command import when
 from delayservice.kafka import client_config
 from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
-from delayservice.precise.marker_replies import MarkerReply
+from delayservice.precise.marker_replies import CANCEL, CANCELLED, MarkerReply
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings
 from delayservice.status.marker_outcome import RepliesUnavailableError
@@ -35,7 +35,6 @@ _MEANING: Final = {
     "accepted": "the message, if still pending, will not be delivered",
     "too_late": "the message was already sent",
     "unmatched": "no pending message has this id on that partition",
-    "cancelled": "a cancel came first, and cancels win",
     "refused": "the daemon refused it (a bad marker, a time beyond max_delay, or a full "
     "log); its log says which",
     "superseded": "it moved the message, and a later reschedule moved it again",
@@ -43,11 +42,20 @@ _MEANING: Final = {
 
 
 def describe(reply: MarkerReply, now_ms: int) -> str:
-    """One line for a reply: the outcome and what it means."""
+    """One line for a reply: the outcome and what it means (and why, when the daemon
+    said)."""
     if reply.outcome == "moved":
         meaning = f"due {when(reply.due_ms, now_ms)}"
+    elif reply.outcome == CANCELLED:
+        meaning = (
+            "it will not be delivered"
+            if reply.kind == CANCEL
+            else "a cancel came first, and cancels win"
+        )
     else:
         meaning = _MEANING.get(reply.outcome, "an outcome this version does not know")
+    if reply.reason:
+        meaning = f"{meaning} ({reply.reason})"
     holder = f"member {reply.member}" if reply.member is not None else "the daemon"
     if reply.role:
         holder += f" ({reply.role})"

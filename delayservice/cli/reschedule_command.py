@@ -1,4 +1,4 @@
-"""`delayservice reschedule`: move one pending precise-mode message to a new time."""
+"""`delayservice reschedule`: move one pending delayed message to a new time."""
 
 from __future__ import annotations
 
@@ -40,12 +40,15 @@ def reschedule(
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
 ) -> None:
-    """Move a message sent with exact precision to a new due time, earlier or later.
+    """Move a pending delayed message, level or exact, to a new due time, earlier or
+    later.
 
-    It keeps its id, key, value and headers and is delivered once, at the new time (a
-    time already past means at once). A cancel wins over a reschedule. Prints where
-    the reschedule marker landed, then the daemon's reply: moved (and the new due
-    time), too_late, unmatched, cancelled or refused. Exit 1 unless moved.
+    It keeps its id, key, value and headers and is delivered once: an exact message at
+    the new time, a level one at the smallest level at least as long as what is left
+    then, never before the new time (a time already past means at once). A cancel wins
+    over a reschedule. Prints where the reschedule marker landed, then the daemon's
+    reply: moved (and the new due time), too_late, unmatched, cancelled or refused.
+    Exit 1 unless moved.
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     if not message_id.strip():

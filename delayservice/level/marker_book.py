@@ -74,6 +74,7 @@ class MarkerBook:
         self.executed: set[bytes] = set()
         self.copies: dict[str, TP] = {}
         """Id -> where its latest copy was written, per the answer of the move."""
+        self._copies_by_tp: dict[TP, set[str]] = {}
         self.final: dict[str, str] = {}
         self.partitions: dict[str, int] = {}
         """Level topic -> its partition count, as the reader last saw it."""
@@ -147,7 +148,7 @@ class MarkerBook:
                 self.executed.add(key)
                 topic, _, partition = reply.copy.rpartition(":")
                 if partition.isdigit():
-                    self.copies[reply.message_id] = (topic, int(partition))
+                    self._copy(reply.message_id, (topic, int(partition)))
             elif reply.kind == CANCEL and reply.outcome == CANCELLED:
                 self.final[reply.message_id] = CANCELLED
             self.touch()
@@ -165,7 +166,20 @@ class MarkerBook:
     def copies_on(self, tp: TP) -> set[str]:
         """Ids whose latest copy was written to `tp` (its owner answers their markers)."""
         with self._lock:
-            return {message_id for message_id, where in self.copies.items() if where == tp}
+            return set(self._copies_by_tp.get(tp, ()))
+
+    def _copy(self, message_id: str, where: TP | None) -> None:
+        """Note where an id's latest copy is (None: nowhere known)."""
+        old = self.copies.pop(message_id, None)
+        if old is not None:
+            ids = self._copies_by_tp.get(old)
+            if ids is not None:
+                ids.discard(message_id)
+                if not ids:
+                    del self._copies_by_tp[old]
+        if where is not None:
+            self.copies[message_id] = where
+            self._copies_by_tp.setdefault(where, set()).add(message_id)
 
     def verdict_for(
         self, message_id: str, after: tuple[int, int, int] | None, due_ms: int
@@ -195,7 +209,7 @@ class MarkerBook:
             for message_id, state in action.final:
                 self.final[message_id] = state
             for message_id, where in action.copies:
-                self.copies[message_id] = where
+                self._copy(message_id, where)
 
     def take_back(self, action: Action) -> None:
         """The interval did not commit: its decisions are made again."""
@@ -210,7 +224,7 @@ class MarkerBook:
                 self.final.pop(message_id, None)
             for message_id, where in action.copies:
                 if self.copies.get(message_id) == where:
-                    del self.copies[message_id]
+                    self._copy(message_id, None)
             self.touch()
 
     # -- forgetting ------------------------------------------------------------------
@@ -239,7 +253,7 @@ class MarkerBook:
             self.by_id[message_id] = left
             return
         self.by_id.pop(message_id, None)
-        self.copies.pop(message_id, None)
+        self._copy(message_id, None)
         self.final.pop(message_id, None)
         ids = self.watch.get(entry.tp)
         if ids is not None:

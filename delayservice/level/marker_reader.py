@@ -122,6 +122,7 @@ class MarkerReader:
         self._next_metadata = 0.0
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
+        self._read_once = False
         self._thread = threading.Thread(target=self._main, name="marker-reader", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -140,9 +141,11 @@ class MarkerReader:
         return self._thread.is_alive()
 
     def health(self) -> tuple[bool, str]:
+        """Ready once the markers were read through once; a rewind later (a partition
+        with older records) holds forwarding for a moment, not readiness."""
         if not self._thread.is_alive():
             return False, "markers: reader stopped"
-        if self._gate.through_ms < 0:
+        if not self._read_once:
             return False, "markers: not read yet"
         return True, "markers: read"
 
@@ -266,6 +269,7 @@ class MarkerReader:
         self._note_positions(consumer)
         outcomes = began if self._reached(ends, self._outcomes_topic) else None
         self._gate.advance(began, outcomes, generation)
+        self._read_once = True
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         self._forget(began)
 

@@ -5,8 +5,10 @@ whether it was forwarded, the dead-letter topic whether it was given up, and for
 precise mode its partition which cancels and reschedules were written, and the
 outcomes topic what the daemon did with each (`marker_trail`): a moved message is due
 when its last move says. An exact id names its partition of the precise topic, so
-only that partition is read; a level id may be on any level, so every level partition
-in the window is.
+only that partition is read; so does a level id (its level and partition), from the
+time it says it was sent, and its markers are on the markers topic, answered on its
+outcomes topic. An id of another form may be on any level, so every level partition in
+the window is.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from delayservice.envelope import H_CANCEL, H_ID, H_RESCHEDULE, H_TARGET
 from delayservice.forward import dead_letter as dl
 from delayservice.kafka import client_config
+from delayservice.level.ids import level_place
 from delayservice.precise.ids import named_place
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
 from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME
@@ -142,6 +145,8 @@ def _locate(
     home = precise_home(settings, out.message_id)
     if home is not None and _locate_exact(scan, home, out, on_read):
         return
+    if _locate_level(scan, settings, out, on_read):
+        return
     message_id = out.message_id
     for level in settings.level_set():
         partitions = scan.partitions(level.topic)
@@ -192,6 +197,58 @@ def _locate_exact(
         out.outcomes_read = read_replies(scan, home.outcomes_topic, markers, on_read)
         if out.outcomes_read:
             out.searched.append(home.outcomes_topic)
+    moved = moved_due_ms(out.reschedules)
+    if moved is not None:
+        out.due_ms = moved
+    return True
+
+
+SKEW_MS = 300_000
+"""How far before the send time a level id names its message is looked for (the
+producer's clock against the broker's)."""
+
+
+def _locate_level(
+    scan: TopicScan, settings: Settings, out: Whereabouts, on_read: Callable[[int], None] | None
+) -> bool:
+    """Read the level partition a level id names for the message, the markers topic for
+    its markers, then the answers to them; False when the id names no level here or the
+    message is not there."""
+    place = level_place(out.message_id)
+    levels = settings.level_set().levels
+    if place is None or place.level > len(levels):
+        return False
+    level = levels[place.level - 1]
+    since = max(out.since_ms, place.sent_ms - SKEW_MS)
+    message_id = out.message_id
+    out.searched.append(f"{level.topic}[{place.partition}]")
+    plan = scan.planned(level.topic, [place.partition], since)
+    found = scan.scan(level.topic, plan, _is(message_id), on_read)
+    if not found:
+        return False
+    out.source, out.level = found[0], level.name
+    out.original_due_ms = out.due_ms = level_due_ms(level, _head(found[0]))
+
+    def ours(headers: Headers) -> bool:
+        return (
+            header_text(headers, H_CANCEL) == message_id
+            or header_text(headers, H_RESCHEDULE) == message_id
+        )
+
+    markers_topic = settings.markers_topic
+    partitions = scan.partitions(markers_topic)
+    if partitions is not None:
+        out.searched.append(markers_topic)
+        for hit in scan.scan(markers_topic, scan.planned(markers_topic, partitions, since), ours,
+                             on_read):  # fmt: skip
+            kind = CANCEL if H_CANCEL in hit.headers else RESCHEDULE
+            (out.cancels if kind == CANCEL else out.reschedules).append(Marker(kind, hit))
+    markers = [*out.cancels, *out.reschedules]
+    if markers:
+        out.outcomes_topic = settings.markers_outcomes_topic
+        out.outcomes_read = read_replies(scan, out.outcomes_topic, markers, on_read)
+        if out.outcomes_read:
+            out.searched.append(out.outcomes_topic)
     moved = moved_due_ms(out.reschedules)
     if moved is not None:
         out.due_ms = moved

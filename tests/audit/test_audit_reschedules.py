@@ -287,6 +287,7 @@ def test_superseded_is_counted_shown_and_fails_the_audit(messages, tmp_path):
         "superseded": 3,
         "cancelled": 1,
         "pending": 1,
+        "leaked": 0,
     }
     assert not transform.promises_kept(total.counts)
     assert transform.promises_kept(total.counts | {"superseded": 0, "duplicated": 7})

@@ -183,6 +183,7 @@ def test_counts_per_level(summary):
         "superseded": 0,
         "cancelled": 1,
         "pending": 1,
+        "leaked": 0,
     }
     assert counts["2s"] == {
         "accepted": 5,
@@ -193,6 +194,7 @@ def test_counts_per_level(summary):
         "superseded": 0,
         "cancelled": 0,
         "pending": 0,
+        "leaked": 0,
     }
     assert counts["3s"] == {
         "accepted": 1,
@@ -203,6 +205,7 @@ def test_counts_per_level(summary):
         "superseded": 0,
         "cancelled": 0,
         "pending": 0,
+        "leaked": 0,
     }
 
 
@@ -220,6 +223,7 @@ def test_counts_per_target_and_in_total(summary):
         "superseded": 0,
         "cancelled": 1,
         "pending": 1,
+        "leaked": 0,
     }
 
 
@@ -438,6 +442,7 @@ def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, t
         "superseded": 0,
         "cancelled": 3,
         "pending": 1,
+        "leaked": 0,
     }
     assert exact.lateness_ms["max"] == 10.0
     assert exact.as_dict()["level_delay_ms"] is None

@@ -87,7 +87,7 @@ class FaultRun:
         )
         report.logs = [str(d.log_path) for d in self.fleet.daemons]
         if self.cancelled:
-            report.cancelled = [s for s in report.sources if s.expect.id in self.cancelled]
+            report.cancelled += [s for s in report.sources if s.expect.id in self.cancelled]
             report.sources = [s for s in report.sources if s.expect.id not in self.cancelled]
         return report
 

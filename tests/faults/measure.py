@@ -12,6 +12,13 @@ In precise mode a reschedule marker on the partition of a message, appended befo
 message was due, moves its due time to max(the marker's append time + `delay-ms`,
 `delay-due-ms`), in marker order; the scenarios send them in time. A delivery that
 carries a due time a later marker replaced is `superseded`.
+
+Level messages' markers are on the markers topic, by id. One appended before the
+message's due time acts on it, in append order: a cancel makes it cancelled (judged
+apart: it must never arrive), a reschedule moves its due time to the time asked (the
+copy the daemon re-publishes, marked `delay-moved-by`, is not a source of its own: it
+is the same message, and its delivery is judged against the time asked, which the
+copy's level may round up but never down).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Topology:
     partitions: int  # of the level and dead-letter topics
     precise: tuple[str, ...] = ()  # the precise and far topics, when precise mode is on
     max_delay_ms: int = 0  # precise mode's longest delay
+    markers: str | None = None  # the level markers topic
 
     @classmethod
     def of(cls, settings: Any, targets: dict[str, int]) -> Topology:
@@ -54,6 +62,7 @@ class Topology:
             settings.partitions,
             (settings.precise_topic, settings.precise_far_topic) if settings.precise else (),
             settings.max_delay_ms if settings.precise else 0,
+            settings.markers_topic,
         )
 
     @property
@@ -72,7 +81,8 @@ class Topology:
         return out
 
     def reads(self) -> list[str]:
-        return [*self.sources(), self.dead_letter_topic, *self.targets]
+        markers = [self.markers] if self.markers is not None else []
+        return [*markers, *self.sources(), self.dead_letter_topic, *self.targets]
 
 
 @dataclass(frozen=True)
@@ -169,6 +179,8 @@ class Source:
     due_ms: int | None
     echo: bool = False  # a copy the daemon forwarded into a level topic
     replaced: tuple[int, ...] = ()  # due times reschedules replaced, in order
+    cancelled: bool = False  # a level message whose cancel was appended before it was due
+    level_moved: bool = False  # a level message a reschedule moved (a copy, level-rounded)
     deliveries: list[Rec] = field(default_factory=list)
     dead: list[Rec] = field(default_factory=list)
 
@@ -370,11 +382,16 @@ def evaluate(
     wrong: list[str] = []
     dead_reasons: Counter[str] = Counter()
     moves = _moves([r for t in topology.precise for r in reader.records.get(t, [])])
+    level_marks = _level_markers(reader.records.get(topology.markers or "", []))
     for topic, records in reader.records.items():
+        if topic == topology.markers:
+            continue
         for rec in records:
             position = (rec.topic, rec.partition, rec.offset)
             if topic in topology.precise and (rec.has("delay-cancel") or rec.has(_RESCHEDULE)):
                 continue  # a marker: the cancel tests judge those, reschedules move dues
+            if topic in topology.levels and rec.has(_MOVED_BY):
+                continue  # a moved message's copy: the same message, judged by its source
             if topic in topology.levels or topic in topology.precise:
                 produced = sent.get(position)
                 exp = expect(rec, topology)
@@ -411,6 +428,8 @@ def evaluate(
             source.deliveries = by_id.get(source.expect.id, [])
             home = (source.rec.topic, source.rec.partition, source.expect.id)
             _apply_moves(source, moves.get(home, []))
+            if source.rec.topic in topology.levels:
+                _apply_level_markers(source, level_marks.get(source.expect.id, []))
         source.dead = dead_by_origin.get(position, [])
         wrong.extend(_judge(source, may_dead_letter))
     for origin, letters in dead_by_origin.items():
@@ -423,10 +442,51 @@ def evaluate(
         for r in records[:1]
         if r.ts_type != LOG_APPEND_TIME and r.topic != topology.dead_letter_topic
     )
-    return Report(scenario, sources, missing, wrong, dead_reasons)
+    return Report(
+        scenario,
+        [s for s in sources if not s.cancelled],
+        missing,
+        wrong,
+        dead_reasons,
+        cancelled=[s for s in sources if s.cancelled],
+    )
 
 
 _RESCHEDULE = "delay-reschedule"
+_MOVED_BY = "delay-moved-by"
+
+
+def _level_markers(records: list[Rec]) -> dict[str, list[tuple[int, int, str, int | None]]]:
+    """Level markers by id: (append time, offset, kind, time asked for a reschedule)."""
+    out: dict[str, list[tuple[int, int, str, int | None]]] = defaultdict(list)
+    for rec in records:
+        cancelled = _text(rec.header("delay-cancel"))
+        if cancelled is not None:
+            out[cancelled].append((rec.ts, rec.offset, "cancel", None))
+            continue
+        moved = _text(rec.header(_RESCHEDULE))
+        if moved is None:
+            continue
+        delay_ms = _number(rec.header("delay-ms")) or 0
+        asked = max(rec.ts + delay_ms, _number(rec.header("delay-due-ms")) or 0)
+        out[moved].append((rec.ts, rec.offset, "reschedule", asked))
+    return out
+
+
+def _apply_level_markers(source: Source, marks: list[tuple[int, int, str, int | None]]) -> None:
+    """Each marker appended before the due time then in force acts, in append order: a
+    cancel for good, a reschedule moves the due time (a past time meaning at once)."""
+    replaced = list(source.replaced)
+    for appended, _, kind, asked in sorted(marks):
+        if source.due_ms is None or appended >= source.due_ms:
+            continue
+        if kind == "cancel":
+            source.cancelled = True
+            break
+        replaced.append(source.due_ms)
+        source.due_ms = max(asked or 0, appended)
+        source.level_moved = True
+    source.replaced = tuple(replaced)
 
 
 def _moves(markers: list[Rec]) -> dict[tuple[str, int, str], list[tuple[int, int, int]]]:
@@ -477,7 +537,7 @@ def _judge(source: Source, may_dead_letter: Callable[[Source], bool] | None) -> 
         # that level's due time: later than asked (never earlier), and it says so.
         rerouted = (
             source.due_ms is not None
-            and source.due_ms - rec.ts == exp.delay_ms
+            and (source.due_ms - rec.ts == exp.delay_ms or source.level_moved)
             and delivered_due is not None
             and delivered_due >= source.due_ms
         )

@@ -1,0 +1,293 @@
+"""Scenarios 22 and 23: cancel and reschedule of level messages under kill -9, behind a
+backlog, and beside group churn.
+
+A cancel the broker acknowledged before its message's due time must be honoured: the
+message never arrives, whatever happens to the daemon, and however far behind its
+partition is. A reschedule moves the message to its new time (never earlier; at the
+level that holds what is left), and it arrives once. The verdict comes from the
+broker: the markers topic says which markers came in time (`measure`), the targets
+what arrived, and the outcomes topic what the daemons answered.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from delayservice.producer import DelayProducer
+from tests.faults.harness import Reader, SentLog, scenario_name
+from tests.faults.measure import Report
+
+pytestmark = pytest.mark.kafka
+
+SEED = 3_434
+LEVELS = "3s,6s,10s"
+MESSAGES = 1_000
+CANCEL_SHARE = 0.10
+MOVE_SHARE = 0.05
+BACKLOG = 200_000
+EOS = "exactly-once"
+ALO = "at-least-once"
+
+
+@dataclass
+class Marked:
+    """What the scenario sent: messages (id -> delay s) and the markers for them."""
+
+    delays: dict[str, float] = field(default_factory=dict)
+    cancels: list[str] = field(default_factory=list)
+    moves: dict[str, float] = field(default_factory=dict)  # id -> new delay from its marker
+    markers: list[Any] = field(default_factory=list)  # receipts
+
+    def landed(self) -> list[tuple[str, int, int]]:
+        return [receipt.landed(60) for receipt in self.markers]
+
+
+def _producer(bootstrap: str, settings: Any, **config: Any) -> DelayProducer:
+    return DelayProducer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True, **config},
+        settings=settings,
+    )
+
+
+def send_messages(
+    producer: DelayProducer, target: str, sent: SentLog, rng: random.Random, count: int
+) -> Marked:
+    marked = Marked()
+    on_delivery = sent.callback(good=True)
+    for number in range(count):
+        delay = rng.uniform(3.0, 10.0)
+        key = f"k{rng.randrange(200)}".encode()
+        mid = producer.produce(target, f"m{number}".encode(), key, delay=delay,
+                               on_delivery=on_delivery)  # fmt: skip
+        marked.delays[mid] = delay
+    assert producer.flush(60) == 0
+    return marked
+
+
+def send_markers(producer: DelayProducer, marked: Marked, rng: random.Random) -> None:
+    """Cancel a tenth of the messages and move a twentieth (half earlier, half later),
+    all while they wait."""
+    ids = list(marked.delays)
+    rng.shuffle(ids)
+    cancels = ids[: int(len(ids) * CANCEL_SHARE)]
+    moves = ids[len(cancels) : len(cancels) + int(len(ids) * MOVE_SHARE)]
+    for mid in cancels:
+        marked.markers.append(producer.cancel(mid))
+        marked.cancels.append(mid)
+    for index, mid in enumerate(moves):
+        delay = marked.delays[mid]
+        new = rng.uniform(0.5, 2.0) if index % 2 == 0 else rng.uniform(min(delay + 1, 9.5), 9.8)
+        marked.markers.append(producer.reschedule(mid, delay=new))
+        marked.moves[mid] = new
+    assert producer.flush(60) == 0
+
+
+def answers(bootstrap: str, outcomes_topic: str) -> dict[bytes, dict[str, Any]]:
+    """The first answer to each marker on the outcomes topic (read_committed)."""
+    reader = Reader(bootstrap, [outcomes_topic])
+    try:
+        assert reader.catch_up(60)
+        out: dict[bytes, dict[str, Any]] = {}
+        for rec in reader.records[outcomes_topic]:
+            if rec.key is not None and rec.value is not None:
+                out.setdefault(rec.key, json.loads(rec.value))
+        return out
+    finally:
+        reader.close()
+
+
+def judge(run: Any, report: Report, marked: Marked, guarantee: str, fault_summary: Any) -> None:
+    """0 lost, 0 early, 0 cancelled delivered, 0 at a replaced time (exactly-once: 0
+    duplicates), and every marker answered as the broker's record of it calls for."""
+    got = answers(run.bootstrap, run.settings.markers_outcomes_topic)
+    keys = {f"{topic}:{partition}:{offset}".encode(): i for i, (topic, partition, offset)
+            in enumerate(marked.landed())}  # fmt: skip
+    unanswered = [key for key in keys if key not in got]
+    cancelled = {s.expect.id for s in report.cancelled}
+    wrong_answers = [
+        (got[key]["id"], got[key]["outcome"])
+        for key in keys
+        if key in got
+        and got[key]["kind"] == "cancel"
+        and (got[key]["outcome"] == "cancelled") != (got[key]["id"] in cancelled)
+    ]
+    moved = {s.expect.id for s in report.moved}
+    report.notes.append(
+        f"{len(marked.cancels)} cancels ({len(cancelled)} in time), {len(marked.moves)} "
+        f"reschedules ({len(moved)} in time); {len(got)} answers, {len(unanswered)} missing"
+    )
+    fault_summary(report)
+    run.assert_alive()
+    assert not report.lost, report.problems()
+    assert not report.early, report.problems()
+    assert not report.wrong, report.problems()
+    assert not report.cancels_leaked, report.problems()
+    assert not report.superseded, report.problems()
+    if guarantee == EOS:
+        assert report.duplicates == 0, report.problems()
+    assert len(cancelled) >= len(marked.cancels) * 0.9, "the cancels were meant to come in time"
+    assert len(moved) >= len(marked.moves) * 0.9, "the reschedules were meant to come in time"
+    assert not unanswered, f"{len(unanswered)} markers never answered, e.g. {unanswered[:3]}"
+    assert not wrong_answers, f"answers that disagree with the broker: {wrong_answers[:5]}"
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "backlog"),
+    [(ALO, 0), (EOS, 0), pytest.param(ALO, BACKLOG, marks=pytest.mark.long), (EOS, BACKLOG)],
+)
+def test_level_cancels_and_reschedules_hold_across_kill_9_and_a_backlog(
+    fault_run, kafka_bootstrap, fault_summary, guarantee, backlog
+):
+    """1,000 level messages due in 3-10 s, a tenth cancelled and a twentieth moved, the
+    daemon killed between the markers and the due times and started again. With a
+    backlog, 200,000 due records sit ahead of them in the same level partitions, so the
+    cancelled messages are read long after their cancels."""
+    rng = random.Random(SEED)
+    run = fault_run(kafka_bootstrap, guarantee=guarantee, levels=LEVELS)
+    target = run.target("lmark")
+    name = f"lmark-{run.testbed.tag}"
+    producer = _producer(kafka_bootstrap, run.settings)
+    if backlog:
+        write_backlog(run, target, rng, backlog)
+    else:
+        daemon = run.fleet.spawn(name)
+        run.wait_ready(daemon)
+    marked = send_messages(producer, target, run.sent, rng, MESSAGES)
+    send_markers(producer, marked, rng)
+    marked.landed()  # every marker acknowledged before the kill
+    if backlog:
+        daemon = run.fleet.spawn(name)
+        run.wait_ready(daemon, timeout=120)
+        time.sleep(rng.uniform(1.0, 3.0))  # mid-backlog
+    else:
+        time.sleep(rng.uniform(0.2, 1.5))  # between the markers and the first due time
+    daemon.kill()
+    daemon = run.fleet.spawn(name)
+    run.wait_ready(daemon, timeout=120)
+    scenario = f"22. level markers: kill -9{f' behind {backlog:,}' if backlog else ''}"
+    report = run.drain(scenario_name(scenario, guarantee), timeout=240 if backlog else 90)
+    judge(run, report, marked, guarantee, fault_summary)
+
+
+def write_backlog(run: Any, target: str, rng: random.Random, count: int) -> None:
+    """`count` due records spread over every level and partition, written before the
+    daemon starts: ahead of the scenario's messages in the same partitions."""
+    with _producer(
+        run.bootstrap,
+        run.settings,
+        **{
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 2 * count,
+            "queue.buffering.max.kbytes": 1_048_576,
+        },
+    ) as producer:
+        on_delivery = run.sent.callback(good=True)
+        for number in range(count):
+            key = f"b{rng.randrange(5_000)}".encode()
+            delay = (2.5, 5.5, 9.5)[number % 3]
+            producer.produce(target, f"b{number}".encode(), key, delay=delay,
+                             on_delivery=on_delivery)  # fmt: skip
+            if number % 10_000 == 0:
+                producer.poll(0)
+        assert producer.flush(120) == 0
+
+
+class MarkedTraffic:
+    """Level messages at a steady pace, a tenth cancelled and a twentieth moved soon
+    after they are sent, from a thread of its own."""
+
+    def __init__(self, run: Any, target: str, rate: float, seed: int) -> None:
+        self._producer = _producer(run.bootstrap, run.settings)
+        self._target = target
+        self._rate = rate
+        self._rng = random.Random(seed)
+        self._sent = run.sent
+        self.marked = Marked()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="marked-traffic", daemon=True)
+
+    def start(self) -> MarkedTraffic:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        on_delivery = self._sent.callback(good=True)
+        for number in itertools.count():
+            if self._stop.is_set():
+                return
+            delay = self._rng.uniform(3.0, 10.0)
+            key = f"k{self._rng.randrange(200)}".encode()
+            mid = self._producer.produce(self._target, f"c{number}".encode(), key, delay=delay,
+                                         on_delivery=on_delivery)  # fmt: skip
+            self.marked.delays[mid] = delay
+            draw = self._rng.random()
+            if draw < CANCEL_SHARE:
+                self.marked.markers.append(self._producer.cancel(mid))
+                self.marked.cancels.append(mid)
+            elif draw < CANCEL_SHARE + MOVE_SHARE:
+                new = self._rng.uniform(0.5, 2.0) if number % 2 else min(delay + 2.0, 9.8)
+                self.marked.markers.append(self._producer.reschedule(mid, delay=new))
+                self.marked.moves[mid] = new
+            self._producer.poll(0)
+            pause = started + number / self._rate - time.monotonic()
+            if pause > 0:
+                self._stop.wait(pause)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert self._producer.flush(60) == 0
+
+
+SESSION_TIMEOUT_S = 6
+
+
+@pytest.mark.parametrize("layout", ["shared", pytest.param("per-level", marks=pytest.mark.long)])
+@pytest.mark.long
+def test_level_cancels_and_reschedules_hold_beside_group_churn(
+    fault_run, kafka_bootstrap, fault_summary, layout
+):
+    """Exactly-once, 2 -> 3 -> 1 members three times (members leave by SIGTERM and by
+    kill -9), while messages are sent, cancelled and moved: partitions and the markers'
+    answers change hands under them."""
+    rng = random.Random(SEED + 1)
+    run = fault_run(kafka_bootstrap, guarantee=EOS, levels=LEVELS, level_workers=layout)
+    run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
+    target = run.target("lchurn")
+    names = (f"lc{i}-{run.testbed.tag}" for i in itertools.count())
+    live = [run.fleet.spawn(next(names)) for _ in range(2)]
+    run.wait_ready(*live)
+    traffic = MarkedTraffic(run, target, rate=60, seed=SEED).start()
+    for round_no in range(3):
+        time.sleep(3)
+        joiner = run.fleet.spawn(next(names))
+        run.wait_ready(joiner)
+        live.append(joiner)
+        time.sleep(3)
+        by_term, by_kill = rng.sample(live, 2)
+        by_term.send_sigterm()
+        time.sleep(rng.uniform(0, 0.5))
+        by_kill.kill()
+        by_term.wait_sigterm(30)
+        live = [d for d in live if d not in (by_term, by_kill)]
+        run.assert_alive()
+        if round_no < 2:
+            time.sleep(2)
+            newcomer = run.fleet.spawn(next(names))
+            run.wait_ready(newcomer)
+            live.append(newcomer)
+    time.sleep(2)
+    traffic.stop()
+    time.sleep(SESSION_TIMEOUT_S + 4)
+    report = run.drain(scenario_name("23. level markers: group 2-3-1 x3", EOS, layout), 120)
+    judge(run, report, traffic.marked, EOS, fault_summary)
