@@ -8,8 +8,9 @@ audit's "as of" instant: a message counts as missing only if its due time plus t
 grace period had passed before the end offsets were taken.
 
 The delay side is the level topics, the level markers topic and, with precise mode on,
-the precise topic, pinned and windowed alike: all of them use LogAppendTime, so `--since` and `--until` mean the
-broker's acceptance time on each, and an offset range names them all the same way.
+the precise topic, pinned and windowed alike: all of them use LogAppendTime, so
+`--since` and `--until` mean the broker's acceptance time on each, and an offset range
+names them all the same way.
 
 Each side is read at its own isolation level (see isolation.py): the delay topics as the
 daemon reads them, the target topics as the audit was asked to. The pinned end offsets
@@ -17,12 +18,12 @@ come from a consumer at the same level, so a read_committed range ends at the la
 stable offset and never waits on a transaction that is still open.
 
 The outcomes topics (the daemon's replies to cancel and reschedule markers: level
-mode's, and precise mode's when it is on) are read too, as the delay topics are, and pinned last: the daemon may forward
-a moved copy before its reply is written, and a delivery read without the reply that
-moved it would look early. It is read from `--since` (less the clock skew: replies carry
-the daemon host's clock) to its end, since a message accepted in the window may be
-moved at any time after. An older deployment has no outcomes topic; the audit then
-knows of no reschedules and says so.
+mode's, and precise mode's when it is on) are read too, as the delay topics are, and
+pinned last: the daemon may forward a moved copy before its reply is written, and a
+delivery read without the reply that moved it would look early. They are read from
+`--since` (less the clock skew: replies carry the daemon host's clock) to their end,
+since a message accepted in the window may be moved at any time after. An older
+deployment has no outcomes topic; the audit then knows of no reschedules and says so.
 """
 
 from __future__ import annotations

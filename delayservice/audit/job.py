@@ -22,8 +22,8 @@ from delayservice.audit.extract import (
     Progress,
     Window,
     extract,
-    precise_topic,
     marker_topics,
+    precise_topic,
     precise_topics,
     record_count,
 )
