@@ -25,6 +25,12 @@ commits, since the reader is read_committed, as librdkafka's consumers are by de
     python benchmarks/forwarding.py --messages 1000000 --rounds 1     # the catch-up figure
     python benchmarks/forwarding.py --levels 3 --processes 2          # two worker processes
     python benchmarks/forwarding.py --guarantees exactly-once         # one guarantee only
+    python benchmarks/forwarding.py --cancel-share 0.01 --level-delay 30   # 1% cancelled
+
+With `--cancel-share`, that share of the daemon's records is cancelled (markers on the
+markers topic, appended before the records are due), so every partition has cancels
+pending while it is forwarded: the records they name are withdrawn, the others are
+screened for them. Compare with the same `--level-delay` and no cancels.
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, Consumer, Producer, Topic
 from confluent_kafka.admin import AdminClient, NewTopic
 from daemon_process import running_daemon
 
-from delayservice.envelope import Envelope, wrap
+from delayservice.envelope import H_CANCEL, H_VERSION, Envelope, Headers, wrap
 from delayservice.kafka import topics
 from delayservice.kafka.local_broker import LocalBroker
+from delayservice.level.ids import level_id
 from delayservice.settings import load_settings
 
 PARTITIONS = 3
@@ -84,8 +91,17 @@ def producer_settings(args: argparse.Namespace) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.producer)
 
 
-def fill(bootstrap: str, topic: str, target: str, count: int, size: int) -> None:
-    """`count` delayed records (envelope and one user header) for `target`."""
+def fill(
+    bootstrap: str,
+    topic: str,
+    target: str,
+    count: int,
+    size: int,
+    level: tuple[int, int] | None = None,
+) -> list[str]:
+    """`count` delayed records (envelope and one user header) for `target`; returns
+    their ids. With `level` (index, delay ms), the ids are level ids naming where each
+    record was written, as `DelayProducer` writes them."""
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -95,15 +111,41 @@ def fill(bootstrap: str, topic: str, target: str, count: int, size: int) -> None
         }
     )
     value = b"v" * size
+    ids = []
     for i in range(count):
-        headers = wrap(Envelope(target, 1000, uuid.uuid4().hex), [("trace", b"abc")])
+        partition = -1  # the producer's partitioner
+        if level is None:
+            message_id = uuid.uuid4().hex
+        else:
+            partition = i % PARTITIONS
+            message_id = level_id(level[0], partition)
+        ids.append(message_id)
+        delay_ms = 1000 if level is None else level[1]
+        headers = wrap(Envelope(target, delay_ms, message_id), [("trace", b"abc")])
         while True:
             try:
-                producer.produce(topic, value, str(i % 10_000).encode(), headers=headers)
+                key = str(i % 10_000).encode()
+                producer.produce(topic, value, key, partition, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)
     producer.flush(300)
+    return ids
+
+
+def cancel_some(bootstrap: str, markers_topic: str, ids: list[str], share: float) -> int:
+    """Cancel markers for every `1/share`-th id; returns how many."""
+    if share <= 0:
+        return 0
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    step = max(1, round(1 / share))
+    chosen = ids[::step]
+    for message_id in chosen:
+        headers: Headers = [(H_VERSION, b"1"), (H_CANCEL, message_id.encode())]
+        producer.produce(markers_topic, None, None, partition=0, headers=headers)
+        producer.poll(0)
+    producer.flush(60)
+    return len(chosen)
 
 
 def bare_pipe(bootstrap: str, source: str, destination: str, count: int) -> None:
@@ -224,11 +266,12 @@ def run_round(
         admin.create_topics([NewTopic(name, PARTITIONS, 1, config=config)])[name].result(30)
     fill(bootstrap, source, pipe_out, args.messages, args.size)
     runs = []
+    expected: dict[str, int] = {}
     for guarantee in args.guarantees:
         short = "eos" if guarantee == "exactly-once" else "alo"
         settings = load_settings(
             bootstrap_servers=bootstrap,
-            levels=",".join(f"{n}s" for n in range(1, args.levels + 1)),
+            levels=",".join(f"{n * args.level_delay}s" for n in range(1, args.levels + 1)),
             processes=args.processes,
             topic_prefix=f"bench-{tag}-{short}-",
             group_id=f"bench-{tag}-{short}",
@@ -240,15 +283,21 @@ def run_round(
             producer=producer_settings(args),
             commit_interval_s=args.commit_interval,
             level_workers=args.level_workers,
+            markers_topic=f"bench-{tag}-{short}-markers",
         )
         topics.create(admin, settings)
         out = f"bench-{tag}-{short}-out"
         admin.create_topics([NewTopic(out, PARTITIONS, 1, config=LOG_APPEND)])[out].result(30)
+        cancelled = 0
         for n in range(1, args.levels + 1):  # the backlog spread evenly over the levels
             share = args.messages // args.levels + (n <= args.messages % args.levels)
-            fill(bootstrap, f"{settings.topic_prefix}{n}", out, share, args.size)
+            level = settings.level_set().levels[n - 1]
+            ids = fill(bootstrap, level.topic, out, share, args.size, (n, level.delay_ms))
+            cancelled += cancel_some(bootstrap, settings.markers_topic, ids, args.cancel_share)
+        expected[guarantee] = args.messages - cancelled
         runs.append((guarantee, settings, out))
-    time.sleep(args.levels)  # level n is n s: every record is due before a daemon starts
+    # Every record is due before a daemon starts (the last level's delay after the last).
+    time.sleep(args.levels * args.level_delay)
 
     pipe_started = time.time()
     bare_pipe(bootstrap, source, pipe_out, args.messages)
@@ -258,8 +307,8 @@ def run_round(
     for guarantee, settings, out in runs:
         started = time.time()
         with running_daemon(settings, f"bench-{tag}", quiet=True):
-            wait_for_arrivals(bootstrap, out, args.messages, timeout=1200)
-            rate, last = arrival_rate(bootstrap, out, args.messages, timeout=600)
+            wait_for_arrivals(bootstrap, out, expected[guarantee], timeout=1200)
+            rate, last = arrival_rate(bootstrap, out, expected[guarantee], timeout=600)
         daemons[guarantee] = (rate, last / 1000 - started)
     return pipe, pipe_last / 1000 - pipe_started, daemons
 
@@ -280,6 +329,12 @@ def main() -> int:
         "--pause-high-water", type=int, default=10_000, help="per-partition buffer bound"
     )
     parser.add_argument("--levels", type=int, default=1, help="levels the backlog spreads over")
+    parser.add_argument(
+        "--level-delay", type=int, default=1, help="level n is n times this many seconds"
+    )
+    parser.add_argument(
+        "--cancel-share", type=float, default=0.0, help="share of the records cancelled"
+    )
     parser.add_argument("--processes", type=int, default=1, help="the daemon's worker processes")
     parser.add_argument(
         "--commit-interval",
@@ -309,7 +364,7 @@ def main() -> int:
     print(
         f"\n{args.messages:,} records of {args.size} B, {PARTITIONS} partitions, "
         f"pause_high_water={args.pause_high_water}, levels={args.levels}, "
-        f"processes={args.processes}, commit interval "
+        f"processes={args.processes}, cancelled {args.cancel_share:.0%}, commit interval "
         f"{args.commit_interval or 'default'}, median of {args.rounds} rounds"
     )
     print(f"bare consume->produce pipe : {p:>9,.0f} msg/s, catch-up {pt:.1f} s")
