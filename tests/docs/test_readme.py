@@ -11,6 +11,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from delayservice.cli.app import app
+from delayservice.level.ids import level_place
 from delayservice.precise.ids import named_place
 from tests.docs.markdown import (
     PAGES,
@@ -125,7 +126,9 @@ def test_every_delayservice_line_in_the_docs_parses(args):
     message_id = params.get("message_id")
     if path[0] in ("cancel", "reschedule"):
         assert isinstance(message_id, str)
-        assert named_place(message_id) is not None, f"{message_id} is not an exact id (-p<N>)"
+        assert named_place(message_id) is not None or level_place(message_id) is not None, (
+            f"{message_id} is neither an exact id (-p<N>) nor a level id (-l<N>p<N>)"
+        )
     elif message_id is not None:
         assert ID_ARGUMENT.fullmatch(str(message_id)), f"{message_id} is not a message id"
 
