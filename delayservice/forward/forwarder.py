@@ -579,9 +579,11 @@ class Forwarder:
     def _serve_markers(self) -> None:
         """Level mode: answer new markers and move their messages now (in the open
         transaction, exactly-once; `level.marker_actions`)."""
+        self.sender.serve_markers(self._begin)
+
+    def _begin(self) -> None:
         if self.transactional and not self._txn.open:
             self._txn.begin()
-        self.sender.serve_markers()
 
     def _unsent(self, runs: Runs) -> None:
         """A send raised past the sender (a producer gone fatal, or a bug): which records

@@ -42,7 +42,7 @@ from delayservice.forward.failures import (
     dead_letter_copy,
     permanent_reason,
 )
-from delayservice.forward.held_record import record_of
+from delayservice.forward.held_record import HeldView, record_of
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.client_errors import error_of, is_fatal
@@ -427,7 +427,11 @@ class RecordSender:
         """The due time to forward `record` with, as its id's markers decide (None:
         withdrawn or moved); `due` when no marker names it."""
         markers = self._routes.markers
-        if markers is None or not markers.has(envelope.id):
+        if markers is None:
+            return due
+        if type(record) is not HeldView:
+            markers.recall(tp, record)  # a copy a move made: its markers must be at hand
+        if not markers.has(envelope.id):
             return due
         decided: int | None = markers.decide(tp, record, envelope, due, self)
         return decided
@@ -626,11 +630,12 @@ class RecordSender:
         markers = self._routes.markers
         return markers is not None and bool(markers.waiting())
 
-    def serve_markers(self) -> None:
-        """Answer new markers and move their messages now, where they are queued here.
-        A failure leaves them for the next pass."""
+    def serve_markers(self, begin: Callable[[], None]) -> None:
+        """Answer new markers and move their messages now, where they are queued here
+        (`begin` runs before the first thing it produces). A failure leaves them for the
+        next pass."""
         try:
-            self._routes.markers.serve(self)
+            self._routes.markers.serve(self, begin)
         except (SendLaterError, DelayServiceError, KafkaException) as exc:
             if self._throttle.allow("markers") is not None:
                 log.warning("%s: markers wait: %s", self._worker, exc)

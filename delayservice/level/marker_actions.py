@@ -115,6 +115,9 @@ class WorkerMarkers:
         """Partition -> (offset through which its queue was searched, for which ids)."""
         self._next_check = 0
         self._seen_change = -1
+        self._begin: Callable[[], None] = lambda: None
+        """Runs before a serve pass produces anything (exactly-once: begins the
+        transaction)."""
         self.queue_of: Callable[[TP], deque[Any] | None] = lambda _tp: None
         self.due_of: Callable[[TP, Any], int] = lambda _tp, _r: 0
 
@@ -213,6 +216,7 @@ class WorkerMarkers:
             partition = tp[1] % count
         extra = [(H_DELAY_MS, str(remaining).encode()), (H_DUE_MS, str(asked).encode())]
         extra.append((H_MOVED_BY, moved_by(marker)))
+        self._begin()
         sender.republish(tp, viewed, level.topic, partition, extra)
         return (level.topic, partition)
 
@@ -240,6 +244,7 @@ class WorkerMarkers:
         reason: str | None = None,
         copy: str | None = None,
     ) -> None:
+        self._begin()
         reply = MarkerReply(
             marker.kind, marker.message_id, outcome, due_ms, None, None, reason, copy
         )
@@ -269,7 +274,19 @@ class WorkerMarkers:
             return False
         return self.book.version != self._seen_change or self._now_ms() >= self._next_check
 
-    def serve(self, sender: Any) -> None:
+    def recall(self, tp: TP, record: Any) -> None:
+        """A record that may be a copy a move made: the markers since the one that made
+        it must be in memory before it is decided (it may have waited long), else they
+        are read again first and the record waits (`SendLaterError`)."""
+        cursor = cursor_of(record)
+        if cursor is None:
+            return
+        self.gate.need(tp, cursor[0] + self.gate.lead_ms)
+        if self.gate.rewind_asked() or self.gate.through_ms < 0:
+            raise SendLaterError("reading the markers of a moved message again")
+
+    def serve(self, sender: Any, begin: Callable[[], None] = lambda: None) -> None:
+        self._begin = begin
         self._seen_change = self.book.version
         now = self._now_ms()
         self._next_check = now + CHECK_MS

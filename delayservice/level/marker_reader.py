@@ -190,8 +190,9 @@ class MarkerReader:
             ]
             self._read_metadata(consumer)
             start = self._now_ms() - self._window_ms
-            covered = self._gate.covered_from_ms
-            since = start if covered is None else min(start, covered)
+            # Records handed over before the first read need markers from as far back.
+            wanted = [self._gate.covered_from_ms, self._gate.earliest_need()]
+            since = min([start, *(ms for ms in wanted if ms is not None)])
             self._gate.start(since)
             consumer.assign(self._starts(consumer, since))
         except BaseException:

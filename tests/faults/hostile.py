@@ -219,6 +219,60 @@ class HostileFactory:
         return rng.randrange(t.partitions), key, value, headers
 
 
+REFUSED = "refused"
+UNMATCHED = "unmatched"
+
+
+def hostile_marker(
+    rng: random.Random, levels: int, partitions: int, good_ids: list[str]
+) -> tuple[Headers, str | None]:
+    """A marker for the level markers topic that no daemon can act on, and the answer
+    it must get (None: no rule says which, such as a well-formed id that names nothing,
+    or a record that is no marker at all and gets none); now and then a valid one for a
+    good record, which must act."""
+    from delayservice.level.ids import level_id
+
+    now = 1_764_000_000_000
+    named = level_id(1, rng.randrange(partitions), now)
+    kind = rng.choice(["delay-cancel", "delay-reschedule"])
+    roll = rng.random()
+    if roll < 0.08 and good_ids:
+        headers: Headers = [("delay-v", b"1"), (kind, rng.choice(good_ids).encode())]
+        if kind == "delay-reschedule":
+            headers.append(("delay-ms", str(rng.randint(0, 2_000)).encode()))
+        return headers, None
+    cases: list[tuple[HeaderValue, str | None, Headers]] = [
+        (b"\xff\xfe\xfd", REFUSED, []),
+        (b"", REFUSED, []),
+        (None, REFUSED, []),
+        (uuid.uuid4().hex, UNMATCHED, [("delay-ms", b"100")]),  # the old form of level ids
+        (f"{uuid.uuid4().hex}-l{levels + rng.randint(1, 50)}p0", REFUSED, [("delay-ms", b"9")]),
+        (
+            f"{uuid.uuid4().hex}-l1p{partitions + rng.randint(0, 10**6)}",
+            REFUSED,
+            [("delay-ms", b"9")],
+        ),
+        (named, None, [("delay-ms", b"1")]),  # well formed, no such message
+        (named + "-" + "x" * rng.randint(1, 20_000), UNMATCHED, [("delay-ms", b"1")]),
+        (_unicode(rng, rng.randint(1, 40)), UNMATCHED, [("delay-ms", b"1")]),
+    ]
+    if kind == "delay-reschedule":
+        cases += [
+            (named, REFUSED, []),  # no new time
+            (named, REFUSED, [("delay-ms", b"-5")]),
+            (named, REFUSED, [("delay-ms", b"1e3")]),
+            (named, REFUSED, [("delay-due-ms", b"\xff")]),
+            (named, REFUSED, [("delay-ms", str(10**14).encode())]),  # beyond the top level
+        ]
+    raw, answer, extra = rng.choice(cases)
+    headers = [("delay-v", b"1"), (kind, raw), *extra]
+    if rng.random() < 0.3:
+        headers.append((_header_name(rng), _header_value(rng)))
+    if rng.random() < 0.05:
+        return [("x-not-a-marker", b"1")], None  # no marker header at all: no answer
+    return headers, answer
+
+
 def _len(value: HeaderValue) -> int:
     if value is None:
         return 0

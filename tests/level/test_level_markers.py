@@ -23,6 +23,7 @@ from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
 from tests.level.fakes import (
     LEVEL,
     LEVELS,
+    LONGER,
     OUTCOMES,
     TARGET,
     FakeClock,
@@ -258,3 +259,35 @@ def test_markers_of_partitions_it_does_not_hold_cost_the_run_nothing(clock):
     named = (1, 0, TARGET, b"v", b"k", (), other.encode(), b"5000", None)
     assert rig.markers.screen((LEVEL.topic, 0), [held, named]) is None
     assert rig.markers.screen((LEVEL.topic, 2), [held, named]) == [1]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_cancel_after_a_move_withdraws_the_copy(clock, exactly_once):
+    """The copy is the message now: a cancel appended after the move and before the
+    copy's due time calls it off, and the original stays withdrawn."""
+    rig = subscribed(
+        make_level_rig(clock=clock, exactly_once=exactly_once, markers=True, levels=(LEVEL, LONGER))
+    )
+    rig.consumer.queue_rebalance("assign", 0, 1, 2, (LONGER.topic, 0), (LONGER.topic, 1),
+                                 (LONGER.topic, 2))  # fmt: skip
+    step(rig)
+    now = clock.ms()
+    mid = send(rig, 0, 0, now - 1_000)
+    move = marker(rig, RESCHEDULE, mid, now - 10, offset=0, asked=now + 15_000)
+    read_through(rig)
+    cycle(rig)
+    (copy,) = [s for s in rig.producer.visible() if s.topic == LONGER.topic]
+    assert copy.header(H_MOVED_BY) == f"{move.appended_ms}:0:0".encode()
+    clock.advance(2)
+    cancel = marker(rig, CANCEL, mid, clock.ms(), offset=1)
+    rig.consumer.append(
+        (LONGER.topic, copy.partition),
+        message(copy.partition, 0, clock.ms() - 1, headers=copy.headers, topic=LONGER.topic),
+    )
+    clock.advance(LONGER.delay_ms / 1000)
+    read_through(rig)
+    cycle(rig)
+    assert delivered(rig) == []
+    assert answers(rig)[cancel.key]["outcome"] == "cancelled"
+    assert answers(rig)[move.key]["outcome"] == "moved"
+    assert committed(rig, 0) == 1
