@@ -68,6 +68,8 @@ class Daemon:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ServiceMetrics(self.registry)
         self.workers: list[Worker] = []
+        self.markers: Worker | None = None
+        """Level mode's cancels and reschedules (`level.markers`), beside the workers."""
         self.budget = MemoryBudget(settings.max_buffered_bytes)
         self.metrics.memory_limit.set(settings.max_buffered_bytes)
         self.metrics.memory_used.set_function(lambda: float(self.budget.used))
@@ -83,7 +85,7 @@ class Daemon:
     def readiness(self) -> tuple[bool, str]:
         if self._phase != "running":
             return False, self._phase
-        states = [worker.health() for worker in self.workers]
+        states = [worker.health() for worker in self._all()]
         ready = all(ok for ok, _ in states)
         return ready, ("ready: " if ready else "not ready: ") + "; ".join(why for _, why in states)
 
@@ -123,8 +125,7 @@ class Daemon:
         markers = LevelMarkers(
             self.settings, self.metrics, lambda: int(self.broker_clock.time() * 1000)
         )
-        workers: list[Worker] = [markers]  # first: the level forwarders wait for it
-        workers.extend(
+        workers: list[Worker] = [
             LevelWorker(
                 plan,
                 self.settings,
@@ -135,7 +136,7 @@ class Daemon:
                 markers=markers,
             )
             for plan in layout.workers(self.settings)
-        )
+        ]
         if self.settings.precise:
             caveat = precise_guarantee_caveat(self.settings)
             if caveat is not None:
@@ -148,6 +149,8 @@ class Daemon:
                 for far in (False, True)
             )
         self.workers = workers
+        self.markers = markers
+        markers.start()  # first: the level forwarders wait for the markers it reads
         for worker in self.workers:
             worker.start()
         self._phase = "running"
@@ -176,6 +179,9 @@ class Daemon:
             delay = min(delay * 2, 30.0)
         return None
 
+    def _all(self) -> list[Worker]:
+        return [*self.workers, *([self.markers] if self.markers is not None else [])]
+
     def fail(self, why: str) -> None:
         """A worker hit something it cannot recover from; stop everything, exit non-zero."""
         if self._fatal is None:
@@ -201,9 +207,9 @@ class Daemon:
         self._stop.set()
         self._phase = "stopping"
         deadline = time.monotonic() + self.settings.shutdown_timeout_s
-        for worker in self.workers:
+        for worker in self._all():
             worker.request_stop()
-        stuck = [w.name for w in self.workers if not w.join(max(0.1, deadline - time.monotonic()))]
+        stuck = [w.name for w in self._all() if not w.join(max(0.1, deadline - time.monotonic()))]
         if stuck:
             log.error("workers did not stop in time: %s", ", ".join(stuck))
         if self._server is not None:

@@ -115,6 +115,7 @@ def test_cancel_sends_a_marker_to_the_partition_of_the_id(testbed):
     message_id = "0123456789abcdef0123456789abcdef"
     partition = precise_partition(message_id, 3)
     env = {
+        "DELAYSERVICE_PRECISE": "true",  # an id of no known form goes to the precise topic
         "DELAYSERVICE_PRECISE_TOPIC": settings.precise_topic,
         "DELAYSERVICE_LEVELS": settings.levels,
         "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
@@ -132,12 +133,12 @@ def test_cancel_sends_a_marker_to_the_partition_of_the_id(testbed):
 
 @pytest.mark.kafka
 def test_cancel_without_the_precise_topic_fails_in_one_line(testbed):
-    env = {"DELAYSERVICE_PRECISE_TOPIC": f"nope-{testbed.tag}"}
+    env = {"DELAYSERVICE_PRECISE": "true", "DELAYSERVICE_PRECISE_TOPIC": f"nope-{testbed.tag}"}
     result = _cli("cancel", "abc", "--wait", "0", "-b", testbed.bootstrap, env=env)
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"delayservice: the precise topic nope-{testbed.tag} is not available")
+    assert line.startswith(f"delayservice: the topic nope-{testbed.tag} is not available")
     assert "delayservice topics create" in line
     # Waiting for the reply needs the outcomes topic: it is checked before anything is sent.
     result = _cli("reschedule", "abc", "--delay", "5s", "-b", testbed.bootstrap, env=env)

@@ -1,0 +1,102 @@
+"""Cancel and reschedule of level messages through the SDK, the CLI and `find`, on a
+real broker with a real daemon, under both guarantees."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from delayservice.level.ids import level_id, level_place
+from delayservice.status.message_finder import CANCELLED, FORWARDED, find
+from tests.cli.test_commands import _cli
+
+pytestmark = pytest.mark.kafka
+
+
+def _headers(record):
+    return dict(record.headers() or [])
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_level_messages_are_cancelled_and_moved_and_every_marker_is_answered(testbed, guarantee):
+    settings = testbed.settings(levels="2s,6s", guarantee=guarantee)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(
+        f"lm-{testbed.tag}", 3, {"message.timestamp.type": "LogAppendTime"}
+    )
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = testbed.producer(settings)
+    kept = producer.produce(target, b"kept", b"k1", delay=6)
+    gone = producer.produce(target, b"gone", b"k2", delay=6)
+    earlier = producer.produce(target, b"earlier", b"k3", delay=6)
+    later = producer.produce(target, b"later", b"k4", delay=2)
+    assert producer.flush(10) == 0
+    place = level_place(gone)
+    assert place is not None
+    assert (place.level, 0 <= place.partition < settings.partitions) == (2, True)
+
+    cancelled = producer.cancel(gone, wait=30)
+    assert (cancelled.outcome, cancelled.applied, cancelled.message_id) == ("cancelled", True, gone)
+    asked = time.time() * 1000
+    moved_earlier = producer.reschedule(earlier, delay=0.5, wait=30)
+    assert (moved_earlier.outcome, moved_earlier.applied) == ("moved", True)
+    assert moved_earlier.due_ms is not None
+    assert moved_earlier.due_ms >= asked + 500 - 50  # the broker's clock, not this one's
+    assert moved_earlier.copy is not None
+    moved_later = producer.reschedule(later, delay=5, wait=30)
+    assert (moved_later.outcome, moved_later.due_ms is not None) == ("moved", True)
+
+    records = testbed.collect(target, 3, timeout=60)
+    by_id = {_headers(r)["delay-id"].decode(): r for r in records}
+    assert set(by_id) == {kept, earlier, later}, "the cancelled one arrived, or a move twice"
+    for mid, reply in ((earlier, moved_earlier), (later, moved_later)):
+        arrived = by_id[mid].timestamp()[1]
+        assert reply.due_ms is not None
+        assert arrived >= reply.due_ms, f"{mid} arrived {reply.due_ms - arrived} ms early"
+    assert by_id[earlier].timestamp()[1] < by_id[kept].timestamp()[1]
+    assert int(_headers(by_id[later])["delay-due-ms"]) >= moved_later.due_ms  # type: ignore[operator]
+
+    late = producer.cancel(kept, wait=30)
+    assert (late.outcome, late.applied) == ("too_late", False)
+    old = producer.cancel(uuid.uuid4().hex, wait=30)
+    assert old.outcome == "unmatched"
+    assert old.reason is not None
+    assert "names no level" in old.reason
+    nowhere = producer.cancel(level_id(9, 0), wait=30)
+    assert (nowhere.outcome, nowhere.reason) == ("refused", "no level 9 here")
+
+    now_ms = int(time.time() * 1000)
+    assert find(settings, gone, now_ms - 600_000, now_ms).state == CANCELLED
+    found = find(settings, earlier, now_ms - 600_000, now_ms)
+    assert found.state == FORWARDED
+    assert found.due_ms == moved_earlier.due_ms
+    assert [m.outcome for m in found.reschedules] == ["moved"]
+
+
+def test_the_cli_cancels_a_level_message_and_says_so(testbed):
+    settings = testbed.settings(levels="5s")
+    testbed.create_delay_topics(settings)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = testbed.producer(settings)
+    mid = producer.produce(f"cli-{testbed.tag}", b"v", b"k", delay=5)
+    assert producer.flush(10) == 0
+    env = {
+        "DELAYSERVICE_LEVELS": settings.levels,
+        "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
+        "DELAYSERVICE_MARKERS_TOPIC": settings.markers_topic,
+    }
+    result = _cli("cancel", mid, "-b", testbed.bootstrap, env=env)
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.strip().splitlines()
+    assert first.startswith(f"cancel of {mid} is on {settings.markers_topic} partition 0")
+    assert second == f"cancel of {mid}: cancelled by the daemon: it will not be delivered"
+    old = uuid.uuid4().hex
+    result = _cli("cancel", old, "-b", testbed.bootstrap, env=env)
+    assert result.returncode == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"delayservice: cancel of {old}: unmatched by the daemon: ")
+    assert "names no level and partition" in line
