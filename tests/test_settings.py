@@ -372,6 +372,23 @@ def test_the_precise_topics_must_not_be_level_or_dead_letter_topics(overrides, p
         load_settings(**values)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        ({"markers_topic": "delay_topic_3"}, "delay_topic_3 is also level 30s's topic"),
+        ({"markers_topic": "dlq"}, "dlq is also the dead-letter topic"),
+        ({"markers_topic": "delay_precise"}, "delay_precise is also a precise-mode topic"),
+        ({"markers_topic": "m", "dead_letter_topic": "m_outcomes"}, "m_outcomes is also the"),
+        ({"markers_topic": "a b"}, "'a b': .*characters other than"),
+        ({"markers_topic": "x" * 245}, ".*_outcomes.: .*Kafka allows 249"),  # with "_outcomes"
+    ],
+)
+def test_the_markers_topics_are_legal_and_no_other_kind_of_topic(overrides, problem):
+    values = {"dead_letter_topic": "dlq", **overrides}
+    with pytest.raises(ConfigError, match=f"invalid setting markers_topic: {problem}"):
+        load_settings(**values)
+
+
 def test_setting_the_scheduler_warns_that_it_is_ignored(caplog):
     with caplog.at_level(logging.WARNING, logger="delayservice.settings"):
         load_settings(scheduler="wheel")

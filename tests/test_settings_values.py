@@ -63,7 +63,9 @@ def check_outcome(load: object) -> None:
     assert isinstance(current, Settings)
     levels = current.level_set()
     assert current.dead_letter_topic not in {level.topic for level in levels}
-    assert len(current.internal_topics()) == len(levels) + 1 + len(current.precise_topics())
+    assert len(current.internal_topics()) == (
+        len(levels) + 1 + len(current.precise_topics()) + len(current.marker_topics())
+    )
     assert current.bootstrap_servers
     assert 0 < current.commit_interval() <= threading.TIMEOUT_MAX
     assert current.retry_backoff_s <= current.retry_backoff_max_s <= threading.TIMEOUT_MAX

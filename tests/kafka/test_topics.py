@@ -99,7 +99,13 @@ def test_the_daemon_refuses_misconfigured_topics_with_exit_2(testbed):
 
 def test_precise_topics_are_wanted_only_with_precise_on():
     off = load_settings(levels="1s,1h")
-    assert [s.role for s in topics.wanted(off)] == ["level 1s", "level 1h", "dead letters"]
+    assert [s.role for s in topics.wanted(off)] == [
+        "level 1s",
+        "level 1h",
+        "dead letters",
+        "level markers",
+        "level outcomes",
+    ]
     on = load_settings(levels="1s,1h", precise=True, partitions=6, replication_factor=2)
     specs = {s.role: s for s in topics.wanted(on)}
     precise, done = specs["precise"], specs["precise done"]
@@ -110,6 +116,19 @@ def test_precise_topics_are_wanted_only_with_precise_on():
     assert done.config == {"cleanup.policy": "compact"}
     assert done.compacted
     assert done.min_retention_ms is None
+
+
+def test_the_markers_topic_is_one_append_time_partition_kept_as_long_as_the_top_level():
+    """Every daemon reads it whole and a marker counts by its append time; a restarted
+    daemon reads it again for every message still waiting."""
+    settings = load_settings(levels="1s,2h", retention_hours=1.0, partitions=6)
+    specs = {s.role: s for s in topics.wanted(settings)}
+    markers, outcomes = specs["level markers"], specs["level outcomes"]
+    assert (markers.name, markers.partitions) == ("delay_markers", 1)
+    assert markers.config["message.timestamp.type"] == "LogAppendTime"
+    assert markers.min_retention_ms == topics.min_retention_ms(2 * topics.HOUR_MS)
+    assert markers.config["retention.ms"] == str(topics.min_retention_ms(2 * topics.HOUR_MS))
+    assert (outcomes.name, outcomes.partitions) == ("delay_markers_outcomes", 1)
 
 
 @pytest.mark.parametrize(
