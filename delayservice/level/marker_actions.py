@@ -346,9 +346,10 @@ class WorkerMarkers:
     def _early(self, tp: TP, message_id: str, record: Any, now: int, sender: Any) -> None:
         """A marker's message is queued here: move it now, or answer what taking it will
         do (a cancel, a delivery after the marker came too late)."""
-        found = self.book.verdict_for(message_id, cursor_of(record), self.due_of(tp, record))
-        if found.action == CLOSED:
-            return
+        due = self.due_of(tp, record)
+        found = self.book.verdict_for(message_id, cursor_of(record), due)
+        if found.action == CLOSED or (found.action == MOVE and due <= now):
+            return  # moved already; or due now, and taking it decides the same at once
         action = Action()
         copy = None
         if found.action == MOVE and found.marker is not None:
