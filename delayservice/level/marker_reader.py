@@ -156,6 +156,13 @@ class MarkerReader:
             try:
                 if consumer is None:
                     consumer = self._open()
+                if self._gate.rewind_asked():
+                    # A fresh consumer from the earlier point: one sought back could still
+                    # give the position it had before the seek, and the gate would open
+                    # on markers not read again yet.
+                    consumer.close()
+                    consumer = None
+                    continue
                 self._step(consumer)
             except Exception as exc:
                 self._m_errors.inc()
@@ -190,8 +197,13 @@ class MarkerReader:
             ]
             self._read_metadata(consumer)
             start = self._now_ms() - self._window_ms
+            rewind = self._gate.take_rewind()
             # Records handed over before the first read need markers from as far back.
-            wanted = [self._gate.covered_from_ms, self._gate.earliest_need()]
+            wanted = [
+                self._gate.covered_from_ms,
+                self._gate.earliest_need(),
+                None if rewind is None else rewind[0],
+            ]
             since = min([start, *(ms for ms in wanted if ms is not None)])
             self._gate.start(since)
             consumer.assign(self._starts(consumer, since))
@@ -199,8 +211,13 @@ class MarkerReader:
             consumer.close()
             raise
         log.info(
-            "markers: reading %s and %s from %d", self._markers_topic, self._outcomes_topic, since
+            "markers: reading %s and %s from %d%s",
+            self._markers_topic,
+            self._outcomes_topic,
+            since,
+            " again, for a partition holding older records" if rewind is not None else "",
         )
+        self._next_pass = 0  # at once
         return consumer
 
     def _starts(self, consumer: Any, since_ms: int) -> list[TopicPartition]:
@@ -227,15 +244,9 @@ class MarkerReader:
         self._next_metadata = time.monotonic() + METADATA_S
 
     def _step(self, consumer: Any) -> None:
-        rewind = self._gate.take_rewind()
-        if rewind is not None:
-            since, _ = rewind
-            log.info("markers: reading again from %d for a partition that needs them", since)
-            for tp in self._starts(consumer, since):
-                consumer.seek(tp)
         now = self._now_ms()
         wanted = self._gate.next_wanted_ms()
-        if rewind is None and (wanted is None or wanted > now) and now < self._next_pass:
+        if (wanted is None or wanted > now) and now < self._next_pass:
             until = min(self._next_pass, wanted if wanted is not None else self._next_pass)
             self._gate.demand.wait(max(0.0, (until - now) / 1000))
             self._gate.demand.clear()
