@@ -586,16 +586,19 @@ class RecordSender:
         topic: str,
         partition: int | None,
         extra: list[tuple[str, Any]],
+        on_delivery: Callable[[Any, Any], None] | None = None,
     ) -> None:
         """Produce `record` again to the delay topic `topic` (on `partition`, or where
-        the producer puts it), its headers' `extra` names replaced by `extra`."""
+        the producer puts it), its headers' `extra` names replaced by `extra`; a failure
+        goes to `on_delivery` when given, else to the interval's failures."""
         raw = read_headers(record)
         names = {name for name, _ in extra}
         headers = [(n, v) for n, v in (raw if isinstance(raw, list) else []) if n not in names]
         headers.extend(extra)
-        self._produce(
-            self._producer.produce, topic, record.value(), record.key(), headers, partition
-        )
+        produce = self._producer.produce
+        if on_delivery is not None:
+            produce = functools.partial(produce, on_delivery=on_delivery)
+        self._produce(produce, topic, record.value(), record.key(), headers, partition)
 
     # -- what the markers of level mode ask of the sender (`level.marker_actions`) --------
     def withdraw(self, spot: Key, outcome: str) -> None:

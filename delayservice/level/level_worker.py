@@ -59,7 +59,11 @@ class LevelWorker:
             level.topic: metrics.level_mismatches.labels(level.name, "not_append_time")
             for level in plan.levels
         }
-        view = markers.for_worker(plan.name) if markers is not None else None
+        view = (
+            markers.for_worker(plan.name, transactional=exactly_once)
+            if markers is not None
+            else None
+        )
         self.group = PartitionGroup(
             [(lv.topic, lv.delay_ms, all_levels.previous_delay_ms(lv)) for lv in plan.levels],
             clock.time,

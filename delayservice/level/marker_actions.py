@@ -17,9 +17,13 @@ markers of the partitions it owns.
 Every answer goes to the outcomes topic through the worker's own producer, so under
 exactly-once a move, its answer and whatever it withdrew commit in one transaction;
 all of it is noted in the book at once and taken back if the interval does not commit
-(the open interval calls `settled`, `dropped`). A new owner answers and moves nothing
-of a partition until it has read the answers written before it took the partition
-over (`outcomes_through_ms`): those say which moves its predecessor carried out.
+(the open interval calls `settled`, `dropped`). The answer `moved` is what says a copy
+exists, so under at-least-once it is written only after the flush that made the copy
+durable (`settled`): a copy refused by the broker, or lost with a killed daemon, leaves
+no answer behind, and the move is made again (twice at worst, never lost). A new owner
+answers and moves nothing of a partition until it has read the answers written before
+it took the partition over (`outcomes_through_ms`): those say which moves its
+predecessor carried out.
 """
 
 from __future__ import annotations
@@ -100,8 +104,11 @@ class WorkerMarkers:
         outcomes_topic: str,
         metrics: ServiceMetrics,
         now_ms: Callable[[], int],
+        *,
+        transactional: bool = False,
     ) -> None:
         self.worker = worker
+        self._transactional = transactional
         self.book = book
         self.gate = gate
         self._levels = levels
@@ -111,6 +118,11 @@ class WorkerMarkers:
         self.owned: dict[TP, int] = {}
         """Partition -> when it was assigned (epoch ms)."""
         self._open: list[tuple[Key | None, TP, Action]] = []
+        self._deferred: list[tuple[Action, bytes, bytes]] = []
+        """At-least-once: answers `moved` to write once their copy is durable, with the
+        action that made it (answer value, key)."""
+        self._failed_actions: list[Action] = []
+        self._sender: Any = None
         self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
         """Partition -> (offset through which its queue was searched, for which ids)."""
         self._next_check = 0
@@ -163,6 +175,7 @@ class WorkerMarkers:
         """What to do with a record taken at its due time: None when it is withdrawn or
         moved (done here), else the due time to forward it with. Raises
         `SendLaterError` while the answers of the predecessor are still being read."""
+        self._sender = sender
         message_id = envelope.id
         if not self._outcomes_known(tp) and self.book.has_reschedule(message_id):
             raise SendLaterError("reading which moves the partition's last owner made")
@@ -203,9 +216,11 @@ class WorkerMarkers:
         marker: LevelMarker,
         now: int,
         sender: Any,
+        on_failure: Callable[[Any, Any], None] | None = None,
     ) -> TP:
         """Re-publish `record` due at the marker's time, to the level that holds what is
-        left; returns where the copy went."""
+        left; returns where the copy went. `on_failure`: the copy's own delivery report
+        (a copy made apart from its original's send, whose failure no run holds)."""
         asked = marker.asked_due_ms or now
         remaining = max(1, asked - now)
         level = self._levels.select(min(remaining, self._levels.max_delay_ms))
@@ -217,7 +232,7 @@ class WorkerMarkers:
         extra = [(H_DELAY_MS, str(remaining).encode()), (H_DUE_MS, str(asked).encode())]
         extra.append((H_MOVED_BY, moved_by(marker)))
         self._begin()
-        sender.republish(tp, viewed, level.topic, partition, extra)
+        sender.republish(tp, viewed, level.topic, partition, extra, on_failure)
         return (level.topic, partition)
 
     def _answer_all(self, found: Verdict, action: Action, sender: Any, copy: TP | None) -> None:
@@ -229,7 +244,10 @@ class WorkerMarkers:
             if self.book.is_answered(marker.key):
                 continue
             if outcome == MOVED:
-                self._answer(marker, outcome, action, sender, due_ms=moved_to, copy=where)
+                self._answer(
+                    marker, outcome, action, sender, due_ms=moved_to, copy=where,
+                    defer=where is not None and not self._transactional,
+                )  # fmt: skip
             else:
                 self._answer(marker, outcome, action, sender)
 
@@ -243,12 +261,16 @@ class WorkerMarkers:
         due_ms: int | None = None,
         reason: str | None = None,
         copy: str | None = None,
+        defer: bool = False,
     ) -> None:
-        self._begin()
         reply = MarkerReply(
             marker.kind, marker.message_id, outcome, due_ms, None, None, reason, copy
         )
         action.answers.append((marker.key, outcome))
+        if defer:
+            self._deferred.append((action, reply.encode(), marker.key))
+            return
+        self._begin()
         sender.answer(
             self._outcomes, reply.encode(), marker.key, functools.partial(self._failed, marker.key)
         )
@@ -257,6 +279,14 @@ class WorkerMarkers:
         """An answer the broker refused (at-least-once): given again later."""
         if error is not None:
             self.book.take_back(Action(answers=[(key, "")]))
+
+    def _copy_failed(self, action: Action, error: Any, _message: Any) -> None:
+        """A copy made apart from its original's send was refused: the move is made
+        again, and its deferred answer is not written."""
+        if error is not None:
+            self._failed_actions.append(action)
+            self.book.take_back(action)
+            self._scanned.clear()  # its message is searched for again
 
     def _note(self, spot: Key | None, tp: TP, action: Action) -> None:
         if action.answers or action.executed or action.final or action.copies:
@@ -287,6 +317,7 @@ class WorkerMarkers:
 
     def serve(self, sender: Any, begin: Callable[[], None] = lambda: None) -> None:
         self._begin = begin
+        self._sender = sender
         self._seen_change = self.book.version
         now = self._now_ms()
         self._next_check = now + CHECK_MS
@@ -356,7 +387,8 @@ class WorkerMarkers:
             envelope = sender.envelope_of(record_of(tp, record))
             if envelope is None:
                 return  # no envelope to move it by: the full path dead-letters it when due
-            copy = self._copy(tp, record, envelope, found.marker, now, sender)
+            failed = functools.partial(self._copy_failed, action)
+            copy = self._copy(tp, record, envelope, found.marker, now, sender, failed)
             action.executed.append(found.marker.key)
             action.copies.append((message_id, copy))
         self._answer_all(found, action, sender, copy)
@@ -401,12 +433,27 @@ class WorkerMarkers:
         return bool(self._open)
 
     def settled(self) -> None:
+        """The interval committed: count its answers, and (at-least-once) write the
+        answers of the moves whose copies it made durable, for the next commit point."""
+        failed = self._failed_actions
         for _, _, action in self._open:
+            if any(action is f for f in failed):
+                continue
             for key, outcome in action.answers:
                 entry = self.book.keys.get(key)
                 level, kind = self._labels(entry)
                 self._metrics.level_markers.labels(level, kind, outcome).inc()
+        deferred = [d for d in self._deferred if not any(d[0] is f for f in failed)]
+        tp_of = {id(action): tp for _, tp, action in self._open}
         self._open.clear()
+        self._deferred.clear()
+        self._failed_actions = []
+        for action, value, key in deferred:
+            if self._sender is None or id(action) not in tp_of:
+                continue
+            self._sender.answer(self._outcomes, value, key, functools.partial(self._failed, key))
+            written = Action(answers=[a for a in action.answers if a[0] == key])
+            self._open.append((None, tp_of[id(action)], written))
 
     def _labels(self, entry: Entry | None) -> tuple[str, str]:
         if entry is None:
@@ -423,4 +470,6 @@ class WorkerMarkers:
                 kept.append((spot, tp, action))
             else:
                 self.book.take_back(action)
+                self._deferred = [d for d in self._deferred if d[0] is not action]
+                self._scanned.clear()  # what it decided is searched for again
         self._open = kept

@@ -37,7 +37,7 @@ class LevelMarkers:
         self.reader = MarkerReader(settings, self.book, self.gate, metrics, now_ms, **extra)
         self.name = self.reader.name
 
-    def for_worker(self, worker: str) -> WorkerMarkers:
+    def for_worker(self, worker: str, *, transactional: bool) -> WorkerMarkers:
         return WorkerMarkers(
             worker,
             self.book,
@@ -46,6 +46,7 @@ class LevelMarkers:
             self.settings.markers_outcomes_topic,
             self._metrics,
             self._now_ms,
+            transactional=transactional,
         )
 
     def start(self) -> None:

@@ -1015,6 +1015,7 @@ def make_level_rig(
             OUTCOMES,
             metrics,
             lambda: int(due_clock.time() * 1000),
+            transactional=exactly_once,
         )
     group = PartitionGroup(
         [(lv.topic, lv.delay_ms, LEVELS.previous_delay_ms(lv)) for lv in levels],

@@ -291,3 +291,49 @@ def test_a_cancel_after_a_move_withdraws_the_copy(clock, exactly_once):
     assert answers(rig)[cancel.key]["outcome"] == "cancelled"
     assert answers(rig)[move.key]["outcome"] == "moved"
     assert committed(rig, 0) == 1
+
+
+def test_at_least_once_answers_a_move_only_once_its_copy_is_durable(clock):
+    """The answer `moved` is what tells a daemon reading the original again that its
+    copy exists: written before the copy is durable, a refused copy would leave the
+    message nowhere."""
+    rig = rig_for(clock, False)
+    now = clock.ms()
+    mid = send(rig, 0, 0, now - 1_000)
+    move = marker(rig, RESCHEDULE, mid, now - 10, offset=0, asked=now + 15_000)
+    read_through(rig)
+    step(rig)
+    forward(rig, commit=True)  # the copy goes out; this commit point flushes it, then
+    # writes the answer, which the next one flushes
+    assert [s.topic for s in rig.producer.sent] == [LONGER.topic, OUTCOMES]
+    (copy,) = rig.producer.reports
+    assert copy.topic == LONGER.topic
+    assert answers(rig) == {}
+    forward(rig, commit=True)
+    assert answers(rig)[move.key]["outcome"] == "moved"
+    assert [s.topic for s in rig.producer.sent] == [LONGER.topic, OUTCOMES]
+
+
+def test_at_least_once_a_refused_copy_is_made_again_and_answered_once(clock):
+    rig = rig_for(clock, False)
+    now = clock.ms()
+    mid = send(rig, 1, 0, now - 1_000)
+    move = marker(rig, RESCHEDULE, mid, now - 10, offset=0, asked=now + 15_000)
+    read_through(rig)
+    refused: list[str] = []
+
+    def refuse_first_copy(sent: Any) -> KafkaError | None:
+        if sent.topic == LONGER.topic and not refused:
+            refused.append(sent.topic)
+            return kafka_error(KafkaError.MSG_SIZE_TOO_LARGE)
+        return None
+
+    rig.producer.outcome = refuse_first_copy
+    for _ in range(3):
+        cycle(rig)
+        clock.advance(0.3)
+        read_through(rig)
+    copies = [s for s in rig.producer.visible() if s.topic == LONGER.topic]
+    assert refused == [LONGER.topic]
+    assert len(copies) == 1, "the refused copy was made again, once"
+    assert [s.key for s in rig.producer.visible(OUTCOMES)] == [move.key]
