@@ -15,9 +15,10 @@ from delayservice.settings import load_settings
 def test_create_is_idempotent_and_uses_log_append_time(testbed):
     settings = testbed.settings(levels="1s,1h")
     first = topics.create(testbed.admin, settings)
-    assert [outcome for _spec, outcome in first] == ["created"] * 3
+    roles = ["level 1s", "level 1h", "dead letters", "level markers", "level outcomes"]
+    assert [(spec.role, outcome) for spec, outcome in first] == [(r, "created") for r in roles]
     again = topics.create(testbed.admin, settings)
-    assert [outcome for _spec, outcome in again] == ["exists"] * 3
+    assert [outcome for _spec, outcome in again] == ["exists"] * len(roles)
     statuses = topics.describe(testbed.admin, settings)
     assert all(s.exists and not s.problems for s in statuses)
     level_1h = next(s for s in statuses if s.spec.name.endswith("-2"))
@@ -170,6 +171,8 @@ def test_create_with_precise_on_adds_the_precise_and_done_topics(testbed):
         [
             "level 1s",
             "dead letters",
+            "level markers",
+            "level outcomes",
             "precise",
             "precise done",
             "precise far",
