@@ -132,6 +132,8 @@ class WorkerMarkers:
         transaction)."""
         self.queue_of: Callable[[TP], deque[Any] | None] = lambda _tp: None
         self.due_of: Callable[[TP, Any], int] = lambda _tp, _r: 0
+        self.wake: Callable[[], None] = lambda: None
+        """Wakes the worker's forwarder (its partition group's `wake`)."""
 
     # -- the partition group's side ----------------------------------------------------
     def through_ms(self) -> int:
@@ -303,6 +305,23 @@ class WorkerMarkers:
         if not self.owned:
             return False
         return self.book.version != self._seen_change or self._now_ms() >= self._next_check
+
+    def nudge(self) -> None:
+        """After a pass of the reader (its thread): wake the forwarder if it has markers
+        to serve. A forwarder sleeps until its next record is due, or for good when it
+        holds none, so without this a marker would wait for a record to fall due: an
+        answer for a message queued far ahead, or one that is not there, would never
+        come. Costs nothing while no marker names a partition it owns."""
+        owned = self.owned.copy()
+        if not owned:
+            return
+        if self.book.version == self._seen_change:
+            if self._now_ms() < self._next_check:
+                return
+            book = self.book
+            if not any(book.unresolved.get(tp) or book.copies_on(tp) for tp in owned):
+                return
+        self.wake()
 
     def recall(self, tp: TP, record: Any) -> None:
         """A record that may be a copy a move made: the markers since the one that made

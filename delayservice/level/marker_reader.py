@@ -5,7 +5,8 @@ is committed, so a kill -9 loses nothing). At start it reads from twice the top
 level's delay ago, and again from earlier whenever a partition group holds older
 records (`MarkerGate.need`). Each pass notes the time, asks the broker where both
 topics end, and reads up to there: markers go to the book, answers mark what was
-answered and carried out, and the gate moves to the time noted. It passes when a group
+answered and carried out, the gate moves to the time noted, and the forwarders with
+markers to serve are woken (`on_pass`). It passes when a group
 waits for the gate, when a rewind is asked for, and otherwise every `IDLE_PASS_S`, so
 markers are answered promptly even while nothing is due.
 
@@ -101,8 +102,11 @@ class MarkerReader:
         metrics: ServiceMetrics,
         now_ms: Callable[[], int],
         make_consumer: MakeConsumer = Consumer,
+        on_pass: Callable[[], None] = lambda: None,
     ) -> None:
+        """`on_pass`: runs after each pass that reached the end of the markers topic."""
         self.name = "markers"
+        self._on_pass = on_pass
         self._settings = settings
         self._book = book
         self._gate = gate
@@ -284,6 +288,7 @@ class MarkerReader:
         self._read_once = True
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         self._forget(began)
+        self._on_pass()
 
     def _reached(self, ends: dict[TP, int], topic: str) -> bool:
         return all(self._read_to.get(tp, -1) >= end for tp, end in ends.items() if tp[0] == topic)

@@ -34,11 +34,19 @@ class LevelMarkers:
         self._metrics = metrics
         self._now_ms = now_ms
         extra = {} if make_consumer is None else {"make_consumer": make_consumer}
-        self.reader = MarkerReader(settings, self.book, self.gate, metrics, now_ms, **extra)
+        self._workers: list[WorkerMarkers] = []
+        self.reader = MarkerReader(
+            settings, self.book, self.gate, metrics, now_ms, on_pass=self._nudge, **extra
+        )
         self.name = self.reader.name
 
+    def _nudge(self) -> None:
+        """After each pass of the reader: wake the forwarders with markers to serve."""
+        for worker in self._workers:
+            worker.nudge()
+
     def for_worker(self, worker: str, *, transactional: bool) -> WorkerMarkers:
-        return WorkerMarkers(
+        side = WorkerMarkers(
             worker,
             self.book,
             self.gate,
@@ -48,6 +56,8 @@ class LevelMarkers:
             self._now_ms,
             transactional=transactional,
         )
+        self._workers.append(side)
+        return side
 
     def start(self) -> None:
         self.reader.start()

@@ -117,6 +117,7 @@ class PartitionGroup:
         if markers is not None:
             markers.queue_of = self.queues.get
             markers.due_of = self.due_of
+            markers.wake = self.wake
 
     @property
     def topics(self) -> list[str]:

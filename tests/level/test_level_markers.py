@@ -337,3 +337,28 @@ def test_at_least_once_a_refused_copy_is_made_again_and_answered_once(clock):
     assert refused == [LONGER.topic]
     assert len(copies) == 1, "the refused copy was made again, once"
     assert [s.key for s in rig.producer.visible(OUTCOMES)] == [move.key]
+
+
+def test_the_reader_wakes_the_forwarder_only_when_it_has_markers_to_serve(clock):
+    rig = rig_for(clock, False)
+    markers = rig.markers
+    assert markers is not None
+    assert markers.wake == rig.group.wake, "the partition group gives its wake"
+    woken: list[int] = []
+    markers.wake = lambda: woken.append(1)
+    cycle(rig)
+    clock.advance(1)
+    markers.nudge()
+    assert woken == [], "no marker names a partition it owns: it sleeps on"
+    mid = level_id(LEVEL.index, 1, clock.ms())  # not read yet: its marker waits
+    marker(rig, CANCEL, mid, clock.ms(), offset=0)
+    markers.nudge()
+    assert woken == [1], "a new marker: served now, not when a record falls due"
+    read_through(rig)
+    cycle(rig)
+    woken.clear()
+    markers.nudge()
+    assert woken == [], "served just now; the next look is not due yet"
+    clock.advance(0.3)
+    markers.nudge()
+    assert woken == [1], "a marker still unanswered is looked at again"
