@@ -125,6 +125,9 @@ class WorkerMarkers:
         self._sender: Any = None
         self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
         """Partition -> (offset through which its queue was searched, for which ids)."""
+        self._read: dict[TP, tuple[int, int]] = {}
+        """Partition -> (the latest append time of a run handed over since it was
+        assigned, when that run was handed over): how far its reading got."""
         self._next_check = 0
         self._seen_change = -1
         self._begin: Callable[[], None] = lambda: None
@@ -144,6 +147,8 @@ class WorkerMarkers:
 
     def need(self, tp: TP, appended_ms: int) -> None:
         self.gate.need(tp, appended_ms)
+        read = self._read.get(tp)
+        self._read[tp] = (max(appended_ms, read[0] if read else appended_ms), self._now_ms())
 
     def progress(self, tp: TP, appended_ms: int) -> None:
         self.gate.progress(tp, appended_ms)
@@ -151,6 +156,7 @@ class WorkerMarkers:
     def assigned(self, tp: TP) -> None:
         self.owned[tp] = self._now_ms()
         self._scanned.pop(tp, None)
+        self._read.pop(tp, None)
         self.book.touch()
 
     def released(self, tps: Iterable[TP]) -> None:
@@ -158,6 +164,7 @@ class WorkerMarkers:
         for tp in tps:
             self.owned.pop(tp, None)
             self._scanned.pop(tp, None)
+            self._read.pop(tp, None)
         self.gate.release(tps)
 
     # -- the sender's side ---------------------------------------------------------------
@@ -430,7 +437,7 @@ class WorkerMarkers:
             reason = "its message was due before the marker arrived: sent already"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
             return
-        if now < bound or not self._passed(tp, bound, now):
+        if now < bound or not self._passed(tp, bound, entry.delay_ms, now):
             return
         if marker.appended_ms < entry.sent_ms + entry.delay_ms - SKEW_MS:
             reason = f"no message with this id reached {tp[0]} partition {tp[1]}"
@@ -439,13 +446,22 @@ class WorkerMarkers:
             reason = "no message with this id was waiting: most likely sent before the marker"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
 
-    def _passed(self, tp: TP, bound: int, now: int) -> bool:
-        """Whether the partition's forwarding is past `bound` (its head is due later, or
-        it has held nothing for a while)."""
+    def _passed(self, tp: TP, bound: int, delay_ms: int, now: int) -> bool:
+        """Whether the partition's reading is past `bound` (a due time): its head is due
+        later, or a run appended after `bound` less the delay was handed over. With an
+        empty queue and nothing read that far, only a partition that has handed over
+        nothing for a while since it was assigned counts as idle: right after an
+        assignment (a restart, a rebalance) or behind a backlog the consumer may not have
+        handed over the records up to the message yet, and a message not read yet must
+        not be answered as one that never came."""
         queue = self.queue_of(tp)
         if queue:
             return self.due_of(tp, queue[0]) > bound
-        return now >= bound + EMPTY_GRACE_MS
+        read = self._read.get(tp)
+        if read is not None and read[0] > bound - delay_ms:
+            return True
+        quiet_since = max(self.owned.get(tp, now), read[1] if read is not None else 0)
+        return now >= bound + EMPTY_GRACE_MS and now - quiet_since >= EMPTY_GRACE_MS
 
     # -- the open interval's listener ------------------------------------------------------
     def open(self) -> bool:

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
 from delayservice.level.ids import level_id
+from delayservice.level.marker_actions import EMPTY_GRACE_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
 from tests.level.fakes import (
@@ -362,3 +363,23 @@ def test_the_reader_wakes_the_forwarder_only_when_it_has_markers_to_serve(clock)
     clock.advance(0.3)
     markers.nudge()
     assert woken == [1], "a marker still unanswered is looked at again"
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_partition_just_assigned_is_not_taken_for_one_where_the_message_never_came(
+    clock, exactly_once
+):
+    """Right after an assignment (a restart, a rebalance) the queue is empty because
+    nothing was handed over yet, not because the message is not there: its marker is
+    answered only once the partition has stayed quiet since."""
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    mid = level_id(LEVEL.index, 1, now - 60_000)  # due long ago, not read (a backlog)
+    cancel = marker(rig, CANCEL, mid, now - 59_000, offset=0)
+    read_through(rig)
+    cycle(rig)
+    assert cancel.key not in answers(rig), "answered before the partition was read"
+    clock.advance(EMPTY_GRACE_MS / 1000)
+    read_through(rig)
+    cycle(rig)
+    assert answers(rig)[cancel.key]["outcome"] == "too_late"
