@@ -38,15 +38,20 @@ def test_level_messages_are_cancelled_and_moved_and_every_marker_is_answered(tes
     assert place is not None
     assert (place.level, 0 <= place.partition < settings.partitions) == (2, True)
 
-    cancelled = producer.cancel(gone, wait=30)
-    assert (cancelled.outcome, cancelled.applied, cancelled.message_id) == ("cancelled", True, gone)
+    # All three markers go before any answer is awaited: `later` is due 2 s after it
+    # was sent, and each marker must land before its message's due time.
+    cancelling = producer.cancel(gone)
     asked = time.time() * 1000
-    moved_earlier = producer.reschedule(earlier, delay=0.5, wait=30)
+    moving_earlier = producer.reschedule(earlier, delay=0.5)
+    moving_later = producer.reschedule(later, delay=5)
+    cancelled = cancelling.reply(30)
+    assert (cancelled.outcome, cancelled.applied, cancelled.message_id) == ("cancelled", True, gone)
+    moved_earlier = moving_earlier.reply(30)
     assert (moved_earlier.outcome, moved_earlier.applied) == ("moved", True)
     assert moved_earlier.due_ms is not None
     assert moved_earlier.due_ms >= asked + 500 - 50  # the broker's clock, not this one's
     assert moved_earlier.copy is not None
-    moved_later = producer.reschedule(later, delay=5, wait=30)
+    moved_later = moving_later.reply(30)
     assert (moved_later.outcome, moved_later.due_ms is not None) == ("moved", True)
 
     records = testbed.collect(target, 3, timeout=60)
