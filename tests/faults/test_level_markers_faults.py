@@ -1,4 +1,4 @@
-"""Scenarios 22 and 23: cancel and reschedule of level messages under kill -9, behind a
+"""Scenarios 27 and 28: cancel and reschedule of level messages under kill -9, behind a
 backlog, and beside group churn.
 
 A cancel the broker acknowledged before its message's due time must be honoured: the
@@ -172,7 +172,7 @@ def test_level_cancels_and_reschedules_hold_across_kill_9_and_a_backlog(
     daemon.kill()
     daemon = run.fleet.spawn(name)
     run.wait_ready(daemon, timeout=120)
-    scenario = f"22. level markers: kill -9{f' behind {backlog:,}' if backlog else ''}"
+    scenario = f"27. level markers: kill -9{f' behind {backlog:,}' if backlog else ''}"
     report = run.drain(scenario_name(scenario, guarantee), timeout=240 if backlog else 90)
     judge(run, report, marked, guarantee, fault_summary)
 
@@ -289,5 +289,5 @@ def test_level_cancels_and_reschedules_hold_beside_group_churn(
     time.sleep(2)
     traffic.stop()
     time.sleep(SESSION_TIMEOUT_S + 4)
-    report = run.drain(scenario_name("23. level markers: group 2-3-1 x3", EOS, layout), 120)
+    report = run.drain(scenario_name("28. level markers: group 2-3-1 x3", EOS, layout), 120)
     judge(run, report, traffic.marked, EOS, fault_summary)
