@@ -1,5 +1,5 @@
-"""Scenarios 27 and 28: cancel and reschedule of level messages under kill -9, behind a
-backlog, and beside group churn.
+"""Scenarios 27 to 29: cancel and reschedule of level messages under kill -9, behind a
+backlog, beside group churn, and across a broker restart.
 
 A cancel the broker acknowledged before its message's due time must be honoured: the
 message never arrives, whatever happens to the daemon, and however far behind its
@@ -174,6 +174,37 @@ def test_level_cancels_and_reschedules_hold_across_kill_9_and_a_backlog(
     run.wait_ready(daemon, timeout=120)
     scenario = f"27. level markers: kill -9{f' behind {backlog:,}' if backlog else ''}"
     report = run.drain(scenario_name(scenario, guarantee), timeout=240 if backlog else 90)
+    judge(run, report, marked, guarantee, fault_summary)
+
+
+OUTAGE_S = 5.0
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("guarantee", [ALO, EOS])
+def test_level_cancels_and_reschedules_hold_across_a_broker_restart(
+    own_broker, fault_run, fault_summary, guarantee
+):
+    """The same 1,000 messages and markers, every marker acknowledged, then the broker
+    killed and restarted between the markers and the due times: the markers topic, the
+    level partitions and the outcomes topic all go away for the outage, and what falls
+    due in it goes late, never early, and never a cancelled one."""
+    rng = random.Random(SEED + 2)
+    # own_broker first: fixtures tear down in reverse, so the daemon stops before the broker.
+    run = fault_run(own_broker.bootstrap, guarantee=guarantee, levels=LEVELS)
+    target = run.target("lmbroker")
+    daemon = run.fleet.spawn(f"lmbroker-{run.testbed.tag}")
+    run.wait_ready(daemon)
+    producer = _producer(own_broker.bootstrap, run.settings)
+    marked = send_messages(producer, target, run.sent, rng, MESSAGES)
+    send_markers(producer, marked, rng)
+    marked.landed()  # every marker acknowledged before the broker goes
+    time.sleep(rng.uniform(0.2, 1.0))
+    own_broker.kill()
+    time.sleep(OUTAGE_S)  # records fall due meanwhile
+    own_broker.restart()
+    run.wait_ready(daemon, timeout=120)
+    report = run.drain(scenario_name("29. level markers: broker restart", guarantee), 120)
     judge(run, report, marked, guarantee, fault_summary)
 
 
