@@ -18,7 +18,9 @@ own process; run twice in a row on the same broker, once through precise mode an
 once through level mode (`--levels`), each with a fresh daemon that runs only the
 mode under test. Level mode delivers a delay at the next level up, so its lateness
 against the requested delay is large by design; it is also reported against the
-level's own due time.
+level's own due time. A reader in this process tails the target while the load runs
+(read_committed under exactly-once) and takes the time each record reaches it: what a
+consumer of the target sees, commit interval included.
 
     python benchmarks/precise_lateness.py [--parts exact,steady] [--rate 2000] [--seconds 60]
 """
@@ -56,6 +58,7 @@ from precise_common import (
     wait_for_count,
     wait_for_ids,
 )
+from steady_lateness import LiveReader
 
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
@@ -158,11 +161,19 @@ def generate(settings: Settings, args: argparse.Namespace) -> int:
 
 class ModeResult:
     def __init__(
-        self, sent: int, asked: Joined, due: Joined, cpu: float, seconds: float, log: int
+        self,
+        sent: int,
+        asked: Joined,
+        due: Joined,
+        cpu: float,
+        seconds: float,
+        log: int,
+        reader: list[int],
     ) -> None:
         self.sent = sent
         self.asked = asked  # against the requested delay
         self.due = due  # against the mode's own due time
+        self.reader = reader  # when a live reader of the target got it, against the request
         self.cpu = cpu
         self.seconds = seconds
         self.log = log
@@ -182,6 +193,8 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
         )
         target = f"{tag}-target"
         create_topics(settings, [target], TARGET_PARTITIONS)
+        isolation = "read_committed" if args.guarantee == "exactly-once" else "read_uncommitted"
+        live = LiveReader(bootstrap, target, isolation)
         with logged_daemon(settings, tag, log_path) as daemon:
             cpu_before, started = cpu_seconds(daemon.pid), time.monotonic()
             generator = subprocess.run(
@@ -198,6 +211,9 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
             wait(bootstrap, target, sent, deadline)
             cpu = cpu_seconds(daemon.pid) - cpu_before
             seconds = time.monotonic() - started
+            while len(live.seen) < sent and time.monotonic() < deadline:
+                time.sleep(0.2)
+        live.stop()
         stderr(f"  {mode}: reading both sides back")
         if mode == "precise":
             sources = [(s, 0) for s in read_topic(bootstrap, settings.precise_topic)]
@@ -212,7 +228,9 @@ def run_mode(bootstrap: str, args: argparse.Namespace, mode: str, log_path: Path
     asked = join({s.message_id: due_ms(s) for s, _ in valid if s.message_id}, arrivals)
     due = join({s.message_id: due_ms(s, floor) for s, floor in valid if s.message_id}, arrivals)
     count, _ = log_problems(log_path)
-    return ModeResult(sent, asked, due, cpu, seconds, count)
+    requested = {s.message_id: due_ms(s) for s, _ in valid if s.message_id}
+    reader = [at - requested[mid] for mid, at in live.seen.items() if mid in requested]
+    return ModeResult(sent, asked, due, cpu, seconds, count, reader)
 
 
 def triple(values: list[int]) -> str:
@@ -244,6 +262,8 @@ def run_steady(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> list[
     row("sent", lambda r, _: f"{r.sent:,}")
     row("lateness vs requested ms", lambda r, _: "")
     row("  p50 / p99 / max", lambda r, _: triple(r.asked.lateness))
+    row("a live reader sees it ms", lambda r, _: "")
+    row("  p50 / p99 / max", lambda r, _: triple(r.reader))
     row("lateness vs own due ms", lambda r, _: "")
     row("  p50 / p99 / max", lambda r, _: triple(r.due.lateness))
     row("over 50 ms (vs own due)", lambda r, _: f"{sum(1 for x in r.due.lateness if x > 50):,}")
@@ -254,11 +274,13 @@ def run_steady(bootstrap: str, args: argparse.Namespace, log_dir: Path) -> list[
     row("daemon CPU (% of 1 core)", lambda r, _: f"{100 * r.cpu / r.seconds:.0f}%")
     row("daemon log warnings", lambda r, _: f"{r.log}")
     summary = []
+    reader_kind = "read_committed" if args.guarantee == "exactly-once" else "read_uncommitted"
     for mode in modes:
         r = results[mode]
         own = "" if mode == "precise" else f" ({triple(r.due.lateness)} vs its level's due)"
         summary.append(
-            f"{mode} {triple(r.asked.lateness)} ms{own}, early {r.due.early}, lost {r.due.lost}"
+            f"{mode} {triple(r.asked.lateness)} ms{own}, as a {reader_kind} reader sees it "
+            f"{triple(r.reader)} ms, early {r.due.early}, lost {r.due.lost}"
         )
     if len(modes) == 2 and "precise" in results and "level" in results:
         p, lv = results["precise"].asked.lateness, results["level"].asked.lateness
