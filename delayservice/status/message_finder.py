@@ -191,15 +191,7 @@ def _locate_exact(
     if out.source is None:
         return False
     out.original_due_ms = out.due_ms = precise_due_ms(_head(out.source))
-    markers = [*out.cancels, *out.reschedules]
-    if markers:
-        out.outcomes_topic = home.outcomes_topic
-        out.outcomes_read = read_replies(scan, home.outcomes_topic, markers, on_read)
-        if out.outcomes_read:
-            out.searched.append(home.outcomes_topic)
-    moved = moved_due_ms(out.reschedules)
-    if moved is not None:
-        out.due_ms = moved
+    _answers_and_move(scan, out, home.outcomes_topic, on_read)
     return True
 
 
@@ -243,16 +235,27 @@ def _locate_level(
                              on_read):  # fmt: skip
             kind = CANCEL if H_CANCEL in hit.headers else RESCHEDULE
             (out.cancels if kind == CANCEL else out.reschedules).append(Marker(kind, hit))
+    _answers_and_move(scan, out, settings.markers_outcomes_topic, on_read)
+    return True
+
+
+def _answers_and_move(
+    scan: TopicScan,
+    out: Whereabouts,
+    outcomes_topic: str,
+    on_read: Callable[[int], None] | None,
+) -> None:
+    """Both modes: the daemon's answers to the markers found, and the due time the last
+    reschedule set."""
     markers = [*out.cancels, *out.reschedules]
     if markers:
-        out.outcomes_topic = settings.markers_outcomes_topic
-        out.outcomes_read = read_replies(scan, out.outcomes_topic, markers, on_read)
+        out.outcomes_topic = outcomes_topic
+        out.outcomes_read = read_replies(scan, outcomes_topic, markers, on_read)
         if out.outcomes_read:
-            out.searched.append(out.outcomes_topic)
+            out.searched.append(outcomes_topic)
     moved = moved_due_ms(out.reschedules)
     if moved is not None:
         out.due_ms = moved
-    return True
 
 
 def _head(hit: Hit) -> Head:
