@@ -68,6 +68,7 @@ def _config(settings, path: Path) -> Path:
         "dead_letter_topic",
         "group_id",
         "precise_topic",
+        "markers_topic",
     )
     lines = [f'{k} = "{getattr(settings, k)}"\n' for k in keys]
     path.write_text("".join([*lines, f"precise = {str(settings.precise).lower()}\n"]))
@@ -197,7 +198,9 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     }
     assert summary["precise_topic"] == settings.precise_topic
     assert summary["reschedules"] == {
-        "outcomes_topics": [settings.precise_outcomes_topic],
+        "outcomes_topics": sorted(
+            [settings.markers_outcomes_topic, settings.precise_outcomes_topic]
+        ),
         "messages_moved": 2,
         "note": None,
     }

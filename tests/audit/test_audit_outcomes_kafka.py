@@ -14,9 +14,14 @@ import pytest
 from confluent_kafka import Producer
 
 from delayservice.audit import job
-from delayservice.audit.extract import CLOCK_SKEW_MS, Window, pin_outcomes, read_outcomes
+from delayservice.audit.extract import (
+    CLOCK_SKEW_MS,
+    NO_OUTCOMES,
+    Window,
+    pin_outcomes,
+    read_outcomes,
+)
 from delayservice.audit.isolation import DEFAULT
-from delayservice.settings import Settings
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -48,9 +53,12 @@ def test_an_audit_without_the_outcomes_topic_runs_and_says_so(testbed, spark, tm
     assert any(settings.precise_outcomes_topic in line for line in lines)
 
     testbed.create_topic(settings.precise_outcomes_topic, partitions=1)
+    testbed.create_topic(settings.markers_outcomes_topic, partitions=1)
     current = job.audit(spark, settings, job.AuditOptions(out_dir=tmp_path / "now"), lines.append)
     assert current.note is None
-    assert current.document["reschedules"]["outcomes_topics"] == [settings.precise_outcomes_topic]
+    assert current.document["reschedules"]["outcomes_topics"] == sorted(
+        [settings.markers_outcomes_topic, settings.precise_outcomes_topic]
+    )
 
 
 def test_the_outcomes_range_starts_before_since_and_ends_at_the_topics_end(testbed, tmp_path):
@@ -70,15 +78,16 @@ def test_the_outcomes_range_starts_before_since_and_ends_at_the_topics_end(testb
     assert pin_outcomes(settings, [topic, absent], None, DEFAULT) == {topic: {0: (0, 3)}}
 
 
-def test_precise_mode_off_reads_no_outcomes_topic(spark):
+def test_precise_mode_off_reads_only_the_level_markers_outcomes_topic(testbed, spark):
+    """Level cancels and moves are answered in every mode; the precise outcomes topic is
+    asked for only with precise mode on."""
+    settings = testbed.settings(partitions=1, precise=False)
     lines: list[str] = []
     outcomes = read_outcomes(
-        spark,
-        Settings(levels="1s", topic_prefix="dt_", precise=False),
-        Window(),
-        kafka_options={},
-        progress=lines.append,
-        isolation=DEFAULT,
+        spark, settings, Window(), kafka_options={}, progress=lines.append, isolation=DEFAULT
     )
-    assert (outcomes.ranges, outcomes.absent, lines) == ({}, [], [])
+    assert (outcomes.ranges, outcomes.absent) == ({}, [settings.markers_outcomes_topic])
+    assert lines == [
+        f"outcomes topic {settings.markers_outcomes_topic} does not exist: {NO_OUTCOMES}"
+    ]
     assert outcomes.records.count() == 0

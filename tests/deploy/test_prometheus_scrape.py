@@ -111,6 +111,8 @@ def send_traffic(testbed, settings, stranded) -> None:
     producer = testbed.producer(settings)
     for i in range(20):
         producer.produce(target, f"m{i}".encode(), key=f"k{i % 4}".encode(), delay=1 + i % 2)
+    # A level message cancelled by id: the level markers' counter gets its first sample.
+    producer.cancel(producer.produce(target, b"cancelled", key=b"k0", delay=2))
     # Straight to a level topic without an envelope: dead-lettered.
     producer.produce(next(iter(settings.level_set())).topic, b"no envelope")
     assert producer.flush(10) == 0
@@ -182,6 +184,9 @@ def test_prometheus_scrapes_every_metric_the_dashboard_and_alerts_use(
         "forwarded in precise mode": 'delayservice_forwarded_total{level="exact"} > 0',
         "cancelled in precise mode": (
             'delayservice_precise_cancels_total{outcome="cancelled"} > 0'
+        ),
+        "cancelled in level mode": (
+            'delayservice_level_markers_total{kind="cancel", outcome="cancelled"} > 0'
         ),
         "scraped": 'up{job="delayservice"} == 1',
     }
