@@ -10,7 +10,22 @@ errors never carry the flag, nor do delivery reports). So fatal means either.
 
 from __future__ import annotations
 
+from typing import Final
+
 from confluent_kafka import KafkaError, KafkaException
+
+STARTING_CODES: Final = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
+"""What a fresh broker answers for a while as it loads its offsets log, and a topic
+just created until its leaders are elected: INFO, not a WARNING, until it has lasted
+longer than a start-up takes (`kafka.log_levels.GraceStreaks`)."""
 
 
 def is_fatal(error: KafkaError) -> bool:

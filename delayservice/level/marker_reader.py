@@ -30,6 +30,8 @@ from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from delayservice.envelope import H_CANCEL, H_RESCHEDULE
 from delayservice.forward.buffer import TP
 from delayservice.kafka import client_config
+from delayservice.kafka.client_errors import STARTING_CODES, error_of
+from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.level.marker_book import REFUSED, MarkerBook
 from delayservice.level.marker_gate import MarkerGate
@@ -121,6 +123,7 @@ class MarkerReader:
         self._m_errors = metrics.loop_errors.labels(self.name, "reader")
         self._stopping = threading.Event()
         self._throttle = Throttle()
+        self._starting = GraceStreaks()
         self._assigned: list[TopicPartition] = []
         self._read_to: dict[TP, int] = {}
         self._next_metadata = 0.0
@@ -170,8 +173,17 @@ class MarkerReader:
                 self._step(consumer)
             except Exception as exc:
                 self._m_errors.inc()
+                error = error_of(exc)
+                young = (
+                    error is not None
+                    and error.code() in STARTING_CODES
+                    and self._starting.young(error.code())
+                )
                 if self._throttle.allow(type(exc).__name__) is not None:
-                    log.warning("markers: %r; reading again", exc, exc_info=exc)
+                    if young and error is not None:  # a topic just made, a broker starting
+                        log.info("markers: %s; reading again", error.str())
+                    else:
+                        log.warning("markers: %r; reading again", exc, exc_info=exc)
                 if consumer is not None:
                     with contextlib.suppress(Exception):  # a broken client may refuse even this
                         consumer.close()

@@ -48,6 +48,7 @@ from delayservice.envelope import (
     Headers,
 )
 from delayservice.forward import dead_letter as dl
+from delayservice.kafka.client_errors import STARTING_CODES
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, unread_records
 from delayservice.kafka.consumer_thread import ERROR_PAUSE_S, ConsumerThread
@@ -105,20 +106,6 @@ _PASSING_CODES: Final = frozenset(
         KafkaError.LEADER_NOT_AVAILABLE,
     }
 )
-
-
-_STARTING: Final = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-    }
-)
-"""What a fresh broker answers for a while as it loads its offsets log, and a topic
-just created until its leaders are elected: INFO, not a WARNING, until it has lasted
-longer than a start-up takes."""
 
 
 def _passing(error: KafkaError) -> bool:
@@ -298,7 +285,7 @@ class Intake(ConsumerThread):
             self._survive(exc)
             return
         if self._throttle.allow(("retriable", error.code())) is not None:
-            young = error.code() in _STARTING and self._starting.young(error.code())
+            young = error.code() in STARTING_CODES and self._starting.young(error.code())
             log.log(
                 logging.INFO if young else logging.WARNING,
                 "intake of %s: %s; retrying",
