@@ -24,6 +24,7 @@ import pytest
 from delayservice.producer import DelayProducer
 from tests.faults.harness import Reader, SentLog, scenario_name
 from tests.faults.measure import Report
+from tests.faults.test_precise_faults import _verdict
 
 pytestmark = pytest.mark.kafka
 
@@ -124,12 +125,7 @@ def judge(run: Any, report: Report, marked: Marked, guarantee: str, fault_summar
         f"{len(marked.cancels)} cancels ({len(cancelled)} in time), {len(marked.moves)} "
         f"reschedules ({len(moved)} in time); {len(got)} answers, {len(unanswered)} missing"
     )
-    fault_summary(report)
-    run.assert_alive()
-    assert not report.lost, report.problems()
-    assert not report.early, report.problems()
-    assert not report.wrong, report.problems()
-    assert not report.cancels_leaked, report.problems()
+    _verdict(run, report, fault_summary)  # lost, early, wrong, cancels leaked
     assert not report.superseded, report.problems()
     if guarantee == EOS:
         assert report.duplicates == 0, report.problems()
