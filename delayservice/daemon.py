@@ -138,9 +138,6 @@ class Daemon:
             for plan in layout.workers(self.settings)
         ]
         if self.settings.precise:
-            caveat = precise_guarantee_caveat(self.settings)
-            if caveat is not None:
-                log.warning("%s", caveat)
             client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}"
             producer = Producer(client_config.producer(self.settings, client_id))
             held = HeldBytes(self.settings.max_buffered_bytes)  # one cap for both wheels
@@ -217,23 +214,6 @@ class Daemon:
             self._server = None
         self._phase = "stopped"
         return EXIT_FAILED if (self._fatal or stuck) else EXIT_OK
-
-
-def precise_guarantee_caveat(settings: Settings) -> str | None:
-    """What an operator who asked for exactly-once must know when two members hold each
-    precise message.
-
-    Each holder delivers under its own transactional id, so nothing fences an owner
-    that was only slow from its replica taking over: a takeover may deliver a record
-    twice. Refusing the setting would stop daemons that run today; saying so at start
-    keeps them running and the promise readable."""
-    if settings.precise and settings.guarantee == "exactly-once" and settings.replicas == 2:
-        return (
-            "guarantee = exactly-once with replicas = 2: a replica that takes over from a "
-            "slow owner may deliver a record the owner delivers too (at least once on "
-            "takeover; exactly once otherwise; docs/precise-mode.md)"
-        )
-    return None
 
 
 GC_THRESHOLDS: Final = (100_000, 1_000, 1_000)

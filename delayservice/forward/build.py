@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from delayservice.forward.buffer import Buffer, Runs
-from delayservice.forward.forwarder import Forwarder, Routes
+from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka import client_config
 from delayservice.kafka.target_topics import TargetTopics
@@ -39,12 +39,14 @@ def build_forwarder(
     transactional_id: str | None = None,
     settle: Callable[[Runs], None] | None = None,
     ledger: TransactionLedger | None = None,
+    shared_id: SharedId | None = None,
     clock: Any = time,
 ) -> Forwarder:
     """The forwarder of `buffer`, which holds the records of `levels` (its worker is
     `name`): exactly-once when a `transactional_id` is given, else at-least-once;
     `settle` gets the records each commit point made durable; `ledger` (with a
-    `transactional_id`) is what its transactions carry instead of consumer offsets."""
+    `transactional_id`) is what its transactions carry instead of consumer offsets;
+    `shared_id`: another holder forwards under the same id (`SharedId`)."""
     client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{name}"
     config = client_config.level_producer(settings, client_id, transactional_id)
     unconfirmed = watch_unconfirmed(config)
@@ -76,6 +78,7 @@ def build_forwarder(
         make_producer=new_producer,
         settle=settle,
         ledger=ledger,
+        shared_id=shared_id,
     )
     built.append(forwarder)
     return forwarder

@@ -70,7 +70,7 @@ from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import COMMIT_STEPS, ServiceMetrics
 
-__all__ = ["Forwarder", "ForwarderFatalError", "Routes", "commit_floor"]
+__all__ = ["Forwarder", "ForwarderFatalError", "Routes", "SharedId", "commit_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,21 @@ class _Request:
     ok: bool = False
 
 
+@dataclass(frozen=True)
+class SharedId:
+    """Two holders of the same partitions forward under one transactional id, so the
+    coordinator lets one of them commit at a time (precise mode with two copies: the
+    owner, and its replica when it takes over). Being fenced by the other is then part
+    of the protocol, not a sign of a second live process with this instance's name: it
+    does not count towards `REBUILDS`. `lazy`: the holder that takes over inits its
+    producer only when it has something to send (`ensure_transaction`), and once
+    fenced holds off for `hold_back_s`, so that the owner, back, goes on first."""
+
+    other: str
+    lazy: bool = False
+    hold_back_s: float = 0.0
+
+
 class Forwarder:
     def __init__(
         self,
@@ -140,6 +155,7 @@ class Forwarder:
         make_producer: Callable[[], Any] | None = None,
         settle: Callable[[Runs], None] | None = None,
         ledger: TransactionLedger | None = None,
+        shared_id: SharedId | None = None,
     ) -> None:
         """`levels`: the delay topics it forwards (their records come from `group`);
         `name`: its worker's, for threads, messages and the per-worker metrics.
@@ -148,7 +164,8 @@ class Forwarder:
         its log lines going through `unconfirmed` (`watch_unconfirmed`). `settle` is
         handed, at each commit point, the records it made durable (precise mode settles
         them in its slots; see `PreciseWorker`). `ledger` (exactly-once, precise mode):
-        what the transactions carry instead of consumer offsets."""
+        what the transactions carry instead of consumer offsets. `shared_id`: another
+        holder uses its transactional id too, by design (see `SharedId`)."""
         self.levels = {level.topic: level for level in levels}
         self.name = name
         self.group = group
@@ -164,6 +181,8 @@ class Forwarder:
         self._clock = clock
         self._settle = settle
         self._ledger = ledger
+        self._shared = shared_id
+        self._held_back_until = 0.0
         self._metrics = metrics
         self._m_forwarded = {t: metrics.forwarded.labels(lv.name) for t, lv in self.levels.items()}
         self._m_stubs = {
@@ -326,9 +345,19 @@ class Forwarder:
         self._reseek.clear()
         self.group.wake()
 
+    def ensure_transaction(self) -> float:
+        """A lazy forwarder (`SharedId.lazy`), on its own thread, about to send: init
+        its producer (fencing the other holder) and learn, and return 0; or, fenced
+        lately, the seconds it still holds off. Raises as `Transaction.init`."""
+        left = float(self._held_back_until - self._clock.monotonic())
+        if left > 0:
+            return left
+        self._txn.init()
+        return 0.0
+
     # -- the loop ------------------------------------------------------------------
     def _main(self) -> None:
-        if self.transactional:
+        if self.transactional and not (self._shared is not None and self._shared.lazy):
             try:
                 self._txn.init()
             except SendLaterError as exc:  # tried again before the first send
@@ -396,7 +425,7 @@ class Forwarder:
         if self._reseek.is_set():  # the queues are stale until the consumer thread seeks
             self._stopping.wait(RESEEK_POLL_S)
             return
-        if self._ledger is not None:
+        if self._ledger is not None and not (self._shared is not None and self._shared.lazy):
             self._txn.init()  # learns what committed before anything is taken
         if interval.waiting:
             self._send_waiting()
@@ -497,10 +526,14 @@ class Forwarder:
         now = self._clock.monotonic()
         while self._rebuilds and now - self._rebuilds[0] > REBUILD_WINDOW_S:
             self._rebuilds.popleft()
-        if self._make_producer is None or len(self._rebuilds) >= REBUILDS:
+        shared = self._shared if failure.fenced else None
+        if self._make_producer is None or (shared is None and len(self._rebuilds) >= REBUILDS):
             raise failure
-        self._rebuilds.append(now)
-        log.error("%s: %s; replacing the producer", self.name, failure)
+        if shared is None:
+            self._rebuilds.append(now)
+            log.error("%s: %s; replacing the producer", self.name, failure)
+        else:
+            log.warning("%s: fenced by %s; replacing the producer", self.name, shared.other)
         self.interval.reports.clear()
         self._unconfirmed.take()  # the interval goes again anyway
         if self.transactional:
@@ -515,6 +548,9 @@ class Forwarder:
         self._producer = self._make_producer()
         self.sender.replace_producer(self._producer)
         self._txn.replace(self._producer)
+        if shared is not None and shared.lazy:  # the owner is back: let it go on first
+            self._held_back_until = now + shared.hold_back_s
+            return
         if self.transactional:
             try:  # fence now: the old transaction ends (committed or aborted) at once
                 self._txn.init()

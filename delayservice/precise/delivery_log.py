@@ -48,7 +48,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
@@ -74,15 +74,27 @@ LARGE_RECORD: Final = 900_000
 """A record above this size is logged: it nears the broker's default message limit."""
 
 
-def sent_key(member: int) -> bytes:
-    return f"sent:{member}".encode()
+MAX_NAMED: Final = 4_000_000
+"""A `sent` record naming more offsets than this is malformed: a forged one must not
+make its readers' memory grow without end."""
+
+
+def sent_key(member: int, writer: int | None = None) -> bytes:
+    """The key of the records of what transactions under member `member`'s
+    transactional id delivered: written by `member` itself, or (`writer`) by its
+    replica when it took over (compaction keeps the latest of each writer)."""
+    if writer is None or writer == member:
+        return f"sent:{member}".encode()
+    return f"sent:{member}:by:{writer}".encode()
 
 
 Slot = tuple[int, int]
 """(partition, second): a slot file, and the records of it a transaction delivered."""
 
 
-def encode_sent(member: int, offsets: Mapping[Slot, Iterable[int]]) -> bytes:
+def encode_sent(
+    member: int, offsets: Mapping[Slot, Iterable[int]], writer: int | None = None
+) -> bytes:
     """Per slot, the sorted offsets as runs: [first, length, gap, length, ...] with each
     first relative to the end of the run before (small numbers: a burst is a few runs),
     compressed."""
@@ -104,31 +116,54 @@ def encode_sent(member: int, offsets: Mapping[Slot, Iterable[int]]) -> bytes:
             runs[-1] = length
             partitions[f"{partition}:{second}"] = runs
     packed = zlib.compress(json.dumps(partitions, separators=(",", ":")).encode())
-    return json.dumps(
-        {"v": VERSION, "member": member, "sent": base64.b64encode(packed).decode()}
-    ).encode()
+    record: dict[str, Any] = {"v": VERSION, "member": member}
+    if writer is not None and writer != member:
+        record["by"] = writer
+    record["sent"] = base64.b64encode(packed).decode()
+    return json.dumps(record).encode()
+
+
+class SentRecord(NamedTuple):
+    member: int
+    """Whose transactional id the transaction ran under."""
+    writer: int
+    """Who wrote it: the member, or its replica taking over."""
+    offsets: dict[Slot, set[int]]
+    """Per slot of the writer's, the offsets it delivered."""
 
 
 def decode_sent(raw: bytes | None) -> dict[Slot, set[int]] | None:
     """The offsets a `sent` record names, or None for anything malformed (never raises:
     the done topic is writable by whoever can write the precise topic)."""
+    record = decode_sent_record(raw)
+    return None if record is None else record.offsets
+
+
+def decode_sent_record(raw: bytes | None) -> SentRecord | None:
+    """`decode_sent`, with whose id it ran under and who wrote it."""
     try:
         data: Any = json.loads(raw or b"")
         if not isinstance(data, dict) or data.get("v") != VERSION:
             return None
+        member = int(data["member"])
+        writer = int(data.get("by", member))
         partitions = json.loads(zlib.decompress(base64.b64decode(data["sent"])))
         out: dict[Slot, set[int]] = {}
+        named = 0
         for name, runs in partitions.items():
             partition, second = name.split(":")
             offsets = out.setdefault((int(partition), int(second)), set())
             end = 0
             for gap, length in zip(runs[::2], runs[1::2], strict=True):
                 first = end + int(gap)
+                named += int(length)
+                if named > MAX_NAMED or int(length) < 0 or first < 0:
+                    return None
                 offsets.update(range(first, first + int(length)))
                 end = first + int(length)
     except Exception:
         return None
-    return out
+    return SentRecord(member, writer, out)
 
 
 @dataclass
@@ -156,14 +191,23 @@ class DeliveryLog:
         position_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         slot_exists: Callable[[int, int], bool] = lambda _partition, _second: True,
+        writer: int | None = None,
     ) -> None:
         """`wake`: wakes the forwarder (replies are waiting for a transaction);
         `position_file`: where the done topic's offset a restart reads from is noted;
-        `slot_exists`: whether a slot's file is still on disk."""
+        `slot_exists`: whether a slot's file is still on disk. `member`: whose
+        transactional id the forwarder commits under; `writer`: who this is, when it is
+        that member's replica taking over."""
         self._topic = done_topic
         self._outcomes = outcomes_topic
         self._member = member
-        self._key = sent_key(member)
+        self._writer = member if writer is None else writer
+        self._key = sent_key(member, writer)
+        self.others_read: Callable[[int], bool] | None = None
+        """Two copies: whether the reader of the other holder's records
+        (`progress.Progress.read_past`) has read the done topic up to an offset. After
+        each fence, `learn` waits for it to pass the end: what the other holder
+        committed under this id before the fence is then known."""
         self._make_consumer = make_consumer
         self.wake = wake
         self._read_timeout = read_timeout_s
@@ -263,7 +307,7 @@ class DeliveryLog:
         with self._lock:
             self._replies_in_txn = list(self._replies)
         if delivered:
-            value = encode_sent(self._member, delivered)
+            value = encode_sent(self._member, delivered, self._writer)
             if len(value) > LARGE_RECORD:
                 log.warning(
                     "%s: a transaction's delivery record is %d bytes (%d records); a smaller "
@@ -346,6 +390,7 @@ class DeliveryLog:
                 consumer.assign([TopicPartition(self._topic, 0, start)])
                 self._read_from = max(0, start)
             self._read_to_end(consumer, end, started + self._read_timeout)
+            self._others_read_to(end, started + self._read_timeout)
         except SendLaterError:
             raise
         except Exception as exc:
@@ -363,6 +408,18 @@ class DeliveryLog:
             self.learned_records,
             time.monotonic() - started,
         )
+
+    def _others_read_to(self, end: int, deadline: float) -> None:
+        others_read = self.others_read
+        if others_read is None:
+            return
+        while not others_read(end):
+            if time.monotonic() >= deadline:
+                raise SendLaterError(
+                    f"{self._topic}: the other holder's records not read to {end} in "
+                    f"{self._read_timeout:.0f} s"
+                )
+            time.sleep(0.02)
 
     def close(self) -> None:
         self._close()

@@ -9,7 +9,9 @@ settled mark (its file is deleted with the last one), a dead letter of the intak
 its offset commit. Failed records go again or are dead-lettered by the forwarder's
 `Failures` rules before they settle; nothing sent settles before a flush said it is
 durable, or its transaction committed. Exactly-once, each transaction also carries the
-record of what it delivered, and the replies to markers (`delivery_log`).
+record of what it delivered, and the replies to markers (`delivery_log`); with two
+copies, the replica's copies go out through a second forwarder under the owner's
+transactional id (`takeover`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from confluent_kafka import Consumer, Producer
 
 from delayservice.forward.buffer import Runs
 from delayservice.forward.build import build_forwarder
-from delayservice.forward.forwarder import Routes
+from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
@@ -46,6 +48,7 @@ from delayservice.precise.progress import Progress
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.storage_fault import StorageError
+from delayservice.precise.takeover import Takeover, replicated_owner
 from delayservice.precise.wheel import Wheel
 from delayservice.settings import Settings
 
@@ -252,6 +255,24 @@ class PreciseWorker:
             if settings.replicas == 2
             else None
         )
+        takeover: Takeover | None = None
+        copies_log: DeliveryLog | None = None
+        owner = replicated_owner(self.placement)
+        if self.delivery is not None and self.progress is not None:
+            self.delivery.others_read = self.progress.read_past
+            copies_log = DeliveryLog(
+                done_topic,
+                settings.precise_outcomes_topic,
+                owner,
+                consumers.for_delivered,
+                slot_exists=lambda partition, second: (
+                    self.store.size(partition, second) is not None
+                ),
+                writer=settings.precise_member,
+            )
+            copies_log.others_read = self.progress.read_past
+            takeover = Takeover(copies_log)
+        self.copies_log = copies_log
         self.wheel = Wheel(
             self.store,
             self.cancels,
@@ -266,6 +287,7 @@ class PreciseWorker:
             topic=topic,
             unread=self.disk.intake_offsets.in_flight(),
             delivered=self.delivery,
+            takeover=takeover,
         )
         buffer = self.wheel.buffer
         settle: Callable[[Runs], None] = functools.partial(
@@ -293,6 +315,17 @@ class PreciseWorker:
             ),
             settle=settle,
             ledger=self.delivery,
+            shared_id=(
+                SharedId(
+                    f"member {(settings.precise_member + 1) % settings.precise_members} "
+                    "(its replica)"
+                )
+                if takeover is not None
+                else None
+            ),
+        )
+        self.takeover_forwarder = self._build_takeover(
+            settings, metrics, make_producer, on_fatal, takeover, owner, far=far
         )
         replies = MarkerReplies(
             settings.precise_outcomes_topic,
@@ -341,10 +374,52 @@ class PreciseWorker:
             self.wheel.disk_slots,
         )
 
+    def _build_takeover(
+        self,
+        settings: Settings,
+        metrics: ServiceMetrics,
+        make_producer: Callable[[dict[str, Any]], Any],
+        on_fatal: Callable[[str], None],
+        takeover: Takeover | None,
+        owner: int,
+        *,
+        far: bool,
+    ) -> Forwarder | None:
+        """Two copies, exactly-once: the forwarder of this member's replica copies,
+        under the transactional id of the member it replicates (`takeover`)."""
+        buffer = self.wheel.takeover_buffer
+        if takeover is None or buffer is None:
+            return None
+        copies_log = takeover.delivered
+        copies_log.wake = buffer.wake
+        forwarder = takeover.forwarder = build_forwarder(
+            [self.level],
+            f"{self.level.name}-takeover",
+            settings,
+            metrics,
+            buffer,
+            precise_routes(settings),
+            make_producer,
+            on_fatal,
+            commit_interval_s=precise_commit_interval(settings),
+            transactional_id=precise_transactional_id(settings, owner, far=far),
+            settle=functools.partial(
+                settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=copies_log
+            ),
+            ledger=copies_log,
+            shared_id=SharedId(
+                f"member {owner} (the owner)", lazy=True, hold_back_s=settings.takeover_delay_s
+            ),
+        )
+        return forwarder
+
     def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:
         name = self.level.name
         metrics.level_delay.labels(name, self.level.topic).set(lookahead_s)
-        metrics.buffered_messages.labels(name).set_function(lambda: float(len(buffer)))
+        copies = self.wheel.takeover_buffer
+        metrics.buffered_messages.labels(name).set_function(
+            lambda: float(len(buffer) + (len(copies) if copies is not None else 0))
+        )
         loaded = metrics.precise_slot_files.labels(name, "loaded")
         loaded.set_function(lambda: float(self.wheel.loaded_slots))
         on_disk = metrics.precise_slot_files.labels(name, "on_disk")
@@ -361,6 +436,8 @@ class PreciseWorker:
 
     def start(self) -> None:
         self.forwarder.start()
+        if self.takeover_forwarder is not None:
+            self.takeover_forwarder.start()
         self.wheel.start()
         self.census.start()
         if self.progress is not None:
@@ -369,10 +446,13 @@ class PreciseWorker:
 
     def request_stop(self) -> None:
         self._stopping = True  # faults met while stopping change no exit code
-        if self.delivery is not None:
-            self.delivery.stopping()
+        for delivery in (self.delivery, self.copies_log):
+            if delivery is not None:
+                delivery.stopping()
         self.intake.request_stop()
         self.forwarder.request_stop()
+        if self.takeover_forwarder is not None:
+            self.takeover_forwarder.request_stop()
 
     def join(self, timeout: float) -> bool:
         """Stop in order: no more intake, no more loading, then let what was sent land.
@@ -382,12 +462,15 @@ class PreciseWorker:
         # The forwarder's last commit point settles what it sent; the loader's last
         # pass then writes those settled marks.
         self.forwarder.stop(max(0.1, deadline - time.monotonic()))
+        if self.takeover_forwarder is not None:
+            self.takeover_forwarder.stop(max(0.1, deadline - time.monotonic()))
         self.wheel.stop(max(0.1, deadline - time.monotonic()))
         self.census.stop(max(0.1, deadline - time.monotonic()))
         if self.progress is not None:
             self.progress.stop(max(0.1, deadline - time.monotonic()))
-        if self.delivery is not None:
-            self.delivery.close()
+        for delivery in (self.delivery, self.copies_log):
+            if delivery is not None:
+                delivery.close()
         self._producer.flush(max(0.1, min(self._flush_timeout, deadline - time.monotonic())))
         self.disk.close()
         return stopped
@@ -401,6 +484,8 @@ class PreciseWorker:
         threads = [self.intake.is_alive(), self.wheel.is_alive(), self.forwarder.is_alive()]
         if self.progress is not None:
             threads.append(self.progress.is_alive())
+        if self.takeover_forwarder is not None:
+            threads.append(self.takeover_forwarder.is_alive())
         if not all(threads):
             return False, f"{topic}: worker thread stopped"
         if self.intake.broker_down:

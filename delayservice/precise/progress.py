@@ -17,6 +17,15 @@ finds records overdue by more than the takeover delay sends only those its repli
 not reported, so a restart after a take-over does not send everything twice. The worst
 case is a duplicate carrying its `delay-id`, never a loss. No liveness protocol is
 needed: every copy is its own timer.
+
+Exactly-once, each transaction also writes what it delivered to the same topic
+(`delivery_log`); the reader takes the other holder's such records too, for the
+partitions this member holds, and counts what they name as covered until a report of
+that holder claims it. The owner and the replica forward a partition under the owner's
+one transactional id (the replica with a second producer, `precise_worker`), so only
+one of them can commit at a time, and after each fence the new holder waits until this
+reader has read past the topic's end (`read_past`): it then knows everything the other
+committed.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.ready_batch import ready_batch
+from delayservice.precise.delivery_log import decode_sent_record
 from delayservice.precise.placement import Placement, Role
 
 log = logging.getLogger(__name__)
@@ -41,6 +51,10 @@ FAR_FUTURE_MS: Final = 2**62
 MAX_PARTITION: Final = 1 << 14
 """Reports for partition numbers at or above this are ignored: a precise topic has far
 fewer, and forged reports for partitions that do not exist must not grow memory."""
+MAX_NAMED_PER_PARTITION: Final = 2_000_000
+"""Offsets named delivered by the other holder and not yet claimed by its reports,
+kept per partition at most: beyond this (forged records), more are not taken, which
+can cost a duplicate, never a loss."""
 KEPT_DIRECTORIES: Final = 8
 """Reports kept per partition, one per data directory of either holder; the one that
 reached least far goes first."""
@@ -109,6 +123,12 @@ class Progress:
         self._takeover_ms = takeover_ms
         self._reports: dict[int, dict[tuple[int, int], Report]] = {}
         """partition -> (member, first offset of its data directory) -> latest report"""
+        self._delivered: dict[int, dict[int, int]] = {}
+        """partition -> offset -> a bound on its due time (ms, exclusive): named
+        delivered by the other holder's transactions, not yet claimed by its reports."""
+        self._lock = threading.Lock()
+        self._position = -1
+        """The reader's position on the done topic after its last batch."""
         self._sent: dict[int, Report] = {}
         self._next_report = 0.0
         self._roles = roles
@@ -158,11 +178,27 @@ class Progress:
     # -- consulting ----------------------------------------------------------------
     def covers(self, partition: int, offset: int, due_ms: int) -> bool:
         """Whether the partition's other holder reported this record settled, by any of
-        its data directories: one lost with its disk still vouches for what it sent."""
-        return any(
-            report.start <= offset < report.through and due_ms < report.due_before
-            for report in self._reports.get(partition, {}).values()
-        )
+        its data directories (one lost with its disk still vouches for what it sent),
+        or a transaction of its named it delivered."""
+        with self._lock:
+            delivered = self._delivered.get(partition)
+            if delivered and offset in delivered:
+                return True
+            return any(
+                report.start <= offset < report.through and due_ms < report.due_before
+                for report in self._reports.get(partition, {}).values()
+            )
+
+    def read_past(self, offset: int) -> bool:
+        """Whether this reader has read the done topic up to `offset` (what committed
+        before it is taken)."""
+        return self._position >= offset
+
+    @property
+    def named(self) -> int:
+        """Offsets named delivered by the other holder, not yet claimed by its reports."""
+        with self._lock:
+            return sum(map(len, self._delivered.values()))
 
     @property
     def ready(self) -> bool:
@@ -185,6 +221,7 @@ class Progress:
                         TopicPartition(self._topic, 0), timeout=10.0
                     )
                     if end <= low:
+                        self._position = max(self._position, end)
                         self._caught_up.set()
                 for message in ready_batch(consumer, 500, 0.5):
                     error = message.error()
@@ -193,11 +230,15 @@ class Progress:
                             log.info("%s: %s", self._topic, error.str())
                         continue
                     try:
-                        self._take(message.value())
+                        self._take(message.value(), message.key())
                     except Exception:  # one record must not cost the rest of the batch
                         log.exception("%s: skipped a progress record", self._topic)
                     if (message.offset() or 0) + 1 >= end:
                         self._caught_up.set()
+                self._position = max(
+                    self._position,
+                    consumer.position([TopicPartition(self._topic, 0)])[0].offset,
+                )
             except Exception:
                 log.exception("progress reader for %s: unexpected error; continuing", self._topic)
                 self._stopping.wait(1.0)
@@ -206,8 +247,11 @@ class Progress:
         except Exception:
             log.exception("closing the progress reader failed")
 
-    def _take(self, value: str | bytes | None) -> None:
+    def _take(self, value: str | bytes | None, record_key: str | bytes | None = None) -> None:
         raw = value.encode() if isinstance(value, str) else value
+        if isinstance(record_key, bytes) and record_key.startswith(b"sent:"):
+            self._take_sent(raw)
+            return
         report = parse_report(raw)
         if report is None or report.member == self._placement.member:
             return  # malformed, or this member's own
@@ -217,10 +261,51 @@ class Progress:
             return  # no such member, or no such partition
         if self._placement.holder(report.partition, report.member) is None:
             return  # not from a member that holds the partition
-        by_directory = self._reports.setdefault(report.partition, {})
-        key = (report.member, report.start)
-        previous = by_directory.get(key)
-        if previous is None or report.through >= previous.through:
-            by_directory[key] = report
-        if len(by_directory) > KEPT_DIRECTORIES:
-            del by_directory[min(by_directory, key=lambda k: by_directory[k].through)]
+        with self._lock:
+            by_directory = self._reports.setdefault(report.partition, {})
+            key = (report.member, report.start)
+            previous = by_directory.get(key)
+            if previous is None or report.through >= previous.through:
+                by_directory[key] = report
+            if len(by_directory) > KEPT_DIRECTORIES:
+                del by_directory[min(by_directory, key=lambda k: by_directory[k].through)]
+            delivered = self._delivered.get(report.partition)
+            if delivered:  # what the report claims need not be named any more
+                claimed = [
+                    offset
+                    for offset, due_bound in delivered.items()
+                    if report.start <= offset < report.through and due_bound <= report.due_before
+                ]
+                for offset in claimed:
+                    del delivered[offset]
+
+    def _take_sent(self, raw: bytes | None) -> None:
+        """A transaction's record of what it delivered: the other holder's, for the
+        partitions this member holds, counts as covered."""
+        record = decode_sent_record(raw)
+        placement = self._placement
+        if record is None or record.writer == placement.member:
+            return
+        if not 0 <= record.writer < placement.members:
+            return
+        with self._lock:
+            for (partition, second), offsets in record.offsets.items():
+                if not 0 <= partition < MAX_PARTITION or placement.role(partition) is None:
+                    continue
+                role = placement.holder(partition, record.writer)
+                if role is None:
+                    continue
+                # The writer names its own slot: a replica's fires the takeover delay late.
+                due_bound = (second + 1) * 1000 - (self._takeover_ms if role is Role.REPLICA else 0)
+                delivered = self._delivered.setdefault(partition, {})
+                if len(delivered) + len(offsets) > MAX_NAMED_PER_PARTITION:
+                    log.warning(
+                        "%s: more than %d offsets of partition %d named delivered and not "
+                        "claimed; not taking more",
+                        self._topic,
+                        MAX_NAMED_PER_PARTITION,
+                        partition,
+                    )
+                    continue
+                for offset in offsets:
+                    delivered[offset] = due_bound

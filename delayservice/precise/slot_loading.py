@@ -113,7 +113,7 @@ class SlotLoading(WheelState):
             cost = self._cost.get(tracker, RECORD_OVERHEAD)
             if millisecond is not None and room < cost:
                 due = tracker.second * 1000 + millisecond <= self._clock() * 1000
-                if not due or len(self.buffer) >= LOAD_AT_MOST:
+                if not due or self._buffered() >= LOAD_AT_MOST:
                     return False  # over budget: wait for records to leave
                 room = cost * LOAD_AT_MOST // 10  # the forwarder would run dry
             count = min(LOAD_AT_MOST, max(1, room // cost))
@@ -122,7 +122,7 @@ class SlotLoading(WheelState):
             if cancelled:
                 self._outcomes.cancelled("cancelled", cancelled)
             if records:
-                self.buffer.schedule_many(records)
+                self._schedule(records)
         return False
 
     def _admit_loaded(

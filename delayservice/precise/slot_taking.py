@@ -16,7 +16,7 @@ from delayservice.precise.placement import Role
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.wheel_state import Delivered, WheelState
+from delayservice.precise.wheel_state import Coverage, Delivered, WheelState
 
 NOT_READY_RETRY_S: Final = 0.5
 """How soon a copy waiting for the other holder's reports to be read is looked at again."""
@@ -27,12 +27,22 @@ class SlotTaking(WheelState):
         """`_keep`, on the forwarder's thread: a fault of the disk (reported through
         `on_fault`, the daemon is stopping) sends nothing; the records stay on disk."""
         try:
-            return self._keep(records)
+            return self._keep(records, self._delivered)
         except StorageError:
             return []
 
-    def _keep(self, records: list[SlotRecord]) -> list[SlotRecord]:
-        """Runs on the taking thread, just before the records are sent."""
+    def _keep_copies_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """`_keep_copies`, as `_keep_or_stop`."""
+        try:
+            return self._keep_copies(records)
+        except StorageError:
+            return []
+
+    def _keep(
+        self, records: list[SlotRecord], delivered: Delivered | None, *, final: bool = True
+    ) -> list[SlotRecord]:
+        """Runs on the taking thread, just before the records are sent. Not `final`:
+        a first look, and the records kept are not yet counted as sent."""
         if not records:
             return records
         out: list[SlotRecord] = []
@@ -43,8 +53,7 @@ class SlotTaking(WheelState):
         replicas: dict[int, bool] = {}  # partition -> this member holds its replica
         sent: list[str] = []
         # An owner's record due before this may have been taken over meanwhile.
-        overdue_before_ms = now_ms - self._takeover * 1000
-        coverage, delivered = self._coverage, self._delivered
+        overdue_before_ms, coverage = now_ms - self._takeover * 1000, self._coverage
         with self._lock:
             in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
             stale = self._moved_away(records)
@@ -75,17 +84,65 @@ class SlotTaking(WheelState):
                         deferred.append((record, now_ms / 1000 + NOT_READY_RETRY_S))
                         in_memory.add(message_id)
                         continue
-                    if coverage.covers(record.partition(), record.offset(), record.due_ms):
-                        self._outcomes.cleaned()
-                        settled.append((tracker, record.offset()))
+                    if self._covered(coverage, record, tracker, settled):
                         continue
+                out.append(record)
+                if not final:
+                    in_memory.add(message_id)  # looked at again before it goes
+                    continue
                 if replica:
                     self._outcomes.took_over()
                 sent.append(message_id)
-                out.append(record)
             self._recent.add_all(sent)
         self._kept(cancelled, settled, deferred)
         return out
+
+    def _covered(
+        self,
+        coverage: Coverage,
+        record: SlotRecord,
+        tracker: SlotTracker,
+        settled: list[tuple[SlotTracker, int]],
+    ) -> bool:
+        """Whether the other holder settled `record` (it is settled here unsent)."""
+        if not coverage.covers(record.partition(), record.offset(), record.due_ms):
+            return False
+        self._outcomes.cleaned()
+        settled.append((tracker, record.offset()))
+        return True
+
+    def _keep_copies(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """`_keep` for the takeover forwarder (two copies, exactly-once). A first look
+        drops what the owner is known to have delivered, without touching its
+        transactional id; only copies left then init the producer under the owner's id,
+        which fences the owner and ends its open transaction, and after learning what
+        committed before (`Takeover.ready`) the final look decides: the owner may have
+        committed more in between."""
+        takeover = self._takeover_by
+        assert takeover is not None
+        first = self._keep(records, takeover.delivered, final=False)
+        if not first:
+            return first
+        try:
+            wait = takeover.ready()
+        except BaseException:
+            self._hold_copies(first, NOT_READY_RETRY_S)
+            raise
+        if wait > 0:
+            self._hold_copies(first, wait)
+            return []
+        return self._keep(first, takeover.delivered)
+
+    def _hold_copies(self, records: list[SlotRecord], wait_s: float) -> None:
+        """Copies looked at and not sent: back into the takeover buffer, for `wait_s`."""
+        with self._lock:
+            for record in records:
+                if record.envelope is not None:
+                    self._in_memory.add(record.envelope.id)
+        buffer = self.takeover_buffer
+        assert buffer is not None
+        fire = self._clock() + wait_s
+        buffer.schedule_many([(record, fire) for record in records])
 
     def _cancelled_now(self, message_id: str, tracker: SlotTracker, offset: int) -> None:
         """A record cancelled since it was loaded is settled unsent (lock held). Match and
@@ -125,4 +182,4 @@ class SlotTaking(WheelState):
             self._outcomes.cancelled("cancelled", cancelled)
         self.settle_many(settled)
         if deferred:
-            self.buffer.schedule_many(deferred)
+            self._schedule(deferred)

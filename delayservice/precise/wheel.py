@@ -42,7 +42,7 @@ from delayservice.precise.slot_taking import SlotTaking
 from delayservice.precise.span_splitting import SpanSplitting
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S
-from delayservice.precise.wheel_state import UNBOUNDED, Coverage, Delivered, Outcomes
+from delayservice.precise.wheel_state import UNBOUNDED, Coverage, Delivered, Outcomes, Takeover
 from delayservice.timers.base import Clock
 
 __all__ = ["READ_AGAIN", "Reschedule", "Wheel"]  # move_many's request and outcome
@@ -71,6 +71,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         unread: Iterable[int] = (),
         topic: str = "",
         delivered: Delivered | None = None,
+        takeover: Takeover | None = None,
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
@@ -80,7 +81,9 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         usual but stay on disk, finished or not, until it has read that batch again
         (`read_again`). `topic`: the precise topic (the buffer's runs are
         keyed by its partitions). `delivered` (exactly-once): records it names were
-        delivered by a transaction that committed, and are settled unsent."""
+        delivered by a transaction that committed, and are settled unsent. `takeover`
+        (two copies, exactly-once): the replica's copies go out through their own
+        forwarder, under the owner's transactional id (`takeover_buffer`)."""
         super().__init__(
             store,
             cancels,
@@ -96,8 +99,14 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         )
         self._unread.update(unread)
         self._delivered = delivered
+        self._takeover_by = takeover
         self.buffer = SlotBuffer(clock, keep=self._keep_or_stop, topic=topic)
         """What the forwarder takes from; its taker drops what must not go out."""
+        self.takeover_buffer = (
+            SlotBuffer(clock, keep=self._keep_copies_or_stop, topic=topic)
+            if takeover is not None
+            else None
+        )
         self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
         self._splitter = threading.Thread(
             target=self._run_splits, name="precise-splitter", daemon=True
@@ -183,7 +192,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
                 self._in_memory.add(message_id)
                 if message_id in self._cancels:  # cancelled while its write became durable
                     self._cancelled_in_memory.add(message_id)
-        self.buffer.schedule_many(records)
+        self._schedule(records)
 
     def cancel(self, message_id: str, expires_ms: int) -> str:
         """Call off a message wherever it sits; returns what happened to the cancel.

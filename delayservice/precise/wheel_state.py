@@ -18,7 +18,7 @@ from typing import Final, Protocol
 
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.held_bytes import HeldBytes
-from delayservice.precise.placement import Placement
+from delayservice.precise.placement import Placement, Role
 from delayservice.precise.recent_ids import RecentIds
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_buffer import SlotBuffer
@@ -57,6 +57,25 @@ class Delivered(Protocol):
     def sent(self, partition: int, offset: int) -> bool: ...
 
 
+class Takeover(Protocol):
+    """Two copies, exactly-once: a replica's copies go out through a forwarder of their
+    own, under the owner's transactional id (`precise_worker`), so the owner and its
+    replica can never both commit a delivery."""
+
+    @property
+    def delivered(self) -> Delivered:
+        """What transactions under the owner's id delivered, as that forwarder learned
+        it."""
+        ...
+
+    def ready(self) -> float:
+        """Called on that forwarder's thread with copies to send: 0 once its producer is
+        initialised (which fenced the owner) and it has learned what committed before;
+        else the seconds to hold them (fenced lately: the owner is back). Raises as
+        `Transaction.init`."""
+        ...
+
+
 class Outcomes(Protocol):
     """Counters the wheel reports to; the metrics object provides them."""
 
@@ -71,6 +90,8 @@ class WheelState:
     """The shared state; set up by `Wheel.__init__` (see there for the arguments)."""
 
     buffer: SlotBuffer
+    takeover_buffer: SlotBuffer | None
+    """Two copies, exactly-once: the replica's copies, for the takeover forwarder."""
 
     def __init__(
         self,
@@ -95,6 +116,7 @@ class WheelState:
         self._takeover = takeover_s
         self._coverage = coverage
         self._delivered: Delivered | None = None
+        self._takeover_by: Takeover | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._tiers = Tiers.for_horizon(horizon_s)
@@ -128,6 +150,31 @@ class WheelState:
         self._called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
         self._wake = threading.Event()
         self._stopping = threading.Event()
+
+    def _schedule(self, items: list[tuple[SlotRecord, float]]) -> None:
+        """Hand records to the buffer of the forwarder that sends them: a replica's
+        copies go to the takeover forwarder's when there is one."""
+        takeover = self.takeover_buffer
+        if takeover is None or not items:
+            self.buffer.schedule_many(items)
+            return
+        role = self._placement.role
+        replica: dict[int, bool] = {}
+        mine: list[tuple[SlotRecord, float]] = []
+        copies: list[tuple[SlotRecord, float]] = []
+        for item in items:
+            partition = item[0].partition()
+            is_copy = replica.get(partition)
+            if is_copy is None:
+                is_copy = replica[partition] = role(partition) is Role.REPLICA
+            (copies if is_copy else mine).append(item)
+        self.buffer.schedule_many(mine)
+        takeover.schedule_many(copies)
+
+    def _buffered(self) -> int:
+        """Records in the forwarders' buffers."""
+        takeover = self.takeover_buffer
+        return len(self.buffer) + (len(takeover) if takeover is not None else 0)
 
     def _horizon(self) -> int:
         """The last slot second that belongs in memory now."""

@@ -141,9 +141,10 @@ def test_precise_kill_9_during_intake_and_forwarding_loses_nothing(
 def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
-    """Exactly-once too: nothing lost or early. Its duplicates are counted, not refused:
-    the holders do not fence each other yet, so what the owner sent and had not reported
-    may go again from the replica (docs/precise-mode.md)."""
+    """Nothing lost or early. At-least-once, its duplicates are counted, not refused:
+    what the owner sent and had not reported may go again from the replica. Exactly-once
+    the replica takes over under the owner's transactional id, after learning what the
+    owner's transactions delivered: no duplicate (docs/precise-mode.md)."""
     rng = random.Random(SEED + 1)
     run = _precise_run(
         fault_run,
@@ -194,6 +195,8 @@ def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
     takeovers, cleaned = seen["takeovers"], seen["cleaned"]
     report.notes.append(f"replica took over {takeovers:.0f}, cleaned {cleaned:.0f} copies")
     _verdict(run, report, fault_summary)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
     assert takeovers > 0, "the replica never forwarded for the lost owner"
     assert cleaned > 0, "the replica never dropped a copy the owner reported done"
 
@@ -214,8 +217,9 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
     """The owner is frozen (SIGSTOP) for longer than the takeover delay while traffic
     goes on, then thawed: the replica forwards what falls due meanwhile, and the owner,
     back, sends only what its replica has not reported. Nothing lost or early, no
-    acknowledged cancel delivered; duplicates are counted, under exactly-once too,
-    because the two holders do not fence each other yet (docs/precise-mode.md)."""
+    acknowledged cancel delivered. Duplicates are counted at-least-once; exactly-once
+    the two forward under one transactional id and fence each other, so a
+    read_committed reader sees none (docs/precise-mode.md)."""
     rng = random.Random(SEED + 5)
     run = _precise_run(
         fault_run,
@@ -274,6 +278,8 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
         f"{seen['takeovers']:.0f}; 6 cancels acknowledged around the freeze"
     )
     _verdict(run, report, fault_summary)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
     assert seen["takeovers"] > 0, "the replica never forwarded for the frozen owner"
     assert len(report.cancelled) == 6
 

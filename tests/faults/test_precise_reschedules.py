@@ -183,12 +183,17 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
 
 
 @pytest.mark.long
+@pytest.mark.parametrize(
+    "guarantee",
+    ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
+)
 def test_precise_replica_takes_over_while_reschedules_are_in_flight(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):
     """The owner dies with its disk within a second of a round of reschedules, and more
     come while it is gone: its replica delivers each moved message once, at its new
-    time plus the takeover delay, never at a replaced time."""
+    time plus the takeover delay, never at a replaced time. Exactly-once, a
+    read_committed reader sees no duplicate of any record either."""
     rng = random.Random(SEED + 1)
     run = fault_run(
         kafka_bootstrap,
@@ -199,6 +204,7 @@ def test_precise_replica_takes_over_while_reschedules_are_in_flight(
         replicas=2,
         precise_members=2,
         takeover_delay_s=TAKEOVER_S,
+        guarantee=guarantee,
     )
     target = run.target("prrepl")
     dirs = [tmp_path / "member-0", tmp_path / "member-1"]
@@ -226,9 +232,14 @@ def test_precise_replica_takes_over_while_reschedules_are_in_flight(
     mover.wait_past_due(TAKEOVER_S + 5)
     owner = spawn(0)  # back on an empty disk: it claims nothing from before
     run.wait_ready(owner)
-    report = run.drain("15. precise: replica takes over, reschedules in flight", timeout=90)
+    report = run.drain(
+        scenario_name("15. precise: replica takes over, reschedules in flight", guarantee),
+        timeout=90,
+    )
     report.notes.append(f"{mover.moves} moves, owner killed with its disk after the first 20")
     _verdict(run, report, fault_summary, set(ids[:30]))
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
 
 
 @pytest.mark.long

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import zlib
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from delayservice.precise.delivery_log import (
+    MAX_NAMED,
+    decode_sent_record,
+    encode_sent,
+    sent_key,
+)
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.progress import (
     FAR_FUTURE_MS,
@@ -126,3 +136,67 @@ def test_each_holder_reports_what_is_durable_and_settled_only_when_it_moves():
     progress._next_report = 0  # the next second
     progress.report()
     assert len(producer.sent) == 2  # nothing moved, nothing sent
+
+
+def _sent(member: int, offsets: dict[tuple[int, int], list[int]], writer: int | None = None):
+    return encode_sent(member, offsets, writer), sent_key(member, writer)
+
+
+def test_the_other_holders_delivery_records_cover_until_its_report_claims_them():
+    """Exactly-once: what the owner's transactions named delivered covers the replica's
+    copies before any report; a report claiming them lets them go."""
+    progress, _ = _progress(member=1)
+    value, key = _sent(0, {(0, 100): [5, 6, 9]})
+    progress._take(value, key)
+    assert progress.covers(0, 6, 100_500)
+    assert not progress.covers(0, 7, 100_500)
+    assert progress.named == 3
+    progress._take(_report(0, 0, 0, 7, 101_000))  # claims 5 and 6, not 9
+    assert progress.named == 1
+    assert progress.covers(0, 9, 100_500)
+
+
+def test_a_replicas_takeover_records_cover_the_owners_overdue_records():
+    """The replica writes under the owner's id with its own slot (fire time, the
+    takeover delay after due): the owner counts them covered."""
+    progress, _ = _progress(member=0)
+    value, key = _sent(0, {(0, 103): [1, 2]}, writer=1)
+    assert key == b"sent:0:by:1"
+    progress._take(value, key)
+    assert progress.covers(0, 1, 100_000)
+    progress._take(_report(0, 1, 0, 3, 101_000))  # due before 101 s: fired before 104 s
+    assert progress.named == 0
+
+
+@pytest.mark.parametrize(
+    ("member", "writer", "offsets"),
+    [
+        (1, 1, {(0, 100): [5]}),  # written by this member itself
+        (2, 2, {(0, 100): [5]}),  # by a member that does not hold partition 0
+        (0, 7, {(0, 100): [5]}),  # by no such member
+        (0, 0, {(1 << 20, 100): [5]}),  # for no such partition
+    ],
+)
+def test_delivery_records_of_this_member_strangers_or_no_such_partition_cover_nothing(
+    member: int, writer: int, offsets: dict[tuple[int, int], list[int]]
+):
+    progress, _ = _progress(member=1, members=3)
+    progress._take(*_sent(member, offsets, writer))
+    assert progress.named == 0
+    assert not progress.covers(0, 5, 100_000)
+
+
+def test_a_forged_delivery_record_naming_too_many_offsets_is_ignored():
+    forged = base64.b64encode(zlib.compress(json.dumps({"0:1": [0, MAX_NAMED + 1]}).encode()))
+    value = json.dumps({"v": 1, "member": 0, "sent": forged.decode()}).encode()
+    assert decode_sent_record(value) is None
+    progress, _ = _progress(member=1)
+    progress._take(value, b"sent:0")
+    assert progress.named == 0
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_under_a_sent_key_cover_nothing_and_never_raise(raw):
+    progress, _ = _progress(member=1)
+    progress._take(raw, b"sent:0")
+    assert not progress.covers(0, 0, 0)

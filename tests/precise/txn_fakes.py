@@ -16,6 +16,7 @@ only partition would.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, TopicPartition
@@ -127,6 +128,8 @@ class DoneReader:
         records = self._records()
         start = self._fetch_at
         batch = records[start : start + num_messages]
+        if not batch and timeout > 0:  # as a real consumer waits for the next record
+            time.sleep(min(timeout, 0.01))
         self._fetch_at = start + len(batch)
         if batch:  # librdkafka moves the position as it returns records
             self.position_at = self._fetch_at

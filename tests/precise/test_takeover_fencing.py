@@ -1,0 +1,181 @@
+"""Two copies, exactly-once, on fakes: the owner and its replica forward a partition
+under one transactional id, so whichever inits last fences the other, and learns what
+the other committed before it sends. A read_committed reader of the target sees each
+record once: when the replica fences a frozen owner, when the owner comes back and
+fences the replica, and when a takeover's commit has an unknown outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from delayservice.precise.delivery_log import decode_sent_record, sent_key
+from tests.level.fakes import TARGET, FakeClock, wait_for
+from tests.precise.eos_rig import delivered_ids, sent_records
+from tests.precise.takeover_rig import TAKEOVER_S, Holder, hold_both, transactional_id
+from tests.precise.txn_fakes import FakeCoordinator, FencingProducer
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def coordinator() -> FakeCoordinator:
+    return FakeCoordinator()
+
+
+@pytest.fixture
+def pair(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+) -> Iterator[tuple[Holder, Holder]]:
+    owner = Holder(tmp_path / "owner", coordinator, clock, 0)
+    replica = Holder(tmp_path / "replica", coordinator, clock, 1)
+    yield owner, replica
+    for holder in (owner, replica):
+        holder.stop()
+
+
+def once_each(coordinator: FakeCoordinator, offsets: range) -> dict[str, int]:
+    return {f"id-{o}": 1 for o in offsets}
+
+
+def aborted_ids(producer: FencingProducer) -> list[str]:
+    return [s.delay_id or "" for s in producer.aborted if s.topic == TARGET]
+
+
+def frozen_owner_taken_over(owner: Holder, replica: Holder, clock: FakeClock) -> None:
+    """The owner commits 0-2, sends 3-5 in a transaction and freezes before it commits;
+    past the takeover delay the replica's copies come due."""
+    now = clock.ms()
+    hold_both([owner, replica], range(3), now + 1000)
+    hold_both([owner, replica], range(3, 6), now + 2000)
+    clock.advance(1)
+    owner.load()
+    owner.forwarder.step(commit=True)
+    clock.advance(0.999)
+    owner.forwarder.step(commit=True)  # a commit point just before 3-5 fall due
+    clock.advance(0.001)
+    owner.forwarder.step()  # 3-5 sent, the transaction open: the owner freezes here
+    assert owner.producers_of(0)[-1].txn_open
+    clock.advance(TAKEOVER_S + 0.5)
+    replica.load()
+    replica.takeover_forwarder.step(commit=True)
+
+
+def test_the_replica_taking_over_fences_the_frozen_owner_and_sends_only_what_it_had_not(
+    pair: tuple[Holder, Holder], coordinator: FakeCoordinator, clock: FakeClock
+):
+    owner, replica = pair
+    frozen_owner_taken_over(owner, replica, clock)
+    # The replica's init under the owner's id ended the owner's open transaction.
+    [taking_over] = replica.producers_of(0)
+    assert owner.producers_of(0)[0].fatal_error is not None  # fenced
+    assert sorted(aborted_ids(owner.producers_of(0)[0])) == ["id-3", "id-4", "id-5"]
+    assert delivered_ids(coordinator) == once_each(coordinator, range(6))
+    # What it delivered is named under the owner's id, by the replica.
+    [record] = [r for r in sent_records(coordinator) if r.key == sent_key(0, 1)]
+    decoded = decode_sent_record(record.value)
+    assert decoded is not None
+    assert (decoded.member, decoded.writer) == (0, 1)
+    assert set().union(*decoded.offsets.values()) == {3, 4, 5}
+    assert replica.outcomes.counts["took_over"] == 3
+    assert replica.outcomes.counts["cleaned"] == 3  # 0-2: the owner's record said so
+    assert taking_over.fatal_error is None
+    assert replica.fatal == []
+    assert owner.fatal == []
+
+
+def test_the_owner_back_fences_the_replica_learns_what_it_sent_and_sends_the_rest(
+    pair: tuple[Holder, Holder], coordinator: FakeCoordinator, clock: FakeClock
+):
+    owner, replica = pair
+    frozen_owner_taken_over(owner, replica, clock)
+    # 6-8 come due on the replica too, and go into a transaction it has not committed.
+    now = clock.ms()
+    hold_both([owner, replica], range(6, 9), now - int(TAKEOVER_S * 1000) - 500)
+    replica.load()
+    replica.takeover_forwarder.step()
+    assert replica.producers_of(0)[0].txn_open
+    # The owner thaws: its commit is refused (fenced), its new producer fences the
+    # replica (whose open transaction is aborted) and learns what the replica sent.
+    owner.forwarder.step(commit=True)
+    owner.load()
+    owner.forwarder.step(commit=True)
+    assert len(owner.producers_of(0)) == 2
+    assert sorted(aborted_ids(replica.producers_of(0)[0])) == ["id-6", "id-7", "id-8"]
+    assert delivered_ids(coordinator) == once_each(coordinator, range(9))
+    # The replica, fenced, holds its copies; after that the owner's word settles them.
+    replica.takeover_forwarder.step(commit=True)
+    assert len(replica.producers_of(0)) == 2
+    clock.advance(TAKEOVER_S + 0.5)
+    wait_for(lambda: replica.progress.read_past(len(sent_records(coordinator))), "progress read")
+    replica.takeover_forwarder.step(commit=True)
+    replica.load()
+    replica.takeover_forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(9))
+    assert len(replica.producers_of(0)) == 2  # it did not take over again
+    assert replica.wheel.takeover_buffer is not None
+    assert len(replica.wheel.takeover_buffer) == 0
+    owner.load()
+    replica.load()
+    assert owner.slot_files() == 0
+    assert replica.slot_files() == 0
+    assert replica.fatal == []
+    assert owner.fatal == []
+
+
+@pytest.mark.parametrize("completed", [True, False], ids=["committed", "aborted"])
+def test_a_takeover_commit_whose_outcome_is_unknown_is_learned_never_sent_twice(
+    pair: tuple[Holder, Holder], coordinator: FakeCoordinator, clock: FakeClock, completed: bool
+):
+    """The replica's commit under the owner's id keeps timing out: its new producer's
+    init ends that transaction either way, and the done topic then says which copies
+    go again; the owner, back, learns the same."""
+    coordinator.in_flight_completes = completed
+    owner, replica = pair
+    now = clock.ms()
+    hold_both([owner, replica], range(4), now + 1000)
+    clock.advance(1 + TAKEOVER_S + 0.5)  # the owner never came to them
+    replica.load()
+    replica.producers_of(0)[0].commit_timeouts = 1_000
+    replica.takeover_forwarder.step(commit=True)  # init under the owner's id, send, commit
+    assert len(replica.producers_of(0)) == 2
+    assert replica.copies_log.learned_records == (4 if completed else 0)
+    replica.takeover_forwarder.step(commit=True)
+    replica.takeover_forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(4))
+    owner.load()
+    owner.forwarder.step(commit=True)  # back: fences the replica, learns, sends nothing
+    owner.forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(4))
+    assert owner.outcomes.counts["cleaned"] == 4
+    assert replica.fatal == []
+    assert owner.fatal == []
+
+
+def test_a_live_owner_is_never_fenced_by_copies_it_covered(
+    pair: tuple[Holder, Holder], coordinator: FakeCoordinator, clock: FakeClock
+):
+    """Every copy of a live owner's records comes due on the replica: none may take
+    the owner's id, or each would abort the owner's open transaction."""
+    owner, replica = pair
+    now = clock.ms()
+    for second in range(5):
+        hold_both([owner, replica], range(second * 10, second * 10 + 10), now + second * 1000)
+    for _ in range(5 + int(TAKEOVER_S) + 2):
+        clock.advance(1)
+        owner.load()
+        owner.forwarder.step(commit=True)
+        owner.report()
+        done = len(sent_records(coordinator))
+        wait_for(lambda: replica.progress.read_past(done), "progress read")  # noqa: B023
+        replica.load()
+        replica.takeover_forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(50))
+    assert [p.txn_inits for p in replica.producers_of(0)] == [0]
+    assert coordinator.holders[transactional_id(0)] is owner.producers_of(0)[0]
+    assert replica.outcomes.counts["cleaned"] == 50
