@@ -25,6 +25,10 @@ and `covers`, `wheel.Wheel._keep`):
   them. A report in a member's own name is ignored by that member alone. The flood
   below therefore sends claims in a rightful holder's name only where they claim
   nothing (an empty offset range), to show they cannot break the reader either.
+- A record of what a transaction delivered (key `sent:...`, `delivery_log`) is read the
+  same way (`Progress._take_sent`): any bytes under such a key, one written in no
+  holder's name, or one naming more offsets than a record may, change nothing; one in
+  the other rightful holder's name is trusted as its report is.
 
 Every run is seeded; lateness and order are not judged here, only lost, early,
 duplicated and cancelled-but-delivered, all read back from the broker.
@@ -32,6 +36,7 @@ duplicated and cancelled-but-delivered, all read back from the broker.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import random
@@ -39,6 +44,7 @@ import shutil
 import threading
 import time
 import urllib.request
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +54,7 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from delayservice.precise.delivery_log import MAX_NAMED, encode_sent
 from delayservice.precise.ids import named_partition
 from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, Fleet, Reader, wait_until
@@ -263,7 +270,11 @@ class HostileProgress:
             ("no such partition", self._no_such_partition),
             ("empty claim in a holder's name", self._empty_claim),
             ("tombstone", lambda: None),
+            ("garbage under a delivery record's key", self._not_a_report),
+            ("a stranger's delivery record naming everything", self._strangers_delivery),
+            ("a delivery record naming too many offsets", self._too_many_offsets),
         ]
+        self._sent_kinds = {kind for kind, _ in self._kinds[-3:]}
 
     def _garbage(self) -> bytes:
         return self._rng.randbytes(self._rng.randint(0, 300))
@@ -322,6 +333,27 @@ class HostileProgress:
             rng.choice(HUGE),
         )
 
+    def _strangers_delivery(self) -> bytes:
+        """Exactly-once's record of what a transaction delivered, written by a member
+        that holds nothing (a takeover by no replica), naming every record so far."""
+        rng = self._rng
+        second = int(time.time())
+        offsets = {(p, s): range(5_000) for p in range(PARTITIONS) for s in (0, second)}
+        return encode_sent(rng.randrange(MEMBERS), offsets, rng.choice(STRANGERS[:4]))
+
+    def _too_many_offsets(self) -> bytes:
+        """In a holder's name, but naming more offsets than any record may."""
+        runs = {f"{self._rng.randrange(PARTITIONS)}:0": [0, MAX_NAMED + 1]}
+        packed = base64.b64encode(zlib.compress(json.dumps(runs).encode())).decode()
+        return json.dumps({"v": 1, "member": self._rng.randrange(MEMBERS), "sent": packed}).encode()
+
+    def _sent_key(self) -> bytes:
+        rng = self._rng
+        member = rng.randrange(MEMBERS)
+        return rng.choice(
+            [f"sent:{member}".encode(), f"sent:{member}:by:{rng.choice(STRANGERS)}".encode()]
+        )
+
     def _headers(self) -> list[tuple[str, bytes | None]]:
         rng = self._rng
         names = ["delay-id", "delay-cancel", "", "x" * 200, "\u00fc", "member"]
@@ -346,7 +378,7 @@ class HostileProgress:
         self._producer.produce(
             self._topic,
             make(),
-            self._key(),
+            self._sent_key() if kind in self._sent_kinds else self._key(),
             headers=self._headers(),
             on_delivery=self._on_delivery,
         )
@@ -386,7 +418,7 @@ def _flooded(world: Pair, seed: int) -> Iterator[HostileProgress]:
         unacknowledged = flood.stop()
     assert unacknowledged == 0
     assert sum(flood.kinds.values()) > 500, dict(flood.kinds)
-    assert len(flood.kinds) == 6, dict(flood.kinds)
+    assert len(flood.kinds) == 9, dict(flood.kinds)
 
 
 def test_hostile_progress_records_never_make_a_replica_send_for_a_live_owner(pair):
