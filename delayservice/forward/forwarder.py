@@ -63,7 +63,7 @@ from delayservice.forward.sender import (
 )
 from delayservice.forward.transaction import Transaction
 from delayservice.forward.transaction_ledger import TransactionLedger
-from delayservice.kafka.client_errors import error_of, is_fatal
+from delayservice.kafka.client_errors import error_of, fatal_error_in, is_fatal
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
@@ -406,6 +406,12 @@ class Forwarder:
             self._step(wait=wait, commit=commit)
         except ForwarderFatalError as exc:
             self.rebuild_producer(exc)
+        except Exception as exc:
+            error = fatal_error_in(exc)
+            if error is None:
+                raise
+            failure = producer_failed(error, f"{self.name}: {type(exc).__name__}")
+            self.rebuild_producer(failure)
 
     def _step(self, *, wait: bool, commit: bool) -> None:
         clock = self._clock

@@ -38,3 +38,18 @@ def error_of(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
+
+
+def fatal_error_in(exc: BaseException) -> KafkaError | None:
+    """A fatal `KafkaError` carried by `exc` or by what caused it. A client that went
+    fatal inside a callback (a producer fenced during `flush`) can surface it later as
+    a `SystemError` from an unrelated call, the `KafkaException` as its cause."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        error = error_of(seen)
+        if error is not None and is_fatal(error):
+            return error
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -409,6 +409,15 @@ class DeliveryLog:
             time.monotonic() - started,
         )
 
+    def end(self) -> int:
+        """Where the done topic ends now (read_uncommitted). Raises as the client does."""
+        if self._ends is None:
+            self._ends = self._make_consumer({"isolation.level": "read_uncommitted"})
+        _, end = self._ends.get_watermark_offsets(
+            TopicPartition(self._topic, 0), timeout=5.0, cached=False
+        )
+        return int(end)
+
     def _others_read_to(self, end: int, deadline: float) -> None:
         others_read = self.others_read
         if others_read is None:

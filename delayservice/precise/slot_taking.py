@@ -112,15 +112,20 @@ class SlotTaking(WheelState):
         return True
 
     def _keep_copies(self, records: list[SlotRecord]) -> list[SlotRecord]:
-        """`_keep` for the takeover forwarder (two copies, exactly-once). A first look
-        drops what the owner is known to have delivered, without touching its
-        transactional id; only copies left then init the producer under the owner's id,
+        """`_keep` for the takeover forwarder (two copies, exactly-once). A first look,
+        and another once the owner's latest word is read, drop what the owner is known
+        to have delivered without touching its transactional id; only copies left then
+        init the producer under the owner's id,
         which fences the owner and ends its open transaction, and after learning what
         committed before (`Takeover.ready`) the final look decides: the owner may have
         committed more in between."""
         takeover = self._takeover_by
         assert takeover is not None
         first = self._keep(records, takeover.delivered, final=False)
+        if not first:
+            return first
+        takeover.catch_up()  # the owner's latest word first: it may cover them
+        first = self._keep(first, takeover.delivered, final=False)
         if not first:
             return first
         try:

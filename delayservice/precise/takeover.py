@@ -16,9 +16,23 @@ after that takes over again.
 
 from __future__ import annotations
 
+import logging
+import time
+from typing import Final
+
 from delayservice.forward.forwarder import Forwarder
 from delayservice.precise.delivery_log import DeliveryLog
 from delayservice.precise.placement import Placement
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_WAIT_S: Final = 2.0
+"""How long copies that look uncovered wait for the progress reader to read what was
+written before them, before they fence the owner anyway. A member thawed after a
+freeze, or started, finds its reader seconds behind the owner's word, and every copy
+it holds looks uncovered; fencing a live owner for them costs it its open transaction.
+An owner frozen with a transaction open holds the reader back (read_committed) until
+the fence, so the wait is bounded."""
 
 
 def replicated_owner(placement: Placement) -> int:
@@ -33,6 +47,23 @@ class Takeover:
         self.delivered = delivered
         self.forwarder: Forwarder | None = None
         """Set once built: it takes from the wheel's takeover buffer."""
+
+    def catch_up(self) -> None:
+        """Wait, at most `CATCH_UP_WAIT_S`, until the progress reader has read the done
+        topic to where it ends now. Never raises: the init and learn that follow decide
+        what is covered in any case; this only spares the owner needless fences."""
+        delivered = self.delivered
+        read_past = delivered.others_read
+        if read_past is None:
+            return
+        try:
+            end = delivered.end()
+        except Exception as exc:
+            log.debug("takeover: the done topic's end not known: %s", exc)
+            return
+        deadline = time.monotonic() + CATCH_UP_WAIT_S
+        while not read_past(end) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def ready(self) -> float:
         forwarder = self.forwarder

@@ -68,6 +68,11 @@ class Takeover(Protocol):
         it."""
         ...
 
+    def catch_up(self) -> None:
+        """Before copies that look uncovered fence the owner: let the reader of the
+        owner's word read what was written so far (bounded; never raises)."""
+        ...
+
     def ready(self) -> float:
         """Called on that forwarder's thread with copies to send: 0 once its producer is
         initialised (which fenced the owner) and it has learned what committed before;

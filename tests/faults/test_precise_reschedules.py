@@ -153,18 +153,19 @@ def test_precise_reschedules_then_kill_9_within_a_second_move_each_message_once(
     run.traffic([target], rate=100, seed=SEED, precision="exact")
     mover = Rescheduler(run, rng)
     start = time.time()
-    # Old and new times after every kill: the rounds below take about 15 to 25 s.
-    ids = mover.send(target, ROUNDS * PER_ROUND, start + 40, start + 50)
+    # Old and new times after every kill: the rounds below take about 15 to 25 s, and
+    # up to 33 s exactly-once beside two CPU hogs.
+    ids = mover.send(target, ROUNDS * PER_ROUND, start + 56, start + 66)
     moved: set[str] = set()
     kills = []
     for round_ in range(ROUNDS):
         fresh = ids[round_ * PER_ROUND : (round_ + 1) * PER_ROUND]
         again = rng.sample(sorted(moved), min(3, len(moved)))  # moved a second time
-        mover.move(fresh + again, start + 32, start + 58)  # earlier and later
+        mover.move(fresh + again, start + 48, start + 74)  # earlier and later
         moved.update(fresh)
         kills.append(rng.uniform(0.1, 1.1))
         daemon = _restart(run, daemon, name, kills[-1])
-    assert time.time() < start + 32, "the rounds ran past the earliest new due time"
+    assert time.time() < start + 48, "the rounds ran past the earliest new due time"
     mover.wait_past_due()
     report = run.drain(
         scenario_name(f"14. precise: reschedules then kill -9 x{ROUNDS}", guarantee), timeout=90

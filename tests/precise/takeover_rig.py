@@ -168,6 +168,11 @@ class Holder:
             )  # fmt: skip
             self.wheel.admit([(record, fire_ms / 1000)])
 
+    @property
+    def progress_reader(self) -> DoneReader:
+        """The progress reader's consumer (the first made: the thread starts first)."""
+        return self.readers[0]
+
     def report(self) -> None:
         """The intake's progress report (at most once a second in the daemon)."""
         self.progress._next_report = 0.0

@@ -384,3 +384,29 @@ def test_the_end_is_not_noted_while_learned_records_are_still_carried(
     third.load()
     third.step()
     assert delivered_ids(coordinator) == {"id-0": 1, "id-7": 1}
+
+
+def test_a_fence_surfacing_as_a_system_error_from_flush_replaces_the_producer(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
+):
+    """A producer fenced while its delivery callbacks run can surface the fence later,
+    as confluent-kafka's `SystemError` from `flush` with the `KafkaException` as its
+    cause: it is the fence all the same (the producer is replaced, and what it sent
+    goes again once), not an unexpected error of the loop."""
+    process = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        process.hold(offset, 0)
+    first = process.producer
+    real_flush = first.flush
+
+    def fenced_flush(timeout: float = -1) -> int:
+        first.flush = real_flush  # type: ignore[method-assign]
+        fence = KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+        raise SystemError("<method 'append' of 'list' objects> returned a result") from fence
+
+    first.flush = fenced_flush  # type: ignore[method-assign]
+    process.step()
+    assert len(process.producers) == 2
+    process.step(2)
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
+    assert process.fatal == []

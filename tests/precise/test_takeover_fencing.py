@@ -6,12 +6,14 @@ fences the replica, and when a takeover's commit has an unknown outcome."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from delayservice.precise.delivery_log import decode_sent_record, sent_key
+from delayservice.precise.takeover import CATCH_UP_WAIT_S
 from tests.level.fakes import TARGET, FakeClock, wait_for
 from tests.precise.eos_rig import delivered_ids, sent_records
 from tests.precise.takeover_rig import TAKEOVER_S, Holder, hold_both, transactional_id
@@ -179,3 +181,37 @@ def test_a_live_owner_is_never_fenced_by_copies_it_covered(
     assert [p.txn_inits for p in replica.producers_of(0)] == [0]
     assert coordinator.holders[transactional_id(0)] is owner.producers_of(0)[0]
     assert replica.outcomes.counts["cleaned"] == 50
+
+
+@pytest.mark.parametrize("reader_back", [True, False], ids=["reader-back", "reader-late"])
+def test_a_replica_behind_the_owners_word_reads_it_before_it_fences(
+    pair: tuple[Holder, Holder], coordinator: FakeCoordinator, clock: FakeClock, reader_back: bool
+):
+    """A replica thawed after a freeze finds every copy uncovered: its progress reader
+    is behind. It waits for the reader to read what was written so far before it fences
+    the live owner (reader back: no fence at all); a reader back only after that wait
+    costs a fence, never a duplicate."""
+    owner, replica = pair
+    reader = replica.progress_reader
+    reader.paused.set()
+    now = clock.ms()
+    hold_both([owner, replica], range(5), now + 1000)
+    clock.advance(1)
+    owner.load()
+    owner.forwarder.step(commit=True)
+    owner.report()
+    clock.advance(TAKEOVER_S + 0.5)
+    replica.load()
+    # Back within the wait, or only once the wait is over (the learn after the fence
+    # waits for it as well).
+    back_after = 0.3 if reader_back else CATCH_UP_WAIT_S + 0.5
+    threading.Timer(back_after, reader.paused.clear).start()
+    replica.takeover_forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(5))
+    inits = [p.txn_inits for p in replica.producers_of(0)]
+    if reader_back:
+        assert inits == [0]
+        assert replica.outcomes.counts["cleaned"] == 5
+    else:
+        assert inits == [1]  # fenced the owner, learned, sent nothing
+        assert coordinator.holders[transactional_id(0)] is replica.producers_of(0)[0]

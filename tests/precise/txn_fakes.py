@@ -16,6 +16,7 @@ only partition would.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -105,6 +106,8 @@ class DoneReader:
         self.closed = False
         self.reads = 0
         self.isolation = "read_committed"
+        self.paused = threading.Event()
+        """Set: returns nothing, as a reader of a process frozen or far behind."""
 
     def _records(self) -> list[Sent]:
         return self.coordinator.visible(self.topic)
@@ -125,7 +128,7 @@ class DoneReader:
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Message]:
         assert self.assigned
         assert not self.closed
-        records = self._records()
+        records = [] if self.paused.is_set() else self._records()
         start = self._fetch_at
         batch = records[start : start + num_messages]
         if not batch and timeout > 0:  # as a real consumer waits for the next record
