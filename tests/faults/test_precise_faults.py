@@ -136,7 +136,12 @@ def test_precise_kill_9_during_intake_and_forwarding_loses_nothing(
 
 @pytest.mark.parametrize(
     "guarantee",
-    ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
+    # Both under --all (about 57 s each): CI takes a replica over from an owner lost
+    # with its disk in row 15 (reschedules in flight) and in the hostile-records tests.
+    [
+        pytest.param("at-least-once", marks=pytest.mark.long),
+        pytest.param("exactly-once", marks=pytest.mark.long),
+    ],
 )
 def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
@@ -448,8 +453,12 @@ class Canceller:
 
 @pytest.mark.parametrize(
     "guarantee",
-    # CI runs at-least-once here; exactly-once's CI rows are scenarios 7 and 23.
-    ["at-least-once", pytest.param("exactly-once", marks=pytest.mark.long)],
+    # Both under --all (about 65 s each): CI's precise kill rows are 7 (a cancel before
+    # each of twenty kills, exactly-once) and 23 (both guarantees).
+    [
+        pytest.param("at-least-once", marks=pytest.mark.long),
+        pytest.param("exactly-once", marks=pytest.mark.long),
+    ],
 )
 def test_precise_cancels_then_kill_9_within_a_second_leak_nothing(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
