@@ -145,6 +145,7 @@ class Intake(ConsumerThread):
         max_delay_ms: int,
         on_fatal: Callable[[str], None],
         after_batch: Callable[[], None] = lambda: None,
+        on_caught_up: Callable[[], None] = lambda: None,
         check_storage: Callable[[], None] = lambda: None,
         answer: Callable[[list[Answered]], None] = lambda _answered: None,
         roles: dict[int, Role] | None = None,
@@ -152,7 +153,8 @@ class Intake(ConsumerThread):
     ) -> None:
         """`dead_letter` hands a record to the forwarder to dead-letter; it settles the
         record's offset in `ledger` once that is durable. `after_batch` runs on this
-        thread after every iteration (progress reports).
+        thread after every iteration (progress reports); `on_caught_up` once, when
+        `caught_up` is set.
         `check_storage` runs after each sync, before the commit, and raises
         `StorageError` when the data directory is no longer the one written to.
         `answer` gets each batch's marker outcomes once they are durable, and raises
@@ -186,6 +188,7 @@ class Intake(ConsumerThread):
         self._placement = placement
         self._takeover_ms = takeover_ms
         self.after_batch = after_batch
+        self._on_caught_up = on_caught_up
         self._check_storage = check_storage
         self._answer = answer
         self.roles: dict[int, Role] = {} if roles is None else roles
@@ -460,6 +463,7 @@ class Intake(ConsumerThread):
         if not self._catch_up and self.assigned.is_set():
             self.records_left = 0
             self.caught_up.set()
+            self._on_caught_up()
             log.info("%s: caught up with the records it held at start", self.topic)
 
     def handle(self, messages: list[Message]) -> None:

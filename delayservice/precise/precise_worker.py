@@ -259,7 +259,7 @@ class PreciseWorker:
         copies_log: DeliveryLog | None = None
         owner = replicated_owner(self.placement)
         if self.delivery is not None and self.progress is not None:
-            self.delivery.others_read = self.progress.read_past
+            self.delivery.others_read = self.progress.wait_read_past
             copies_log = DeliveryLog(
                 done_topic,
                 settings.precise_outcomes_topic,
@@ -270,7 +270,7 @@ class PreciseWorker:
                 ),
                 writer=settings.precise_member,
             )
-            copies_log.others_read = self.progress.read_past
+            copies_log.others_read = self.progress.wait_read_past
             takeover = Takeover(copies_log)
         self.copies_log = copies_log
         self.wheel = Wheel(
@@ -353,11 +353,13 @@ class PreciseWorker:
             max_delay_ms=settings.max_delay_ms,
             on_fatal=on_fatal,
             after_batch=self.progress.report if self.progress is not None else _nothing,
+            on_caught_up=self.wheel.wake_takers,
             check_storage=self.disk.check,
             answer=replies.send,
             roles=roles,
             far=far,
         )
+        self.wheel.hold_until(self.intake.caught_up)
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
         self._export(metrics, settings.precise_lookahead_s, buffer)

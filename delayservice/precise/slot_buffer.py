@@ -47,7 +47,9 @@ class _Run:
 
 class SlotBuffer:
     """Its taker (`keep`) drops what must not go out any more: cancelled since it was
-    loaded, or a replica's copy the owner reported done."""
+    loaded, or a replica's copy the owner reported done. Nothing is taken while its
+    gate (`hold_until`) is shut: a cancel may still be unread behind the records a
+    restart reads first."""
 
     def __init__(
         self,
@@ -65,6 +67,16 @@ class SlotBuffer:
         self._size = 0
         self._cond = threading.Condition(threading.Lock())
         self._alarm = Alarm(self._cond, clock)
+        self._gate: threading.Event | None = None
+
+    def hold_until(self, gate: threading.Event) -> None:
+        """Take nothing until `gate` is set; whoever sets it calls `wake`. Records due
+        meanwhile wait in place, looked at once when it opens, not once per retry."""
+        self._gate = gate
+
+    def _shut(self) -> bool:
+        gate = self._gate
+        return gate is not None and not gate.is_set()
 
     def schedule_many(self, items: list[tuple[SlotRecord, float]]) -> None:
         """Hold `items`, (record, fire time in clock seconds) each, as one run."""
@@ -82,6 +94,8 @@ class SlotBuffer:
     def take(self, limit: int) -> Runs:
         """Records due now, at most `limit` (the forwarder comes straight back for more
         while any are due: a burst starts going out at once), as runs by partition."""
+        if self._shut():
+            return []
         now = self._clock()
         records: list[SlotRecord] = []
         with self._cond:
@@ -143,17 +157,18 @@ class SlotBuffer:
         self._alarm.sleep(deadline, self._head_s)
 
     def _head_s(self) -> float:
-        return self._heap[0][0] if self._heap else NEVER
+        return self._heap[0][0] if self._heap and not self._shut() else NEVER
 
     def wake(self) -> None:
         self._alarm.wake()
 
     def next_due_ms(self) -> int | None:
-        with self._cond:
-            return math.ceil(self._heap[0][0] * 1000) if self._heap else None
+        """None while the gate is shut: nothing can be taken, the forwarder is idle."""
+        return None if self._shut() else self.earliest_held_ms()
 
     def earliest_held_ms(self) -> int | None:
-        return self.next_due_ms()
+        with self._cond:
+            return math.ceil(self._heap[0][0] * 1000) if self._heap else None
 
     def settle(self) -> None:
         """Nothing to track: the wheel's gauges come from the census of its disk."""

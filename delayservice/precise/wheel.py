@@ -128,6 +128,20 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
     def is_alive(self) -> bool:
         return self._thread.is_alive() and self._splitter.is_alive()
 
+    def hold_until(self, gate: threading.Event) -> None:
+        """Hand the forwarders nothing until `gate` is set, then `wake_takers`. After a
+        start, the cancel or reschedule of a record due now may sit behind the records
+        the intake reads first (`Intake.caught_up`); sent before, it would leak."""
+        for buffer in self._buffers():
+            buffer.hold_until(gate)
+
+    def wake_takers(self) -> None:
+        for buffer in self._buffers():
+            buffer.wake()
+
+    def _buffers(self) -> list[SlotBuffer]:
+        return [b for b in (self.buffer, self.takeover_buffer) if b is not None]
+
     @property
     def loaded_slots(self) -> int:
         return len(self._trackers)

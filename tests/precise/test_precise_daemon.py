@@ -248,3 +248,43 @@ def test_a_data_directory_in_use_refuses_the_second_daemon_in_one_line(testbed, 
     assert second.stop() == 0  # nothing half-built is left to stop
     ready, why = first.readiness()
     assert ready, why
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_cancel_sent_while_the_daemon_was_down_stops_a_message_already_overdue(
+    testbed, tmp_path, guarantee
+):
+    """The message is overdue when the daemon starts again, so its slot loads at once;
+    its cancel sits behind thousands of records the intake reads first. Nothing of a
+    partition goes out before the intake has read what the partition held at start."""
+    settings = _precise(testbed, tmp_path, guarantee=guarantee)
+    target = testbed.create_topic(f"overdue-{testbed.tag}")
+    daemon = testbed.start_daemon(settings, instance=f"{testbed.tag}-a")
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    producer = _exact_producer(testbed, settings)
+    doomed = producer.produce(target, b"cancelled while the daemon was down", delay=3)
+    kept = producer.produce(target, b"kept", delay=3)
+    assert producer.flush(10) == 0
+    due = time.time() + 3
+    worker = _precise_worker(daemon)
+    testbed.wait_for(lambda: worker.wheel.disk_slots > 0, 10, "the two messages on disk")
+    assert daemon.stop() == 0
+
+    for _ in range(30_000):  # far from due; the intake reads them before the cancel
+        producer.produce(target, b"", delay=600)
+    producer.cancel(doomed)
+    assert producer.flush(30) == 0
+    testbed.wait_for(lambda: time.time() > due + 0.5, 30, "both messages overdue")
+
+    again = testbed.start_daemon(settings, instance=f"{testbed.tag}-a")
+    sample = again.registry.get_sample_value
+
+    def outcome(name: str) -> float:
+        return sample("delayservice_precise_cancels_total", {"outcome": name}) or 0.0
+
+    testbed.wait_for(
+        lambda: outcome("cancelled") + outcome("too_late") > 0, 60, "the cancel read again"
+    )
+    records = testbed.collect(target, 1, timeout=30)
+    assert [_headers(r)["delay-id"].decode() for r in records] == [kept]
+    assert (outcome("cancelled"), outcome("too_late")) == (1, 0)

@@ -43,6 +43,7 @@ def worker(tmp_path: Path):
         make_producer=lambda config: FakeProducer(config=config),
     )
     made.fatal = fatal  # type: ignore[attr-defined]
+    made.intake.caught_up.set()  # the intake, not started here, caught up: take records
     yield made
     made.disk.close()
 

@@ -5,6 +5,7 @@ under the limit taken, the earliest fire time reported)."""
 from __future__ import annotations
 
 import math
+import threading
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,3 +105,25 @@ def test_records_put_back_go_again_not_before_their_time():
     assert buffer.take(10) == []
     clock.now = 2.5
     assert buffer.take(10) == [((TOPIC, 1), [record])]
+
+
+def test_a_shut_gate_takes_nothing_and_sleeps_until_woken_then_gives_what_is_due():
+    clock = Clock()
+    buffer = SlotBuffer(clock, topic=TOPIC)
+    gate = threading.Event()
+    buffer.hold_until(gate)
+    buffer.schedule_many([(_record(0, 1), 0.5), (_record(1, 2), 3.0)])
+    clock.now = 2.0
+    assert buffer.take(10) == []
+    assert buffer.next_due_ms() is None  # the forwarder counts as idle
+    assert buffer.earliest_held_ms() == 500  # and still says what it holds
+    woken = threading.Event()
+    sleeper = threading.Thread(target=lambda: (buffer.wait(math.inf), woken.set()))
+    sleeper.start()
+    assert not woken.wait(0.2)  # a record due at 0.5 does not end the sleep
+    gate.set()
+    buffer.wake()
+    sleeper.join(5)
+    assert woken.is_set()
+    assert [(tp, [r.offset() for r in rs]) for tp, rs in buffer.take(10)] == [((TOPIC, 0), [1])]
+    assert buffer.next_due_ms() == 3000
