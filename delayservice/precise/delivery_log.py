@@ -77,6 +77,10 @@ LARGE_RECORD: Final = 900_000
 MAX_NAMED: Final = 4_000_000
 """A `sent` record naming more offsets than this is malformed: a forged one must not
 make its readers' memory grow without end."""
+MAX_INFLATED: Final = 64 * 1024 * 1024
+"""Bytes a `sent` record's runs may inflate to. The broker's 1 MB limit holds the
+compressed form only, and zlib inflates up to about 1,000 times: a forged record could
+otherwise ask for a gigabyte. Runs of 4,000,000 single offsets take 16 MB."""
 
 
 def sent_key(member: int, writer: int | None = None) -> bytes:
@@ -147,7 +151,7 @@ def decode_sent_record(raw: bytes | None) -> SentRecord | None:
             return None
         member = int(data["member"])
         writer = int(data.get("by", member))
-        partitions = json.loads(zlib.decompress(base64.b64decode(data["sent"])))
+        partitions = json.loads(_inflate(base64.b64decode(data["sent"])))
         out: dict[Slot, set[int]] = {}
         named = 0
         for name, runs in partitions.items():
@@ -157,13 +161,22 @@ def decode_sent_record(raw: bytes | None) -> SentRecord | None:
             for gap, length in zip(runs[::2], runs[1::2], strict=True):
                 first = end + int(gap)
                 named += int(length)
-                if named > MAX_NAMED or int(length) < 0 or first < 0:
+                if named > MAX_NAMED or int(length) < 1 or first < 0:
                     return None
                 offsets.update(range(first, first + int(length)))
                 end = first + int(length)
     except Exception:
         return None
     return SentRecord(member, writer, out)
+
+
+def _inflate(packed: bytes) -> bytes:
+    """`zlib.decompress`, refusing what inflates past `MAX_INFLATED`."""
+    inflater = zlib.decompressobj()
+    raw = inflater.decompress(packed, MAX_INFLATED)
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise ValueError(f"inflates past {MAX_INFLATED} bytes, or is cut short")
+    return raw
 
 
 @dataclass
@@ -203,11 +216,12 @@ class DeliveryLog:
         self._member = member
         self._writer = member if writer is None else writer
         self._key = sent_key(member, writer)
-        self.others_read: Callable[[int], bool] | None = None
-        """Two copies: whether the reader of the other holder's records
-        (`progress.Progress.read_past`) has read the done topic up to an offset. After
-        each fence, `learn` waits for it to pass the end: what the other holder
-        committed under this id before the fence is then known."""
+        self.others_read: Callable[[int, float], bool] | None = None
+        """Two copies: waits, up to a timeout, until the reader of the other holder's
+        records (`progress.Progress.wait_read_past`) has read the done topic up to an
+        offset, and says whether it has. After each fence, `learn` waits for it to
+        pass the end: what the other holder committed under this id before the fence
+        is then known."""
         self._make_consumer = make_consumer
         self.wake = wake
         self._read_timeout = read_timeout_s
@@ -422,13 +436,11 @@ class DeliveryLog:
         others_read = self.others_read
         if others_read is None:
             return
-        while not others_read(end):
-            if time.monotonic() >= deadline:
-                raise SendLaterError(
-                    f"{self._topic}: the other holder's records not read to {end} in "
-                    f"{self._read_timeout:.0f} s"
-                )
-            time.sleep(0.02)
+        if not others_read(end, max(0.0, deadline - time.monotonic())):
+            raise SendLaterError(
+                f"{self._topic}: the other holder's records not read to {end} in "
+                f"{self._read_timeout:.0f} s"
+            )
 
     def close(self) -> None:
         self._close()

@@ -27,7 +27,8 @@ and `covers`, `wheel.Wheel._keep`):
   nothing (an empty offset range), to show they cannot break the reader either.
 - A record of what a transaction delivered (key `sent:...`, `delivery_log`) is read the
   same way (`Progress._take_sent`): any bytes under such a key, one written in no
-  holder's name, or one naming more offsets than a record may, change nothing; one in
+  holder's name, one naming more offsets than a record may, or a zlib bomb (170 KB
+  that inflates to 128 MiB; refused past 64 MiB), change nothing; one in
   the other rightful holder's name is trusted as its report is.
 
 Every run is seeded; lateness and order are not judged here, only lost, early,
@@ -273,8 +274,10 @@ class HostileProgress:
             ("garbage under a delivery record's key", self._not_a_report),
             ("a stranger's delivery record naming everything", self._strangers_delivery),
             ("a delivery record naming too many offsets", self._too_many_offsets),
+            ("a delivery record that inflates to 128 MiB", self._bomb),
         ]
-        self._sent_kinds = {kind for kind, _ in self._kinds[-3:]}
+        self._sent_kinds = {kind for kind, _ in self._kinds[-4:]}
+        self._bomb_value: bytes | None = None
 
     def _garbage(self) -> bytes:
         return self._rng.randbytes(self._rng.randint(0, 300))
@@ -347,6 +350,17 @@ class HostileProgress:
         packed = base64.b64encode(zlib.compress(json.dumps(runs).encode())).decode()
         return json.dumps({"v": 1, "member": self._rng.randrange(MEMBERS), "sent": packed}).encode()
 
+    def _bomb(self) -> bytes:
+        """A zlib bomb in a holder's name: 170 KB on the wire, 128 MiB inflated, and
+        runs that name a real record at its end."""
+        if self._bomb_value is None:
+            runs = json.dumps({"0:0": [0, 1]}).encode()
+            packed = zlib.compress(b" " * (128 << 20) + runs, 9)
+            self._bomb_value = json.dumps(
+                {"v": 1, "member": 0, "sent": base64.b64encode(packed).decode()}
+            ).encode()
+        return self._bomb_value
+
     def _sent_key(self) -> bytes:
         rng = self._rng
         member = rng.randrange(MEMBERS)
@@ -418,7 +432,7 @@ def _flooded(world: Pair, seed: int) -> Iterator[HostileProgress]:
         unacknowledged = flood.stop()
     assert unacknowledged == 0
     assert sum(flood.kinds.values()) > 500, dict(flood.kinds)
-    assert len(flood.kinds) == 9, dict(flood.kinds)
+    assert len(flood.kinds) == 10, dict(flood.kinds)
 
 
 def test_hostile_progress_records_never_make_a_replica_send_for_a_live_owner(pair):

@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayservice.precise.delivery_log import (
+    MAX_INFLATED,
     MAX_NAMED,
+    decode_sent,
     decode_sent_record,
     encode_sent,
     sent_key,
@@ -193,6 +195,28 @@ def test_a_forged_delivery_record_naming_too_many_offsets_is_ignored():
     progress, _ = _progress(member=1)
     progress._take(value, b"sent:0")
     assert progress.named == 0
+
+
+def test_a_delivery_record_that_inflates_past_the_bound_is_refused_before_it_is_whole():
+    """A zlib bomb: 64 MiB and one byte of runs, 64 KiB on the wire. Refused, the
+    reader never holds more than the bound of it."""
+    runs = json.dumps({"0:1": [0, 1]}).encode()
+    bomb = base64.b64encode(zlib.compress(b" " * MAX_INFLATED + runs, 9)).decode()
+    value = json.dumps({"v": 1, "member": 0, "sent": bomb}).encode()
+    assert len(value) < 200_000
+    assert decode_sent_record(value) is None
+    fits = base64.b64encode(zlib.compress(b" " * (MAX_INFLATED - len(runs)) + runs, 9))
+    value = json.dumps({"v": 1, "member": 0, "sent": fits.decode()}).encode()
+    assert decode_sent(value) == {(0, 1): {0}}  # the bound itself is allowed
+
+
+def test_runs_of_no_offsets_are_malformed():
+    """The writer never writes one; a forged record of millions of them would cost a
+    loop turn each while naming nothing."""
+    for runs in ([0, 0], [0, 1, 5, 0], [0, -1]):
+        packed = base64.b64encode(zlib.compress(json.dumps({"0:1": runs}).encode()))
+        value = json.dumps({"v": 1, "member": 0, "sent": packed.decode()}).encode()
+        assert decode_sent_record(value) is None, runs
 
 
 @given(st.binary(max_size=200))
