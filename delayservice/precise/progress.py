@@ -129,6 +129,7 @@ class Progress:
         self._lock = threading.Lock()
         self._position = -1
         """The reader's position on the done topic after its last batch."""
+        self._moved = threading.Condition(threading.Lock())  # notified as it moves on
         self._sent: dict[int, Report] = {}
         self._next_report = 0.0
         self._roles = roles
@@ -194,6 +195,17 @@ class Progress:
         before it is taken)."""
         return self._position >= offset
 
+    def wait_read_past(self, offset: int, timeout_s: float) -> bool:
+        """`read_past`, waiting for it up to `timeout_s`."""
+        with self._moved:
+            return self._moved.wait_for(lambda: self._position >= offset, timeout_s)
+
+    def _advance(self, position: int) -> None:
+        with self._moved:
+            if position > self._position:
+                self._position = position
+                self._moved.notify_all()
+
     @property
     def named(self) -> int:
         """Offsets named delivered by the other holder, not yet claimed by its reports."""
@@ -221,7 +233,7 @@ class Progress:
                         TopicPartition(self._topic, 0), timeout=10.0
                     )
                     if end <= low:
-                        self._position = max(self._position, end)
+                        self._advance(end)
                         self._caught_up.set()
                 for message in ready_batch(consumer, 500, 0.5):
                     error = message.error()
@@ -235,10 +247,7 @@ class Progress:
                         log.exception("%s: skipped a progress record", self._topic)
                     if (message.offset() or 0) + 1 >= end:
                         self._caught_up.set()
-                self._position = max(
-                    self._position,
-                    consumer.position([TopicPartition(self._topic, 0)])[0].offset,
-                )
+                self._advance(consumer.position([TopicPartition(self._topic, 0)])[0].offset)
             except Exception:
                 log.exception("progress reader for %s: unexpected error; continuing", self._topic)
                 self._stopping.wait(1.0)

@@ -17,7 +17,6 @@ after that takes over again.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Final
 
 from delayservice.forward.forwarder import Forwarder
@@ -61,9 +60,7 @@ class Takeover:
         except Exception as exc:
             log.debug("takeover: the done topic's end not known: %s", exc)
             return
-        deadline = time.monotonic() + CATCH_UP_WAIT_S
-        while not read_past(end) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        read_past(end, CATCH_UP_WAIT_S)
 
     def ready(self) -> float:
         forwarder = self.forwarder

@@ -88,13 +88,13 @@ class Holder:
             DONE_TOPIC, OUTCOMES_TOPIC, member, self._reader, reply_wait_s=5.0,
             clock=clock.monotonic, slot_exists=exists,
         )  # fmt: skip
-        self.delivery.others_read = self.progress.read_past
+        self.delivery.others_read = self.progress.wait_read_past
         owner = replicated_owner(self.placement)
         self.copies_log = DeliveryLog(
             DONE_TOPIC, OUTCOMES_TOPIC, owner, self._reader, reply_wait_s=5.0,
             clock=clock.monotonic, slot_exists=exists, writer=member,
         )  # fmt: skip
-        self.copies_log.others_read = self.progress.read_past
+        self.copies_log.others_read = self.progress.wait_read_past
         takeover = Takeover(self.copies_log)
         self.wheel = Wheel(
             self.store, self.cancels, self.reschedules, self.placement, self.outcomes,
