@@ -31,6 +31,8 @@ from delayservice.precise.slot_file import (
 
 CHUNK: Final = 4 * 1024 * 1024
 """Bytes read at a time, in either pass."""
+WINDOW_SLACK: Final = 64 * 1024
+"""A read for records being taken may span this much whatever share of it is wanted."""
 INDEX_BYTES_PER_RECORD: Final = 72
 """A sort key (a 107-bit int and its list slot), a position, a length and an offset."""
 _SEQ_BITS: Final = 32
@@ -140,21 +142,46 @@ class SlotIndex:
         return self._read(wanted)
 
     def _read(self, seqs: list[int]) -> list[StoredRecord]:
+        """The records `seqs` names, in that order. A slot's records leave in due order
+        but were appended as they came: with delays spread over seconds, neighbours in
+        leaving order are far apart in the file, and a read per record cost the loader
+        an open, a pread and a close each (5,000 a second at 5,000 msg/s; a third of the
+        loader's samples). So the records are read in file order, in windows of at most
+        `CHUNK` bytes that are mostly wanted (`_window_end`), and handed back in
+        leaving order."""
         positions, lengths = self._positions, self._lengths
-        out: list[StoredRecord] = []
-        i = 0
-        while i < len(seqs):
-            start = positions[seqs[i]]
-            end = start + lengths[seqs[i]]
-            j = i + 1
-            while j < len(seqs) and positions[seqs[j]] == end and end - start < CHUNK:
-                end += lengths[seqs[j]]
-                j += 1
+        by_position = sorted(range(len(seqs)), key=lambda i: positions[seqs[i]])
+        found: list[StoredRecord | None] = [None] * len(seqs)
+        k = 0
+        while k < len(by_position):
+            start = positions[seqs[by_position[k]]]
+            stop, end = self._window_end(seqs, by_position, k)
             data = memoryview(self._read_at(start, end - start))
-            for seq in seqs[i:j]:
+            for i in by_position[k:stop]:
+                seq = seqs[i]
                 position = positions[seq] - start
                 piece = data[position : position + lengths[seq]]
                 if len(piece) == lengths[seq]:  # the file went meanwhile: nothing to send
-                    out.append(parse_frame(piece))
-            i = j
-        return out
+                    found[i] = parse_frame(piece)
+            k = stop
+        return [record for record in found if record is not None]
+
+    def _window_end(self, seqs: list[int], by_position: list[int], k: int) -> tuple[int, int]:
+        """From the `k`-th wanted record in file order: where a window stops (exclusive
+        index into `by_position`) and the byte it ends at. It grows while it stays
+        within `CHUNK` and at most a quarter of it is bytes not wanted (past a first
+        64 KiB), so a few records wanted from a big slot do not read all of it."""
+        positions, lengths = self._positions, self._lengths
+        first = seqs[by_position[k]]
+        start = positions[first]
+        end = start + lengths[first]
+        wanted = lengths[first]
+        stop = k + 1
+        while stop < len(by_position):
+            seq = seqs[by_position[stop]]
+            grown = max(end, positions[seq] + lengths[seq])
+            size = grown - start
+            if size > CHUNK or size > max(WINDOW_SLACK, (wanted + lengths[seq]) * 4 // 3):
+                break
+            end, wanted, stop = grown, wanted + lengths[seq], stop + 1
+        return stop, end
