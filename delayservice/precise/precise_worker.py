@@ -298,16 +298,10 @@ class PreciseWorker:
             settle = functools.partial(
                 settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=self.delivery
             )
-        self.forwarder = build_forwarder(
-            [self.level],
+        self.forwarder = self._forwarder(
             self.level.name,
-            settings,
-            metrics,
             buffer,
-            precise_routes(settings),
-            make_producer,
-            on_fatal,
-            commit_interval_s=precise_commit_interval(settings),
+            (settings, metrics, make_producer, on_fatal),
             transactional_id=(
                 precise_transactional_id(settings, settings.precise_member, far=far)
                 if self.delivery is not None
@@ -394,16 +388,10 @@ class PreciseWorker:
             return None
         copies_log = takeover.delivered
         copies_log.wake = buffer.wake
-        forwarder = takeover.forwarder = build_forwarder(
-            [self.level],
+        forwarder = takeover.forwarder = self._forwarder(
             f"{self.level.name}-takeover",
-            settings,
-            metrics,
             buffer,
-            precise_routes(settings),
-            make_producer,
-            on_fatal,
-            commit_interval_s=precise_commit_interval(settings),
+            (settings, metrics, make_producer, on_fatal),
             transactional_id=precise_transactional_id(settings, owner, far=far),
             settle=functools.partial(
                 settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=copies_log
@@ -414,6 +402,38 @@ class PreciseWorker:
             ),
         )
         return forwarder
+
+    def _forwarder(
+        self,
+        name: str,
+        buffer: SlotBuffer,
+        wiring: tuple[
+            Settings, ServiceMetrics, Callable[[dict[str, Any]], Any], Callable[[str], None]
+        ],
+        *,
+        transactional_id: str | None,
+        settle: Callable[[Runs], None],
+        ledger: DeliveryLog | None,
+        shared_id: SharedId | None,
+    ) -> Forwarder:
+        """A forwarder of this worker's level from `buffer`: the owner's, or the
+        takeover's; `wiring` is (settings, metrics, make_producer, on_fatal)."""
+        settings, metrics, make_producer, on_fatal = wiring
+        return build_forwarder(
+            [self.level],
+            name,
+            settings,
+            metrics,
+            buffer,
+            precise_routes(settings),
+            make_producer,
+            on_fatal,
+            commit_interval_s=precise_commit_interval(settings),
+            transactional_id=transactional_id,
+            settle=settle,
+            ledger=ledger,
+            shared_id=shared_id,
+        )
 
     def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:
         name = self.level.name
