@@ -58,7 +58,28 @@ def eos_settings() -> Settings:
     )
 
 
-class Process:
+class FakeClients:
+    """The client factories a rig hands the code under test: every reader and producer
+    talks to one fake coordinator, and the rig keeps them to look at."""
+
+    coordinator: FakeCoordinator
+    clock: FakeClock
+    readers: list[DoneReader]
+    producers: list[FencingProducer]
+
+    def _reader(self, overrides: dict[str, Any]) -> DoneReader:
+        reader = DoneReader(self.coordinator, DONE_TOPIC)
+        reader.isolation = overrides.get("isolation.level", "read_committed")
+        self.readers.append(reader)
+        return reader
+
+    def _producer(self, config: dict[str, Any]) -> FencingProducer:
+        topics = {TARGET: 3, DLQ: 1, DONE_TOPIC: 1, OUTCOMES_TOPIC: 1}
+        self.producers.append(FencingProducer(self.coordinator, topics, self.clock, config))
+        return self.producers[-1]
+
+
+class Process(FakeClients):
     """One daemon's precise worker, as far as forwarding goes."""
 
     def __init__(self, root: Path, coordinator: FakeCoordinator, clock: FakeClock) -> None:
@@ -118,17 +139,6 @@ class Process:
             ledger=self.delivery,
             clock=clock,
         )
-
-    def _reader(self, overrides: dict[str, Any]) -> DoneReader:
-        reader = DoneReader(self.coordinator, DONE_TOPIC)
-        reader.isolation = overrides.get("isolation.level", "read_committed")
-        self.readers.append(reader)
-        return reader
-
-    def _producer(self, config: dict[str, Any]) -> FencingProducer:
-        topics = {TARGET: 3, DLQ: 1, DONE_TOPIC: 1, OUTCOMES_TOPIC: 1}
-        self.producers.append(FencingProducer(self.coordinator, topics, self.clock, config))
-        return self.producers[-1]
 
     @property
     def reader(self) -> DoneReader:

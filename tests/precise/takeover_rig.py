@@ -28,8 +28,15 @@ from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import SlotStore
 from delayservice.precise.takeover import Takeover, replicated_owner
 from delayservice.precise.wheel import Wheel
-from tests.level.fakes import DLQ, TARGET, FakeClock, Sent
-from tests.precise.eos_rig import DONE_TOPIC, LEVEL, OUTCOMES_TOPIC, PRECISE_TOPIC, eos_settings
+from tests.level.fakes import TARGET, FakeClock, Sent
+from tests.precise.eos_rig import (
+    DONE_TOPIC,
+    LEVEL,
+    OUTCOMES_TOPIC,
+    PRECISE_TOPIC,
+    FakeClients,
+    eos_settings,
+)
 from tests.precise.test_wheel import Outcomes
 from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
 
@@ -53,7 +60,7 @@ class ReportProducer:
         self.coordinator.committed.append(Sent(topic, key, value, [], 0, None, self.clock.time()))
 
 
-class Holder:
+class Holder(FakeClients):
     """One member's precise worker, as far as holding and forwarding go."""
 
     def __init__(
@@ -133,17 +140,6 @@ class Holder:
 
     def _slot_exists(self, partition: int, second: int) -> bool:
         return self.store.size(partition, second) is not None
-
-    def _reader(self, overrides: dict[str, Any]) -> DoneReader:
-        reader = DoneReader(self.coordinator, DONE_TOPIC)
-        reader.isolation = overrides.get("isolation.level", "read_committed")
-        self.readers.append(reader)
-        return reader
-
-    def _producer(self, config: dict[str, Any]) -> FencingProducer:
-        topics = {TARGET: 3, DLQ: 1, DONE_TOPIC: 1, OUTCOMES_TOPIC: 1}
-        self.producers.append(FencingProducer(self.coordinator, topics, self.clock, config))
-        return self.producers[-1]
 
     def producers_of(self, member: int) -> list[FencingProducer]:
         """This holder's producers under member `member`'s transactional id."""

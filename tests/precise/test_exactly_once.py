@@ -35,16 +35,6 @@ from tests.precise.eos_rig import (
 from tests.precise.txn_fakes import FakeCoordinator
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def coordinator() -> FakeCoordinator:
-    return FakeCoordinator()
-
-
 def test_the_delivery_record_round_trips_runs_and_scattered_offsets():
     offsets = {(0, 17): [5, 6, 7, 9, 100, 101, 3], (4, 2**31): [2**40, 2**40 + 1]}
     assert decode_sent(encode_sent(3, offsets)) == {k: set(o) for k, o in offsets.items()}

@@ -21,16 +21,6 @@ from tests.precise.txn_fakes import FakeCoordinator, FencingProducer
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def coordinator() -> FakeCoordinator:
-    return FakeCoordinator()
-
-
-@pytest.fixture
 def pair(
     tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock
 ) -> Iterator[tuple[Holder, Holder]]:
