@@ -77,10 +77,14 @@ LARGE_RECORD: Final = 900_000
 MAX_NAMED: Final = 4_000_000
 """A `sent` record naming more offsets than this is malformed: a forged one must not
 make its readers' memory grow without end."""
-MAX_INFLATED: Final = 64 * 1024 * 1024
+MAX_INFLATED: Final = 16 * 1024 * 1024
 """Bytes a `sent` record's runs may inflate to. The broker's 1 MB limit holds the
 compressed form only, and zlib inflates up to about 1,000 times: a forged record could
-otherwise ask for a gigabyte. Runs of 4,000,000 single offsets take 16 MB."""
+otherwise ask for a gigabyte. `MAX_NAMED` offsets, every other one, take 16,000,009."""
+INFLATE_STEP: Final = 1 << 20
+_RUNS_ALPHABET: Final = b'0123456789-,:[]{}"'
+"""Every byte `encode_sent`'s runs are made of: a step with any other (the padding of a
+zlib bomb) ends the inflating there."""
 
 
 def sent_key(member: int, writer: int | None = None) -> bytes:
@@ -171,12 +175,22 @@ def decode_sent_record(raw: bytes | None) -> SentRecord | None:
 
 
 def _inflate(packed: bytes) -> bytes:
-    """`zlib.decompress`, refusing what inflates past `MAX_INFLATED`."""
+    """`zlib.decompress`, a step at a time, refusing what inflates past `MAX_INFLATED`
+    or to anything but runs: a bomb costs a step of work, not its whole size."""
     inflater = zlib.decompressobj()
-    raw = inflater.decompress(packed, MAX_INFLATED)
-    if inflater.unconsumed_tail or not inflater.eof:
-        raise ValueError(f"inflates past {MAX_INFLATED} bytes, or is cut short")
-    return raw
+    out = bytearray()
+    data = packed
+    while not inflater.eof:
+        step = inflater.decompress(data, INFLATE_STEP)
+        if step.translate(None, _RUNS_ALPHABET):
+            raise ValueError("inflates to something other than runs")
+        out += step
+        if len(out) > MAX_INFLATED:
+            raise ValueError(f"inflates past {MAX_INFLATED} bytes")
+        data = inflater.unconsumed_tail
+        if not data and not step and not inflater.eof:
+            raise ValueError("cut short")
+    return bytes(out)
 
 
 @dataclass

@@ -27,8 +27,8 @@ and `covers`, `wheel.Wheel._keep`):
   nothing (an empty offset range), to show they cannot break the reader either.
 - A record of what a transaction delivered (key `sent:...`, `delivery_log`) is read the
   same way (`Progress._take_sent`): any bytes under such a key, one written in no
-  holder's name, one naming more offsets than a record may, or a zlib bomb (170 KB
-  that inflates to 128 MiB; refused past 64 MiB), change nothing; one in
+  holder's name, one naming more offsets than a record may, or a zlib bomb (130 KB
+  that inflates to 128 MiB of padding; refused at its first MiB), change nothing; one in
   the other rightful holder's name is trusted as its report is.
 
 Every run is seeded; lateness and order are not judged here, only lost, early,
@@ -351,8 +351,8 @@ class HostileProgress:
         return json.dumps({"v": 1, "member": self._rng.randrange(MEMBERS), "sent": packed}).encode()
 
     def _bomb(self) -> bytes:
-        """A zlib bomb in a holder's name: 170 KB on the wire, 128 MiB inflated, and
-        runs that name a real record at its end."""
+        """A zlib bomb in a holder's name: 130 KB on the wire, 128 MiB of padding
+        inflated, and runs at its end."""
         if self._bomb_value is None:
             runs = json.dumps({"0:0": [0, 1]}).encode()
             packed = zlib.compress(b" " * (128 << 20) + runs, 9)

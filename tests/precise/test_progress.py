@@ -197,17 +197,27 @@ def test_a_forged_delivery_record_naming_too_many_offsets_is_ignored():
     assert progress.named == 0
 
 
-def test_a_delivery_record_that_inflates_past_the_bound_is_refused_before_it_is_whole():
-    """A zlib bomb: 64 MiB and one byte of runs, 64 KiB on the wire. Refused, the
-    reader never holds more than the bound of it."""
-    runs = json.dumps({"0:1": [0, 1]}).encode()
-    bomb = base64.b64encode(zlib.compress(b" " * MAX_INFLATED + runs, 9)).decode()
-    value = json.dumps({"v": 1, "member": 0, "sent": bomb}).encode()
+def _sent_value(inflated: bytes) -> bytes:
+    packed = base64.b64encode(zlib.compress(inflated, 9)).decode()
+    return json.dumps({"v": 1, "member": 0, "sent": packed}).encode()
+
+
+def test_a_zlib_bomb_is_refused_at_its_first_step():
+    """128 MiB of padding before valid runs, 130 KB on the wire: the padding is no part
+    of runs, so the first step of inflating it ends the reading."""
+    value = _sent_value(b" " * (128 << 20) + json.dumps({"0:1": [0, 1]}).encode())
     assert len(value) < 200_000
     assert decode_sent_record(value) is None
-    fits = base64.b64encode(zlib.compress(b" " * (MAX_INFLATED - len(runs)) + runs, 9))
-    value = json.dumps({"v": 1, "member": 0, "sent": fits.decode()}).encode()
-    assert decode_sent(value) == {(0, 1): {0}}  # the bound itself is allowed
+
+
+def test_runs_that_inflate_past_the_bound_are_refused():
+    runs = b'{"0:1":[0,1' + b",1,1" * (MAX_INFLATED // 4) + b"]}"
+    assert decode_sent_record(_sent_value(runs)) is None
+
+
+def test_runs_longer_than_one_step_of_inflating_read_whole():
+    offsets = {(0, 1): range(0, 1_200_000, 2)}  # 4.8 MB of runs
+    assert decode_sent(encode_sent(0, offsets)) == {(0, 1): set(offsets[(0, 1)])}
 
 
 def test_runs_of_no_offsets_are_malformed():
