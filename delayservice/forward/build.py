@@ -18,6 +18,7 @@ from delayservice.forward.buffer import Buffer, Runs
 from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka import client_config
+from delayservice.kafka.log_levels import ExpectedFences
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
 from delayservice.levels import Level
@@ -50,6 +51,8 @@ def build_forwarder(
     client_id = f"delayservice-{socket.gethostname()}-{os.getpid()}-{name}"
     config = client_config.level_producer(settings, client_id, transactional_id)
     unconfirmed = watch_unconfirmed(config)
+    if shared_id is not None:
+        config["logger"] = ExpectedFences(config["logger"])
     built: list[Forwarder] = []  # its producers report to it, made before it
 
     def on_report(error: Any, message: Any) -> None:

@@ -11,6 +11,12 @@ error have repeated for longer than the grace period without a quiet gap of that
 length, the line keeps librdkafka's own level. Everything not in the table keeps it
 always. Leader elections of a brand-new topic need no entry: librdkafka retries those
 (fetch, produce, metadata) at DEBUG already.
+
+A fence is a fault, except for a producer whose transactional id another holder shares
+by design (`forward.forwarder.SharedId`: a precise owner and the replica that takes its
+partitions over): there, librdkafka's CRITICAL lines about it are a takeover going as
+planned, and `ExpectedFences` logs them at WARNING (the forwarder's own line names who
+fenced it).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 _COORDINATOR_STARTING = (
     "Coordinator load in progress",
@@ -28,6 +35,14 @@ _COORDINATOR_STARTING = (
 )
 """librdkafka's texts for a coordinator that is still being elected or still loading
 its log (COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR)."""
+
+
+FENCED_TEXTS = (
+    "fenced by a newer instance",  # _FENCED, librdkafka's own
+    "fences the current one",  # PRODUCER_FENCED
+    "operation with an old epoch",  # INVALID_PRODUCER_EPOCH
+)
+"""librdkafka's texts for a producer fenced by another with its transactional id."""
 
 
 @dataclass(frozen=True)
@@ -122,3 +137,21 @@ class StartupNoise(logging.Filter):
         record.levelno = level
         record.levelname = logging.getLevelName(level)
         return True
+
+
+class ExpectedFences:
+    """A `logger` for confluent-kafka that passes every line on to `logger`, the lines
+    about this producer being fenced at WARNING at most: each takeover between an owner
+    and its replica fences one of them, and two CRITICAL lines per takeover would page
+    whoever alerts on them."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)`."""
+        if level > logging.WARNING and len(args) == 3:
+            text = str(args[2])
+            if any(fenced in text for fenced in FENCED_TEXTS):
+                level = logging.WARNING
+        self._logger.log(level, msg, *args)

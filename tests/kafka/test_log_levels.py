@@ -5,10 +5,16 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.kafka.client_config import librdkafka_logger
-from delayservice.kafka.log_levels import TRANSIENT, StartupNoise, facility_and_text
+from delayservice.kafka.log_levels import (
+    TRANSIENT,
+    ExpectedFences,
+    StartupNoise,
+    facility_and_text,
+)
 
 LOADING = (
     "[thrd:main]: Failed to acquire idempotence PID from broker 127.0.0.1:52641/1: "
@@ -145,3 +151,87 @@ def test_the_client_logs_in_the_shape_the_table_reads() -> None:
     assert collect.records, "the client logged nothing about a refused connection"
     assert facility_and_text(collect.records[0]) is not None
     assert collect.records[0].args[0] == "FAIL"  # type: ignore[index]
+
+
+class Captured:
+    """A logger that keeps what it is given, as confluent-kafka hands it."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        self.lines.append((level, msg % args))
+
+
+FENCE_LINES = [
+    (
+        "TXNERR",
+        "Fatal transaction error: Failed to add partitions to transaction: Local: This "
+        "instance has been fenced by a newer instance (_FENCED)",
+    ),
+    (
+        "FATAL",
+        "Fatal error: Broker: There is a newer producer with the same transactionalId "
+        "which fences the current one: Failed to end transaction",
+    ),
+    ("TXNERR", "Broker: Producer attempted an operation with an old epoch"),
+]
+
+
+@pytest.mark.parametrize(("facility", "text"), FENCE_LINES)
+def test_an_expected_fence_is_a_warning(facility: str, text: str) -> None:
+    captured = Captured()
+    ExpectedFences(captured).log(logging.CRITICAL, "%s [%s] %s", facility, "p#producer-1", text)
+    assert captured.lines == [(logging.WARNING, f"{facility} [p#producer-1] {text}")]
+
+
+@pytest.mark.parametrize(
+    ("level", "facility", "text"),
+    [
+        # another fatal error stays fatal
+        (logging.CRITICAL, "FATAL", "Fatal error: Broker: Topic authorization failed"),
+        (logging.ERROR, "FAIL", "Connect to ipv4#127.0.0.1:9092 failed: Connection refused"),
+        # a fence line that is quieter already stays so
+        (logging.DEBUG, "TXN", "instance has been fenced by a newer instance"),
+    ],
+)
+def test_everything_else_keeps_its_level(level: int, facility: str, text: str) -> None:
+    captured = Captured()
+    ExpectedFences(captured).log(level, "%s [%s] %s", facility, "p#producer-1", text)
+    assert captured.lines == [(level, f"{facility} [p#producer-1] {text}")]
+
+
+def _fenced_producer_lines(bootstrap: str, topic: str, logger: object) -> None:
+    """Fence a transactional producer that logs to `logger` the way a takeover does (a
+    second producer inits its transactional id), then let it try to commit."""
+    txn_id = f"fence-lines-{uuid.uuid4()}"
+    first = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "logger": logger})
+    first.init_transactions(30)
+    first.begin_transaction()
+    first.produce(topic, b"before the fence")
+    first.flush(30)
+    second = Producer({"bootstrap.servers": bootstrap, "transactional.id": txn_id})
+    second.init_transactions(30)
+    first.produce(topic, b"after the fence")
+    with pytest.raises(KafkaException):
+        first.commit_transaction(30)
+    first.poll(0.5)  # serves the log lines left
+    second.flush(5)
+
+
+@pytest.mark.kafka
+def test_a_real_fence_is_logged_critical_and_at_warning_when_expected(
+    kafka_bootstrap: str, unique_name
+) -> None:
+    topic = unique_name("fence-lines")
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    bare = Captured()
+    _fenced_producer_lines(kafka_bootstrap, topic, bare)
+    critical = [text for level, text in bare.lines if level >= logging.CRITICAL]
+    assert critical, f"librdkafka logged no CRITICAL line for the fence: {bare.lines}"
+    expected = Captured()
+    _fenced_producer_lines(kafka_bootstrap, topic, ExpectedFences(expected))
+    fenced = [(level, text) for level, text in expected.lines if "fence" in text]
+    assert fenced, expected.lines
+    assert all(level <= logging.WARNING for level, _ in expected.lines), expected.lines

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from delayservice.kafka.log_levels import ExpectedFences
 from delayservice.precise.delivery_log import decode_sent_record, sent_key
 from delayservice.precise.takeover import CATCH_UP_WAIT_S
 from tests.level.fakes import TARGET, FakeClock, wait_for
@@ -205,3 +206,14 @@ def test_a_replica_behind_the_owners_word_reads_it_before_it_fences(
     else:
         assert inits == [1]  # fenced the owner, learned, sent nothing
         assert coordinator.holders[transactional_id(0)] is replica.producers_of(0)[0]
+
+
+def test_both_holders_log_librdkafkas_fence_lines_as_warnings(
+    pair: tuple[Holder, Holder], clock: FakeClock
+) -> None:
+    """Each takeover fences one of them by design, so their producers' log lines go
+    through `ExpectedFences` (tests/kafka/test_log_levels.py shows it on a real fence)."""
+    owner, replica = pair
+    frozen_owner_taken_over(owner, replica, clock)
+    producers = owner.producers_of(0) + replica.producers_of(0)
+    assert {type(p.config["logger"]) for p in producers} == {ExpectedFences}
