@@ -45,11 +45,15 @@ declare -A rows=(
   [precise_steady_5k_eos]="benchmarks/precise_lateness.py --parts steady --modes precise --rate 5000 --guarantee exactly-once"
   [precise_restart_eos]="benchmarks/precise_restart.py --guarantee exactly-once"
   [precise_long_delay]="benchmarks/precise_long_delay.py --messages 500000"
+  # The exactly-once commit point's shapes, without the daemon.
+  [commit_shapes]="benchmarks/commit_shapes.py --rounds 2"
+  [commit_shapes_neighbour]="benchmarks/commit_shapes.py --rounds 2 --neighbour"
 )
 order=(forwarding catch_up steady_alo steady_alo_hog steady_eos steady_eos_hog forwarding_per_level
   steady_alo_per_level steady_eos_per_level isolation_quiet isolation_backlog idle idle_per_level
   burst memory precise_burst_300k precise_burst_300k_eos precise_burst_500k precise_restart
-  precise_restart_eos precise_steady_5k_alo precise_steady_5k_eos precise_long_delay)
+  precise_restart_eos precise_steady_5k_alo precise_steady_5k_eos precise_long_delay commit_shapes
+  commit_shapes_neighbour)
 if [ "$#" -gt 0 ]; then
   order=("$@")
 fi
