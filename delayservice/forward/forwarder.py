@@ -63,7 +63,7 @@ from delayservice.forward.sender import (
 )
 from delayservice.forward.transaction import Transaction
 from delayservice.forward.transaction_ledger import TransactionLedger
-from delayservice.kafka.client_errors import error_of, fatal_error_in, is_fatal
+from delayservice.kafka.client_errors import error_of, fatal_error_in, is_fatal, lost_client_error
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
@@ -408,6 +408,9 @@ class Forwarder:
             self.rebuild_producer(exc)
         except Exception as exc:
             error = fatal_error_in(exc)
+            if error is None and lost_client_error(exc):
+                # At a fence, while flush served the callbacks: the next call says why.
+                raise SendLaterError(f"{self.name}: a producer call lost its error") from exc
             if error is None:
                 raise
             failure = producer_failed(error, f"{self.name}: {type(exc).__name__}")

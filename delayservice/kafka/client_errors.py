@@ -53,3 +53,13 @@ def fatal_error_in(exc: BaseException) -> KafkaError | None:
             return error
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def lost_client_error(exc: BaseException) -> bool:
+    """Whether `exc` is confluent-kafka's `SystemError` for a client call that failed and
+    lost its exception (`<method 'flush' of 'cimpl.Producer' objects> returned NULL
+    without setting an exception`), seen when a transactional producer is fenced while
+    its flush serves the callbacks. Nothing is known of the cause; the client's next
+    call raises it again."""
+    text = str(exc)
+    return isinstance(exc, SystemError) and "cimpl." in text and "without setting" in text

@@ -390,11 +390,17 @@ def test_a_loss_mid_transaction_aborts_it_and_sends_the_others_again(clock):
     assert committed(rig) == {1: 1}
 
 
-def test_a_flush_timeout_aborts_and_the_transaction_goes_again(clock):
-    rig = rig_for(clock, True)
+def read_on_partition_0(clock: FakeClock, exactly_once: bool, count: int) -> LevelRig:
+    """A rig that owns partition 0 and has read `count` records of it."""
+    rig = rig_for(clock, exactly_once)
     rig.consumer.queue_rebalance("assign", 0)
-    append(rig, 0, 2)
+    append(rig, 0, count)
     step(rig)
+    return rig
+
+
+def test_a_flush_timeout_aborts_and_the_transaction_goes_again(clock):
+    rig = read_on_partition_0(clock, True, 2)
     rig.producer.hold_reports = True
     forward(rig, commit=True)
     assert rig.producer.committed_txns == []
@@ -690,3 +696,42 @@ def test_a_commit_point_reports_the_time_each_of_its_steps_took(clock, exactly_o
         assert offsets_for == pytest.approx(0.009 * offsets)
     else:
         assert (offsets, commits) == (0, 0)
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_flush_that_lost_its_error_is_tried_again_not_an_unexpected_error(
+    clock, exactly_once: bool
+):
+    """confluent-kafka's flush can fail without an exception when a producer is fenced
+    while it serves the callbacks (a `SystemError`); the next call raises the cause."""
+    rig = read_on_partition_0(clock, exactly_once, 2)
+    real_flush = rig.producer.flush
+    failures = [
+        SystemError(
+            "<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting "
+            "an exception"
+        )
+    ]
+
+    def flush(timeout: float = -1) -> int:
+        if failures:
+            raise failures.pop()
+        return real_flush(timeout)
+
+    rig.producer.flush = flush  # type: ignore[method-assign]
+    with pytest.raises(forwarder_module.SendLaterError):
+        forward(rig, commit=True)
+    run(rig, clock)
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert committed(rig) == {0: 2}
+
+
+def test_any_other_system_error_stays_unexpected(clock):
+    rig = read_on_partition_0(clock, True, 1)
+
+    def flush(timeout: float = -1) -> int:
+        raise SystemError("something else")
+
+    rig.producer.flush = flush  # type: ignore[method-assign]
+    with pytest.raises(SystemError):
+        forward(rig, commit=True)
