@@ -410,7 +410,7 @@ class Forwarder:
             error = fatal_error_in(exc)
             if error is None and lost_client_error(exc):
                 # At a fence, while flush served the callbacks: the next call says why.
-                raise SendLaterError(f"{self.name}: a producer call lost its error") from exc
+                raise SendLaterError("a producer call lost its error") from exc
             if error is None:
                 raise
             failure = producer_failed(error, f"{self.name}: {type(exc).__name__}")
