@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from cpu_hogs import cpu_hogs
 from forwarding import broker
+from precise_common import stderr
 from steady_lateness import percentile
 
 from delayservice.kafka.ready_batch import ready_batch
@@ -225,7 +226,6 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown shapes {sorted(unknown)}; choose from {', '.join(SHAPES)}")
     rows: dict[str, list[dict[str, float]]] = {s: [] for s in shapes}
-    report: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     with broker(args.bootstrap) as bootstrap, cpu_hogs(args.hogs):
         # A fresh broker loads its transaction log and forms the first groups slowly.
         warm = argparse.Namespace(**{**vars(args), "seconds": 3.0, "neighbour": False})
@@ -234,7 +234,7 @@ def main() -> int:
             for shape in shapes:
                 row = run(bootstrap, shape, args)
                 rows[shape].append(row)
-                report(
+                stderr(
                     f"  round {round_} {shape}: p50 {row['p50']:.0f} / p99 {row['p99']:.0f} ms, "
                     f"commit point {row['commit_ms']:.1f} ms"
                 )

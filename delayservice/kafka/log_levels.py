@@ -71,8 +71,12 @@ TRANSIENT: tuple[Transient, ...] = (
 
 
 def facility_and_text(record: logging.LogRecord) -> tuple[str, str] | None:
+    """The facility and text of a librdkafka line logged through `logging`."""
+    return facility_and_text_of(record.args)
+
+
+def facility_and_text_of(args: object) -> tuple[str, str] | None:
     """confluent-kafka logs `logger.log(level, "%s [%s] %s", facility, name, text)`."""
-    args = record.args
     if isinstance(args, tuple) and len(args) == 3 and all(isinstance(a, str) for a in args):
         return str(args[0]), str(args[2])
     return None
@@ -149,9 +153,7 @@ class ExpectedFences:
         self._logger = logger
 
     def log(self, level: int, msg: str, *args: Any) -> None:
-        """confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)`."""
-        if level > logging.WARNING and len(args) == 3:
-            text = str(args[2])
-            if any(fenced in text for fenced in FENCED_TEXTS):
-                level = logging.WARNING
+        parsed = facility_and_text_of(args) if level > logging.WARNING else None
+        if parsed is not None and any(fenced in parsed[1] for fenced in FENCED_TEXTS):
+            level = logging.WARNING
         self._logger.log(level, msg, *args)
