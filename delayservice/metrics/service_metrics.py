@@ -255,6 +255,14 @@ class ServiceMetrics:
             ["level", "state"],
             registry=registry,
         )
+        self.precise_read_through_lag = Gauge(
+            "delayservice_precise_read_through_lag_seconds",
+            "How far behind now a precise wheel's intake is known to have read every "
+            "partition it reads (+Inf before its first round): a message due more than "
+            "a second later than that waits for it (late, never early).",
+            ["level"],
+            registry=registry,
+        )
         self.precise_disk_bytes = Gauge(
             "delayservice_precise_disk_bytes",
             "Bytes of slot and span files in a precise wheel's data directory.",

@@ -66,6 +66,7 @@ from delayservice.precise.marker_replies import (
 )
 from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.read_through import ReadThroughRounds
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.slot_file import encode_fields
 from delayservice.precise.slot_record import SlotRecord, stored_headers
@@ -150,6 +151,7 @@ class Intake(ConsumerThread):
         answer: Callable[[list[Answered]], None] = lambda _answered: None,
         roles: dict[int, Role] | None = None,
         far: bool = False,
+        read_through: ReadThroughRounds | None = None,
     ) -> None:
         """`dead_letter` hands a record to the forwarder to dead-letter; it settles the
         record's offset in `ledger` once that is durable. `after_batch` runs on this
@@ -162,7 +164,8 @@ class Intake(ConsumerThread):
         filled with this member's role per partition as partitions are assigned (pass
         a dict to share it). `far`: this intake reads the far topic, whose ids say
         so (`ids`). `intake_offsets` keeps, beside the slot files, how far each
-        partition was read and written."""
+        partition was read and written. `read_through` is told after each batch how
+        far each partition has been read (what the wheel may hand out)."""
         self.topic = topic
         super().__init__(
             f"intake of {topic}",
@@ -220,6 +223,7 @@ class Intake(ConsumerThread):
         end offset at its first assignment) is on disk or in memory: until then, records
         due soon may still be unread, and the daemon does not say it is ready."""
         self._catch_up: dict[int, int] = {}  # partition -> end offset to read up to
+        self._read_through = read_through
         self._times = _Times()
         self.records_left = 0
 
@@ -272,6 +276,8 @@ class Intake(ConsumerThread):
             self.broker_down = False
             self.handle(messages)
         self._commit()
+        if self._read_through is not None:
+            self._read_through.step(self._reading, self._read_to)
         if self._in_flight:
             self._read_again()
         self.after_batch()
@@ -445,6 +451,20 @@ class Intake(ConsumerThread):
         for partition in done:
             del self._in_flight[partition]
             self._wheel.read_again(partition)
+
+    def _read_to(self, partitions: list[int]) -> dict[int, int]:
+        """Per partition, the offset read and handled up to: the consumer's position,
+        which steps over transaction markers, or the ledger's, which a partition has
+        from its assignment on (the position is unknown until a record is read, and
+        again after a seek back to a failed batch)."""
+        assert self._consumer is not None
+        held = self.ledger.partitions
+        out: dict[int, int] = {}
+        for tp in self._consumer.position([TopicPartition(self.topic, p) for p in partitions]):
+            ledger = held.get(tp.partition)
+            known = ledger.next_offset if ledger is not None else None
+            out[tp.partition] = max(tp.offset, -1 if known is None else known)
+        return out
 
     def _check_caught_up(self) -> None:
         """Drop the partitions whose position reached the end they had at start (the

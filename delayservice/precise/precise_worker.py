@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
 
 from delayservice.forward.buffer import Runs
 from delayservice.forward.build import build_forwarder
@@ -45,6 +46,7 @@ from delayservice.precise.marker_replies import MarkerReplies
 from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.progress import Progress
+from delayservice.precise.read_through import ReadThrough, ReadThroughRounds
 from delayservice.precise.slot_buffer import SlotBuffer
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.storage_fault import StorageError
@@ -273,6 +275,8 @@ class PreciseWorker:
             copies_log.others_read = self.progress.wait_read_past
             takeover = Takeover(copies_log)
         self.copies_log = copies_log
+        self.read_through = ReadThrough()
+        """How far the intake has read: what the wheel may hand the forwarders."""
         self.wheel = Wheel(
             self.store,
             self.cancels,
@@ -352,8 +356,15 @@ class PreciseWorker:
             answer=replies.send,
             roles=roles,
             far=far,
+            read_through=ReadThroughRounds(
+                topic,
+                lambda: AdminClient(client_config.admin(settings)),
+                self.read_through,
+                time.time,
+            ),
         )
         self.wheel.hold_until(self.intake.caught_up)
+        self.wheel.read_through(self.read_through)
         self._producer = producer
         self._flush_timeout = max(1.0, settings.shutdown_timeout_s - 10.0)
         self._export(metrics, settings.precise_lookahead_s, buffer)
@@ -447,6 +458,9 @@ class PreciseWorker:
         on_disk = metrics.precise_slot_files.labels(name, "on_disk")
         on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
         metrics.precise_disk_bytes.labels(name).set_function(lambda: float(self.store.disk_bytes()))
+        metrics.precise_read_through_lag.labels(name).set_function(
+            lambda: self.read_through.lag_s(time.time())
+        )
 
     def _storage_fault(self, fault: StorageError) -> None:
         """A fault of the disk on any thread stops the daemon (see `storage_fault`)."""

@@ -49,7 +49,8 @@ class SlotBuffer:
     """Its taker (`keep`) drops what must not go out any more: cancelled since it was
     loaded, or a replica's copy the owner reported done. Nothing is taken while its
     gate (`hold_until`) is shut: a cancel may still be unread behind the records a
-    restart reads first."""
+    restart reads first; and nothing that fires after the intake's read-through
+    limit (`read_through`): a cancel may still be unread after a stall."""
 
     def __init__(
         self,
@@ -68,11 +69,23 @@ class SlotBuffer:
         self._cond = threading.Condition(threading.Lock())
         self._alarm = Alarm(self._cond, clock)
         self._gate: threading.Event | None = None
+        self._limit: Callable[[], float] = lambda: NEVER
 
     def hold_until(self, gate: threading.Event) -> None:
         """Take nothing until `gate` is set; whoever sets it calls `wake`. Records due
         meanwhile wait in place, looked at once when it opens, not once per retry."""
         self._gate = gate
+
+    def read_through(self, limit_s: Callable[[], float]) -> None:
+        """Take only what fires by `limit_s()` (clock seconds); whoever moves the limit
+        calls `limit_moved`."""
+        self._limit = limit_s
+
+    def limit_moved(self, old_s: float, new_s: float) -> None:
+        """Wake the taker if the earliest record waited for this move."""
+        with self._cond:
+            if self._heap and old_s < self._heap[0][0] <= new_s:
+                self._alarm.wake_locked()
 
     def _shut(self) -> bool:
         gate = self._gate
@@ -96,7 +109,7 @@ class SlotBuffer:
         while any are due: a burst starts going out at once), as runs by partition."""
         if self._shut():
             return []
-        now = self._clock()
+        now = min(self._clock(), self._limit())
         records: list[SlotRecord] = []
         with self._cond:
             heap = self._heap
@@ -157,14 +170,20 @@ class SlotBuffer:
         self._alarm.sleep(deadline, self._head_s)
 
     def _head_s(self) -> float:
-        return self._heap[0][0] if self._heap and not self._shut() else NEVER
+        """NEVER while the head waits for a gate: whoever opens it wakes the taker."""
+        if not self._heap or self._shut():
+            return NEVER
+        head = self._heap[0][0]
+        return head if head <= self._limit() else NEVER
 
     def wake(self) -> None:
         self._alarm.wake()
 
     def next_due_ms(self) -> int | None:
-        """None while the gate is shut: nothing can be taken, the forwarder is idle."""
-        return None if self._shut() else self.earliest_held_ms()
+        """None while a gate holds the head: nothing can be taken, the forwarder is idle."""
+        with self._cond:
+            head = self._head_s()
+        return None if head == NEVER else math.ceil(head * 1000)
 
     def earliest_held_ms(self) -> int | None:
         with self._cond:

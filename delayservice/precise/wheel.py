@@ -31,6 +31,7 @@ from typing import Final
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.placement import Placement
+from delayservice.precise.read_through import ReadThrough
 from delayservice.precise.reschedule_log import RescheduleLog
 from delayservice.precise.reschedule_moves import READ_AGAIN, Reschedule, RescheduleMoves
 from delayservice.precise.slot_buffer import SlotBuffer
@@ -134,6 +135,14 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         the intake reads first (`Intake.caught_up`); sent before, it would leak."""
         for buffer in self._buffers():
             buffer.hold_until(gate)
+
+    def read_through(self, gate: ReadThrough) -> None:
+        """Hand the forwarders only what fires within the intake's read-through limit
+        (`read_through`): after a stall, a cancel acknowledged meanwhile may still be
+        unread behind the records due."""
+        for buffer in self._buffers():
+            buffer.read_through(gate.limit_s)
+            gate.on_move(buffer.limit_moved)
 
     def wake_takers(self) -> None:
         for buffer in self._buffers():

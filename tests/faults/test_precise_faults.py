@@ -255,15 +255,18 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
     run.traffic([target], rate=100, seed=SEED + 5, precision="exact")
     canceller = Canceller(run)
     time.sleep(rng.uniform(3, 5))
-    # Due after the thaw: a message falling due while its owner is frozen may go out
-    # once it is back before it reads a cancel that came meanwhile (the promise is a
-    # cancel read before the forward: docs/cancel-and-reschedule.md).
-    for _ in range(3):
+    for _ in range(3):  # due after the thaw
         canceller.cancel(canceller.send(target, [rng.uniform(FROZEN_S + 2, FROZEN_S + 4)], rng))
+    # Due while the owner stands still, cancelled once it does: thawed, it must read the
+    # cancels before it sends them (`precise/read_through.py`).
+    still = canceller.send(target, [rng.uniform(2.5, FROZEN_S - 1) for _ in range(3)], rng)
     assert owner.process is not None
     owner.process.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
     try:
-        time.sleep(FROZEN_S)  # the replica's copies fall due past the takeover delay
+        canceller.cancel(still)
+        # the replica's copies fall due past the takeover delay
+        time.sleep(max(0.0, frozen_at + FROZEN_S - time.monotonic()))
     finally:
         owner.process.send_signal(signal.SIGCONT)
     for _ in range(3):
@@ -283,13 +286,70 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
     )
     report.notes.append(
         f"replicas=2, takeover delay {TAKEOVER_S} s; replica took over "
-        f"{seen['takeovers']:.0f}; 6 cancels acknowledged around the freeze"
+        f"{seen['takeovers']:.0f}; 9 cancels acknowledged around the freeze"
     )
     _verdict(run, report, fault_summary)
     if guarantee == "exactly-once":
         assert report.duplicates == 0, report.problems()
     assert seen["takeovers"] > 0, "the replica never forwarded for the frozen owner"
-    assert len(report.cancelled) == 6
+    assert len(report.cancelled) == 9
+
+
+STILL_S = 6.0
+STILL_MESSAGES = 40
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_meanwhile(
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
+):
+    """A lone daemon is frozen (SIGSTOP) with messages in memory that fall due while it
+    stands still, and half of them are cancelled meanwhile, each at least a second
+    before its due time. Thawed, its forwarder finds them overdue at once, while the
+    cancels still wait unread in the precise topic: none may go out before the intake
+    has read them (`precise/read_through.py`)."""
+    rng = random.Random(SEED + 30)
+    run = _precise_run(
+        fault_run,
+        kafka_bootstrap,
+        testbed,
+        "still",
+        levels="1s",
+        data_dir=tmp_path / "wheel",
+        guarantee=guarantee,
+    )
+    target = run.target("pstill")
+    daemon = run.fleet.spawn(f"pstill-{run.testbed.tag}")
+    run.wait_ready(daemon)
+    run.traffic([target], rate=100, seed=SEED + 30, precision="exact")
+    canceller = Canceller(run)
+    time.sleep(2)
+    dues = [rng.uniform(2.5, STILL_S - 1) for _ in range(STILL_MESSAGES)]
+    ids = canceller.send(target, dues, rng)
+    assert daemon.process is not None
+    daemon.process.send_signal(signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        canceller.cancel(ids[::2])
+        assert time.monotonic() - frozen_at < 1.5, "the cancels came too close to the due times"
+        time.sleep(max(0.0, frozen_at + STILL_S - time.monotonic()))
+    finally:
+        daemon.process.send_signal(signal.SIGCONT)
+    canceller.wait_past_due()
+    report = run.drain(
+        scenario_name(
+            f"30. precise: daemon frozen {STILL_S:g} s past due times, cancels meanwhile",
+            guarantee,
+        ),
+        timeout=60,
+    )
+    report.notes.append(
+        f"{STILL_MESSAGES} messages due while frozen, {STILL_MESSAGES // 2} cancelled meanwhile"
+    )
+    _verdict(run, report, fault_summary)
+    if guarantee == "exactly-once":
+        assert report.duplicates == 0, report.problems()
+    assert len(report.cancelled) == STILL_MESSAGES // 2
 
 
 HOSTILE = 1500

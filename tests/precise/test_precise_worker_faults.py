@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ def worker(tmp_path: Path):
         make_producer=lambda config: FakeProducer(config=config),
     )
     made.fatal = fatal  # type: ignore[attr-defined]
-    made.intake.caught_up.set()  # the intake, not started here, caught up: take records
+    # The intake, not started here, caught up and read through now: take records.
+    made.intake.caught_up.set()
+    made.read_through.advance(time.time())
     yield made
     made.disk.close()
 
