@@ -410,6 +410,8 @@ class Forwarder:
             error = fatal_error_in(exc)
             if error is None and lost_client_error(exc):
                 # At a fence, while flush served the callbacks: the next call says why.
+                # Counted, so that one that keeps coming shows beside the WARNING.
+                self._m_loop_errors.inc()
                 raise SendLaterError("a producer call lost its error") from exc
             if error is None:
                 raise
@@ -491,9 +493,17 @@ class Forwarder:
                 request.offsets = {tp: o for tp, o in committed.items() if tp in gone}
             except ForwarderFatalError:
                 raise
-            except Exception:
+            except Exception as exc:
                 self._m_loop_errors.inc()
-                log.exception("%s: handing over %s failed", self.name, sorted(gone))
+                if lost_client_error(exc):  # at a fence, as in `step`: no trace to show
+                    log.warning(
+                        "%s: handing over %s: a producer call lost its error (%s)",
+                        self.name,
+                        sorted(gone),
+                        exc,
+                    )
+                else:
+                    log.exception("%s: handing over %s failed", self.name, sorted(gone))
                 request.ok = False
                 self._end_transaction()
         except ForwarderFatalError as exc:

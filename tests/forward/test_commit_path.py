@@ -7,6 +7,7 @@ durable commits, and in exactly-once a read_committed reader sees each record on
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import pytest
@@ -698,13 +699,9 @@ def test_a_commit_point_reports_the_time_each_of_its_steps_took(clock, exactly_o
         assert (offsets, commits) == (0, 0)
 
 
-@pytest.mark.parametrize("exactly_once", GUARANTEES)
-def test_a_flush_that_lost_its_error_is_tried_again_not_an_unexpected_error(
-    clock, exactly_once: bool
-):
-    """confluent-kafka's flush can fail without an exception when a producer is fenced
-    while it serves the callbacks (a `SystemError`); the next call raises the cause."""
-    rig = read_on_partition_0(clock, exactly_once, 2)
+def lose_the_next_flush_error(rig: LevelRig) -> None:
+    """The next flush fails as confluent-kafka's does when a producer is fenced while it
+    serves the callbacks: a `SystemError` and no exception set."""
     real_flush = rig.producer.flush
     failures = [
         SystemError(
@@ -719,11 +716,46 @@ def test_a_flush_that_lost_its_error_is_tried_again_not_an_unexpected_error(
         return real_flush(timeout)
 
     rig.producer.flush = flush  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_flush_that_lost_its_error_is_tried_again_not_an_unexpected_error(
+    clock, exactly_once: bool
+):
+    """confluent-kafka's flush can fail without an exception when a producer is fenced
+    while it serves the callbacks (a `SystemError`); the next call raises the cause."""
+    rig = read_on_partition_0(clock, exactly_once, 2)
+    lose_the_next_flush_error(rig)
     with pytest.raises(forwarder_module.SendLaterError):
         forward(rig, commit=True)
+    assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 1
     run(rig, clock)
     assert forwarded(rig) == ["id-0-0", "id-0-1"]
     assert committed(rig) == {0: 2}
+
+
+def test_a_handover_whose_flush_lost_its_error_is_a_counted_warning_and_sends_again(clock, caplog):
+    """The same lost error at a revoke's commit point (called outside `step`): the
+    transaction is aborted, the partition handed over uncommitted, the other's records
+    go again; a WARNING without a trace, counted among the loop's errors."""
+    rig = rig_for(clock, True)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    forward(rig)
+    lose_the_next_flush_error(rig)
+    rig.consumer.queue_rebalance("revoke", 0)
+    with caplog.at_level(logging.WARNING, logger=forwarder_module.__name__):
+        step(rig)
+    handing = [r for r in caplog.records if "handing over" in r.getMessage()]
+    assert [(r.levelno, r.exc_info) for r in handing] == [(logging.WARNING, None)]
+    assert "lost its error" in handing[0].getMessage()
+    assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 1
+    assert rig.loop.owned() == [1]
+    run(rig, clock)
+    assert forwarded(rig) == ["id-1-0"]
+    assert committed(rig) == {1: 1}
 
 
 def test_any_other_system_error_stays_unexpected(clock):
