@@ -23,6 +23,7 @@ closer to it, when the intake read it first.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection
 from typing import Any, Final
 
@@ -41,6 +42,9 @@ room for a loaded host."""
 ASK_EVERY_S: Final = 0.05
 """At most one round per this long: a round is a request per end, kept small."""
 ASK_TIMEOUT_S: Final = 10.0
+QUIET_FAILURES_S: Final = 30.0
+"""Rounds failing for less than this are logged at INFO: a topic just made, a leader
+moving, a broker restarting (the intake says so itself)."""
 UNREAD: Final = float("-inf")
 """`through_s` before the first round: nothing goes out."""
 
@@ -116,6 +120,7 @@ class ReadThroughRounds:
         self._round: _Round | None = None
         self._next_ask = 0.0
         self._throttle = Throttle()
+        self._failing_since: float | None = None
 
     @property
     def asked_ends(self) -> dict[int, tuple[int, int]] | None:
@@ -132,8 +137,17 @@ class ReadThroughRounds:
             self._step(frozenset(reading), read_to)
         except Exception as exc:  # a broker away, a client refusing: the gate just waits
             self._round = None
+            now = time.monotonic()
+            if self._failing_since is None:
+                self._failing_since = now
             if self._throttle.allow(type(exc).__name__) is not None:
-                log.info("%s: asking where its partitions end: %s; asking again", self.topic, exc)
+                lasting = now - self._failing_since >= QUIET_FAILURES_S
+                log.log(
+                    logging.WARNING if lasting else logging.INFO,
+                    "%s: asking where its partitions end: %s; asking again",
+                    self.topic,
+                    exc,
+                )
 
     def _step(
         self, reading: frozenset[int], read_to: Callable[[list[int]], dict[int, int]]
@@ -150,6 +164,7 @@ class ReadThroughRounds:
         ends = current.ends
         assert ends is not None
         positions = read_to(sorted(ends))
+        self._failing_since = None
         if all(end <= max(positions.get(p, -1), first) for p, (first, end) in ends.items()):
             self._round = None
             self.gate.advance(current.began_s)
