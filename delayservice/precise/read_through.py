@@ -121,6 +121,10 @@ class ReadThroughRounds:
         self._next_ask = 0.0
         self._throttle = Throttle()
         self._failing_since: float | None = None
+        self._known: frozenset[int] = frozenset()
+        """Partitions the admin client's metadata holds: one it lacks (the topic grew)
+        fails every round with _UNKNOWN_PARTITION until its metadata is read again,
+        which librdkafka does on its own only every 5 minutes."""
 
     @property
     def asked_ends(self) -> dict[int, tuple[int, int]] | None:
@@ -137,6 +141,7 @@ class ReadThroughRounds:
             self._step(frozenset(reading), read_to)
         except Exception as exc:  # a broker away, a client refusing: the gate just waits
             self._round = None
+            self._known = frozenset()  # read the metadata again before the next round
             now = time.monotonic()
             if self._failing_since is None:
                 self._failing_since = now
@@ -172,6 +177,11 @@ class ReadThroughRounds:
     def _ask(self, partitions: frozenset[int]) -> _Round:
         if self._admin is None:
             self._admin = self._make_admin()
+        if not partitions <= self._known:
+            topic = self._admin.list_topics(self.topic, timeout=ASK_TIMEOUT_S).topics.get(
+                self.topic
+            )
+            self._known = frozenset(topic.partitions) if topic is not None else frozenset()
         began = self._clock()
         self._next_ask = began + ASK_EVERY_S
         futures: dict[Any, Any] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from delayservice.precise.read_through import UNREAD, ReadThrough, ReadThroughRounds
 from delayservice.precise.slot_buffer import SlotBuffer
@@ -115,16 +116,31 @@ class _FailedFuture:
 
 
 class _AwayAdmin:
-    def __init__(self) -> None:
+    """Refuses as AdminClient does with its broker away: `list_topics` raises, and
+    `list_offsets` hands back futures that fail; or, `metadata_cached`, it still
+    answers `list_topics` from its cache (for partitions 0 and 1)."""
+
+    def __init__(self, *, metadata_cached: bool) -> None:
+        self.metadata_cached = metadata_cached
         self.asked = 0
+        self.metadata_asked = 0
+
+    def list_topics(self, topic: str, timeout: float = -1) -> Any:
+        self.metadata_asked += 1
+        if not self.metadata_cached:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker away"))
+        return SimpleNamespace(topics={topic: SimpleNamespace(partitions={0: None, 1: None})})
 
     def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[Any, Any]:
         self.asked += 1
         return {tp: _FailedFuture() for tp in request}
 
 
-def test_a_round_that_fails_is_asked_again_and_never_moves_the_gate() -> None:
-    admin = _AwayAdmin()
+@pytest.mark.parametrize("metadata_cached", [False, True])
+def test_a_round_that_fails_is_asked_again_and_never_moves_the_gate(
+    metadata_cached: bool,
+) -> None:
+    admin = _AwayAdmin(metadata_cached=metadata_cached)
     clock = _Clock(100.0)
     gate = ReadThrough()
     rounds = ReadThroughRounds("timers", lambda: admin, gate, clock)
@@ -132,7 +148,10 @@ def test_a_round_that_fails_is_asked_again_and_never_moves_the_gate() -> None:
         clock.now += 1.0  # past ASK_EVERY_S each time
         rounds.step({0, 1}, lambda partitions: dict.fromkeys(partitions, 10**9))
         assert gate.through_s == UNREAD, step
-    assert admin.asked >= 4  # two requests a round (first offsets and ends)
+    # After a failure a round reads the metadata first (the topic may have grown):
+    # away, every step fails there; cached, a round is asked (first offsets and ends)
+    # and its answers fail on the next step.
+    assert (admin.metadata_asked, admin.asked) == ((2, 4) if metadata_cached else (4, 0))
 
 
 # -- the rounds, on the real broker ------------------------------------------------
@@ -166,7 +185,7 @@ def test_rounds_move_the_gate_once_the_reader_has_read_what_was_appended_before(
     rounds = ReadThroughRounds(
         topic, lambda: AdminClient({"bootstrap.servers": testbed.bootstrap}), gate, time.time
     )
-    reading = {0, 1, 2}
+    reading = {0, 1, 2}  # grown below
 
     def read_to(partitions: list[int]) -> dict[int, int]:
         return {
@@ -216,5 +235,25 @@ def test_rounds_move_the_gate_once_the_reader_has_read_what_was_appended_before(
             pass
         wait_for(lambda: through(appended), 10, "the gate past the record, once read")
         transactional.abort_transaction(30)
+
+        # The topic grows: the admin client's metadata lacks the new partitions until
+        # it is read again (librdkafka: _UNKNOWN_PARTITION for five minutes otherwise).
+        grown = testbed.admin.create_partitions([NewPartitions(topic, 5)])
+        for future in grown.values():
+            future.result(30)
+        consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in (3, 4)])
+        reading = {0, 1, 2, 3, 4}
+        producer.list_topics(topic, timeout=10)  # the producer's metadata lags as well
+        producer.produce(topic, b"new", partition=4)
+        assert producer.flush(30) == 0
+        added = time.time()
+        wait_for(
+            lambda: answered() and set(rounds.asked_ends or ()) == reading,
+            20,
+            "a round over the grown topic",
+        )
+        while not consumer.consume(10, 1.0):
+            pass
+        wait_for(lambda: through(added), 20, "the gate past the grown topic's records")
     finally:
         consumer.close()
