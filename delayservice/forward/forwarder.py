@@ -63,7 +63,13 @@ from delayservice.forward.sender import (
 )
 from delayservice.forward.transaction import Transaction
 from delayservice.forward.transaction_ledger import TransactionLedger
-from delayservice.kafka.client_errors import error_of, fatal_error_in, is_fatal, lost_client_error
+from delayservice.kafka.client_errors import (
+    error_of,
+    fatal_error_in,
+    is_fatal,
+    lost_client_error,
+    raised_as_exception,
+)
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
@@ -372,12 +378,19 @@ class Forwarder:
         except ForwarderFatalError as exc:
             self._on_fatal(str(exc))
             return
+        failed: Exception | None = None
         try:
             self._commit_point()
         except ForwarderFatalError as exc:
             self._on_fatal(str(exc))
-        except Exception:
-            log.exception("%s: last commit failed; records will be re-read", self.name)
+        except Exception as exc:
+            failed = exc
+        except BaseException:
+            raise
+        except:  # noqa: E722 - a bare KafkaError (`client_errors`)
+            failed = raised_as_exception()
+        if failed is not None:
+            log.error("%s: last commit failed; records will be re-read", self.name, exc_info=failed)
         with self._lock:
             requests, self._requests = self._requests, []
         for request in requests:
@@ -385,6 +398,7 @@ class Forwarder:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            raised: Exception | None = None
             try:
                 self.step(wait=True)
             except ForwarderFatalError:
@@ -393,30 +407,51 @@ class Forwarder:
                 if self._throttle.allow("later") is not None:
                     log.warning("%s: %s; trying again", self.name, exc)
                 self._stopping.wait(0.5)
-            except Exception:
-                self._m_loop_errors.inc()
-                log.exception("forwarder %s: unexpected error; continuing", self.name)
-                self._stopping.wait(0.5)
+            except Exception as exc:
+                raised = exc
+            except BaseException:
+                raise
+            except:  # noqa: E722 - never ends the thread (`client_errors`)
+                raised = raised_as_exception()
+            if raised is not None:
+                self._survive(raised)
+
+    def _survive(self, exc: Exception) -> None:
+        self._m_loop_errors.inc()
+        log.error("forwarder %s: unexpected error; continuing", self.name, exc_info=exc)
+        self._stopping.wait(0.5)
 
     def step(self, *, wait: bool = False, commit: bool = False) -> None:
         """One pass of the loop: sleep until something is due (`wait`), send what is due,
         and reach a commit point when one is due (or when `commit`, for tests). A
         producer that failed for good is replaced here (`rebuild_producer`)."""
+        raised: Exception | None = None
         try:
             self._step(wait=wait, commit=commit)
         except ForwarderFatalError as exc:
             self.rebuild_producer(exc)
         except Exception as exc:
-            error = fatal_error_in(exc)
-            if error is None and lost_client_error(exc):
-                # At a fence, while flush served the callbacks: the next call says why.
-                # Counted, so that one that keeps coming shows beside the WARNING.
-                self._m_loop_errors.inc()
-                raise SendLaterError("a producer call lost its error") from exc
-            if error is None:
-                raise
-            failure = producer_failed(error, f"{self.name}: {type(exc).__name__}")
-            self.rebuild_producer(failure)
+            raised = exc
+        except BaseException:
+            raise
+        except:  # noqa: E722 - a bare KafkaError (`client_errors`), handled below
+            raised = raised_as_exception()
+        if raised is not None:
+            self._step_failed(raised)
+
+    def _step_failed(self, exc: Exception) -> None:
+        """A fatal error anywhere in the step replaces the producer; anything else is
+        raised again, a lost error as `SendLaterError`."""
+        error = fatal_error_in(exc)
+        if error is None and lost_client_error(exc):
+            # At a fence, while flush served the callbacks: the next call says why.
+            # Counted, so that one that keeps coming shows beside the WARNING.
+            self._m_loop_errors.inc()
+            raise SendLaterError("a producer call lost its error") from exc
+        if error is None:
+            raise exc
+        failure = producer_failed(error, f"{self.name}: {type(exc).__name__}")
+        self.rebuild_producer(failure)
 
     def _step(self, *, wait: bool, commit: bool) -> None:
         clock = self._clock
@@ -484,13 +519,7 @@ class Forwarder:
         gone = request.partitions
         try:
             try:
-                if request.commit:
-                    request.ok = self._commit_point()
-                else:
-                    self._abandon(gone)
-                    request.ok = True
-                committed = self.interval.committed
-                request.offsets = {tp: o for tp, o in committed.items() if tp in gone}
+                self._hand_over(request)
             except ForwarderFatalError:
                 raise
             except Exception as exc:
@@ -516,6 +545,29 @@ class Forwarder:
         finally:
             self._forget(gone)
             request.done.set()
+
+    def _hand_over(self, request: _Request) -> None:
+        """`_serve`'s commit or drop; a bare `KafkaError` comes out as the exception
+        it should have been (`client_errors`), fatal as `ForwarderFatalError`."""
+        gone = request.partitions
+        raised: Exception | None = None
+        try:
+            if request.commit:
+                request.ok = self._commit_point()
+            else:
+                self._abandon(gone)
+                request.ok = True
+        except BaseException:
+            raise
+        except:  # noqa: E722
+            raised = raised_as_exception()
+        if raised is not None:
+            error = fatal_error_in(raised)
+            if error is not None:
+                raise producer_failed(error, f"{self.name}: handing over")
+            raise raised
+        committed = self.interval.committed
+        request.offsets = {tp: o for tp, o in committed.items() if tp in gone}
 
     def _end_transaction(self) -> None:
         """Abort the open transaction (its records go again from the queues); raises

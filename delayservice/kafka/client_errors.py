@@ -6,10 +6,20 @@ error event, which librdkafka hands to the error callback, is raised instead fro
 `poll()` or `flush()` that serves it, also with `fatal()` set; and every later
 `produce()` is refused with the code `_FATAL`, whose `fatal()` is *not* set (produce()
 errors never carry the flag, nor do delivery reports). So fatal means either.
+
+Two shapes are broken. A call can fail having lost its exception (`lost_client_error`);
+and a call can leave a bare `KafkaError`, which is not an exception class, set as the
+exception itself (confluent-kafka 2.16.1's `flush` at a fence, beside CPU hogs: it
+went through every `except Exception` and ended the forwarder's thread). No `except`
+naming a class matches that one, so the loops that must never stop also end with a
+bare `except:` that takes it as the `KafkaException` it should have been
+(`raised_as_exception`), handled once out of the `except` block: raising inside it
+would chain the new exception to an object that is not one.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -63,3 +73,14 @@ def lost_client_error(exc: BaseException) -> bool:
     call raises it again."""
     text = str(exc)
     return isinstance(exc, SystemError) and "cimpl." in text and "without setting" in text
+
+
+def raised_as_exception() -> Exception:
+    """Inside a bare `except:`, what was raised, as an exception: a bare `KafkaError`
+    as the `KafkaException` carrying it; anything else not an exception, described."""
+    value = sys.exc_info()[1]
+    if isinstance(value, KafkaError):
+        return KafkaException(value)
+    if isinstance(value, Exception):
+        return value
+    return RuntimeError(f"a client call raised {value!r}, which is not an exception")

@@ -19,7 +19,7 @@ from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from delayservice.kafka.client_errors import is_fatal
+from delayservice.kafka.client_errors import is_fatal, raised_as_exception
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.log_throttle import Throttle
 
@@ -130,19 +130,30 @@ class ConsumerThread(ABC):
 
     def _loop(self, keeper: ConsumerKeeper) -> None:
         while not self._stopping.is_set():
+            raised: Exception | None = None
             try:
                 if keeper.failed is not None and not self._replace_client(keeper):
                     return  # the daemon is stopping (`on_fatal`)
                 self._iteration()
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and is_fatal(error):
-                    keeper.fail(error.str())
-                    continue
-                self._kafka_error(exc, error if isinstance(error, KafkaError) else None)
             except Exception as exc:
-                if not self._unexpected(exc):
-                    return
+                raised = exc
+            except BaseException:
+                raise
+            except:  # noqa: E722 - a bare KafkaError (`client_errors`), handled below
+                raised = raised_as_exception()
+            if raised is not None and not self._failed(keeper, raised):
+                return
+
+    def _failed(self, keeper: ConsumerKeeper, exc: Exception) -> bool:
+        """An iteration that raised; False stops the loop."""
+        if isinstance(exc, KafkaException):
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and is_fatal(error):
+                keeper.fail(error.str())
+                return True
+            self._kafka_error(exc, error if isinstance(error, KafkaError) else None)
+            return True
+        return self._unexpected(exc)
 
     def _replace_client(self, keeper: ConsumerKeeper) -> bool:
         """Replace a client that hit a fatal error; False when that keeps happening."""

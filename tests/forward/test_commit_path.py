@@ -758,6 +758,65 @@ def test_a_handover_whose_flush_lost_its_error_is_a_counted_warning_and_sends_ag
     assert committed(rig) == {1: 1}
 
 
+@pytest.mark.parametrize("bare", [False, True])
+def test_a_flush_that_raises_a_bare_fatal_kafka_error_is_taken_as_the_fence_it_is(
+    clock, bare: bool
+):
+    """The same fence raised as confluent-kafka should (a `KafkaException`) and as it
+    did beside CPU hogs (the `KafkaError` itself): the same outcome."""
+    rig = read_on_partition_0(clock, True, 2)
+    real_flush = rig.producer.flush
+    error = KafkaError(KafkaError._FENCED, "fenced by a newer instance", fatal=True)
+    raised: list[bool] = []
+
+    def flush(timeout: float = -1) -> int:
+        if not raised:
+            raised.append(True)
+            if bare:
+                fakes.raise_bare_kafka_error(error)
+            raise KafkaException(error)
+        return real_flush(timeout)
+
+    rig.producer.flush = flush  # type: ignore[method-assign]
+    with pytest.raises(forwarder_module.ForwarderFatalError, match="fenced"):
+        forward(rig, commit=True)
+    assert raised == [True]
+    assert rig.producer.committed_txns == []
+
+
+def test_a_bare_kafka_error_never_ends_the_forwarders_thread():
+    """Raised on the forwarder's own thread, not fatal: counted, survived, and what
+    was due goes out once the next flush works."""
+    from tests.level.fakes import wait_for
+
+    rig = make_level_rig(exactly_once=True, commit_interval_s=0.02)
+    real_flush = rig.producer.flush
+    raised: list[bool] = []
+
+    def flush(timeout: float = -1) -> int:
+        if not raised:
+            raised.append(True)
+            fakes.raise_bare_kafka_error(KafkaError(KafkaError._TRANSPORT, "broker away"))
+        return real_flush(timeout)
+
+    rig.producer.flush = flush  # type: ignore[method-assign]
+    rig.consumer.queue_rebalance("assign", 0)
+    append(rig, 0, 2)
+    rig.forwarder.start()
+    rig.loop.start()
+    try:
+        wait_for(lambda: committed(rig) == {0: 2}, "the records committed after the error")
+        assert rig.forwarder.is_alive()
+    finally:
+        rig.loop.request_stop()
+        rig.loop.join(5.0)
+        rig.forwarder.stop(5.0)
+    assert raised == [True]
+    assert rig.metric("delayservice_loop_errors_total", thread="forwarder") == 1
+    assert forwarded(rig) == ["id-0-0", "id-0-1"]
+    assert rig.fatal == []
+
+
 def test_any_other_system_error_stays_unexpected(clock):
     rig = read_on_partition_0(clock, True, 1)
 

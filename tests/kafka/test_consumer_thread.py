@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from delayservice.kafka import consumer_thread
 from delayservice.kafka.consumer_keeper import REPLACEMENTS_ALLOWED, ConsumerKeeper
 from delayservice.kafka.consumer_thread import ConsumerThread
-from tests.level.fakes import ErrorTopicPartition
+from tests.level.fakes import ErrorTopicPartition, raise_bare_kafka_error
 
 
 class Count:
@@ -125,6 +125,28 @@ def test_a_kafka_error_that_is_not_fatal_is_survived_like_any_other() -> None:
     assert thread.loop_errors.value == 1
     assert thread.hooks == ["recover", "shutdown"]
     assert len(thread.clients) == 1
+
+
+def raising_bare(error: KafkaError) -> Step:
+    def step() -> None:
+        raise_bare_kafka_error(error)
+
+    return step
+
+
+def test_a_bare_kafka_error_is_taken_as_the_kafka_exception_it_should_have_been() -> None:
+    """confluent-kafka can raise the `KafkaError` itself, which matches no `except`
+    naming a class: not fatal, survived; fatal, the client replaced."""
+    fatal: list[str] = []
+    ran = threading.Event()
+    away = KafkaError(KafkaError._TRANSPORT, "broker away")
+    fenced = KafkaError(KafkaError._FATAL, "fenced", fatal=True)
+    thread = run(Scripted([raising_bare(away), raising_bare(fenced), ran.set], fatal))
+    assert ran.is_set()
+    assert thread.loop_errors.value == 1  # the first; the second replaced the client
+    assert len(thread.clients) == 2
+    assert thread.hooks == ["recover", "replaced", "shutdown"]
+    assert fatal == []
 
 
 def test_a_fatal_client_error_replaces_the_client_without_stopping() -> None:

@@ -24,6 +24,7 @@ windows are tested without sleeping.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -142,6 +143,20 @@ def message(
         timestamp=(timestamp_type, timestamp_ms),
         error=error,
     )
+
+
+def raise_bare_kafka_error(error: KafkaError) -> None:
+    """Raise `error` itself, a `KafkaError`, which is not an exception class, the way
+    confluent-kafka 2.16.1's `Producer.flush` did when a takeover fenced its producer
+    beside CPU hogs (a daemon's log: `confluent_kafka.cimpl.KafkaError: KafkaError{FATAL,
+    code=_FENCED,...}` ended the forwarder's thread). `PyErr_Restore` sets any object as
+    the exception, as the client's C code does; ctypes raises it on return. Only a bare
+    `except:` catches it."""
+    kind = ctypes.py_object(type(error))
+    value = ctypes.py_object(error)
+    ctypes.pythonapi.Py_IncRef(kind)  # PyErr_Restore steals both references
+    ctypes.pythonapi.Py_IncRef(value)
+    ctypes.pythonapi.PyErr_Restore(kind, value, None)
 
 
 class ErrorTopicPartition(TopicPartition):
