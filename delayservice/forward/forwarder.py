@@ -68,7 +68,7 @@ from delayservice.kafka.client_errors import (
     fatal_error_in,
     is_fatal,
     lost_client_error,
-    raised_as_exception,
+    raised_by,
 )
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
@@ -378,18 +378,10 @@ class Forwarder:
         except ForwarderFatalError as exc:
             self._on_fatal(str(exc))
             return
-        failed: Exception | None = None
-        try:
-            self._commit_point()
-        except ForwarderFatalError as exc:
-            self._on_fatal(str(exc))
-        except Exception as exc:
-            failed = exc
-        except BaseException:
-            raise
-        except:  # noqa: E722 - a bare KafkaError (`client_errors`)
-            failed = raised_as_exception()
-        if failed is not None:
+        failed = raised_by(self._commit_point)
+        if isinstance(failed, ForwarderFatalError):
+            self._on_fatal(str(failed))
+        elif failed is not None:
             log.error("%s: last commit failed; records will be re-read", self.name, exc_info=failed)
         with self._lock:
             requests, self._requests = self._requests, []
@@ -398,45 +390,26 @@ class Forwarder:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
-            raised: Exception | None = None
-            try:
-                self.step(wait=True)
-            except ForwarderFatalError:
-                raise
-            except SendLaterError as exc:  # the transaction coordinator is not there yet
+            raised = raised_by(lambda: self.step(wait=True))
+            if isinstance(raised, ForwarderFatalError):
+                raise raised
+            if isinstance(raised, SendLaterError):  # the transaction coordinator is not there yet
                 if self._throttle.allow("later") is not None:
-                    log.warning("%s: %s; trying again", self.name, exc)
+                    log.warning("%s: %s; trying again", self.name, raised)
                 self._stopping.wait(0.5)
-            except Exception as exc:
-                raised = exc
-            except BaseException:
-                raise
-            except:  # noqa: E722 - never ends the thread (`client_errors`)
-                raised = raised_as_exception()
-            if raised is not None:
-                self._survive(raised)
-
-    def _survive(self, exc: Exception) -> None:
-        self._m_loop_errors.inc()
-        log.error("forwarder %s: unexpected error; continuing", self.name, exc_info=exc)
-        self._stopping.wait(0.5)
+            elif raised is not None:
+                self._m_loop_errors.inc()
+                log.error("forwarder %s: unexpected error; continuing", self.name, exc_info=raised)
+                self._stopping.wait(0.5)
 
     def step(self, *, wait: bool = False, commit: bool = False) -> None:
         """One pass of the loop: sleep until something is due (`wait`), send what is due,
         and reach a commit point when one is due (or when `commit`, for tests). A
         producer that failed for good is replaced here (`rebuild_producer`)."""
-        raised: Exception | None = None
-        try:
-            self._step(wait=wait, commit=commit)
-        except ForwarderFatalError as exc:
-            self.rebuild_producer(exc)
-        except Exception as exc:
-            raised = exc
-        except BaseException:
-            raise
-        except:  # noqa: E722 - a bare KafkaError (`client_errors`), handled below
-            raised = raised_as_exception()
-        if raised is not None:
+        raised = raised_by(lambda: self._step(wait=wait, commit=commit))
+        if isinstance(raised, ForwarderFatalError):
+            self.rebuild_producer(raised)
+        elif raised is not None:
             self._step_failed(raised)
 
     def _step_failed(self, exc: Exception) -> None:
@@ -548,23 +521,18 @@ class Forwarder:
 
     def _hand_over(self, request: _Request) -> None:
         """`_serve`'s commit or drop; a bare `KafkaError` comes out as the exception
-        it should have been (`client_errors`), fatal as `ForwarderFatalError`."""
+        it should have been (`client_errors.raised_by`), handled as that would be."""
         gone = request.partitions
-        raised: Exception | None = None
-        try:
+
+        def commit_or_drop() -> None:
             if request.commit:
                 request.ok = self._commit_point()
             else:
                 self._abandon(gone)
                 request.ok = True
-        except BaseException:
-            raise
-        except:  # noqa: E722
-            raised = raised_as_exception()
+
+        raised = raised_by(commit_or_drop)
         if raised is not None:
-            error = fatal_error_in(raised)
-            if error is not None:
-                raise producer_failed(error, f"{self.name}: handing over")
             raise raised
         committed = self.interval.committed
         request.offsets = {tp: o for tp, o in committed.items() if tp in gone}

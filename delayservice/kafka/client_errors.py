@@ -11,15 +11,16 @@ Two shapes are broken. A call can fail having lost its exception (`lost_client_e
 and a call can leave a bare `KafkaError`, which is not an exception class, set as the
 exception itself (confluent-kafka 2.16.1's `flush` at a fence, beside CPU hogs: it
 went through every `except Exception` and ended the forwarder's thread). No `except`
-naming a class matches that one, so the loops that must never stop also end with a
-bare `except:` that takes it as the `KafkaException` it should have been
-(`raised_as_exception`), handled once out of the `except` block: raising inside it
-would chain the new exception to an object that is not one.
+naming a class matches that one, so the loops that must never stop run their calls
+through `raised_by`, whose bare `except:` takes it as the `KafkaException` it should
+have been (`raised_as_exception`), and handle what it returns out of any `except`
+block: raising inside one would chain the new exception to an object that is not one.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -84,3 +85,17 @@ def raised_as_exception() -> Exception:
     if isinstance(value, Exception):
         return value
     return RuntimeError(f"a client call raised {value!r}, which is not an exception")
+
+
+def raised_by(call: Callable[[], object]) -> Exception | None:
+    """Run `call`; what it raised, as an exception, or None. `KeyboardInterrupt` and
+    the like pass through."""
+    try:
+        call()
+    except Exception as exc:
+        return exc
+    except BaseException:
+        raise
+    except:  # noqa: E722 - a bare KafkaError (see the module's docstring)
+        return raised_as_exception()
+    return None

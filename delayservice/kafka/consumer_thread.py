@@ -19,7 +19,7 @@ from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from delayservice.kafka.client_errors import is_fatal, raised_as_exception
+from delayservice.kafka.client_errors import is_fatal, raised_by
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.log_throttle import Throttle
 
@@ -129,20 +129,20 @@ class ConsumerThread(ABC):
             log.exception("%s: shutdown failed; uncommitted records will be re-read", self._label)
 
     def _loop(self, keeper: ConsumerKeeper) -> None:
+        going: list[bool] = []  # what the last turn returned
         while not self._stopping.is_set():
-            raised: Exception | None = None
-            try:
-                if keeper.failed is not None and not self._replace_client(keeper):
-                    return  # the daemon is stopping (`on_fatal`)
-                self._iteration()
-            except Exception as exc:
-                raised = exc
-            except BaseException:
-                raise
-            except:  # noqa: E722 - a bare KafkaError (`client_errors`), handled below
-                raised = raised_as_exception()
-            if raised is not None and not self._failed(keeper, raised):
+            going.clear()
+            raised = raised_by(lambda: going.append(self._turn(keeper)))
+            if going == [False] or (raised is not None and not self._failed(keeper, raised)):
                 return
+
+    def _turn(self, keeper: ConsumerKeeper) -> bool:
+        """One iteration; False when the client could not be replaced (`on_fatal`: the
+        daemon is stopping)."""
+        if keeper.failed is not None and not self._replace_client(keeper):
+            return False
+        self._iteration()
+        return True
 
     def _failed(self, keeper: ConsumerKeeper, exc: Exception) -> bool:
         """An iteration that raised; False stops the loop."""

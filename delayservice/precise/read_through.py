@@ -30,6 +30,7 @@ from typing import Any, Final
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
+from delayservice.kafka.client_errors import raised_by
 from delayservice.log_throttle import Throttle
 from delayservice.timers.base import Clock
 
@@ -137,9 +138,8 @@ class ReadThroughRounds:
         """Called by the intake after each batch is handled: `reading`, the partitions it
         reads; `read_to`, per partition, the offset it has read (and handled) up to, -1
         when unknown. Never raises: a failed round is asked again."""
-        try:
-            self._step(frozenset(reading), read_to)
-        except Exception as exc:  # a broker away, a client refusing: the gate just waits
+        exc = raised_by(lambda: self._step(frozenset(reading), read_to))
+        if exc is not None:  # a broker away, a client refusing: the gate just waits
             self._round = None
             self._known = frozenset()  # read the metadata again before the next round
             now = time.monotonic()
