@@ -626,7 +626,7 @@ class Forwarder:
         if self.transactional and not self._txn.open:
             try:
                 self._txn.begin()
-            except BaseException:
+            except:  # a bare KafkaError too (kafka.client_errors)
                 for tp, records in runs:  # taken, never sent: back where they were
                     self.group.put_back(tp, records)
                 raise
@@ -634,7 +634,7 @@ class Forwarder:
             interval.took(tp)
             try:
                 sent = self.sender.send_run(tp, taken)
-            except BaseException:
+            except:  # a bare KafkaError too (kafka.client_errors)
                 self._unsent(runs[index:])
                 raise
             records = taken

@@ -45,7 +45,7 @@ from delayservice.forward.failures import (
 from delayservice.forward.held_record import HeldView, record_of
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
-from delayservice.kafka.client_errors import error_of, is_fatal
+from delayservice.kafka.client_errors import error_of, is_fatal, raised_by
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level, LevelSet, format_duration_ms
@@ -183,25 +183,30 @@ class RecordSender:
 
     def poll(self, timeout: float) -> None:
         """Serve the producer's callbacks. A fatal error comes out of here: confluent-kafka
-        raises the fatal error event from the poll that serves it, once."""
-        try:
-            self._producer.poll(timeout)
-        except KafkaException as exc:
-            raise self._unusable(exc, "poll") from exc
+        raises the fatal error event from the poll that serves it, once. A bare
+        `KafkaError` comes out as the `KafkaException` it should have been, so that the
+        callers' clean-ups (`except:` blocks that give back what was taken) see one."""
+        failed = raised_by(lambda: self._producer.poll(timeout))
+        if failed is not None:
+            raise self._unusable(failed, "poll")
 
     def flush(self, timeout: float) -> int:
         """`Producer.flush`: how many forwards are still unacknowledged; a fatal error
         raised while it served the callbacks comes out as `ForwarderFatalError`."""
-        try:
-            return int(self._producer.flush(timeout))
-        except KafkaException as exc:
-            raise self._unusable(exc, "flush") from exc
+        left: list[int] = []
+        failed = raised_by(lambda: left.append(int(self._producer.flush(timeout))))
+        if failed is not None:
+            raise self._unusable(failed, "flush")
+        return left[0]
 
-    def _unusable(self, exc: KafkaException, what: str) -> Exception:
-        """`exc` as `ForwarderFatalError` when it says the producer is unusable."""
+    def _unusable(self, exc: Exception, what: str) -> Exception:
+        """`exc` as `ForwarderFatalError` (caused by it) when it says the producer is
+        unusable."""
         error = error_of(exc)
         if error is not None and is_fatal(error):
-            return producer_failed(error, f"{self._worker}: {what}")
+            failure = producer_failed(error, f"{self._worker}: {what}")
+            failure.__cause__ = exc
+            return failure
         return exc
 
     def forget_target(self, topic: str) -> None:

@@ -29,7 +29,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delayservice.forward.buffer import TP
 from delayservice.forward.sender import ForwarderFatalError, SendLaterError, producer_failed
-from delayservice.kafka.client_errors import error_of, is_fatal
+from delayservice.kafka.client_errors import error_of, is_fatal, raised_as_exception
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class Transaction:
                 outcome.append((True, call()))
             except BaseException as exc:  # handed to the caller's thread
                 outcome.append((False, exc))
+            except:  # noqa: E722 - a bare KafkaError (kafka.client_errors)
+                outcome.append((False, raised_as_exception()))
 
         helper = threading.Thread(target=run, name=f"{what}-{self.name}", daemon=True)
         helper.start()

@@ -223,7 +223,7 @@ class MarkerReader:
             since = min([start, *(ms for ms in wanted if ms is not None)])
             self._gate.start(since)
             consumer.assign(self._starts(consumer, since))
-        except BaseException:
+        except:  # a bare KafkaError too (kafka.client_errors)
             consumer.close()
             raise
         log.info(

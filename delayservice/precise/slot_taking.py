@@ -130,7 +130,7 @@ class SlotTaking(WheelState):
             return first
         try:
             wait = takeover.ready()
-        except BaseException:
+        except:  # a bare KafkaError too (kafka.client_errors)
             self._hold_copies(first, NOT_READY_RETRY_S)
             raise
         if wait > 0:

@@ -140,7 +140,7 @@ class ReplyWatch:
         self._consumer = _consumer(client)
         try:
             self._start = _ends(self._consumer, outcomes_topic, timeout)
-        except BaseException:
+        except:  # a bare KafkaError too (kafka.client_errors)
             self._consumer.close()
             raise
 

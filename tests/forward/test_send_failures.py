@@ -10,6 +10,7 @@ can change what the next produce() gets.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import pytest
@@ -17,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.forward import forwarder as forwarder_module
 from tests.forward.test_commit_path import GUARANTEES, committed, rig_for, run
+from tests.level import fakes
 from tests.level.fakes import (
     LEVEL_TOPIC,
     TARGET,
@@ -292,3 +294,48 @@ def test_a_fence_that_keeps_coming_stops_the_forwarder_with_a_hint(clock: FakeCl
     with pytest.raises(forwarder_module.ForwarderFatalError, match="same instance_name"):
         keep_going()
     assert len(rig.forwarder._rebuilds) == forwarder_module.REBUILDS
+
+
+@pytest.mark.parametrize(("exactly_once", "fatal"), [(False, False), (True, False), (False, True)])
+def test_a_bare_kafka_error_from_the_poll_of_a_queue_full_wait_loses_nothing(
+    clock: FakeClock, exactly_once: bool, fatal: bool
+) -> None:
+    """confluent-kafka can leave the `KafkaError` itself as the exception (see
+    `kafka.client_errors`); `except BaseException` does not match it. Raised by the
+    poll of a queue-full wait, it must still give back the records the pass took:
+    none may be committed past without being forwarded."""
+    rig = rig_for(clock, exactly_once, backoff=(0.2, 1.0))
+    rig.consumer.queue_rebalance("assign", 0)
+    code = KafkaError._FENCED if fatal else KafkaError._TRANSPORT
+    error = KafkaError(code, "raised as it is", fatal=fatal)
+    real_poll = rig.producer.poll
+    raised: list[bool] = []
+    waiting = {"on": False}
+
+    def poll(timeout: float = 0) -> int:
+        if waiting["on"] and not raised:
+            raised.append(True)
+            fakes.raise_bare_kafka_error(error)
+        return real_poll(timeout)
+
+    def full_once(sent: Sent) -> None:
+        if sent.delay_id == "id-0-2" and not raised:
+            waiting["on"] = True
+            raise BufferError("Local: Queue full")
+
+    rig.producer.poll = poll  # type: ignore[method-assign]
+    rig.producer.on_produce = full_once
+    replacements = replaced_by_fresh_producers(rig, clock) if fatal else []
+    append(rig, 0, RECORDS)
+    for _ in range(6):
+        with contextlib.suppress(KafkaException):  # what the real loop reports and survives
+            run(rig, clock, 1.0)
+    assert raised == [True], "the scenario never raised from the wait's poll"
+    producers = [rig.producer, *replacements]
+    seen = [s.delay_id for p in producers for s in p.visible(TARGET)]
+    missing = sorted({f"id-0-{n}" for n in range(RECORDS)} - set(seen))
+    assert missing == [], f"taken, then neither forwarded nor given back: {missing}"
+    if exactly_once:
+        assert committed(rig) == {0: RECORDS}
+    else:
+        assert rig.consumer.committed_offsets == {0: RECORDS}

@@ -11,11 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError
 
+from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.log_levels import ExpectedFences
 from delayservice.precise.delivery_log import decode_sent_record, sent_key
+from delayservice.precise.slot_taking import NOT_READY_RETRY_S
 from delayservice.precise.takeover import CATCH_UP_WAIT_S
-from tests.level.fakes import TARGET, FakeClock, wait_for
+from tests.level.fakes import TARGET, FakeClock, raise_bare_kafka_error, wait_for
 from tests.precise.eos_rig import delivered_ids, sent_records
 from tests.precise.takeover_rig import TAKEOVER_S, Holder, hold_both, transactional_id
 from tests.precise.txn_fakes import FakeCoordinator, FencingProducer
@@ -217,3 +220,42 @@ def test_both_holders_log_librdkafkas_fence_lines_as_warnings(
     frozen_owner_taken_over(owner, replica, clock)
     producers = owner.producers_of(0) + replica.producers_of(0)
     assert {type(p.config["logger"]) for p in producers} == {ExpectedFences}
+
+
+def test_a_bare_kafka_error_from_the_takeovers_init_keeps_the_copies_it_took(
+    pair: tuple[Holder, Holder],
+    coordinator: FakeCoordinator,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The replica's first init under the owner's id leaves the `KafkaError` itself as
+    the exception, which `except BaseException` does not match (`kafka.client_errors`):
+    the copies it took for the takeover are held again, not dropped, and go out once
+    the next init works."""
+    owner, replica = pair
+    real_init = FencingProducer.init_transactions
+    armed: list[bool] = []
+
+    def init_transactions(self: FencingProducer, timeout: float = -1) -> None:
+        if armed == [True]:
+            armed.append(False)
+            raise_bare_kafka_error(
+                KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE, "raised as it is", retriable=True)
+            )
+        real_init(self, timeout)
+
+    monkeypatch.setattr(FencingProducer, "init_transactions", init_transactions)
+    now = clock.ms()
+    hold_both([owner, replica], range(3), now + 1000)
+    clock.advance(TAKEOVER_S + 1.5)  # the owner never forwards: its copies come due
+    replica.load()
+    armed.append(True)
+    with pytest.raises(SendLaterError, match="raised as it is"):
+        replica.takeover_forwarder.step(commit=True)
+    assert armed == [True, False], "the scenario never raised from the init"
+    for _ in range(3):
+        clock.advance(NOT_READY_RETRY_S + 0.1)
+        replica.load()
+        replica.takeover_forwarder.step(commit=True)
+    assert delivered_ids(coordinator) == once_each(coordinator, range(3))
+    assert replica.fatal == []
