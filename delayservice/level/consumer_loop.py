@@ -43,6 +43,7 @@ from confluent_kafka import (
 from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.broker_clock import BrokerClock
+from delayservice.kafka.client_errors import fatal_error_in
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, MakeConsumer, unread_records
 from delayservice.kafka.consumer_thread import ConsumerThread
@@ -238,8 +239,8 @@ class ConsumerLoop(ConsumerThread):
             rewind[tp] = min(offset, rewind.get(tp, offset))
 
     def _iteration(self) -> None:
-        if self._forwarder.reseek_wanted():
-            self._reseek()
+        if self._forwarder.reseek_wanted() and not self._reseek():
+            return
         self._in_hand = messages = self._next_messages()
         self._admitted.clear()
         if self._to_resume_on_assign:
@@ -468,8 +469,9 @@ class ConsumerLoop(ConsumerThread):
     def _start_offsets(
         self, consumer: ConsumerClient, partitions: list[TopicPartition]
     ) -> list[TopicPartition] | None:
-        """Where each newly assigned partition starts, fetched here and handed to the
-        client explicitly, never left to the client's own fetch.
+        """Where each partition starts, whenever it starts: newly assigned (by a
+        rebalance, or to a consumer that replaced a fatal one) or read again (`_reseek`).
+        Fetched here and handed to the client explicitly, never left to its own fetch.
 
         A member killed mid-commit leaves its transaction open, and with it the offsets
         it sent: until the broker aborts it (the transaction timeout), the committed
@@ -480,7 +482,8 @@ class ConsumerLoop(ConsumerThread):
         for a read_committed reader). `committed()` waits for the same answer and
         either gives it or times out, so this asks until it answers. A partition the
         other worker layout's group got further in starts there (`fallback`), waiting
-        the same way. None: stopping."""
+        the same way. None: stopping, or the client went fatal (it is replaced at the
+        next turn, and its successor's assignment starts by this same rule)."""
         if not partitions:
             return []
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
@@ -499,6 +502,10 @@ class ConsumerLoop(ConsumerThread):
                     reason = "the other worker layout's group holds unstable offsets"
             except KafkaException as exc:
                 reason = str(exc.args[0].str() if exc.args else exc)
+                fatal = fatal_error_in(exc)
+                if fatal is not None:
+                    self.keeper.fail(fatal.str())
+                    return None
             except Exception as exc:  # never leave the callback without the assignment
                 reason = repr(exc)
                 self._m_loop_errors.inc()
@@ -617,31 +624,32 @@ class ConsumerLoop(ConsumerThread):
         # or seek() waiting on a frozen broker would hold the rebalance with it.
         return durable
 
-    def _reseek(self) -> None:
+    def _reseek(self) -> bool:
         """The forwarder dropped what it held (an unknown transaction outcome, a group
         error): every owned partition's queue is emptied and the partition is read again
-        from its committed offset, which says what that transaction did. Done here, on
-        the one thread that admits records, so nothing read before the seek is queued
-        after it. A failure leaves the request in place for the next iteration."""
+        from where an assignment would start it (`_start_offsets`: its committed offset,
+        which says what that transaction did, or the other worker layout's when that is
+        later; a partition idle since a change of layout has no commit in this group).
+        Done here, on the one thread that admits records, so nothing read before the
+        seek is queued after it. False: not done (stopping, or the client went fatal),
+        the request left in place and nothing read until it is."""
         owned = sorted(self.owned_partitions)
         if owned:
-            asked = [TopicPartition(*tp) for tp in owned]
-            committed = self._consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
-            for tp in committed:
-                if tp.error is not None:
-                    raise KafkaException(tp.error)
+            start = self._start_offsets(self._consumer, [TopicPartition(*tp) for tp in owned])
+            if start is None:
+                return False
             self._group.drop(set(owned))
-            for tp in committed:
+            for tp in start:
                 self._group.assign(tp_of(tp))
                 self._rewind.pop(tp_of(tp), None)
-                offset = tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
-                self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+                self._consumer.seek(tp)
             log.info(
-                "%s: reading %s again from the committed offsets",
+                "%s: reading %s again from their start offsets",
                 self.name,
-                ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in committed),
+                ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in start),
             )
         self._forwarder.reseek_done()
+        return True
 
     # -- commits and gauges --------------------------------------------------------
     def _commit(self, *, asynchronous: bool) -> None:

@@ -17,7 +17,10 @@ path by which the forwarder used to break it:
 6. a new owner left its start to librdkafka's own fetch of the committed offsets, which
    could start the partition from the beginning when a rebalance came in while a dead
    member's open transaction kept those offsets unstable (the 67 duplicates of group
-   churn: one partition forwarded again from offset 0).
+   churn: one partition forwarded again from offset 0); and a re-seek after a failed
+   transaction started each partition at this group's committed offset alone, not by
+   the start's rule, so a partition idle since a change of worker layout went back to
+   its beginning (issue 47).
 """
 
 from __future__ import annotations
@@ -392,3 +395,80 @@ def test_6_a_fallback_that_raises_is_asked_again_and_the_partitions_are_still_as
     assert calls["n"] == 2
     assert rig.loop.owned() == [0]
     assert seen(rig.producer) == ["id-0-0", "id-0-1"]
+
+
+def group_error_at_commit(rig: LevelRig, _second: FakeProducer) -> None:
+    rig.producer.send_offsets_raises = KafkaException(
+        KafkaError(KafkaError.ILLEGAL_GENERATION, "generation", txn_requires_abort=True)
+    )
+    forward(rig, commit=True)
+    rig.producer.send_offsets_raises = None
+
+
+def unknown_outcome_at_commit(rig: LevelRig, second: FakeProducer) -> None:
+    rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
+    forward(rig, commit=True)
+    assert rig.forwarder._producer is second  # rebuilt
+
+
+@pytest.mark.parametrize("reset", [group_error_at_commit, unknown_outcome_at_commit])
+def test_6_a_re_seek_starts_where_a_start_would_the_other_layouts_offset_included(clock, reset):
+    """Issue 47, finding 2: after a change of worker layout a partition whose progress
+    is only in the other layout's group (idle since, so never committed in this one)
+    was sought back to its beginning by a re-seek, and every record the old layout had
+    forwarded went out again. A re-seek starts each partition by the start's rule."""
+    rig, second = exactly_once_rig(clock)
+    asked: list[list[tuple[str, int]]] = []
+
+    def other_layout(tps: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        asked.append(tps)
+        return {tp: 5 for tp in tps if tp == (LEVEL_TOPIC, 0)}
+
+    rig.loop._fallback = other_layout
+    append(rig, 0, 5)  # forwarded and committed by the other layout's group
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    run(rig)
+    assert rig.consumer.explicit_starts == [(0, 5), (1, OFFSET_BEGINNING)]
+    append(rig, 1, 2)
+    step(rig)
+    reset(rig, second)
+    assert rig.forwarder.reseek_wanted()
+    run(rig)
+    assert not rig.forwarder.reseek_wanted()
+    assert seen(rig.producer, second) == ["id-1-0", "id-1-1"]  # nothing of 0-4 again
+    assert (0, 5) in rig.consumer.seeks
+    assert len(asked) == 2  # at the assignment and at the re-seek
+    assert violations(rig.producer, second) == []
+
+
+def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(clock, monkeypatch):
+    """The start rule's wait asks again on every error but a fatal one: the client is
+    marked failed and nothing more is read from it; the consumer that replaces it starts
+    each partition by the same rule, the other layout's offset included."""
+    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    rig, second = exactly_once_rig(clock)
+    rig.loop._fallback = lambda tps: {tp: 5 for tp in tps if tp == (LEVEL_TOPIC, 0)}
+    append(rig, 0, 5)  # forwarded and committed by the other layout's group
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    run(rig)
+    append(rig, 1, 2)
+    step(rig)
+    group_error_at_commit(rig, second)
+    assert rig.forwarder.reseek_wanted()
+    answer = rig.consumer.committed
+
+    def fenced(partitions: list[object], timeout: float = -1) -> object:
+        monkeypatch.setattr(rig.consumer, "committed", answer)  # once
+        raise KafkaException(KafkaError(KafkaError._FATAL, "Static consumer fenced", fatal=True))
+
+    monkeypatch.setattr(rig.consumer, "committed", fenced)
+    reads = rig.consumer.consume_calls
+    step(rig)
+    assert "fenced" in (rig.loop.keeper.failed or "")
+    assert rig.consumer.consume_calls == reads  # nothing read from a client gone fatal
+    assert rig.loop._replace_client(rig.loop.keeper)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    run(rig)
+    assert seen(rig.producer, second) == ["id-1-0", "id-1-1"]
+    assert rig.consumer.explicit_starts[-2:] == [(0, 5), (1, OFFSET_BEGINNING)]
+    assert violations(rig.producer, second) == []
