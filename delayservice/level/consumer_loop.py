@@ -24,6 +24,7 @@ survived, from the first record it had not admitted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -43,7 +44,7 @@ from confluent_kafka import (
 from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.broker_clock import BrokerClock
-from delayservice.kafka.client_errors import fatal_error_in
+from delayservice.kafka.client_errors import fatal_error_in, raised_by
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, MakeConsumer, unread_records
 from delayservice.kafka.consumer_thread import ConsumerThread
@@ -443,11 +444,10 @@ class ConsumerLoop(ConsumerThread):
         def run(consumer: Any, partitions: list[TopicPartition]) -> None:
             if not current():
                 return
-            try:
-                callback(consumer, partitions)
-            except Exception:
+            failed = raised_by(lambda: callback(consumer, partitions))  # a bare KafkaError too
+            if failed is not None:
                 self._m_loop_errors.inc()
-                log.exception("%s: rebalance callback failed", self.name)
+                log.error("%s: rebalance callback failed", self.name, exc_info=failed)
 
         return run
 
@@ -465,6 +465,27 @@ class ConsumerLoop(ConsumerThread):
         self.unassigned_since = None
         self.first_assignment.set()
         log.info("%s: assigned %s", self.name, _named(map(tp_of, partitions)))
+
+    def _try_start(
+        self, consumer: ConsumerClient, asked: list[TopicPartition]
+    ) -> tuple[list[TopicPartition] | None, str]:
+        """One ask of `_start_offsets`: the start, or None and why not yet."""
+        committed = consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
+        failed = [tp for tp in committed if tp.error is not None]
+        if failed:
+            return None, failed[0].error.str() if failed[0].error is not None else "?"
+        start = self._with_fallback(committed)
+        if start is None:
+            return None, "the other worker layout's group holds unstable offsets"
+        return start, ""
+
+    def _ask_start(
+        self,
+        consumer: ConsumerClient,
+        asked: list[TopicPartition],
+        into: list[tuple[list[TopicPartition] | None, str]],
+    ) -> None:
+        into.append(self._try_start(consumer, asked))
 
     def _start_offsets(
         self, consumer: ConsumerClient, partitions: list[TopicPartition]
@@ -489,27 +510,22 @@ class ConsumerLoop(ConsumerThread):
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
         since = time.monotonic()
         while True:
-            reason = "?"
-            try:
-                committed = consumer.committed(asked, timeout=COMMITTED_TIMEOUT_S)
-                failed = [tp for tp in committed if tp.error is not None]
-                if failed:
-                    reason = failed[0].error.str() if failed[0].error is not None else "?"
-                else:
-                    start = self._with_fallback(committed)
-                    if start is not None:
-                        break
-                    reason = "the other worker layout's group holds unstable offsets"
-            except KafkaException as exc:
-                reason = str(exc.args[0].str() if exc.args else exc)
-                fatal = fatal_error_in(exc)
+            answer: list[tuple[list[TopicPartition] | None, str]] = []
+            raised = raised_by(functools.partial(self._ask_start, consumer, asked, answer))
+            if answer and answer[0][0] is not None:
+                start = answer[0][0]
+                break
+            reason = answer[0][1] if answer else "?"
+            if isinstance(raised, KafkaException):  # a bare KafkaError comes as one too
+                reason = str(raised.args[0].str() if raised.args else raised)
+                fatal = fatal_error_in(raised)
                 if fatal is not None:
                     self.keeper.fail(fatal.str())
                     return None
-            except Exception as exc:  # never leave the callback without the assignment
-                reason = repr(exc)
+            elif raised is not None:  # never leave the callback without the assignment
+                reason = repr(raised)
                 self._m_loop_errors.inc()
-                log.exception("%s: fetching the start offsets failed", self.name)
+                log.error("%s: fetching the start offsets failed", self.name, exc_info=raised)
             if self._stopping.is_set():
                 return None
             log.log(

@@ -472,3 +472,28 @@ def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(
     assert seen(rig.producer, second) == ["id-1-0", "id-1-1"]
     assert rig.consumer.explicit_starts[-2:] == [(0, 5), (1, OFFSET_BEGINNING)]
     assert violations(rig.producer, second) == []
+
+
+def test_6_a_bare_kafka_error_while_fetching_the_start_asks_again(clock, monkeypatch):
+    """`committed()` leaves the `KafkaError` itself as the exception once (see
+    `kafka.client_errors`), inside the assign callback: the start is asked for again,
+    and the partition is assigned and read, not left out of the assignment."""
+    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    rig, second = exactly_once_rig(clock)
+    answer = rig.consumer.committed
+    raised: list[bool] = []
+
+    def bare_once(partitions: list[object], timeout: float = -1) -> object:
+        if not raised:
+            raised.append(True)
+            fakes.raise_bare_kafka_error(KafkaError(KafkaError._TRANSPORT, "raised as it is"))
+        return answer(partitions, timeout)
+
+    monkeypatch.setattr(rig.consumer, "committed", bare_once)
+    append(rig, 0, 3)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert raised == [True]
+    assert rig.consumer.explicit_starts[-1:] == [(0, OFFSET_BEGINNING)]
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
+    assert violations(rig.producer, second) == []
