@@ -30,7 +30,13 @@ from pydantic_settings import (
 )
 
 from delayservice.errors import ConfigError
-from delayservice.levels import DEFAULT_LEVELS, DEFAULT_TOPIC_PREFIX, LevelSet, parse_duration_ms
+from delayservice.levels import (
+    DEFAULT_LEVELS,
+    DEFAULT_TOPIC_PREFIX,
+    LevelSet,
+    format_duration_ms,
+    parse_duration_ms,
+)
 from delayservice.topic_names import invalid_reason
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,10 @@ _NOT_SETTINGS_EXACT = frozenset(
 
 MiB = 1024 * 1024
 MAX_INSTANCE_ID = 249
+_NUMBER = re.compile(r"-?\d+(\.\d+)?")
+MAX_CANCEL_LEAD_MS = 60_000
+"""A longer lead would let a reader a minute behind forward; past that, a stall is an
+outage (the read-behind alerts fire at 30 s)."""
 _LEGAL_ID = re.compile(r"[a-zA-Z0-9._-]+")
 REDACTED = "<redacted>"
 _SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "ssl.key", "credentials")
@@ -113,6 +123,13 @@ class Settings(BaseSettings):
         "delay_markers",
         description="Where cancel and reschedule markers of level messages go; the daemon "
         "answers each on MARKERS_TOPIC_outcomes.",
+    )
+    cancel_lead: str = Field(
+        "1s",
+        description="A cancel or reschedule the broker acknowledged at least this long before "
+        "its message's due time is always honoured; closer, if the daemon read it before it "
+        "forwarded the message. 0s honours every one acknowledged before the due time, at the "
+        "cost of a marker read on each level record's path (docs/cancel-and-reschedule.md).",
     )
     group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
     partitions: int = Field(
@@ -334,6 +351,32 @@ class Settings(BaseSettings):
             raise ConfigError(name, "must be longer than 0")
         return value
 
+    @field_validator("cancel_lead", mode="before")
+    @classmethod
+    def _lead_in_seconds(cls, value: object) -> object:
+        """A bare number is seconds, as the SDK reads delays (`cancel_lead = 0`)."""
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ConfigError("cancel_lead", f"{value!r} is not a duration like 1s or 250ms")
+        if isinstance(value, int | float) or _NUMBER.fullmatch(value):
+            seconds = float(value)
+            if seconds < 0:
+                raise ConfigError("cancel_lead", "must not be negative")
+            return format_duration_ms(round(seconds * 1000))
+        return value
+
+    @field_validator("cancel_lead")
+    @classmethod
+    def _lead_parses(cls, value: str) -> str:
+        try:
+            lead_ms = parse_duration_ms(value)
+        except ValueError as exc:
+            raise ConfigError("cancel_lead", str(exc)) from None
+        if lead_ms > MAX_CANCEL_LEAD_MS:
+            raise ConfigError(
+                "cancel_lead", f"{value} is longer than {format_duration_ms(MAX_CANCEL_LEAD_MS)}"
+            )
+        return value
+
     @model_validator(mode="after")
     def _scheduler_deprecated(self) -> Settings:
         """Accepted so that old configuration still starts, but said out loud: an operator
@@ -449,6 +492,10 @@ class Settings(BaseSettings):
     @property
     def max_delay_ms(self) -> int:
         return parse_duration_ms(self.max_delay)
+
+    @property
+    def cancel_lead_ms(self) -> int:
+        return parse_duration_ms(self.cancel_lead)
 
     @property
     def precise_done_topic(self) -> str:

@@ -106,8 +106,14 @@ class WorkerMarkers:
         now_ms: Callable[[], int],
         *,
         transactional: bool = False,
+        cancel_lead_ms: int = 0,
     ) -> None:
+        """`cancel_lead_ms`: a record due at D may go once every marker appended before
+        D less this was read (`Settings.cancel_lead`): the reader's passes, which run
+        every `IDLE_PASS_S` anyway, are then ahead of the due times, and a record does
+        not wait on one in steady operation."""
         self.worker = worker
+        self._lead_ms = cancel_lead_ms
         self._transactional = transactional
         self.book = book
         self.gate = gate
@@ -140,10 +146,12 @@ class WorkerMarkers:
 
     # -- the partition group's side ----------------------------------------------------
     def through_ms(self) -> int:
-        return self.gate.through_ms
+        """Records due up to this may be taken (negative: none may, the gate is shut)."""
+        through = self.gate.through_ms
+        return through if through < 0 else through + self._lead_ms
 
     def want(self, group: int, due_ms: int, wake: Callable[[], None]) -> None:
-        self.gate.want(group, due_ms, wake)
+        self.gate.want(group, due_ms - self._lead_ms, wake)
 
     def need(self, tp: TP, appended_ms: int) -> None:
         self.gate.need(tp, appended_ms)

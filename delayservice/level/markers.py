@@ -55,6 +55,7 @@ class LevelMarkers:
             self._metrics,
             self._now_ms,
             transactional=transactional,
+            cancel_lead_ms=self.settings.cancel_lead_ms,
         )
         self._workers.append(side)
         return side

@@ -275,7 +275,7 @@ class PreciseWorker:
             copies_log.others_read = self.progress.wait_read_past
             takeover = Takeover(copies_log)
         self.copies_log = copies_log
-        self.read_through = ReadThrough()
+        self.read_through = ReadThrough(settings.cancel_lead_ms / 1000)
         """How far the intake has read: what the wheel may hand the forwarders."""
         self.wheel = Wheel(
             self.store,

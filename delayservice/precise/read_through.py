@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 LEAD_S: Final = 1.0
 """How long before its due time a cancel must be acknowledged to be honoured whatever
-the daemon was doing. Above the intake's idle poll (0.2 s) plus a round of asking, with
-room for a loaded host."""
+the daemon was doing: `Settings.cancel_lead`, whose default this is. Above the intake's
+idle poll (0.2 s) plus a round of asking, with room for a loaded host."""
 ASK_EVERY_S: Final = 0.05
 """At most one round per this long: a round is a request per end, kept small."""
 ASK_TIMEOUT_S: Final = 10.0

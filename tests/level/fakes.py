@@ -991,6 +991,7 @@ def make_level_rig(
     hold_back: bool = False,
     levels: tuple[Level, ...] = (LEVEL,),
     markers: bool = False,
+    cancel_lead_ms: int = 0,
 ) -> LevelRig:
     """The level worker of `LevelWorker` on fakes. With a clock, everything runs on it.
     `hold_back`: due times are met by a `BrokerClock` over it, as in the daemon (left out
@@ -1031,6 +1032,7 @@ def make_level_rig(
             metrics,
             lambda: int(due_clock.time() * 1000),
             transactional=exactly_once,
+            cancel_lead_ms=cancel_lead_ms,
         )
     group = PartitionGroup(
         [(lv.topic, lv.delay_ms, LEVELS.previous_delay_ms(lv)) for lv in levels],

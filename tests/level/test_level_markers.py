@@ -40,8 +40,12 @@ GUARANTEES = [False, True]
 MARKERS = "delay_markers"
 
 
-def rig_for(clock: FakeClock, exactly_once: bool) -> LevelRig:
-    rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once, markers=True))
+def rig_for(clock: FakeClock, exactly_once: bool, cancel_lead_ms: int = 0) -> LevelRig:
+    rig = subscribed(
+        make_level_rig(
+            clock=clock, exactly_once=exactly_once, markers=True, cancel_lead_ms=cancel_lead_ms
+        )
+    )
     rig.consumer.queue_rebalance("assign", 0, 1, 2)
     step(rig)
     return rig
@@ -114,6 +118,36 @@ def test_nothing_due_after_the_markers_read_is_forwarded(clock, exactly_once):
     read_through(rig)
     cycle(rig)
     assert delivered(rig) == [mid]
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_with_a_lead_a_record_waits_only_for_the_markers_before_its_due_time_less_it(
+    clock, exactly_once
+):
+    """`cancel_lead`: a record due at D goes once every marker appended before D less
+    the lead was read, so the reader's passes, ahead of the due times, never hold it. A
+    cancel appended before that is honoured; one after it, if read before the forward."""
+    rig = rig_for(clock, exactly_once, cancel_lead_ms=1_000)
+    now = clock.ms()
+    due = now - 100
+    early = send(rig, 0, 0, due - LEVEL.delay_ms)
+    late = send(rig, 0, 1, due - LEVEL.delay_ms + 1)
+    kept = send(rig, 0, 2, due - LEVEL.delay_ms + 2)
+    read_through(rig, due - 1_001)
+    cycle(rig)
+    assert delivered(rig) == [], "forwarded before the markers were read through D - lead"
+    cancel = marker(rig, CANCEL, early, due - 1_500, offset=0)
+    read_through(rig, due - 990)  # the markers of the lead before the due times unread
+    cycle(rig)
+    assert delivered(rig) == [late, kept]
+    assert answers(rig)[cancel.key]["outcome"] == "cancelled"
+    # A cancel appended inside the lead, read only after the forward: too late, and said.
+    after = marker(rig, CANCEL, late, due - 300, offset=1)
+    read_through(rig)
+    clock.advance(30)  # past the bound where a message could still arrive
+    cycle(rig)
+    assert delivered(rig) == [late, kept]
+    assert answers(rig)[after.key]["outcome"] == "too_late"
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
