@@ -169,6 +169,7 @@ def audit(
             transform.moves(data.outcomes.records, marker_topics(settings)),
             as_of_ms=data.as_of_ms,
             grace_ms=options.grace_ms,
+            cancel_lead_ms=settings.cancel_lead_ms,
         )
         options.out_dir.mkdir(parents=True, exist_ok=True)
         progress("reconciling both sides by delay-id, writing one row per message")

@@ -29,12 +29,13 @@ the test. The rules:
   daemon reads whole), or on a level topic (the rule from before cancel existed).
 - delivered wins over cancelled, and the two are not exclusive: a message delivered
   although its cancel came in time has status `delivered` with both flags set, and
-  counts as both delivered and cancelled. For a level message that is a broken
-  promise, counted as `leaked` (`BROKEN`): level mode honours every cancel the broker
-  acknowledged before the due time. For a precise message it is not (precise mode
-  promises only cancels it read before forwarding; a cancel races the forward), so it
-  stays visible without failing the audit. Hence accepted = delivered + missing +
-  pending + (cancelled and not delivered).
+  counts as both delivered and cancelled. For a level message whose cancel came at
+  least `cancel_lead` before the due time that is a broken promise, counted as
+  `leaked` (`BROKEN`). Closer to the due time a cancel races the forward (it is
+  promised only when the daemon read it first), so it stays visible without failing
+  the audit; so does a precise message's, which the audit cannot tell from a cancel
+  its intake read after the message (a marker before its message, on another member).
+  Hence accepted = delivered + missing + pending + (cancelled and not delivered).
 - missing: not delivered, not cancelled, and due plus the grace period had passed when
   the audit pinned its input. Not yet that old: pending, judged by a later audit.
 - moved: a message rescheduled by id (precise mode) is due when its last move says, not
@@ -362,10 +363,12 @@ def reconcile(
     *,
     as_of_ms: int,
     grace_ms: int,
+    cancel_lead_ms: int = 0,
 ) -> DataFrame:
     """One row per accepted message with its verdict; the Parquet output. `due_ms` is
     the due time it is judged by: its last move's (`moves`), else its own record's,
-    which stays beside it as `original_due_ms`."""
+    which stays beside it as `original_due_ms`. `cancel_lead_ms`: the daemons'
+    `cancel_lead`, within which a cancel before the due time may lose the race."""
     F = _functions()  # noqa: N806
     judged = (
         accepted_ids.withColumnRenamed("due_ms", "original_due_ms")
@@ -378,13 +381,15 @@ def reconcile(
         .withColumn("deliveries", F.coalesce("deliveries", F.lit(0)))
         .withColumn("superseded_copies", F.coalesce("superseded_copies", F.lit(0)))
     )
-    return _verdicts(m, as_of_ms=as_of_ms, grace_ms=grace_ms)
+    return _verdicts(m, as_of_ms=as_of_ms, grace_ms=grace_ms, lead_ms=cancel_lead_ms)
 
 
-def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int) -> DataFrame:
+def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int, lead_ms: int) -> DataFrame:
     F = _functions()  # noqa: N806
     is_delivered = F.col("deliveries") > 0
     in_time = F.col("cancel_ms") < F.col("due_ms")
+    # Both modes promise a cancel acknowledged `cancel_lead` before the due time.
+    promised = F.col("cancel_ms") <= F.col("due_ms") - F.lit(lead_ms)
     # Precise mode calls off a message it has not sent yet even after its due time (a
     # late daemon): not delivered with a marker in place is a cancel honoured, not a loss.
     honoured_late = (
@@ -402,7 +407,7 @@ def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int) -> DataFrame:
         .withColumn("pending", ~is_delivered & ~is_cancelled & ~overdue)
         .withColumn(
             "leaked",
-            is_delivered & F.coalesce(in_time, F.lit(False)) & (F.col("level") != PRECISE_LEVEL),
+            is_delivered & F.coalesce(promised, F.lit(False)) & (F.col("level") != PRECISE_LEVEL),
         )
         .withColumn("lateness_ms", F.col("first_forward_ms") - F.col("due_ms"))
         .withColumn(

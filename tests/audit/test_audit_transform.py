@@ -456,3 +456,34 @@ def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, t
     assert {level for _, level, _, _ in histogram[1]} == {"1s", "2s", "exact"}
     plot = load.plot_lateness(histogram, rows, tmp_path)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("lead_ms", "leaked"), [(0, {"c1", "c2"}), (1000, {"c1"})])
+def test_a_level_cancel_within_the_lead_may_lose_the_race_without_failing_the_audit(
+    spark, lead_ms, leaked
+):
+    """`cancel_lead`: a level cancel acknowledged at least the lead before the due time
+    is promised, so its message delivered anyway is leaked; one inside the lead is
+    promised only when read first, and stays visible as cancelled and delivered."""
+    delay = [
+        record("dt_1", T0, envelope("c1", "orders", 1000)),
+        record("dt_1", T0 - 500, {"delay-v": "1", "delay-cancel": "c1"}),  # 1.5 s before due
+        record("dt_1", T0, envelope("c2", "orders", 1000)),
+        record("dt_1", T0 + 700, {"delay-v": "1", "delay-cancel": "c2"}),  # 0.3 s before due
+    ]
+    target = [
+        record("orders", T0 + 1005, forwarded("c1", T0 + 1000)),
+        record("orders", T0 + 1005, forwarded("c2", T0 + 1000)),
+    ]
+    delay_frame, target_frame = frame(spark, delay), frame(spark, target)
+    rows = transform.reconcile(
+        transform.accepted(delay_frame, LEVELS),
+        transform.cancels(delay_frame),
+        transform.deliveries(target_frame),
+        no_moves(spark),
+        as_of_ms=AS_OF,
+        grace_ms=GRACE,
+        cancel_lead_ms=lead_ms,
+    ).collect()
+    assert {r["id"] for r in rows if r["leaked"]} == leaked
+    assert {r["id"] for r in rows if r["cancelled"] and r["delivered"]} == {"c1", "c2"}
