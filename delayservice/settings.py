@@ -29,6 +29,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from delayservice.client_keys import refusal_in
 from delayservice.errors import ConfigError
 from delayservice.levels import (
     DEFAULT_LEVELS,
@@ -329,6 +330,17 @@ class Settings(BaseSettings):
         text = str(value) if isinstance(value, str | os.PathLike) else None
         if text is not None and (not text.strip() or "\x00" in text):
             raise ConfigError("data_dir", f"{text!r} is not a directory name")
+        return value
+
+    @field_validator("kafka", "consumer", "producer", mode="before")
+    @classmethod
+    def _client_keys_not_owned(cls, value: Any, info: ValidationInfo) -> Any:
+        """A key the daemon owns (`client_keys`), in any spelling librdkafka takes, is
+        refused before its type is checked, so a nested `default.topic.config` is named
+        for what it would set."""
+        reason = refusal_in(value)
+        if reason is not None:
+            raise ConfigError(str(info.field_name), reason)
         return value
 
     @field_validator("kafka", "consumer", "producer")

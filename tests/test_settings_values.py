@@ -153,6 +153,7 @@ def run_daemon(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ({"DELAYSERVICE_RETENTION_HOURS": "inf"}, "retention_hours"),
         ({"DELAYSERVICE_SHUTDOWN_TIMEOUT_S": "1e300"}, "shutdown_timeout_s"),
         ({"DELAYSERVICE_KAFKA": '{"bogus.key": "1"}'}, "kafka, consumer or producer"),
+        ({"DELAYSERVICE_PRODUCER": '{"request.required.acks": "1"}'}, "producer"),
     ],
     ids=lambda v: v if isinstance(v, str) else ",".join(v),
 )  # fmt: skip

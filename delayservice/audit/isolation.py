@@ -9,7 +9,7 @@ read_committed reader, and a read_uncommitted reader sees that copy as a duplica
 So the audit reads the target topics as the consumer it speaks for would, and says which.
 
 The delay topics are always read as the daemon reads them (its consumer's
-`isolation.level`, read_committed unless the settings say otherwise): a record of an
+`isolation.level`: read_committed, which the settings may not change): a record of an
 aborted transaction there was never accepted, and counting it would report a message
 nobody sent as missing.
 """

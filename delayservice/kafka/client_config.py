@@ -2,8 +2,9 @@
 
 The defaults here are what the invariants need (acks=all and idempotence for nothing
 lost, manual commits, Java-compatible key hashing for same partitioning). User keys
-from the settings are laid over them so security settings pass through, but a user
-cannot switch off the ones the promises rest on.
+from the settings are laid over them so security settings pass through. The keys the
+promises rest on are refused in the settings (`delayservice.client_keys`, which a test
+holds to what is set here) and are still set last here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from delayservice.kafka.log_levels import StartupNoise
 from delayservice.log_throttle import RepeatFilter
 from delayservice.settings import Settings
 
-# Keys the promises depend on; user settings may not override these.
+# Keys the promises depend on; the settings refuse other values (client_keys).
 _PRODUCER_FIXED = {
     "acks": "all",
     "enable.idempotence": True,

@@ -29,21 +29,16 @@ def test_the_default_is_read_committed() -> None:
 
 def test_the_delay_topics_are_read_as_the_daemons_consumer_reads_them() -> None:
     assert of_daemon(load_settings(bootstrap_servers="b:9092")) is Isolation.READ_COMMITTED
-    consumer = load_settings(
-        bootstrap_servers="b:9092", consumer={"isolation.level": "read_uncommitted"}
-    )
-    assert of_daemon(consumer) is Isolation.READ_UNCOMMITTED
-    # The daemon's consumer sets read_committed over the `kafka` section.
-    shared = load_settings(
-        bootstrap_servers="b:9092", kafka={"isolation.level": "read_uncommitted"}
-    )
-    assert of_daemon(shared) is Isolation.READ_COMMITTED
+    same = load_settings(bootstrap_servers="b:9092", consumer={"isolation.level": "read_committed"})
+    assert of_daemon(same) is Isolation.READ_COMMITTED
 
 
-def test_an_isolation_level_the_daemon_could_not_use_is_a_configuration_error() -> None:
-    settings = load_settings(bootstrap_servers="b:9092", consumer={"isolation.level": "dirty"})
-    with pytest.raises(ConfigError, match=r"consumer\.isolation\.level"):
-        of_daemon(settings)
+@pytest.mark.parametrize("setting", ["consumer", "kafka"])
+@pytest.mark.parametrize("value", ["read_uncommitted", "dirty"])
+def test_the_daemon_reads_nothing_but_read_committed(setting: str, value: str) -> None:
+    """Its settings refuse any other isolation level (`client_keys`)."""
+    with pytest.raises(ConfigError, match=rf"{setting}: isolation\.level = '{value}'"):
+        load_settings(bootstrap_servers="b:9092", **{setting: {"isolation.level": value}})
 
 
 def test_an_explicit_isolation_option_is_refused_for_the_audit_sets_it_per_side() -> None:

@@ -42,6 +42,18 @@ def test_version():
     assert _cli("--version").stdout.strip() == "delayservice 0.1.0"
 
 
+def test_settings_refuses_a_key_the_daemon_owns_with_one_line_and_exit_2():
+    result = _cli("settings", env={"DELAYSERVICE_CONSUMER": '{"auto.offset.reset": "latest"}'})
+    assert result.returncode == 2, result.stdout
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(
+        "delayservice: invalid setting consumer: auto.offset.reset = 'latest' would skip "
+    ), line
+    assert line.endswith("the daemon owns this key: remove it or set 'earliest'"), line
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
 def test_send_refuses_bad_input_with_exit_2():
     assert "not a duration" in _cli("send", "t", "v", "--delay", "soon").stderr
     assert _cli("send", "t", "v", "-H", "novalue").returncode == 2
