@@ -35,6 +35,10 @@ declare -A rows=(
   [idle]="benchmarks/idle_footprint.py"
   [idle_per_level]="benchmarks/idle_footprint.py --level-workers per-level"
   [burst]="benchmarks/steady_lateness.py --burst 300000 --levels 5s"
+  # Cancels at scale: a share of real cancels, alone and beside a flood of markers.
+  [cancels_quiet]="benchmarks/marker_flood.py --flood 0"
+  [marker_flood_100k]="benchmarks/marker_flood.py --flood 100000"
+  [marker_flood_1m]="benchmarks/marker_flood.py --flood 1000000"
   [memory]="benchmarks/memory_per_message.py --messages 300000"
   [precise_burst_300k]="benchmarks/precise_burst.py --messages 300000 --max-buffered-mib 256"
   [precise_burst_500k]="benchmarks/precise_burst.py --messages 500000 --max-buffered-mib 256"
@@ -51,7 +55,7 @@ declare -A rows=(
 )
 order=(forwarding catch_up steady_alo steady_alo_hog steady_eos steady_eos_hog forwarding_per_level
   steady_alo_per_level steady_eos_per_level isolation_quiet isolation_backlog idle idle_per_level
-  burst memory precise_burst_300k precise_burst_300k_eos precise_burst_500k precise_restart
+  burst cancels_quiet marker_flood_100k marker_flood_1m memory precise_burst_300k precise_burst_300k_eos precise_burst_500k precise_restart
   precise_restart_eos precise_steady_5k_alo precise_steady_5k_eos precise_long_delay commit_shapes
   commit_shapes_neighbour)
 if [ "$#" -gt 0 ]; then

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import random
 import time
-import zlib
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
@@ -51,7 +50,7 @@ from delayservice.envelope import (
     wrap,
 )
 from delayservice.errors import DelayServiceError
-from delayservice.level.ids import level_id, level_place
+from delayservice.level.ids import level_id, level_place, marker_partition
 from delayservice.levels import Level, LevelSet
 from delayservice.marker_receipt import (
     DeliveryCallback,
@@ -372,7 +371,7 @@ class DelayProducer:
         elif exact:
             partition = precise_partition(message_id, self._partitions.count(topic))
         else:
-            partition = zlib.crc32(message_id.encode()) % self._partitions.count(topic)
+            partition = marker_partition(message_id, self._partitions.count(topic))
             if len(self._producer):  # its message may still be on its way: let it land first
                 self._producer.flush(MARKER_FLUSH_S)
         receipt = MarkerReceipt(

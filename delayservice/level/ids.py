@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
+import zlib
 from typing import Final, NamedTuple
 
 _LEVEL_ID: Final = re.compile(r"([0-9a-f]{12})[0-9a-f]{20}-l([1-9][0-9]{0,3})p(0|[1-9][0-9]{0,8})")
@@ -53,3 +54,9 @@ def level_place(message_id: str) -> LevelPlace | None:
 
 def is_level_id(message_id: str) -> bool:
     return _LEVEL_ID.fullmatch(message_id) is not None
+
+
+def marker_partition(message_id: str, partitions: int) -> int:
+    """The partition of the markers topic (of `partitions`) where a marker of a level
+    message's id goes: spread by a hash of the id, so one id's markers keep their order."""
+    return zlib.crc32(message_id.encode()) % partitions

@@ -52,15 +52,16 @@ class LevelMarker:
     partition: int
     offset: int
     asked_due_ms: int | None = None
+    key: bytes = field(init=False, repr=False, compare=False)
+    """Where it landed: the key of its answers (made once: the book looks it up
+    several times per marker, and a flood of markers is read at that cost)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", reply_key(self.topic, self.partition, self.offset))
 
     @property
     def order(self) -> Order:
         return (self.appended_ms, self.partition, self.offset)
-
-    @property
-    def key(self) -> bytes:
-        """Where it landed: the key of its answers."""
-        return reply_key(self.topic, self.partition, self.offset)
 
 
 @dataclass
