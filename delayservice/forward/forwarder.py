@@ -74,6 +74,7 @@ from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
 from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
+from delayservice.metrics.heartbeat import Heartbeat
 from delayservice.metrics.service_metrics import COMMIT_STEPS, ServiceMetrics
 
 __all__ = ["Forwarder", "ForwarderFatalError", "Routes", "SharedId", "commit_floor"]
@@ -243,6 +244,8 @@ class Forwarder:
         )
         # progress_at: when a commit point last made records durable (`stalled`).
         self._last_commit = self.progress_at = clock.monotonic()
+        self.heartbeat = Heartbeat(clock.monotonic)
+        """Beats once per turn of the send loop (`stalled` says when one lasts)."""
         self._throttle = Throttle()
         # Shared with the consumer thread.
         self._lock = threading.Lock()
@@ -337,9 +340,11 @@ class Forwarder:
         overdue_s = clock.time() - min(held) / 1000
         if overdue_s <= budget_s:
             return None
+        step_s = self.heartbeat.still_s()
+        within = f"; one step has lasted {step_s:.0f}s" if step_s > budget_s else ""
         return (
             f"nothing forwarded for {idle_s:.0f}s while records are due "
-            f"(the oldest {overdue_s:.0f}s ago)"
+            f"(the oldest {overdue_s:.0f}s ago){within}"
         )
 
     def reseek_wanted(self) -> bool:
@@ -390,6 +395,7 @@ class Forwarder:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            self.heartbeat.beat()
             raised = raised_by(lambda: self.step(wait=True))
             if isinstance(raised, ForwarderFatalError):
                 raise raised

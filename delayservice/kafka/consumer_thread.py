@@ -22,6 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from delayservice.kafka.client_errors import is_fatal, raised_by
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.log_throttle import Throttle
+from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class ConsumerThread(ABC):
         self._stopping = threading.Event()
         self.broker_down = False
         """librdkafka said every broker is down; cleared by the next record or probe."""
+        self.heartbeat = Heartbeat()
+        """Beats once per turn of the loop (`stuck`)."""
         self._thread = threading.Thread(target=self._main, name=thread_name, daemon=True)
 
     # -- what a subclass provides --------------------------------------------------
@@ -94,6 +97,14 @@ class ConsumerThread(ABC):
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    def stuck(self, limit_s: float = STUCK_S) -> str | None:
+        """Why readiness should say this thread is not moving, or None: one turn of its
+        loop (a read, a rebalance callback, a commit) has lasted longer than `limit_s`."""
+        still = self.heartbeat.still_s()
+        if still <= limit_s or not self._thread.is_alive() or self._stopping.is_set():
+            return None
+        return f"{self._label}: one turn of the consumer thread has lasted {still:.0f}s"
+
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during a read."""
         code = error.code()
@@ -131,6 +142,7 @@ class ConsumerThread(ABC):
     def _loop(self, keeper: ConsumerKeeper) -> None:
         going: list[bool] = []  # what the last turn returned
         while not self._stopping.is_set():
+            self.heartbeat.beat()
             going.clear()
             raised = raised_by(lambda: going.append(self._turn(keeper)))
             if going == [False] or (raised is not None and not self._failed(keeper, raised)):

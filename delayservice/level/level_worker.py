@@ -25,6 +25,7 @@ from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level
+from delayservice.metrics.heartbeat import STUCK_S
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
 
@@ -113,7 +114,8 @@ class LevelWorker:
         )
         for level in plan.levels:
             metrics.level_delay.labels(level.name, level.topic).set(level.delay_ms / 1000)
-        self._stall_budget_s = settings.retry_give_up_s
+        # Readiness: within seconds, not the whole retry budget (minutes).
+        self._stall_budget_s = min(settings.retry_give_up_s, STUCK_S)
 
     @property
     def level(self) -> Level:
@@ -138,6 +140,9 @@ class LevelWorker:
             return False, f"{name}: worker thread stopped"
         if self.loop.broker_down:
             return False, f"{name}: broker unreachable"
+        stuck = self.loop.stuck()
+        if stuck is not None:
+            return False, stuck
         if not self.loop.first_assignment.is_set():
             return False, f"{name}: waiting for the first assignment"
         lost_at = self.loop.unassigned_since

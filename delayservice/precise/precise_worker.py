@@ -35,6 +35,7 @@ from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
+from delayservice.metrics.heartbeat import STUCK_S
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.census_export import CensusExport
@@ -210,7 +211,8 @@ class PreciseWorker:
         level_name = FAR_LEVEL_NAME if far else LEVEL_NAME
         self.level = PreciseLevel(0, 0, topic, level_name)
         self._on_fatal = on_fatal
-        self._stall_budget_s = settings.retry_give_up_s
+        # Readiness: within seconds, not the whole retry budget (minutes).
+        self._stall_budget_s = min(settings.retry_give_up_s, STUCK_S)
         self._stopping = False
         self.disk = DataDir(settings.data_dir, topic, self._storage_fault)
         self.store, self.cancels, self.reschedules = (
@@ -526,6 +528,9 @@ class PreciseWorker:
             return False, f"{topic}: worker thread stopped"
         if self.intake.broker_down:
             return False, f"{topic}: broker unreachable"
+        stuck = self.intake.stuck()
+        if stuck is not None:
+            return False, stuck
         if not self.intake.assigned.is_set():
             return False, f"{topic}: reading partition metadata"
         if self.delivery is not None and not self.delivery.learned:
@@ -533,8 +538,10 @@ class PreciseWorker:
         if not self.intake.caught_up.is_set():
             left = self.intake.records_left
             return False, f"{topic}: catching up" + (f": {left} records left" if left else "")
-        stalled = self.forwarder.stalled(self._stall_budget_s)
-        if stalled is not None:
-            return False, f"{topic}: {stalled}"
+        forwarders = [f for f in (self.forwarder, self.takeover_forwarder) if f is not None]
+        for forwarder in forwarders:  # the takeover's too: it forwards what the owner did not
+            stalled = forwarder.stalled(self._stall_budget_s)
+            if stalled is not None:
+                return False, f"{topic}: {forwarder.name}: {stalled}"
         roles = ",".join(f"{p}:{r.value}" for p, r in sorted(self.intake.roles.items()))
         return True, f"{topic}: holds {roles or 'no partitions'}"
