@@ -6,7 +6,10 @@ level's delay ago, and again from earlier whenever a partition group holds older
 records (`MarkerGate.need`). Each pass notes the time, asks the broker where both
 topics end, and reads up to there: markers go to the book, answers mark what was
 answered and carried out, the gate moves to the time noted, and the forwarders with
-markers to serve are woken (`on_pass`). It passes when a group
+markers to serve are woken (`on_pass`). Each pass also lists both topics' partitions
+again, after noting the time: a partition added while the reader runs (the SDK spreads
+markers over the topic's current partitions) is assigned from its beginning and read
+to its end before the gate moves past the time noted. It passes when a group
 waits for the gate, when a rewind is asked for, and otherwise every `IDLE_PASS_S`, so
 markers are answered promptly even while nothing is due.
 
@@ -89,7 +92,9 @@ def marker_of(message: Message) -> tuple[LevelMarker, tuple[str, str] | None] | 
 
 def _partitions(consumer: Any, topic: str) -> list[int]:
     meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
+    if meta is not None and meta.error is not None:  # a pass waits and asks again
+        raise KafkaException(meta.error)
+    if meta is None or not meta.partitions:
         why = meta.error if meta is not None and meta.error is not None else "no partitions"
         raise RuntimeError(f"{topic}: {why}")
     return sorted(meta.partitions)
@@ -126,6 +131,8 @@ class MarkerReader:
         self._starting = GraceStreaks()
         self._assigned: list[TopicPartition] = []
         self._read_to: dict[TP, int] = {}
+        self._counts: dict[str, int] = {}
+        """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
@@ -209,7 +216,7 @@ class MarkerReader:
             self._assigned = [
                 TopicPartition(topic, p)
                 for topic in (self._markers_topic, self._outcomes_topic)
-                for p in _partitions(consumer, topic)
+                for p in self._listed(consumer, topic)
             ]
             self._read_metadata(consumer)
             start = self._now_ms() - self._window_ms
@@ -235,6 +242,48 @@ class MarkerReader:
         )
         self._next_pass = 0  # at once
         return consumer
+
+    def _listed(self, consumer: Any, topic: str) -> list[int]:
+        """`topic`'s partitions now, with a WARNING the first time it is seen grown."""
+        listed = _partitions(consumer, topic)
+        known = self._counts.get(topic)
+        if known is not None and len(listed) > known:
+            log.warning(
+                "markers: %s grew from %d to %d partitions while the daemon ran; the new"
+                " ones are read from their beginning before the gate moves on",
+                topic,
+                known,
+                len(listed),
+            )
+        self._counts[topic] = max(len(listed), known or 0)
+        return listed
+
+    def _follow_growth(self, consumer: Any) -> None:
+        """Assign the partitions added to either topic since it was listed, from their
+        beginning: the pass reads them to their end before the gate moves. Called
+        after the pass noted its time, so a marker acknowledged before then is on a
+        partition listed here."""
+        held = {(tp.topic, tp.partition) for tp in self._assigned}
+        added = [
+            TopicPartition(topic, p)
+            for topic in (self._markers_topic, self._outcomes_topic)
+            for p in self._listed(consumer, topic)
+            if (topic, p) not in held
+        ]
+        if not added:
+            return
+        starts = [
+            TopicPartition(
+                tp.topic,
+                tp.partition,
+                consumer.get_watermark_offsets(tp, timeout=PASS_TIMEOUT_S, cached=False)[0],
+            )
+            for tp in added
+        ]
+        consumer.incremental_assign(starts)
+        for tp in starts:
+            self._read_to[(tp.topic, tp.partition)] = tp.offset
+        self._assigned = [*self._assigned, *added]
 
     def _starts(self, consumer: Any, since_ms: int) -> list[TopicPartition]:
         asked = [TopicPartition(tp.topic, tp.partition, max(0, since_ms)) for tp in self._assigned]
@@ -277,9 +326,11 @@ class MarkerReader:
             self._stopping.wait(ERROR_PAUSE_S)
 
     def _pass(self, consumer: Any) -> None:
-        """Note the time, find both topics' ends, read up to them, move the gate."""
+        """Note the time, follow partitions added since, find both topics' ends, read
+        up to them, move the gate."""
         generation = self._gate.generation
         began = self._now_ms()
+        self._follow_growth(consumer)
         ends = {
             (tp.topic, tp.partition): consumer.get_watermark_offsets(
                 tp, timeout=PASS_TIMEOUT_S, cached=False
