@@ -223,6 +223,10 @@ class FakeConsumer:
         self.explicit_starts: list[tuple[int, int]] = []
         self.partition_counts: dict[str, int] = {}
         """What `list_topics` says each topic has (a topic not named here: none)."""
+        self.metadata_seen: dict[str, int] | None = None
+        """Set to a dict, the partitions this client learnt of by its own `list_topics`:
+        like librdkafka's metadata cache, `get_watermark_offsets` on a partition of
+        `partition_counts` beyond them fails with `_UNKNOWN_PARTITION`."""
         self.manual = False
         """Assigned by `assign` (no group): `incremental_assign` adds partitions, as
         librdkafka's does outside a rebalance."""
@@ -416,6 +420,13 @@ class FakeConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
+        seen = self.metadata_seen
+        if (
+            seen is not None
+            and partition.topic in self.partition_counts
+            and partition.partition >= seen.get(partition.topic, 0)
+        ):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
         return 0, self.next_offset((partition.topic, partition.partition))
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
@@ -424,6 +435,9 @@ class FakeConsumer:
             partitions = {p: SimpleNamespace(id=p) for p in range(count)}
             return SimpleNamespace(partitions=partitions, error=None)
 
+        if self.metadata_seen is not None:
+            for name in [topic] if topic is not None else self.partition_counts:
+                self.metadata_seen[name] = self.partition_counts.get(name, 0)
         return SimpleNamespace(topics={t: meta(t) for t in [*self.topics, *self.partition_counts]})
 
     def offsets_for_times(

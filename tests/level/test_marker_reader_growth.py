@@ -2,7 +2,9 @@
 (an operator grew the topic; the SDK then spreads markers over every partition it
 has): the reader assigns them from their beginning, and the gate does not move past a
 pass's time until they were read to their end as of that pass. It says so once, at
-WARNING. The reader runs on the test's own thread, one pass at a time, over fakes."""
+WARNING. The reader runs on the test's own thread, one pass at a time, over fakes: its
+reading consumer, which knows of the partitions it listed itself (librdkafka's metadata
+cache), and the second one it lists the topics with."""
 
 from __future__ import annotations
 
@@ -57,9 +59,16 @@ def reading(monkeypatch: pytest.MonkeyPatch) -> _Reading:
         settings.markers_outcomes_topic: 1,
         **{level.topic: 3 for level in levels},
     }
+    fake.metadata_seen = {}
+    lister = FakeConsumer(settings.markers_topic, settings.markers_outcomes_topic)
+    lister.partition_counts = fake.partition_counts  # the same broker
+
+    def make_consumer(config: dict[str, Any]) -> FakeConsumer:
+        return lister if "lister" in config["client.id"] else fake
+
     book, gate = MarkerBook(levels), MarkerGate(100)
     reader = MarkerReader(
-        settings, book, gate, ServiceMetrics(CollectorRegistry()), clock.ms, fake.make
+        settings, book, gate, ServiceMetrics(CollectorRegistry()), clock.ms, make_consumer
     )
     consumer = reader._open()
     made = _Reading(
