@@ -52,15 +52,21 @@ class MarkerGate:
         self.demand = threading.Event()
         """Set when a group waits for the gate, or a rewind is asked for."""
 
-    # -- the partition groups' side (any thread; no lock a group holds is taken) ------
+    # -- the partition groups' side (any thread) -------------------------------------
+    # Lock order: a group's lock, then this gate's; never the other way round. So
+    # nothing here calls into a group while holding `_lock` (`advance` wakes the groups
+    # after letting it go).
     def want(self, group: int, due_ms: int, wake: Callable[[], None]) -> None:
         """Group `group` has a record due at `due_ms` that waits for the gate: `wake`
         it once the gate has passed that. Called under the group's own lock, so it only
-        writes a dict entry and sets an event."""
-        known = self._wants.get(group)
-        if known is None or known[0] != due_ms:
+        writes a dict entry (under the gate's lock: the reader's `advance` replaces the
+        dict) and sets an event."""
+        with self._lock:
+            known = self._wants.get(group)
+            if known is not None and known[0] == due_ms:
+                return
             self._wants[group] = (due_ms, wake)
-            self.demand.set()
+        self.demand.set()
 
     def need(self, tp: TP, appended_ms: int) -> None:
         """Records of `tp` appended at `appended_ms` or later were handed over: they may

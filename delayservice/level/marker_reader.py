@@ -6,7 +6,10 @@ level's delay ago, and again from earlier whenever a partition group holds older
 records (`MarkerGate.need`). Each pass notes the time, asks the broker where both
 topics end, and reads up to there: markers go to the book, answers mark what was
 answered and carried out, the gate moves to the time noted, and the forwarders with
-markers to serve are woken (`on_pass`). It passes when a group
+markers to serve are woken (`on_pass`). Each pass also lists both topics' partitions
+again, after noting the time: a partition added while the reader runs (the SDK spreads
+markers over the topic's current partitions) is assigned from its beginning and read
+to its end before the gate moves past the time noted. It passes when a group
 waits for the gate, when a rewind is asked for, and otherwise every `IDLE_PASS_S`, so
 markers are answered promptly even while nothing is due.
 
@@ -89,7 +92,9 @@ def marker_of(message: Message) -> tuple[LevelMarker, tuple[str, str] | None] | 
 
 def _partitions(consumer: Any, topic: str) -> list[int]:
     meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
+    if meta is not None and meta.error is not None:  # a pass waits and asks again
+        raise KafkaException(meta.error)
+    if meta is None or not meta.partitions:
         why = meta.error if meta is not None and meta.error is not None else "no partitions"
         raise RuntimeError(f"{topic}: {why}")
     return sorted(meta.partitions)
@@ -126,10 +131,16 @@ class MarkerReader:
         self._starting = GraceStreaks()
         self._assigned: list[TopicPartition] = []
         self._read_to: dict[TP, int] = {}
+        self._counts: dict[str, int] = {}
+        """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
+        self._lister: Any = None
+        """A second consumer, never assigned, that lists the topics' partitions: asked
+        on the reading one, each answer waits behind a fetch (`fetch.wait.max.ms`, a
+        wait on every record's path); here it takes a round trip."""
         self._thread = threading.Thread(target=self._main, name="marker-reader", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -191,25 +202,29 @@ class MarkerReader:
                 self._stopping.wait(ERROR_PAUSE_S)
         if consumer is not None:
             consumer.close()
+        if self._lister is not None:
+            self._lister.close()
 
-    def _open(self) -> Any:
-        """A fresh consumer, assigned both topics from where the book needs them."""
-        config = {
+    def _config(self, role: str) -> dict[str, Any]:
+        return {
             **client_config.common(self._settings),
             "group.id": f"delayservice-markers-{uuid.uuid4().hex}",
-            "client.id": f"delayservice-markers-{self._settings.instance_name}",
+            "client.id": f"delayservice-{role}-{self._settings.instance_name}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 10,
             **self._settings.consumer,
         }
-        consumer = self._make_consumer(config)
+
+    def _open(self) -> Any:
+        """A fresh consumer, assigned both topics from where the book needs them."""
+        consumer = self._make_consumer(self._config("markers"))
         try:
             self._assigned = [
                 TopicPartition(topic, p)
                 for topic in (self._markers_topic, self._outcomes_topic)
-                for p in _partitions(consumer, topic)
+                for p in self._listed(consumer, topic)
             ]
             self._read_metadata(consumer)
             start = self._now_ms() - self._window_ms
@@ -235,6 +250,50 @@ class MarkerReader:
         )
         self._next_pass = 0  # at once
         return consumer
+
+    def _listed(self, consumer: Any, topic: str) -> list[int]:
+        return self._told(topic, _partitions(consumer, topic))
+
+    def _told(self, topic: str, listed: list[int]) -> list[int]:
+        """`listed`, `topic`'s partitions now, with a WARNING the first time the topic
+        is seen grown."""
+        known = self._counts.get(topic)
+        if known is not None and len(listed) > known:
+            log.warning(
+                "markers: %s grew from %d to %d partitions while the daemon ran; the new"
+                " ones are read from their beginning before the gate moves on",
+                topic,
+                known,
+                len(listed),
+            )
+        self._counts[topic] = max(len(listed), known or 0)
+        return listed
+
+    def _follow_growth(self, consumer: Any, listed: dict[str, list[int]]) -> dict[TP, int]:
+        """Assign the partitions added to either topic since it was listed, from their
+        beginning, and return their ends: the pass reads them to there before the gate
+        moves. `listed` was asked for after the pass noted its time, so a marker
+        acknowledged before then is on a partition it names."""
+        held = {(tp.topic, tp.partition) for tp in self._assigned}
+        added = [
+            TopicPartition(topic, p)
+            for topic, partitions in listed.items()
+            for p in self._told(topic, partitions)
+            if (topic, p) not in held
+        ]
+        if not added:
+            return {}
+        for topic in {tp.topic for tp in added}:  # the reading consumer learns of them too
+            _partitions(consumer, topic)
+        marks = {
+            (tp.topic, tp.partition): consumer.get_watermark_offsets(tp, PASS_TIMEOUT_S, False)
+            for tp in added
+        }
+        consumer.incremental_assign([TopicPartition(*tp, low) for tp, (low, _) in marks.items()])
+        for tp, (low, _) in marks.items():
+            self._read_to[tp] = low
+        self._assigned = [*self._assigned, *added]
+        return {tp: high for tp, (_, high) in marks.items()}
 
     def _starts(self, consumer: Any, since_ms: int) -> list[TopicPartition]:
         asked = [TopicPartition(tp.topic, tp.partition, max(0, since_ms)) for tp in self._assigned]
@@ -277,15 +336,26 @@ class MarkerReader:
             self._stopping.wait(ERROR_PAUSE_S)
 
     def _pass(self, consumer: Any) -> None:
-        """Note the time, find both topics' ends, read up to them, move the gate."""
+        """Note the time, follow partitions added since, find both topics' ends, read
+        up to them, move the gate."""
         generation = self._gate.generation
         began = self._now_ms()
-        ends = {
-            (tp.topic, tp.partition): consumer.get_watermark_offsets(
-                tp, timeout=PASS_TIMEOUT_S, cached=False
-            )[1]
-            for tp in self._assigned
+        if self._lister is None:
+            self._lister = self._make_consumer(self._config("markers-lister"))
+        listed = {  # asked for after `began`
+            topic: _partitions(self._lister, topic)
+            for topic in (self._markers_topic, self._outcomes_topic)
         }
+        ends = self._follow_growth(consumer, listed)
+        ends.update(
+            {
+                (tp.topic, tp.partition): consumer.get_watermark_offsets(
+                    tp, timeout=PASS_TIMEOUT_S, cached=False
+                )[1]
+                for tp in self._assigned
+                if (tp.topic, tp.partition) not in ends
+            }
+        )
         deadline = time.monotonic() + PASS_TIMEOUT_S
         while not self._reached(ends, self._markers_topic):
             if time.monotonic() > deadline or self._stopping.is_set():

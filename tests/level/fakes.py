@@ -221,6 +221,15 @@ class FakeConsumer:
         self.unstable_answers = 0  # committed() calls that time out (a pending transaction)
         self.committed_calls = 0
         self.explicit_starts: list[tuple[int, int]] = []
+        self.partition_counts: dict[str, int] = {}
+        """What `list_topics` says each topic has (a topic not named here: none)."""
+        self.metadata_seen: dict[str, int] | None = None
+        """Set to a dict, the partitions this client learnt of by its own `list_topics`:
+        like librdkafka's metadata cache, `get_watermark_offsets` on a partition of
+        `partition_counts` beyond them fails with `_UNKNOWN_PARTITION`."""
+        self.manual = False
+        """Assigned by `assign` (no group): `incremental_assign` adds partitions, as
+        librdkafka's does outside a rebalance."""
         self.read_in: dict[tuple[TP, int], int] = {}  # (partition, offset) -> read under
         self._generations = 0
         self._events: deque[tuple[str, list[TP]]] = deque()
@@ -351,11 +360,25 @@ class FakeConsumer:
             raise KafkaException(error)
         return results
 
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """A manual assignment (no group), replacing any before, from the offsets given."""
+        with self._cond:
+            self.manual = True
+            self.assigned_tps = {(tp.topic, tp.partition) for tp in partitions}
+            for tp in partitions:
+                key = (tp.topic, tp.partition)
+                self.positions[key] = 0 if tp.offset == OFFSET_BEGINNING else tp.offset
+            self._cond.notify_all()
+
     def incremental_assign(self, partitions: list[TopicPartition]) -> None:
-        """Called from on_assign: the partitions start where the caller says."""
+        """Called from on_assign (or, under a manual assignment, anywhere: it adds the
+        partitions): the partitions start where the caller says."""
         with self._cond:
             for tp in partitions:
                 key = (tp.topic, tp.partition)
+                if self.manual:
+                    assert key not in self.assigned_tps, "adding a partition already assigned"
+                    self.assigned_tps.add(key)
                 assert key in self.assigned_tps, "assigning a partition not given"
                 offset = 0 if tp.offset == OFFSET_BEGINNING else tp.offset
                 if tp.topic == self.topic:
@@ -397,12 +420,38 @@ class FakeConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
+        seen = self.metadata_seen
+        if (
+            seen is not None
+            and partition.topic in self.partition_counts
+            and partition.partition >= seen.get(partition.topic, 0)
+        ):
+            raise KafkaException(KafkaError(KafkaError._UNKNOWN_PARTITION))
         return 0, self.next_offset((partition.topic, partition.partition))
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
-        return SimpleNamespace(
-            topics={t: SimpleNamespace(partitions={}, error=None) for t in self.topics}
-        )
+        def meta(name: str) -> Any:
+            count = self.partition_counts.get(name, 0)
+            partitions = {p: SimpleNamespace(id=p) for p in range(count)}
+            return SimpleNamespace(partitions=partitions, error=None)
+
+        if self.metadata_seen is not None:
+            for name in [topic] if topic is not None else self.partition_counts:
+                self.metadata_seen[name] = self.partition_counts.get(name, 0)
+        return SimpleNamespace(topics={t: meta(t) for t in [*self.topics, *self.partition_counts]})
+
+    def offsets_for_times(
+        self, partitions: list[TopicPartition], timeout: float = -1
+    ) -> list[TopicPartition]:
+        """Per partition, the first offset appended at or after the time asked (its
+        `offset`), or -1 when none is."""
+        with self._cond:
+            out = []
+            for tp in partitions:
+                log = self.logs.get((tp.topic, tp.partition), [])
+                found = next((n for n, m in enumerate(log) if m.timestamp()[1] >= tp.offset), -1)
+                out.append(TopicPartition(tp.topic, tp.partition, found))
+            return out
 
     def consumer_group_metadata(self) -> Any:
         return ("group-metadata", self.topic)

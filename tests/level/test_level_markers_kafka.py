@@ -105,3 +105,45 @@ def test_the_cli_cancels_a_level_message_and_says_so(testbed):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"delayservice: cancel of {old}: unmatched by the daemon: ")
     assert "names no level and partition" in line
+
+
+def test_cancels_on_markers_partitions_added_while_the_daemon_runs_are_honoured(testbed):
+    """Issue 46: an operator grows the markers topic (and its outcomes topic) under a
+    running daemon, and a fresh producer spreads its cancels over the new partitions:
+    every cancel acknowledged well before its message's due time is honoured."""
+    from confluent_kafka.admin import NewPartitions
+
+    settings = testbed.settings(levels="6s")
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"grow-{testbed.tag}", 3)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    testbed.wait_for(lambda: daemon.markers.health()[0], 30, "the first read of the markers")
+    grown = [
+        NewPartitions(topic, 4)
+        for topic in (settings.markers_topic, settings.markers_outcomes_topic)
+    ]
+    for future in testbed.admin.create_partitions(grown).values():
+        future.result(30)
+
+    producer = testbed.producer(settings)  # fresh: it sees the four partitions
+    doomed = [producer.produce(target, b"doomed", f"d{n}".encode(), delay=6) for n in range(120)]
+    kept = [producer.produce(target, b"kept", f"k{n}".encode(), delay=6) for n in range(30)]
+    assert producer.flush(10) == 0
+    receipts = [producer.cancel(mid) for mid in doomed]
+    landed = [receipt.landed(30) for receipt in receipts]
+    assert time.time() * 1000 < level_place(doomed[0]).sent_ms + 6_000 - 2_000, "sent too late"
+    on_new = sum(1 for _, partition, _ in landed if partition > 0)
+    assert on_new > 0, "no marker landed on an added partition: the test proves nothing"
+    # The kept ones were sent after the doomed ones, on every level partition: once all
+    # arrived, every doomed one was due and either forwarded or withdrawn.
+    assert {level_place(mid).partition for mid in kept} == set(range(settings.partitions))
+
+    records = testbed.collect(target, len(kept), timeout=60)
+    arrived = {_headers(r)["delay-id"].decode() for r in records}
+    leaked = arrived & set(doomed)
+    assert not leaked, (
+        f"{len(leaked)} of {len(doomed)} cancelled messages were delivered"
+        f" ({on_new} of the cancels landed on partitions added while the daemon ran)"
+    )
+    assert set(kept) <= arrived
