@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
@@ -40,6 +41,7 @@ from delayservice.level.marker_book import REFUSED, MarkerBook
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.log_throttle import Throttle
+from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
 from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, parse_reply
@@ -57,6 +59,15 @@ METADATA_S: Final = 60.0
 partition beyond them are refused)."""
 
 MakeConsumer = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What a pass reads to before the gate moves to `began_ms`."""
+
+    began_ms: int
+    ends: dict[TP, int]
+    generation: int
 
 
 def marker_of(message: Message) -> tuple[LevelMarker, tuple[str, str] | None] | None:
@@ -137,6 +148,14 @@ class MarkerReader:
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
+        self._target: _Target | None = None
+        """The pass under way: what it must read before the gate moves to its time. Kept
+        across passes that run out of time, so a backlog growing faster than one pass
+        reads still ends: the next pass goes on to the same ends, not to further ones."""
+        self.heartbeat = Heartbeat()
+        """Beats once per turn of the loop."""
+        self._advanced_at = time.monotonic()
+        """When a pass last moved the gate (readiness: `health`)."""
         self._lister: Any = None
         """A second consumer, never assigned, that lists the topics' partitions: asked
         on the reading one, each answer waits behind a fetch (`fetch.wait.max.ms`, a
@@ -158,19 +177,30 @@ class MarkerReader:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def health(self) -> tuple[bool, str]:
-        """Ready once the markers were read through once; a rewind later (a partition
-        with older records) holds forwarding for a moment, not readiness."""
+    def health(self, limit_s: float = STUCK_S) -> tuple[bool, str]:
+        """Ready once the markers were read through once and while the gate moves: a
+        rewind (a partition with older records) holds forwarding for a moment, not
+        readiness, but a gate that has not moved for `limit_s` holds every level
+        record due since (a flood of markers, a topic that cannot be read, a stuck
+        read) and says so."""
         if not self._thread.is_alive():
             return False, "markers: reader stopped"
         if not self._read_once:
             return False, "markers: not read yet"
+        still = time.monotonic() - self._advanced_at
+        if still > limit_s:
+            step = self.heartbeat.still_s()
+            why = f"; one turn has lasted {step:.0f}s" if step > limit_s else ""
+            return False, (
+                f"markers: not read through for {still:.0f}s, so level records due since wait{why}"
+            )
         return True, "markers: read"
 
     # -- the loop --------------------------------------------------------------------
     def _main(self) -> None:
         consumer: Any = None
         while not self._stopping.is_set():
+            self.heartbeat.beat()
             try:
                 if consumer is None:
                     consumer = self._open()
@@ -249,6 +279,7 @@ class MarkerReader:
             " again, for a partition holding older records" if rewind is not None else "",
         )
         self._next_pass = 0  # at once
+        self._target = None  # positions start over: so does the pass
         return consumer
 
     def _listed(self, consumer: Any, topic: str) -> list[int]:
@@ -337,7 +368,37 @@ class MarkerReader:
 
     def _pass(self, consumer: Any) -> None:
         """Note the time, follow partitions added since, find both topics' ends, read
-        up to them, move the gate."""
+        up to them, move the gate. A pass that runs out of time returns and the next
+        goes on to the same ends (`_target`)."""
+        target = self._target
+        if target is None or target.generation != self._gate.generation:
+            target = self._target = self._new_target(consumer)
+        ends = target.ends
+        deadline = time.monotonic() + PASS_TIMEOUT_S
+        while not self._reached(ends, self._markers_topic):
+            if self._stopping.is_set():
+                return
+            self._read(consumer.consume(BATCH, POLL_S))  # a batch at least, every pass
+            self._note_positions(consumer)
+            if time.monotonic() > deadline and not self._reached(ends, self._markers_topic):
+                return  # the gate stays where it was: forwarding waits, never early
+        for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
+            self._read(message_batch)  # what else is queued (answers, mostly)
+        self._note_positions(consumer)
+        self._target = None
+        began = target.began_ms
+        outcomes = began if self._reached(ends, self._outcomes_topic) else None
+        self._gate.advance(began, outcomes, target.generation)
+        self._read_once = True
+        self._advanced_at = time.monotonic()
+        self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
+        self._forget(began)
+        self._on_pass()
+
+    def _new_target(self, consumer: Any) -> _Target:
+        """Note the time, then where both topics end: every marker acknowledged before
+        that time is below those ends. The ends are asked of the idle lister: asked of
+        the reading consumer, each waits behind its fetch."""
         generation = self._gate.generation
         began = self._now_ms()
         if self._lister is None:
@@ -349,28 +410,14 @@ class MarkerReader:
         ends = self._follow_growth(consumer, listed)
         ends.update(
             {
-                (tp.topic, tp.partition): consumer.get_watermark_offsets(
+                (tp.topic, tp.partition): self._lister.get_watermark_offsets(
                     tp, timeout=PASS_TIMEOUT_S, cached=False
                 )[1]
                 for tp in self._assigned
                 if (tp.topic, tp.partition) not in ends
             }
         )
-        deadline = time.monotonic() + PASS_TIMEOUT_S
-        while not self._reached(ends, self._markers_topic):
-            if time.monotonic() > deadline or self._stopping.is_set():
-                return  # the gate stays where it was: forwarding waits, never early
-            self._read(consumer.consume(BATCH, POLL_S))
-            self._note_positions(consumer)
-        for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self._read(message_batch)  # what else is queued (answers, mostly)
-        self._note_positions(consumer)
-        outcomes = began if self._reached(ends, self._outcomes_topic) else None
-        self._gate.advance(began, outcomes, generation)
-        self._read_once = True
-        self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
-        self._forget(began)
-        self._on_pass()
+        return _Target(began, ends, generation)
 
     def _reached(self, ends: dict[TP, int], topic: str) -> bool:
         return all(self._read_to.get(tp, -1) >= end for tp, end in ends.items() if tp[0] == topic)
@@ -419,7 +466,9 @@ class MarkerReader:
         if reply is None or key is None or not key.startswith(f"{self._markers_topic}:".encode()):
             return
         _, stamp = message.timestamp()
-        self._book.answer_read(key, reply, stamp)
+        # Never later than now: an answer stamped ahead (a clock, a forger) would
+        # outlive the window it is kept for.
+        self._book.answer_read(key, reply, min(stamp, self._now_ms()))
 
     def _forget(self, now_ms: int) -> None:
         """Drop what no waiting record can need, and say how much is kept."""

@@ -9,96 +9,16 @@ cache), and the second one it lists the topics with."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME
-from prometheus_client import CollectorRegistry
 
-from delayservice.envelope import H_CANCEL
-from delayservice.level import marker_reader
-from delayservice.level.ids import level_id
-from delayservice.level.marker_book import MarkerBook
-from delayservice.level.marker_gate import MarkerGate
-from delayservice.level.marker_reader import MarkerReader
-from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.settings import load_settings
-from tests.level.fakes import FakeClock, FakeConsumer, message
-
-
-@dataclass
-class _Reading:
-    clock: FakeClock
-    fake: FakeConsumer
-    book: MarkerBook
-    gate: MarkerGate
-    reader: MarkerReader
-    consumer: Any
-    markers: str
-    outcomes: str
-
-    def grow(self, topic: str, count: int) -> None:
-        self.fake.partition_counts[topic] = count
-
-    def one_pass(self) -> None:
-        self.clock.advance(0.2)
-        self.reader._pass(self.consumer)
+from tests.level.fakes import message
+from tests.level.marker_reading import Reading, cancel_on, reading_rig
 
 
 @pytest.fixture
-def reading(monkeypatch: pytest.MonkeyPatch) -> _Reading:
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 0.3)  # a pass that cannot finish
-    settings = load_settings(levels="1s,5s", bootstrap_servers="127.0.0.1:9")
-    levels = settings.level_set()
-    clock = FakeClock()
-    fake = FakeConsumer(settings.markers_topic, settings.markers_outcomes_topic)
-    fake.blocking = False
-    fake.partition_counts = {
-        settings.markers_topic: 1,
-        settings.markers_outcomes_topic: 1,
-        **{level.topic: 3 for level in levels},
-    }
-    fake.metadata_seen = {}
-    lister = FakeConsumer(settings.markers_topic, settings.markers_outcomes_topic)
-    lister.partition_counts = fake.partition_counts  # the same broker
-
-    def make_consumer(config: dict[str, Any]) -> FakeConsumer:
-        return lister if "lister" in config["client.id"] else fake
-
-    book, gate = MarkerBook(levels), MarkerGate(100)
-    reader = MarkerReader(
-        settings, book, gate, ServiceMetrics(CollectorRegistry()), clock.ms, make_consumer
-    )
-    consumer = reader._open()
-    made = _Reading(
-        clock,
-        fake,
-        book,
-        gate,
-        reader,
-        consumer,
-        settings.markers_topic,
-        settings.markers_outcomes_topic,
-    )
-    made.one_pass()
-    assert gate.through_ms == clock.ms()
-    return made
-
-
-def _cancel(reading: _Reading, partition: int) -> str:
-    mid = level_id(1, 0, reading.clock.ms())
-    tp = (reading.markers, partition)
-    record = message(
-        partition,
-        reading.fake.next_offset(tp),
-        reading.clock.ms(),
-        topic=reading.markers,
-        headers=[(H_CANCEL, mid.encode())],
-        timestamp_type=TIMESTAMP_CREATE_TIME,
-    )
-    reading.fake.append(tp, record)
-    return mid
+def reading(monkeypatch: pytest.MonkeyPatch) -> Reading:
+    return reading_rig(monkeypatch)
 
 
 def _grew(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -110,11 +30,11 @@ def _grew(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_marker_on_a_partition_added_while_reading_is_read_before_the_gate_passes_it(
-    reading: _Reading, caplog: pytest.LogCaptureFixture
+    reading: Reading, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="delayservice.level.marker_reader")
     reading.grow(reading.markers, 4)
-    mid = _cancel(reading, 3)
+    mid = cancel_on(reading, 3)
     acknowledged = reading.clock.ms()
     before = reading.gate.through_ms
     # The new partition's records are not fetched yet: the pass cannot finish.
@@ -131,7 +51,7 @@ def test_a_marker_on_a_partition_added_while_reading_is_read_before_the_gate_pas
         f"{acknowledged} on a partition added while it ran, and that cancel was never read"
     )
     assert reading.gate.through_ms > acknowledged
-    later = _cancel(reading, 2)
+    later = cancel_on(reading, 2)
     reading.one_pass()
     assert reading.book.has(later)
     (line,) = _grew(caplog)
@@ -139,7 +59,7 @@ def test_a_marker_on_a_partition_added_while_reading_is_read_before_the_gate_pas
 
 
 def test_the_outcomes_known_wait_for_an_outcomes_partition_added_while_reading(
-    reading: _Reading, caplog: pytest.LogCaptureFixture
+    reading: Reading, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="delayservice.level.marker_reader")
     reading.grow(reading.outcomes, 2)
