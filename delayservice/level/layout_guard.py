@@ -24,12 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
-
 from delayservice.errors import ConfigError
+from delayservice.kafka.group_members import Member, members, wait_until_empty
 from delayservice.level import layout
 from delayservice.settings import Settings
 
@@ -37,28 +35,8 @@ log = logging.getLogger(__name__)
 
 WAIT_SESSIONS: Final = 3
 """How many session timeouts start-up waits for the other layout's members to go."""
-ASK_EVERY_S: Final = 1.0
-"""How often start-up asks again while it waits."""
 WATCH_EVERY_S: Final = 10.0
 """How often a running daemon looks for the other layout's members."""
-ADMIN_TIMEOUT_S: Final = 5.0
-_QUIET_STATES: Final = (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD)
-
-
-@dataclass(frozen=True)
-class Member:
-    """One member of a group of the other layout, as the broker describes it."""
-
-    group: str
-    member_id: str
-    instance_id: str | None
-    client_id: str
-    host: str
-
-    def __str__(self) -> str:
-        instance = f" instance {self.instance_id}" if self.instance_id else ""
-        ids = f"member {self.member_id}{instance} client {self.client_id} host {self.host}"
-        return f"{self.group}: {ids}"
 
 
 def other_layout(settings: Settings) -> str:
@@ -68,32 +46,6 @@ def other_layout(settings: Settings) -> str:
 def other_groups(settings: Settings) -> list[str]:
     """The consumer groups the other layout's workers of this process's levels join."""
     return [plan.group_id for plan in layout.workers(settings, other_layout(settings))]
-
-
-def members(admin: Any, groups: list[str]) -> list[Member] | None:
-    """The members of `groups` (a group busy without any, mid-rebalance, counts as one
-    member with no ids); None when the broker does not answer."""
-    found: list[Member] = []
-    try:
-        futures = admin.describe_consumer_groups(groups, request_timeout=ADMIN_TIMEOUT_S)
-        for group, future in futures.items():
-            try:
-                described = future.result(ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                    continue  # never had a member
-                raise
-            found.extend(
-                Member(group, m.member_id, m.group_instance_id, m.client_id, m.host)
-                for m in described.members
-            )
-            if not described.members and described.state not in _QUIET_STATES:
-                found.append(Member(group, f"(none yet, {described.state.name})", None, "-", "-"))
-    except (KafkaException, TimeoutError) as exc:
-        log.info("the other worker layout's groups not described yet (%r)", exc)
-        return None
-    return found
 
 
 def conflict(settings: Settings, live: list[Member]) -> str:
@@ -111,29 +63,13 @@ def wait_until_alone(
 ) -> None:
     """Return once no group of the other layout has a member (or a stop is asked for);
     raise ConfigError naming them if some are still there after `wait_s` (by default
-    `WAIT_SESSIONS` session timeouts). While the broker does not answer, keep asking:
-    not knowing is not a refusal, and the daemon is not ready meanwhile."""
-    groups = other_groups(settings)
+    `WAIT_SESSIONS` session timeouts). The daemon is not ready meanwhile."""
     budget = wait_s if wait_s is not None else WAIT_SESSIONS * settings.session_timeout_s
-    waited = 0.0
-    said = False
-    while not stop.is_set():
-        live = members(admin, groups)
-        if live == []:
-            return
-        if live is not None:
-            if waited >= budget:
-                raise ConfigError("level_workers", conflict(settings, live))
-            if not said:
-                log.warning(
-                    "waiting up to %.0fs for the other worker layout's members to leave "
-                    "(a stopped static member stays until its session times out): %s",
-                    budget,
-                    "; ".join(map(str, live)),
-                )
-                said = True
-            waited += ASK_EVERY_S  # counted while answers come, not while the broker is away
-        stop.wait(ASK_EVERY_S)
+    live = wait_until_empty(
+        admin, other_groups(settings), stop, budget, "the other worker layout's members"
+    )
+    if live:
+        raise ConfigError("level_workers", conflict(settings, live))
 
 
 class LayoutWatch:

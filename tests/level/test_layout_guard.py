@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
 
 from delayservice.errors import ConfigError
+from delayservice.kafka import group_members
 from delayservice.level import layout_guard
 from delayservice.settings import load_settings
 
@@ -78,7 +79,7 @@ def test_members_are_named_with_group_member_instance_client_and_host():
         [_member("host-b-delay_topic_2")],
     )
     admin.groups["ds-delay_topic_1"] = KafkaException(KafkaError(KafkaError.GROUP_ID_NOT_FOUND))
-    (live,) = layout_guard.members(admin, layout_guard.other_groups(_settings()))
+    (live,) = group_members.members(admin, layout_guard.other_groups(_settings()))
     assert str(live) == (
         "ds-delay_topic_2: member host-b-delay_topic_2-1234 instance host-b-delay_topic_2 "
         "client delayservice-host-b-delay_topic_2 host /10.0.0.7"
@@ -88,10 +89,10 @@ def test_members_are_named_with_group_member_instance_client_and_host():
 def test_a_group_mid_rebalance_with_no_member_listed_is_live_and_empty_or_dead_is_not():
     admin = FakeAdmin()
     admin.groups["ds-levels"] = (ConsumerGroupState.PREPARING_REBALANCING, [])
-    (live,) = layout_guard.members(admin, ["ds-levels"])
+    (live,) = group_members.members(admin, ["ds-levels"])
     assert "PREPARING_REBALANCING" in str(live)
     admin.groups["ds-levels"] = (ConsumerGroupState.EMPTY, [])
-    assert layout_guard.members(admin, ["ds-levels"]) == []
+    assert group_members.members(admin, ["ds-levels"]) == []
 
 
 def test_start_up_refuses_with_one_line_when_a_member_stays_past_the_wait():
@@ -109,7 +110,7 @@ def test_start_up_refuses_with_one_line_when_a_member_stays_past_the_wait():
 
 
 def test_start_up_goes_ahead_once_a_stopped_static_member_times_out(monkeypatch):
-    monkeypatch.setattr(layout_guard, "ASK_EVERY_S", 0.01)
+    monkeypatch.setattr(group_members, "ASK_EVERY_S", 0.01)
     admin = FakeAdmin()
     admin.groups["ds-levels"] = (ConsumerGroupState.STABLE, [_member("host-a-levels")])
     real_describe = admin.describe_consumer_groups
@@ -125,7 +126,7 @@ def test_start_up_goes_ahead_once_a_stopped_static_member_times_out(monkeypatch)
 
 
 def test_a_broker_that_does_not_answer_is_asked_again_not_a_refusal(monkeypatch):
-    monkeypatch.setattr(layout_guard, "ASK_EVERY_S", 0.01)
+    monkeypatch.setattr(group_members, "ASK_EVERY_S", 0.01)
     admin = FakeAdmin()
     admin.down = True
     stop = threading.Event()

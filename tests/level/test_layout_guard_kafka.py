@@ -89,6 +89,6 @@ def test_a_per_level_daemon_refuses_to_start_while_the_shared_group_has_a_member
 
 
 def test_a_group_never_joined_is_no_conflict(testbed):
-    from delayservice.level.layout_guard import members
+    from delayservice.kafka.group_members import members
 
     assert members(testbed.admin, [f"never-{uuid.uuid4().hex}"]) == []
