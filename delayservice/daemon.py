@@ -31,8 +31,9 @@ from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.data_dir import check_data_dir
+from delayservice.precise.data_dir import check_data_dir, check_not_in_use
 from delayservice.precise.held_bytes import HeldBytes
+from delayservice.precise.member_lease import MemberLease
 from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.settings import Settings
 
@@ -72,6 +73,8 @@ class Daemon:
         """Level mode's cancels and reschedules (`level.markers`), beside the workers."""
         self.layout_watch: Worker | None = None
         """Looks for the other worker layout's members while this one runs."""
+        self.lease: MemberLease | None = None
+        """Precise mode: this process is the only one of its `precise_member`."""
         self.budget = MemoryBudget(settings.max_buffered_bytes)
         self.metrics.memory_limit.set(settings.max_buffered_bytes)
         self.metrics.memory_used.set_function(lambda: float(self.budget.used))
@@ -108,6 +111,10 @@ class Daemon:
         self._server.start()
         if self.settings.precise:
             check_data_dir(self.settings.data_dir)  # before the broker: a setting to fix
+            check_not_in_use(
+                self.settings.data_dir,
+                (self.settings.precise_topic, self.settings.precise_far_topic),
+            )
         admin = AdminClient(client_config.admin(self.settings))
         statuses = self._wait_for_broker(admin)
         if statuses is None:
@@ -121,6 +128,12 @@ class Daemon:
             )
         self._phase = "waiting for the other worker layout's members to leave"
         layout_guard.wait_until_alone(admin, self.settings, self._stop)
+        if self.settings.precise:
+            self._phase = "waiting for the last process of this precise_member to leave"
+            self.lease = MemberLease(
+                self.settings, self.fail, lambda: AdminClient(client_config.admin(self.settings))
+            )
+            self.lease.claim(self._stop)
         if self._stop.is_set():
             return
         # Built in full before any starts: a worker that cannot be built (a data directory
@@ -158,6 +171,8 @@ class Daemon:
             self.settings, lambda: AdminClient(client_config.admin(self.settings))
         )
         self.layout_watch = watch
+        if self.lease is not None:
+            self.lease.start()  # joins its group before the precise workers forward
         markers.start()  # first: the level forwarders wait for the markers it reads
         for worker in self.workers:
             worker.start()
@@ -189,7 +204,7 @@ class Daemon:
         return None
 
     def _all(self) -> list[Worker]:
-        extra = [w for w in (self.markers, self.layout_watch) if w is not None]
+        extra = [w for w in (self.markers, self.layout_watch, self.lease) if w is not None]
         return [*self.workers, *extra]
 
     def fail(self, why: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,6 +33,11 @@ class Member:
     instance_id: str | None
     client_id: str
     host: str
+
+    @property
+    def known(self) -> bool:
+        """False for the stand-in of a group busy with no member listed."""
+        return not self.member_id.startswith("(")
 
     def __str__(self) -> str:
         instance = f" instance {self.instance_id}" if self.instance_id else ""
@@ -66,15 +72,23 @@ def members(admin: Any, groups: list[str]) -> list[Member] | None:
 
 
 def wait_until_empty(
-    admin: Any, groups: list[str], stop: threading.Event, budget_s: float, what: str
+    admin: Any,
+    groups: list[str],
+    stop: threading.Event,
+    budget_s: float,
+    what: str,
+    ignore: Callable[[Member], bool] | None = None,
 ) -> list[Member]:
     """[] once no group of `groups` has a member (or a stop is asked for); else the
     members still there after `budget_s` of answers. While the broker does not answer,
-    keep asking: not knowing is not a refusal. `what`: the members, for the log."""
+    keep asking: not knowing is not a refusal. `what`: the members, for the log;
+    `ignore`: members known to be gone."""
     waited = 0.0
     said = False
     while not stop.is_set():
         live = members(admin, groups)
+        if live is not None and ignore is not None:
+            live = [m for m in live if not ignore(m)]
         if live == []:
             return []
         if live is not None:
@@ -92,3 +106,28 @@ def wait_until_empty(
             waited += ASK_EVERY_S  # counted while answers come, not while the broker is away
         stop.wait(ASK_EVERY_S)
     return []
+
+
+class GroupWatch:
+    """A thread of its own that looks at a group while the daemon runs (`_run`); the
+    daemon starts, stops and joins it as a worker."""
+
+    name = "group-watch"
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> bool:
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from delayservice.errors import ConfigError
-from delayservice.kafka.group_members import Member, members, wait_until_empty
+from delayservice.kafka.group_members import GroupWatch, Member, members, wait_until_empty
 from delayservice.level import layout
 from delayservice.settings import Settings
 
@@ -72,7 +72,7 @@ def wait_until_alone(
         raise ConfigError("level_workers", conflict(settings, live))
 
 
-class LayoutWatch:
+class LayoutWatch(GroupWatch):
     """While the daemon runs, looks for members of the other layout's groups (two
     processes of different layouts started at the same moment both got past
     `wait_until_alone`): readiness red, and an ERROR, while there are any. The other
@@ -90,20 +90,8 @@ class LayoutWatch:
         self._admin_factory = admin_factory
         self._every = every_s
         self._groups = other_groups(settings)
-        self._stop = threading.Event()
         self._live: list[Member] = []
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    def join(self, timeout: float) -> bool:
-        if self._thread.ident is not None:
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
+        super().__init__()
 
     def health(self) -> tuple[bool, str]:
         live = self._live
