@@ -164,7 +164,16 @@ class MemberLease(GroupWatch):
     def _run(self) -> None:
         client_id = lease_client_id(self._settings.precise_member)
         config = client_config.consumer(self._settings, self.group, client_id)
-        consumer = self._make_consumer({**config, "enable.auto.commit": False})
+        # It reads nothing: a pre-fetch of 64 KiB at most before its pause (so `sizing`
+        # need not count it), and no offsets committed.
+        consumer = self._make_consumer(
+            {
+                **config,
+                "enable.auto.commit": False,
+                "queued.max.messages.kbytes": 64,
+                "queued.min.messages": 1,
+            }
+        )
         try:
             consumer.subscribe([self._settings.precise_done_topic])
             next_look = self._clock() + self._look_every
