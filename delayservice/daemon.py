@@ -25,14 +25,15 @@ from prometheus_client import CollectorRegistry
 from delayservice.errors import DelayServiceError, TopicSetupError
 from delayservice.kafka import client_config, topics
 from delayservice.kafka.broker_clock import BrokerClock
-from delayservice.level import layout
+from delayservice.level import layout, layout_guard
 from delayservice.level.level_worker import LevelWorker
 from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.data_dir import check_data_dir
+from delayservice.precise.data_dir import check_data_dir, check_not_in_use
 from delayservice.precise.held_bytes import HeldBytes
+from delayservice.precise.member_lease import MemberLease
 from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.settings import Settings
 
@@ -70,6 +71,10 @@ class Daemon:
         self.workers: list[Worker] = []
         self.markers: Worker | None = None
         """Level mode's cancels and reschedules (`level.markers`), beside the workers."""
+        self.layout_watch: Worker | None = None
+        """Looks for the other worker layout's members while this one runs."""
+        self.lease: MemberLease | None = None
+        """Precise mode: this process is the only one of its `precise_member`."""
         self.budget = MemoryBudget(settings.max_buffered_bytes)
         self.metrics.memory_limit.set(settings.max_buffered_bytes)
         self.metrics.memory_used.set_function(lambda: float(self.budget.used))
@@ -87,7 +92,8 @@ class Daemon:
             return False, self._phase
         states = [worker.health() for worker in self._all()]
         ready = all(ok for ok, _ in states)
-        return ready, ("ready: " if ready else "not ready: ") + "; ".join(why for _, why in states)
+        reasons = "; ".join(why for _, why in states if why)
+        return ready, ("ready: " if ready else "not ready: ") + reasons
 
     @property
     def metrics_port(self) -> int | None:
@@ -105,6 +111,10 @@ class Daemon:
         self._server.start()
         if self.settings.precise:
             check_data_dir(self.settings.data_dir)  # before the broker: a setting to fix
+            check_not_in_use(
+                self.settings.data_dir,
+                (self.settings.precise_topic, self.settings.precise_far_topic),
+            )
         admin = AdminClient(client_config.admin(self.settings))
         statuses = self._wait_for_broker(admin)
         if statuses is None:
@@ -116,6 +126,16 @@ class Daemon:
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; run `delayservice topics create` / `topics describe`"
             )
+        self._phase = "waiting for the other worker layout's members to leave"
+        layout_guard.wait_until_alone(admin, self.settings, self._stop)
+        if self.settings.precise:
+            self._phase = "waiting for the last process of this precise_member to leave"
+            self.lease = MemberLease(
+                self.settings, self.fail, lambda: AdminClient(client_config.admin(self.settings))
+            )
+            self.lease.claim(self._stop)
+        if self._stop.is_set():
+            return
         # Built in full before any starts: a worker that cannot be built (a data directory
         # in use) must not leave unstarted ones behind for `stop` to join. Each level
         # worker forwards through a producer of its own (its commit point flushes, or
@@ -147,9 +167,16 @@ class Daemon:
             )
         self.workers = workers
         self.markers = markers
+        watch = layout_guard.LayoutWatch(
+            self.settings, lambda: AdminClient(client_config.admin(self.settings))
+        )
+        self.layout_watch = watch
+        if self.lease is not None:
+            self.lease.start()  # joins its group before the precise workers forward
         markers.start()  # first: the level forwarders wait for the markers it reads
         for worker in self.workers:
             worker.start()
+        watch.start()
         self._phase = "running"
         log.info(
             "forwarding %d levels (%s, level workers %s) from %s",
@@ -177,7 +204,8 @@ class Daemon:
         return None
 
     def _all(self) -> list[Worker]:
-        return [*self.workers, *([self.markers] if self.markers is not None else [])]
+        extra = [w for w in (self.markers, self.layout_watch, self.lease) if w is not None]
+        return [*self.workers, *extra]
 
     def fail(self, why: str) -> None:
         """A worker hit something it cannot recover from; stop everything, exit non-zero."""

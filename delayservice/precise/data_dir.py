@@ -51,6 +51,15 @@ def lock_data_dir(root: Path) -> IO[str]:
     return handle
 
 
+def check_not_in_use(data_dir: Path, topics: tuple[str, ...]) -> None:
+    """Refuse, as `DataDir` would, a wheel directory another process holds: at start-up,
+    so that this is the line a second daemon on one directory stops with, not the
+    later wait for its `precise_member` (`member_lease`). The lock is let go at once;
+    `DataDir` takes it for good."""
+    for topic in topics:
+        lock_data_dir(data_dir / topic).close()
+
+
 class DataDir:
     def __init__(
         self, data_dir: Path, topic: str, on_fault: Callable[[StorageError], None]
