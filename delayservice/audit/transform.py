@@ -389,7 +389,7 @@ def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int, lead_ms: int) -> Da
     is_delivered = F.col("deliveries") > 0
     in_time = F.col("cancel_ms") < F.col("due_ms")
     # Both modes promise a cancel acknowledged `cancel_lead` before the due time.
-    promised = F.col("cancel_ms") <= F.col("due_ms") - F.lit(lead_ms)
+    promised = F.col("cancel_ms") < F.col("due_ms") - F.lit(lead_ms)
     # Precise mode calls off a message it has not sent yet even after its due time (a
     # late daemon): not delivered with a marker in place is a cancel honoured, not a loss.
     honoured_late = (

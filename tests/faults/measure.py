@@ -52,6 +52,7 @@ class Topology:
     precise: tuple[str, ...] = ()  # the precise and far topics, when precise mode is on
     max_delay_ms: int = 0  # precise mode's longest delay
     markers: str | None = None  # the level markers topic
+    cancel_lead_ms: int = 0  # within this of a due time, a level marker races the forward
 
     @classmethod
     def of(cls, settings: Any, targets: dict[str, int]) -> Topology:
@@ -63,6 +64,7 @@ class Topology:
             (settings.precise_topic, settings.precise_far_topic) if settings.precise else (),
             settings.max_delay_ms if settings.precise else 0,
             settings.markers_topic,
+            settings.cancel_lead_ms,
         )
 
     @property
@@ -180,6 +182,7 @@ class Source:
     echo: bool = False  # a copy the daemon forwarded into a level topic
     replaced: tuple[int, ...] = ()  # due times reschedules replaced, in order
     cancelled: bool = False  # a level message whose cancel was appended before it was due
+    raced: bool = False  # a level marker within `cancel_lead` of its due time: either outcome
     level_moved: bool = False  # a level message a reschedule moved (a copy, level-rounded)
     deliveries: list[Rec] = field(default_factory=list)
     dead: list[Rec] = field(default_factory=list)
@@ -217,6 +220,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)  # the daemons' log files, for a failure
     cancelled: list[Source] = field(default_factory=list)  # withdrawn in time: none may arrive
+    raced: list[Source] = field(default_factory=list)  # a marker within the lead: not judged
 
     def __repr__(self) -> str:
         """Short, because pytest prints it in every failed assertion."""
@@ -246,7 +250,8 @@ class Report:
 
     @property
     def duplicates(self) -> int:
-        return sum(max(0, len(s.deliveries) + len(s.dead) - 1) for s in self.sources)
+        judged = [*self.sources, *self.raced]  # a race decides whether, never how many times
+        return sum(max(0, len(s.deliveries) + len(s.dead) - 1) for s in judged)
 
     @property
     def dead_lettered(self) -> int:
@@ -296,6 +301,8 @@ class Report:
         p99, worst = percentile(late, 0.99), max(late, default=None)
         leaked = f"{len(self.cancels_leaked)} of {len(self.cancelled)} cancels leaked"
         cancels = [leaked] if self.cancelled else []
+        if self.raced:
+            cancels.append(f"{len(self.raced)} raced a marker within the lead")
         if self.moved:
             twice = sum(1 for s in self.moved if len(s.deliveries) > 1)
             cancels.append(
@@ -429,7 +436,8 @@ def evaluate(
             home = (source.rec.topic, source.rec.partition, source.expect.id)
             _apply_moves(source, moves.get(home, []))
             if source.rec.topic in topology.levels:
-                _apply_level_markers(source, level_marks.get(source.expect.id, []))
+                marks = level_marks.get(source.expect.id, [])
+                _apply_level_markers(source, marks, topology.cancel_lead_ms)
         source.dead = dead_by_origin.get(position, [])
         wrong.extend(_judge(source, may_dead_letter))
     for origin, letters in dead_by_origin.items():
@@ -444,11 +452,12 @@ def evaluate(
     )
     return Report(
         scenario,
-        [s for s in sources if not s.cancelled],
+        [s for s in sources if not s.cancelled and not s.raced],
         missing,
         wrong,
         dead_reasons,
         cancelled=[s for s in sources if s.cancelled],
+        raced=[s for s in sources if s.raced],
     )
 
 
@@ -473,13 +482,20 @@ def _level_markers(records: list[Rec]) -> dict[str, list[tuple[int, int, str, in
     return out
 
 
-def _apply_level_markers(source: Source, marks: list[tuple[int, int, str, int | None]]) -> None:
-    """Each marker appended before the due time then in force acts, in append order: a
-    cancel for good, a reschedule moves the due time (a past time meaning at once)."""
+def _apply_level_markers(
+    source: Source, marks: list[tuple[int, int, str, int | None]], lead_ms: int = 0
+) -> None:
+    """Each marker appended at least `lead_ms` before the due time then in force acts, in
+    append order: a cancel for good, a reschedule moves the due time (a past time
+    meaning at once). One appended within the lead acts only if the daemon read it
+    before the forward (`cancel_lead`): the source raced, and either outcome stands."""
     replaced = list(source.replaced)
     for appended, _, kind, asked in sorted(marks):
         if source.due_ms is None or appended >= source.due_ms:
             continue
+        if appended >= source.due_ms - lead_ms:
+            source.raced = True
+            break
         if kind == "cancel":
             source.cancelled = True
             break

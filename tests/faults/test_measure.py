@@ -154,3 +154,31 @@ def test_a_payload_free_stub_is_accepted_only_for_a_record_too_large_to_copy(
     report = evaluate("unit", _Reader(source, stub), TOPOLOGY, _sent(source))
     assert report.stubs == 1
     assert (not report.wrong) is accepted
+
+
+def test_a_level_cancel_within_the_lead_raced_and_one_before_it_must_hold() -> None:
+    """`cancel_lead`: a level cancel appended at least the lead before the due time must
+    hold (delivered anyway is a leak); one within the lead raced the forward, and
+    either outcome stands, but never twice."""
+    topology = Topology({LEVEL: 1000}, DLQ, {TARGET: 3}, 3, markers="mk", cancel_lead_ms=500)
+    held = _rec(LEVEL, 0, 10_000, _envelope("held"))
+    raced = _rec(LEVEL, 1, 10_000, _envelope("raced"))
+    twice = _rec(LEVEL, 2, 10_000, _envelope("twice"))
+    sources = (held, raced, twice)
+    reader = _Reader(
+        *sources,
+        _rec("mk", 0, 10_400, [("delay-v", b"1"), ("delay-cancel", b"held")]),  # 600 ms ahead
+        _rec("mk", 1, 10_700, [("delay-v", b"1"), ("delay-cancel", b"raced")]),  # 300 ms
+        _rec("mk", 2, 10_700, [("delay-v", b"1"), ("delay-cancel", b"twice")]),
+        _forwarded("held", 11_000, 11_000, 0),
+        _forwarded("raced", 11_000, 11_000, 1),
+        _forwarded("twice", 11_000, 11_000, 2),
+        _forwarded("twice", 11_100, 11_000, 3),
+    )
+    report = evaluate("unit", reader, topology, _sent(*sources))
+    assert [leak.split(" (")[-1] for leak in report.cancels_leaked] == ["held)"]
+    assert sorted(s.expect.id for s in report.raced) == ["raced", "twice"]
+    assert report.lost == []
+    assert report.duplicates == 1
+    strict = Topology({LEVEL: 1000}, DLQ, {TARGET: 3}, 3, markers="mk")
+    assert len(evaluate("unit", reader, strict, _sent(*sources)).cancels_leaked) == 3
