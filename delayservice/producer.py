@@ -59,7 +59,7 @@ from delayservice.marker_receipt import (
     connection_config,
 )
 from delayservice.precise.ids import named_place, precise_id, precise_partition
-from delayservice.precise.topic_partitions import TopicPartitions
+from delayservice.precise.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ class DelayProducer:
         self._partitioner = str(config.get("partitioner", partitioners.DEFAULT))
         """Written in every envelope: the daemon places a keyed record with it, on the
         partition an undelayed send through this producer would reach."""
-        self._partitions = TopicPartitions(self._producer)
+        self._partitions = TopicPartitions(self._producer, servers_of(config))
         self._reply_config = connection_config(config)
         self._sticky: dict[str, tuple[int, float]] = {}
         """Level topic -> (the partition keyless messages go to, until when)."""
@@ -360,9 +360,11 @@ class DelayProducer:
     ) -> MarkerReceipt:
         """Send a cancel or reschedule marker to where the daemon holding the message
         reads it (`_marker_home`). A caller who waits for the reply hears that the
-        outcomes topic is missing before anything is sent."""
+        outcomes topic is missing, or that no broker answers (`BrokerUnavailableError`,
+        within `wait`), before anything is sent."""
         topic, outcomes, exact = self._marker_home(message_id)
-        if wait is not None and not self._partitions.exists(outcomes):
+        asked_s = max(0.1, min(wait or 0.0, METADATA_TIMEOUT_S))
+        if wait is not None and self._partitions.missing(outcomes, asked_s):
             from delayservice.status.marker_outcome import unavailable
 
             raise unavailable(outcomes)

@@ -138,14 +138,17 @@ def test_cancel_without_the_precise_topic_fails_in_one_line(testbed):
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"delayservice: the topic nope-{testbed.tag} is not available")
+    assert line.startswith(
+        f"delayservice: the broker answered that the topic nope-{testbed.tag} does not exist"
+    )
     assert "delayservice topics create" in line
     # Waiting for the reply needs the outcomes topic: it is checked before anything is sent.
     result = _cli("reschedule", "abc", "--delay", "5s", "-b", testbed.bootstrap, env=env)
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(
-        f"delayservice: the outcomes topic nope-{testbed.tag}_outcomes is not available"
+        f"delayservice: the broker answered that the outcomes topic nope-{testbed.tag}_outcomes "
+        "does not exist"
     )
 
 
