@@ -13,13 +13,16 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Final, ParamSpec, TypeVar
 
 import typer
 from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.delay_timing import delay_seconds
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
+
+if TYPE_CHECKING:
+    from delayservice.settings import Settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -44,6 +47,19 @@ BootstrapOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def local_endpoint(settings: Settings, path: str) -> str:
+    """The URL of the daemon's HTTP endpoint `path` on this host, from the settings `run`
+    listens by: `metrics_host` (a wildcard address is asked on loopback) and
+    `metrics_port` (0, a port picked at start, cannot be known: exit 2)."""
+    if settings.metrics_port == 0:
+        raise fail("metrics_port is 0 (the daemon picks a free port): pass --url", 2)
+    host = settings.metrics_host
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.metrics_port}{path}"
 
 
 def fail(message: str, code: int) -> typer.Exit:
