@@ -282,6 +282,17 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_any_case(cls, value: object) -> object:
+        """Enums are read in any case: `log_level = "info"` is INFO."""
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("scheduler", "level_workers", "guarantee", mode="before")
+    @classmethod
+    def _choice_any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("group_id")
     @classmethod
     def _group_id_printable(cls, value: str) -> str:

@@ -7,6 +7,7 @@ or topic setup, 1 for anything else DelayService reports.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 import time
@@ -67,11 +68,45 @@ def fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+DelayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--delay",
+        "-d",
+        help="From now: seconds (30, 1.5) or a duration (500ms, 30s, 5m, 2h, 1d), as "
+        "the SDK's delay= takes them.",
+        show_default=False,
+    ),
+]
+AtOption = Annotated[
+    datetime | None,
+    typer.Option(
+        "--at",
+        "--deliver-at",
+        help="Absolute time (ISO 8601; naive times are UTC). --deliver-at is the same "
+        "flag, as the SDK's deliver_at=.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Machine-readable output: JSON on stdout.")
+]
+
+
+def echo_json(data: object) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, default=str))
+
+
 def delivery_time(
-    delay: str | None, deliver_at: datetime | None
+    delay: str | None, deliver_at: datetime | None, *, required: bool = False
 ) -> tuple[float | None, datetime | None]:
     """`--delay` in seconds and `--at` made aware (a naive time is UTC), as the
-    producer takes them; a delay that does not parse exits 2."""
+    producer takes them. Both, a delay that does not parse, or (`required`) neither
+    exits 2 with a line naming the flags."""
+    if (delay is not None and deliver_at is not None) or (
+        required and delay is None and deliver_at is None
+    ):
+        raise fail("give one of --delay and --at", 2)
     try:
         delay_s = delay_seconds(delay) if delay is not None else None
     except ValueError as exc:
