@@ -54,3 +54,8 @@ class BrokerUnavailableError(DelayServiceError):
 
     def __init__(self, message: str, *, code: int | None = None) -> None:
         super().__init__(message, code=code, retriable=True)
+
+
+class RepliesUnavailableError(DelayServiceError):
+    """The broker answered that the outcomes topic does not exist, so no reply to a
+    cancel or reschedule can be waited for."""

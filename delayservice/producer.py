@@ -131,7 +131,7 @@ class DelayProducer:
         self.levels = levels
         self._settings = settings
         self._producer = Producer(config)
-        self._partitioner = str(config.get("partitioner", partitioners.DEFAULT))
+        self._partitioner = partitioners.configured(config)
         """Written in every envelope: the daemon places a keyed record with it, on the
         partition an undelayed send through this producer would reach."""
         self._held = HeldSends(self._producer.produce, held_timeout_s(config))

@@ -114,7 +114,11 @@ class Settings(BaseSettings):
         description="Where cancel and reschedule markers of level messages go; the daemon "
         "answers each on MARKERS_TOPIC_outcomes.",
     )
-    group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
+    group_id: str = Field(
+        "delayservice",
+        description="Consumer group prefix: {group_id}-levels for the levels' shared worker "
+        "({group_id}-{level topic} per level), {group_id}-precise-... for precise mode.",
+    )
     partitions: int = Field(
         3, ge=1, le=2**31 - 1, description="Partitions per level topic (topics create)."
     )

@@ -118,3 +118,19 @@ def test_a_waited_cancel_says_create_it_only_when_the_broker_says_the_topic_is_m
     fake.failure = KafkaException(KafkaError(KafkaError._TIMED_OUT))
     with pytest.raises(BrokerUnavailableError):
         partitions.missing("t")
+
+
+@pytest.mark.parametrize(
+    ("config", "recorded"),
+    [
+        ({"default.topic.config": {"partitioner": "murmur2_random"}}, b"murmur2_random"),
+        ({"partitioner": "fnv1a", "default.topic.config": {"partitioner": "murmur2"}}, b"fnv1a"),
+        ({}, b"consistent_random"),
+    ],
+)
+def test_the_envelope_records_the_partitioner_the_config_sets_nested_or_not(fake, config, recorded):
+    """confluent-kafka still honours the deprecated `default.topic.config` dict, so a
+    partitioner set there places undelayed sends; the forward must follow the same one."""
+    producer = _producer(config)
+    producer.produce("orders", b"v", b"key-1", delay=1)
+    assert dict(fake.sent[-1].headers)["delay-partitioner"] == recorded

@@ -16,16 +16,18 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from delayservice.errors import BrokerUnavailableError, DelayServiceError
+from delayservice.errors import (
+    BrokerUnavailableError,
+    DelayServiceError,
+    RepliesUnavailableError,
+)
 from delayservice.precise.marker_replies import MarkerReply, parse_reply, reply_key
 from delayservice.precise.topic_partitions import metadata_failure, servers_of
 
+__all__ = ["RepliesUnavailableError", "ReplyWatch", "unavailable", "wait_for_reply"]
+
 BATCH: Final = 500
 POLL_S: Final = 0.5
-
-
-class RepliesUnavailableError(DelayServiceError):
-    """The outcomes topic cannot be read, so no reply can be waited for."""
 
 
 def unavailable(topic: str, code: int | None = None) -> RepliesUnavailableError:
