@@ -59,8 +59,9 @@ WORKDIR /tmp
 # /metrics, /healthz and /readyz (settings.metrics_port).
 EXPOSE 9480
 
-# Ready means: the broker answers and every level's threads run. A daemon on another
-# port needs `--url` here, e.g. via a compose healthcheck override.
+# Ready means: the broker answers and every level's threads run. `check` reads the
+# settings `run` reads (DELAYSERVICE_CONFIG, DELAYSERVICE_METRICS_PORT, metrics_host),
+# so the probe follows a changed port.
 HEALTHCHECK --interval=15s --timeout=10s --start-period=60s --retries=3 \
     CMD ["delayservice", "check", "--timeout", "5"]
 

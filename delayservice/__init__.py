@@ -3,7 +3,15 @@
 from typing import TYPE_CHECKING, Any
 
 from delayservice.async_producer import AsyncDelayProducer, AsyncMarkerReceipt
-from delayservice.errors import DelayServiceError, DelayTooLongError
+from delayservice.errors import (
+    BrokerUnavailableError,
+    ConfigError,
+    DelayServiceError,
+    DelayTooLongError,
+    EnvelopeError,
+    RepliesUnavailableError,
+    TopicSetupError,
+)
 from delayservice.marker_receipt import MarkerNotDeliveredError, MarkerReceipt, NoReplyError
 from delayservice.producer import DelayProducer
 
@@ -14,13 +22,18 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncDelayProducer",
     "AsyncMarkerReceipt",
+    "BrokerUnavailableError",
+    "ConfigError",
     "DelayProducer",
     "DelayServiceError",
     "DelayTooLongError",
+    "EnvelopeError",
     "MarkerNotDeliveredError",
     "MarkerReceipt",
     "MarkerReply",
     "NoReplyError",
+    "RepliesUnavailableError",
+    "TopicSetupError",
     "__version__",
 ]
 

@@ -29,10 +29,20 @@ def delay_seconds(delay: Delay) -> float:
     if isinstance(delay, bool):
         raise TypeError(f"delay must be seconds, a timedelta or a duration, got {delay!r}")
     if isinstance(delay, str):
-        return parse_duration_ms(delay) / 1000  # ValueError names the accepted forms
+        text = delay
+        try:
+            delay = float(text)  # a bare number is seconds, as a number delay= is
+        except ValueError:
+            try:
+                return parse_duration_ms(text) / 1000
+            except ValueError:
+                raise ValueError(
+                    f"{text!r} is not a duration: give seconds (30, 1.5) or a duration "
+                    "like 500ms, 5s, 1m, 2h or 1d"
+                ) from None
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
-    elif isinstance(delay, int | float):
+    elif isinstance(delay, int | float):  # a bare-number string arrives here too
         try:
             seconds = float(delay)
         except OverflowError:

@@ -46,3 +46,16 @@ class EnvelopeError(DelayServiceError, ValueError):
 
 class TopicSetupError(DelayServiceError):
     """The delay topics are missing or configured so that promises would break."""
+
+
+class BrokerUnavailableError(DelayServiceError):
+    """No broker answered what was asked (an outage, or a wrong address): nothing is
+    known about the topics, so nothing here says to create one. Trying again can help."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message, code=code, retriable=True)
+
+
+class RepliesUnavailableError(DelayServiceError):
+    """The broker answered that the outcomes topic does not exist, so no reply to a
+    cancel or reschedule can be waited for."""

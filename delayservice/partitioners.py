@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 DEFAULT: Final = "consistent_random"
 """librdkafka's default, and so confluent-kafka's."""
@@ -116,6 +116,16 @@ _KEYED: Final[dict[str, Callable[[bytes, int], int | None]]] = {
 }
 """Every hashing partitioner, murmur2 too: what `keyed_partition` needs, where no
 producer of the daemon's hashes the key for it."""
+
+
+def configured(config: dict[str, Any]) -> str:
+    """The partitioner a confluent-kafka producer config sets: the top-level
+    `partitioner`, else the one in the (deprecated, still honoured) `default.topic.config`
+    dict, else librdkafka's default."""
+    nested = config.get("default.topic.config")
+    if "partitioner" not in config and isinstance(nested, dict) and "partitioner" in nested:
+        return str(nested["partitioner"])
+    return str(config.get("partitioner", DEFAULT))
 
 
 def keyed_partition(partitioner: str | None, key: bytes | None, count: int) -> int | None:

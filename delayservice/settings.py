@@ -132,7 +132,11 @@ class Settings(BaseSettings):
         "forwarded the message. 0s honours every one acknowledged before the due time, at the "
         "cost of a marker read on each level record's path (docs/cancel-and-reschedule.md).",
     )
-    group_id: str = Field("delayservice", description="Consumer group prefix; one group per level.")
+    group_id: str = Field(
+        "delayservice",
+        description="Consumer group prefix: {group_id}-levels for the levels' shared worker "
+        "({group_id}-{level topic} per level), {group_id}-precise-... for precise mode.",
+    )
     partitions: int = Field(
         3, ge=1, le=2**31 - 1, description="Partitions per level topic (topics create)."
     )
@@ -299,6 +303,17 @@ class Settings(BaseSettings):
                 f"{value!r} is not a comma-separated list of host:port with no spaces",
             )
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _log_level_any_case(cls, value: object) -> object:
+        """Enums are read in any case: `log_level = "info"` is INFO."""
+        return value.strip().upper() if isinstance(value, str) else value
+
+    @field_validator("scheduler", "level_workers", "guarantee", mode="before")
+    @classmethod
+    def _choice_any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("group_id")
     @classmethod

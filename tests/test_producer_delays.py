@@ -25,7 +25,15 @@ def test_no_delay_means_send_now(delay):
 
 @pytest.mark.parametrize(
     ("delay", "ms"),
-    [("30s", 30_000), ("10m", 600_000), ("500ms", 500), (" 2h ", 7_200_000), ("1d", 86_400_000)],
+    [
+        ("30s", 30_000),
+        ("10m", 600_000),
+        ("500ms", 500),
+        (" 2h ", 7_200_000),
+        ("1d", 86_400_000),
+        ("30", 30_000),  # a bare number is seconds, in a string as in a number
+        ("1.5", 1_500),
+    ],
 )
 def test_a_delay_may_be_a_duration_in_the_settings_syntax(delay, ms):
     assert delay_to_ms(delay, None) == ms
@@ -43,7 +51,8 @@ def test_a_delay_may_be_a_duration_in_the_settings_syntax(delay, ms):
         (-float("inf"), "finite"),
         (10**400, "finite"),
         ("-5s", "not a duration"),
-        ("30", "not a duration"),
+        ("-30", "must not be negative"),
+        ("nan", "finite"),
         ("soon", "not a duration"),
     ],
 )

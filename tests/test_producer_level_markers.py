@@ -6,13 +6,16 @@ from __future__ import annotations
 import zlib
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from delayservice import producer as producer_module
-from delayservice.errors import DelayTooLongError
+from delayservice.errors import BrokerUnavailableError, DelayTooLongError
 from delayservice.level.ids import level_place
 from delayservice.partitioners import murmur2
+from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.producer import DelayProducer
-from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings
+from delayservice.status.marker_outcome import RepliesUnavailableError
+from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings, in_line
 
 MARKERS = "dmarkers"
 
@@ -21,6 +24,7 @@ MARKERS = "dmarkers"
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
     wrapped = FakeProducer()
     monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
+    in_line(monkeypatch)
     return wrapped
 
 
@@ -82,3 +86,51 @@ def test_an_id_of_the_old_form_goes_to_the_markers_topic_where_it_is_answered_un
     producer = _producer()
     producer.cancel("3f0c6be1a7d84b6e9d9c2a51e0f7d312")
     assert fake.sent[-1].topic == MARKERS
+
+
+def test_an_outage_on_a_waited_cancel_is_retriable_and_names_the_brokers_not_a_setup_step(fake):
+    """No broker answers the metadata request for the outcomes topic: that says nothing
+    about the topic, so the error must not send an operator to `topics create`."""
+    fake.failure = KafkaException(
+        KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure")
+    )
+    producer = _producer({"bootstrap.servers": "10.0.0.9:9092"})
+    with pytest.raises(BrokerUnavailableError) as caught:
+        producer.cancel("abc", wait=5)
+    error = caught.value
+    assert error.retriable
+    assert error.code == KafkaError._TRANSPORT
+    assert "10.0.0.9:9092" in str(error)
+    assert f"partitions of {MARKERS}_outcomes" in str(error)
+    assert "create" not in str(error)
+    assert fake.sent == []
+
+
+def test_a_waited_cancel_says_create_it_only_when_the_broker_says_the_topic_is_missing(fake):
+    fake.topic_error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
+    with pytest.raises(RepliesUnavailableError, match="does not exist; create it with"):
+        _producer().cancel("abc", wait=5)
+    partitions = TopicPartitions(fake)
+    assert partitions.missing("t")
+    fake.topic_error = KafkaError(KafkaError.LEADER_NOT_AVAILABLE)  # exists, no leader yet
+    assert not partitions.missing("t")
+    fake.topic_error = None
+    fake.failure = KafkaException(KafkaError(KafkaError._TIMED_OUT))
+    with pytest.raises(BrokerUnavailableError):
+        partitions.missing("t")
+
+
+@pytest.mark.parametrize(
+    ("config", "recorded"),
+    [
+        ({"default.topic.config": {"partitioner": "murmur2_random"}}, b"murmur2_random"),
+        ({"partitioner": "fnv1a", "default.topic.config": {"partitioner": "murmur2"}}, b"fnv1a"),
+        ({}, b"consistent_random"),
+    ],
+)
+def test_the_envelope_records_the_partitioner_the_config_sets_nested_or_not(fake, config, recorded):
+    """confluent-kafka still honours the deprecated `default.topic.config` dict, so a
+    partitioner set there places undelayed sends; the forward must follow the same one."""
+    producer = _producer(config)
+    producer.produce("orders", b"v", b"key-1", delay=1)
+    assert dict(fake.sent[-1].headers)["delay-partitioner"] == recorded

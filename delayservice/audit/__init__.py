@@ -12,7 +12,20 @@ from __future__ import annotations
 from delayservice.envelope import H_CANCEL
 from delayservice.errors import DelayServiceError
 
-__all__ = ["EXIT_OK", "EXIT_VIOLATIONS", "H_CANCEL", "PRECISE_LEVEL", "AuditError"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_VIOLATIONS",
+    "H_CANCEL",
+    "INSTALL_EXTRA",
+    "PRECISE_LEVEL",
+    "AuditError",
+]
+
+INSTALL_EXTRA = (
+    "install the audit extra from a checkout: pip install '.[audit]' "
+    "(or a built wheel: pip install 'dist/delayservice-<version>-<tags>.whl[audit]')"
+)
+"""The install that works: the package is not published on an index."""
 
 
 PRECISE_LEVEL = "exact"

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from delayservice.audit import AuditError
+from delayservice.audit import INSTALL_EXTRA, AuditError
 from delayservice.kafka import maven
 from delayservice.kafka.local_broker import cache_dir
 
@@ -35,9 +35,7 @@ def pyspark_version() -> str:
     try:
         import pyspark  # optional extra, heavy: import only when auditing
     except ImportError as exc:
-        raise AuditError(
-            "pyspark is not installed; install the audit extra: pip install 'delayservice[audit]'"
-        ) from exc
+        raise AuditError(f"pyspark is not installed; {INSTALL_EXTRA}") from exc
     return str(pyspark.__version__)
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from delayservice.audit import AuditError
+from delayservice.audit import INSTALL_EXTRA, AuditError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,10 +53,7 @@ def require_extras() -> None:
     """Fail before any work when the `audit` extra is missing, not at the plot at the end."""
     missing = [name for name in ("pyspark", "matplotlib") if importlib.util.find_spec(name) is None]
     if missing:
-        raise AuditError(
-            f"{' and '.join(missing)} not installed; install the audit extra: "
-            "pip install 'delayservice[audit]'"
-        )
+        raise AuditError(f"{' and '.join(missing)} not installed; {INSTALL_EXTRA}")
 
 
 def start(

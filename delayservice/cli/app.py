@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Annotated
 
 import typer
@@ -61,5 +62,33 @@ def _root(
     """Delayed delivery for Apache Kafka."""
 
 
-def main() -> None:
-    app()
+def usage_line(exc: BaseException) -> str | None:
+    """A command-line usage error (an unknown flag, a value its type refuses, a missing
+    argument) as one line naming the command and the flag; None for anything else."""
+    message = getattr(exc, "format_message", None)
+    if getattr(exc, "exit_code", None) != 2 or message is None:  # typer's UsageError
+        return None
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "delayservice"
+    text = " ".join(str(message()).split())
+    return f"{command}: {text} (see {command} --help)"
+
+
+def main(args: list[str] | None = None) -> None:
+    """The `delayservice` command: every bad flag value ends as one line and exit 2."""
+    try:
+        code = app(args=args, prog_name="delayservice", standalone_mode=False)
+    except typer.Abort:
+        typer.echo("delayservice: aborted", err=True)
+        sys.exit(1)
+    except Exception as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            help_text = getattr(exc, "format_message", None)
+            typer.echo(help_text() if help_text is not None else str(exc), err=True)
+            sys.exit(2)
+        line = usage_line(exc)
+        if line is None:
+            raise
+        typer.echo(line, err=True)
+        sys.exit(2)
+    sys.exit(code if isinstance(code, int) else 0)

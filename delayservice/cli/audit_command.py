@@ -22,6 +22,8 @@ from delayservice.audit.isolation import Isolation
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
+    JsonOption,
+    echo_json,
     fail,
     friendly_errors,
     setup_logging,
@@ -188,6 +190,7 @@ def audit(
     kafka_option: KafkaOption = None,
     kafka_settings: KafkaSettingsOption = True,
     isolation: IsolationOption = DEFAULT_ISOLATION,
+    as_json: JsonOption = False,
 ) -> None:
     """Reconcile the delay topics with the target topics on Spark; exit 3 if any message is
     missing, early or superseded.
@@ -250,6 +253,9 @@ def audit(
         typer.echo(f"audit [{time.monotonic() - started:5.1f}s] {message}", err=True)
 
     report = run(settings, options, progress)
+    if as_json:  # what summary.json holds, on stdout
+        echo_json(report.document)
+        raise typer.Exit(report.exit_code)
     typer.echo(report.header)
     typer.echo(console_table(report.rows))
     total = report.total.counts

@@ -9,6 +9,7 @@ import typer
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
+    JsonOption,
     fail,
     friendly_errors,
 )
@@ -27,6 +28,7 @@ def cancel(
     wait: WaitOption = 30.0,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Cancel a delayed message, level or exact, before it is due.
 
@@ -46,4 +48,5 @@ def cancel(
             message_id, wait=wait_s, on_delivery=report
         ),
         wait,
+        as_json=as_json,
     )

@@ -7,19 +7,23 @@ or topic setup, 1 for anything else DelayService reports.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Final, ParamSpec, TypeVar
 
 import typer
 from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.delay_timing import delay_seconds
 from delayservice.errors import ConfigError, DelayServiceError, TopicSetupError
+
+if TYPE_CHECKING:
+    from delayservice.settings import Settings
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -46,16 +50,63 @@ BootstrapOption = Annotated[
 ]
 
 
+def local_endpoint(settings: Settings, path: str) -> str:
+    """The URL of the daemon's HTTP endpoint `path` on this host, from the settings `run`
+    listens by: `metrics_host` (a wildcard address is asked on loopback) and
+    `metrics_port` (0, a port picked at start, cannot be known: exit 2)."""
+    if settings.metrics_port == 0:
+        raise fail("metrics_port is 0 (the daemon picks a free port): pass --url", 2)
+    host = settings.metrics_host
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)  # noqa: S104
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.metrics_port}{path}"
+
+
 def fail(message: str, code: int) -> typer.Exit:
     typer.echo(f"delayservice: {message}", err=True)
     return typer.Exit(code)
 
 
+DelayOption = Annotated[
+    str | None,
+    typer.Option(
+        "--delay",
+        "-d",
+        help="From now: seconds (30, 1.5) or a duration (500ms, 30s, 5m, 2h, 1d), as "
+        "the SDK's delay= takes them.",
+        show_default=False,
+    ),
+]
+AtOption = Annotated[
+    datetime | None,
+    typer.Option(
+        "--at",
+        "--deliver-at",
+        help="Absolute time (ISO 8601; naive times are UTC). --deliver-at is the same "
+        "flag, as the SDK's deliver_at=.",
+        show_default=False,
+    ),
+]
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Machine-readable output: JSON on stdout.")
+]
+
+
+def echo_json(data: object) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, default=str))
+
+
 def delivery_time(
-    delay: str | None, deliver_at: datetime | None
+    delay: str | None, deliver_at: datetime | None, *, required: bool = False
 ) -> tuple[float | None, datetime | None]:
     """`--delay` in seconds and `--at` made aware (a naive time is UTC), as the
-    producer takes them; a delay that does not parse exits 2."""
+    producer takes them. Both, a delay that does not parse, or (`required`) neither
+    exits 2 with a line naming the flags."""
+    if (delay is not None and deliver_at is not None) or (
+        required and delay is None and deliver_at is None
+    ):
+        raise fail("give one of --delay and --at", 2)
     try:
         delay_s = delay_seconds(delay) if delay is not None else None
     except ValueError as exc:

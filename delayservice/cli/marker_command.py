@@ -9,7 +9,7 @@ from typing import Annotated, Any, Final
 
 import typer
 
-from delayservice.cli.common import fail
+from delayservice.cli.common import echo_json, fail
 from delayservice.cli.pending_command import when
 from delayservice.kafka import client_config
 from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
@@ -66,17 +66,29 @@ Send = Callable[[DelayProducer, float | None, DeliveryCallback], MarkerReceipt |
 """Queues one marker through the SDK: waiting `float` seconds for the reply (None: not)."""
 
 
-def send_marker(settings: Settings, what: str, message_id: str, send: Send, wait_s: float) -> None:
-    """Send one marker, print where it landed, then the daemon's reply. Exit 1 when it
-    was not written, was not applied, or no reply came within `wait_s` (0: no wait).
-    Waiting needs the outcomes topic, which is checked before anything is sent."""
+def send_marker(
+    settings: Settings,
+    what: str,
+    message_id: str,
+    send: Send,
+    wait_s: float,
+    *,
+    as_json: bool = False,
+) -> None:
+    """Send one marker, print where it landed, then the daemon's reply (with `as_json`,
+    one JSON object with both). Exit 1 when it was not written, was not applied, or no
+    reply came within `wait_s` (0: no wait). Waiting needs the outcomes topic, which is
+    checked before anything is sent."""
+    where: dict[str, Any] = {}
 
     def landed(err: Any, msg: Any) -> None:
         if err is None:
-            typer.echo(
-                f"{what} of {message_id} is on {msg.topic()} partition {msg.partition()} "
-                f"offset {msg.offset()}"
-            )
+            where.update(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+            if not as_json:
+                typer.echo(
+                    f"{what} of {message_id} is on {msg.topic()} partition "
+                    f"{msg.partition()} offset {msg.offset()}"
+                )
 
     producer = DelayProducer(
         client_config.producer(settings, f"delayservice-{what}"), settings=settings
@@ -85,6 +97,8 @@ def send_marker(settings: Settings, what: str, message_id: str, send: Send, wait
         receipt = send(producer, None, landed)
         assert isinstance(receipt, MarkerReceipt)
         receipt.landed(FLUSH_TIMEOUT_S)
+        if as_json:
+            echo_json({"kind": what, "id": message_id, "landed": where, "reply": None})
         return
     try:
         reply = send(producer, wait_s, landed)
@@ -92,6 +106,22 @@ def send_marker(settings: Settings, what: str, message_id: str, send: Send, wait
         raise fail(f"{exc}; or pass --wait 0 to send without waiting for the reply", 1) from None
     assert isinstance(reply, MarkerReply)
     line = f"{what} of {message_id}: {describe(reply, int(time.time() * 1000))}"
+    if as_json:
+        echo_json({"kind": what, "id": message_id, "landed": where, "reply": reply_json(reply)})
+    elif reply.applied:
+        typer.echo(line)
     if not reply.applied:
-        raise fail(line, 1)
-    typer.echo(line)
+        raise fail(line, 1) if not as_json else typer.Exit(1)
+
+
+def reply_json(reply: MarkerReply) -> dict[str, Any]:
+    """A reply as data. `applied` is the one field that means the same in both modes: a
+    kept cancel is `cancelled` from a level worker and `accepted` from a precise one."""
+    return {
+        "outcome": reply.outcome,
+        "applied": reply.applied,
+        "due_ms": reply.due_ms,
+        "reason": reply.reason,
+        "member": reply.member,
+        "role": reply.role,
+    }

@@ -11,7 +11,12 @@ from typing import Annotated
 
 import typer
 
-from delayservice.cli.common import BootstrapOption, ConfigOption, friendly_errors
+from delayservice.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    friendly_errors,
+    local_endpoint,
+)
 from delayservice.precise import due_buckets
 from delayservice.precise.census import count_files
 from delayservice.settings import load_settings
@@ -64,7 +69,7 @@ def pending(
         typer.Option(
             "--metrics-url",
             help="A daemon's /metrics, for what it holds in memory; repeat for several "
-            "(default: this host's metrics_port).",
+            "(default: this host's metrics_host and metrics_port).",
             show_default=False,
         ),
     ] = None,
@@ -85,7 +90,7 @@ def pending(
     daemons hold (levels: in memory; precise: on disk, by due time).
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
-    urls = metrics_url or [f"http://127.0.0.1:{settings.metrics_port}/metrics"]
+    urls = metrics_url or [local_endpoint(settings, "/metrics")]
     now_ms = int(time.time() * 1000)
     rows = level_rows(settings, urls)
     if settings.precise:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 import typer
 
 from delayservice.cli.common import (
+    AtOption,
     BootstrapOption,
     ConfigOption,
+    DelayOption,
+    JsonOption,
     delivery_time,
     fail,
     friendly_errors,
@@ -26,19 +28,12 @@ def reschedule(
             metavar="ID", help="The message id (delay-id) that `send` or produce() returned."
         ),
     ],
-    delay: Annotated[
-        str | None,
-        typer.Option("--delay", "-d", help="From now: e.g. 30s, 5m, 1h.", show_default=False),
-    ] = None,
-    deliver_at: Annotated[
-        datetime | None,
-        typer.Option(
-            "--at", help="Absolute time (ISO 8601; naive times are UTC).", show_default=False
-        ),
-    ] = None,
+    delay: DelayOption = None,
+    deliver_at: AtOption = None,
     wait: WaitOption = 30.0,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Move a pending delayed message, level or exact, to a new due time, earlier or
     later.
@@ -53,9 +48,7 @@ def reschedule(
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     if not message_id.strip():
         raise fail("the message id is empty", 2)
-    if (delay is None) == (deliver_at is None):
-        raise fail("give one of --delay and --at", 2)
-    delay_s, deliver_at = delivery_time(delay, deliver_at)
+    delay_s, deliver_at = delivery_time(delay, deliver_at, required=True)
     send_marker(
         settings,
         "reschedule",
@@ -64,4 +57,5 @@ def reschedule(
             message_id, delay=delay_s, deliver_at=deliver_at, wait=wait_s, on_delivery=report
         ),
         wait,
+        as_json=as_json,
     )

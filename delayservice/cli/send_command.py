@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from delayservice.cli.common import (
+    AtOption,
     BootstrapOption,
     ConfigOption,
+    DelayOption,
+    JsonOption,
     delivery_time,
+    echo_json,
     fail,
     friendly_errors,
 )
@@ -24,13 +27,8 @@ from delayservice.settings import load_settings
 def send(
     topic: Annotated[str, typer.Argument(help="The real topic.")],
     value: Annotated[str, typer.Argument(help="Message value (UTF-8).")],
-    delay: Annotated[
-        str | None, typer.Option("--delay", "-d", help="e.g. 30s, 5m, 1h.", show_default=False)
-    ] = None,
-    deliver_at: Annotated[
-        datetime | None,
-        typer.Option(help="Absolute time (ISO 8601; naive times are UTC).", show_default=False),
-    ] = None,
+    delay: DelayOption = None,
+    deliver_at: AtOption = None,
     key: Annotated[str | None, typer.Option("--key", "-k", show_default=False)] = None,
     partition: Annotated[int, typer.Option(help="Explicit target partition (-1: by key).")] = -1,
     header: Annotated[
@@ -47,8 +45,10 @@ def send(
     ] = False,
     config: ConfigOption = None,
     bootstrap_servers: BootstrapOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Send one message with a delay and print its id (for `delayservice cancel`)."""
+    """Send one message with a delay and print its id (for `delayservice cancel`); with
+    --json, also where it landed (the delay topic, partition and offset)."""
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     headers: Headers = []
     for item in header or []:
@@ -58,10 +58,13 @@ def send(
         headers.append((name, hvalue.encode()))
     delay_s, deliver_at = delivery_time(delay, deliver_at)
     errors: list[str] = []
+    landed: dict[str, object] = {}
 
-    def delivered(err: object, _msg: object) -> None:
+    def delivered(err: Any, msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
+        else:
+            landed.update(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
 
     producer = DelayProducer(
         client_config.producer(settings, "delayservice-send"), settings=settings
@@ -82,4 +85,7 @@ def send(
         raise fail(str(exc), 2) from None
     if producer.flush(30) or errors:
         raise fail(f"not delivered: {errors[0] if errors else 'timed out'}", 1)
-    typer.echo(message_id)
+    if as_json:
+        echo_json({"id": message_id, **landed})
+    else:
+        typer.echo(message_id)

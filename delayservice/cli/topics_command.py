@@ -8,6 +8,8 @@ from confluent_kafka.admin import AdminClient
 from delayservice.cli.common import (
     BootstrapOption,
     ConfigOption,
+    JsonOption,
+    echo_json,
     fail,
     friendly_errors,
 )
@@ -31,23 +33,49 @@ def _table(rows: list[dict[str, object]]) -> str:
 
 @app.command()
 @friendly_errors
-def create(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
+def create(
+    config: ConfigOption = None,
+    bootstrap_servers: BootstrapOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Create missing topics (LogAppendTime, long retention); safe to run again."""
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     admin = AdminClient(client_config.admin(settings))
+    made = []
     for spec, outcome in topics.create(admin, settings):
-        typer.echo(f"{outcome:8} {spec.name} ({spec.role}, {spec.partitions} partitions)")
+        made.append(
+            {
+                "outcome": outcome,
+                "topic": spec.name,
+                "role": spec.role,
+                "partitions": spec.partitions,
+            }
+        )
+        if not as_json:
+            typer.echo(f"{outcome:8} {spec.name} ({spec.role}, {spec.partitions} partitions)")
     problems = topics.problems_summary(topics.describe(admin, settings))
+    if as_json:
+        echo_json({"topics": made, "problems": problems})
+        if problems:
+            raise typer.Exit(2)
     if problems:
         raise fail("existing topics need attention:\n  " + "\n  ".join(problems), 2)
 
 
 @app.command()
 @friendly_errors
-def describe(config: ConfigOption = None, bootstrap_servers: BootstrapOption = None) -> None:
+def describe(
+    config: ConfigOption = None,
+    bootstrap_servers: BootstrapOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Show the topics and say plainly what is wrong with them; exit 2 if anything is."""
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     statuses = topics.describe(AdminClient(client_config.admin(settings)), settings)
-    typer.echo(_table(topics.as_rows(statuses)))
-    if topics.problems_summary(statuses):
+    problems = topics.problems_summary(statuses)
+    if as_json:
+        echo_json({"topics": topics.as_rows(statuses), "problems": problems})
+    else:
+        typer.echo(_table(topics.as_rows(statuses)))
+    if problems:
         raise typer.Exit(2)

@@ -16,50 +16,59 @@ from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from delayservice.errors import DelayServiceError
+from delayservice.errors import (
+    BrokerUnavailableError,
+    DelayServiceError,
+    RepliesUnavailableError,
+)
 from delayservice.precise.marker_replies import MarkerReply, parse_reply, reply_key
+from delayservice.precise.topic_partitions import metadata_failure, servers_of
+
+__all__ = ["RepliesUnavailableError", "ReplyWatch", "unavailable", "wait_for_reply"]
 
 BATCH: Final = 500
 POLL_S: Final = 0.5
 
 
-class RepliesUnavailableError(DelayServiceError):
-    """The outcomes topic cannot be read, so no reply can be waited for."""
-
-
 def unavailable(topic: str, code: int | None = None) -> RepliesUnavailableError:
+    """The broker answered that the outcomes topic does not exist (only then)."""
     return RepliesUnavailableError(
-        f"the outcomes topic {topic} is not available; create it with "
-        "`delayservice topics create` (with precise = true for precise mode's)",
+        f"the broker answered that the outcomes topic {topic} does not exist; create it "
+        "with `delayservice topics create` (with precise = true for precise mode's)",
         code=code,
     )
 
 
-def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+def _partitions(consumer: Consumer, topic: str, timeout: float, servers: str) -> list[int]:
     try:
         info = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
     except KafkaException as exc:
-        raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
-    if info is None or info.error is not None:
-        raise unavailable(topic, info.error.code() if info is not None and info.error else None)
+        raise metadata_failure(exc.args[0], servers, topic, timeout) from exc
+    error = info.error if info is not None else None
+    if info is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+        raise unavailable(topic, error.code() if error is not None else None)
+    if error is not None:
+        raise DelayServiceError.from_kafka(error, f"reading {topic}")
     return sorted(info.partitions)
 
 
-def _ends(consumer: Consumer, topic: str, timeout: float) -> dict[int, int]:
+def _ends(consumer: Consumer, topic: str, timeout: float, servers: str) -> dict[int, int]:
     """Where each partition of the topic ends now."""
     try:
         return {
             p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-            for p in _partitions(consumer, topic, timeout)
+            for p in _partitions(consumer, topic, timeout, servers)
         }
     except KafkaException as exc:
         raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
 
 
-def _since(consumer: Consumer, topic: str, since_ms: int, timeout: float) -> dict[int, int]:
+def _since(
+    consumer: Consumer, topic: str, since_ms: int, timeout: float, servers: str
+) -> dict[int, int]:
     """Where each partition of the topic has its first record at or after `since_ms`
     (its end when it has none)."""
-    ends = _ends(consumer, topic, timeout)
+    ends = _ends(consumer, topic, timeout, servers)
     asked = [TopicPartition(topic, p, max(0, since_ms)) for p in ends]
     try:
         found = consumer.offsets_for_times(asked, timeout=timeout)
@@ -115,9 +124,11 @@ def wait_for_reply(
     try:
         while True:
             try:
-                starts = _since(consumer, outcomes_topic, since_ms, max(1.0, timeout))
+                starts = _since(
+                    consumer, outcomes_topic, since_ms, max(1.0, timeout), servers_of(client)
+                )
                 break
-            except RepliesUnavailableError:
+            except (RepliesUnavailableError, BrokerUnavailableError):
                 raise
             except DelayServiceError:
                 # A topic just created has no leader for a moment (NOT_LEADER_FOR_PARTITION,
@@ -139,7 +150,7 @@ class ReplyWatch:
         self._topic = outcomes_topic
         self._consumer = _consumer(client)
         try:
-            self._start = _ends(self._consumer, outcomes_topic, timeout)
+            self._start = _ends(self._consumer, outcomes_topic, timeout, servers_of(client))
         except:  # a bare KafkaError too (kafka.client_errors)
             self._consumer.close()
             raise

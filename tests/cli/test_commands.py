@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -59,14 +60,21 @@ def test_send_refuses_bad_input_with_exit_2():
     assert _cli("send", "t", "v", "-H", "novalue").returncode == 2
 
 
-@pytest.mark.kafka
-def test_send_delivers_one_delayed_message(testbed):
+def _levels_on(testbed: Any) -> tuple[Any, dict[str, str]]:
+    """Levels 1s and 2s on the test broker, their topics created: the settings, and the
+    environment that gives a command the same."""
     settings = testbed.settings(levels="1s,2s")
     testbed.create_delay_topics(settings)
-    env = {
+    return settings, {
         "DELAYSERVICE_LEVELS": settings.levels,
         "DELAYSERVICE_TOPIC_PREFIX": settings.topic_prefix,
+        "DELAYSERVICE_MARKERS_TOPIC": settings.markers_topic,
     }
+
+
+@pytest.mark.kafka
+def test_send_delivers_one_delayed_message(testbed):
+    settings, env = _levels_on(testbed)
     result = _cli(
         "send", "orders", "hello", "--delay", "2s", "-k", "k1", "-H", "trace=t1",
         "-b", testbed.bootstrap, env=env,
@@ -78,6 +86,29 @@ def test_send_delivers_one_delayed_message(testbed):
     assert headers["delay-id"].decode() == message_id
     assert headers["trace"] == b"t1"
     assert (record.key(), record.value()) == (b"k1", b"hello")
+
+
+@pytest.mark.kafka
+def test_send_and_cancel_speak_json_with_bare_seconds_and_at(testbed):
+    import json
+
+    settings, env = _levels_on(testbed)
+    sent = _cli("send", "orders", "hi", "-d", "2", "--json", "-b", testbed.bootstrap, env=env)
+    assert sent.returncode == 0, sent.stderr
+    landed = json.loads(sent.stdout)
+    assert landed["topic"] == f"{settings.topic_prefix}2"
+    assert landed["offset"] >= 0
+    at = _cli(
+        "send", "orders", "hi", "--at", "2999-01-01T00:00:00", "--json", "-b", testbed.bootstrap,
+        env=env,
+    )  # fmt: skip
+    assert at.returncode == 2  # far beyond the top level: refused, in one line
+    assert len(at.stderr.strip().splitlines()) == 1
+    cancel = _cli("cancel", landed["id"], "--wait", "0", "--json", "-b", testbed.bootstrap, env=env)
+    assert cancel.returncode == 0, cancel.stderr
+    answer = json.loads(cancel.stdout)
+    assert (answer["kind"], answer["id"], answer["reply"]) == ("cancel", landed["id"], None)
+    assert answer["landed"]["offset"] >= 0
 
 
 @pytest.mark.kafka
@@ -150,14 +181,17 @@ def test_cancel_without_the_precise_topic_fails_in_one_line(testbed):
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"delayservice: the topic nope-{testbed.tag} is not available")
+    assert line.startswith(
+        f"delayservice: the broker answered that the topic nope-{testbed.tag} does not exist"
+    )
     assert "delayservice topics create" in line
     # Waiting for the reply needs the outcomes topic: it is checked before anything is sent.
     result = _cli("reschedule", "abc", "--delay", "5s", "-b", testbed.bootstrap, env=env)
     assert result.returncode == 1
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(
-        f"delayservice: the outcomes topic nope-{testbed.tag}_outcomes is not available"
+        f"delayservice: the broker answered that the outcomes topic nope-{testbed.tag}_outcomes "
+        "does not exist"
     )
 
 

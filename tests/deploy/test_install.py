@@ -82,7 +82,7 @@ def test_a_pure_wheel_installs_the_sdk_and_the_cli_alone(pure_wheel, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert audit.returncode != 0
-    assert "pip install 'delayservice[audit]'" in audit.stderr
+    assert "pip install '.[audit]'" in audit.stderr
 
 
 def install_steps() -> str:
