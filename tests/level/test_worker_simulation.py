@@ -27,6 +27,7 @@ prints the seed and hypothesis' shortest sequence of steps.
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from typing import Any
 
@@ -93,6 +94,10 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         ]
         for module, name, _ in self._patched:
             setattr(module, name, self.clock)
+        self.thread_deaths: list[str] = []
+        """Helper threads that ended on an exception nobody caught (see `_died`)."""
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._died
         self.broker = Broker()
         self.assignment: set[tuple[str, int]] = set()
         self.processes = 0
@@ -102,7 +107,15 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         self.faults: Faults
         self._start(assign=set(PARTITIONS))
 
+    def _died(self, args: Any) -> None:
+        """A helper thread (`Transaction._guarded` runs each transaction call in one)
+        ended on an exception it did not catch: a bare `KafkaError` passes its
+        `except BaseException`, and the caller then reports a call that "did not
+        return" and replaces the producer. Noted, not failed: the forwarder goes on."""
+        self.thread_deaths.append(f"{args.thread.name if args.thread else '?'}: {args.exc_value!r}")
+
     def teardown(self) -> None:
+        threading.excepthook = self._excepthook
         for module, name, original in self._patched:
             setattr(module, name, original)
 
