@@ -368,6 +368,7 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forwarder_module, "RESEEK_POLL_S", 0.0)
 
 
+@pytest.mark.timeout(300 + EXAMPLES)  # shrinking a failure takes up to five minutes
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_the_level_worker_keeps_its_promises_under_every_fault(exactly_once: bool) -> None:
     run_simulation(exactly_once)
