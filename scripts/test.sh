@@ -3,8 +3,10 @@
 # a local Spark and a real Prometheus, and last the demo (scripts/demo_check.sh), which
 # must deliver every message on time, none early and the cancelled one never, and print
 # no WARNING or ERROR line. Without --all the slowest fault scenarios (marked `long`) are
-# left out, which is what CI runs; --all runs every test. Extra arguments go to pytest,
-# and then the demo is left out (a selection is not the whole suite). The whole suite
+# left out, which is what CI runs; --all runs every test, and the level worker's
+# simulation (tests/level/test_worker_simulation.py) with DELAYSERVICE_SIM_EXAMPLES
+# examples per guarantee (1000 unless set) instead of CI's fixed count. Extra arguments
+# go to pytest, and then the demo is left out (a selection is not the whole suite). The whole suite
 # runs in DELAYSERVICE_TEST_WORKERS pytest processes (2 by default, one per core here;
 # each has its own broker): most of a test is waiting on Kafka, so two halve the time.
 # A selection runs in one process, where -s and pdb work.
@@ -14,6 +16,7 @@ selection=(-m "not long")
 workers=(-n "${DELAYSERVICE_TEST_WORKERS:-2}" --dist worksteal)
 if [ "${1:-}" = "--all" ]; then
   selection=()
+  export DELAYSERVICE_SIM_EXAMPLES="${DELAYSERVICE_SIM_EXAMPLES:-1000}"
   shift
 fi
 TEST_TOOLS=1 scripts/setup.sh

@@ -492,13 +492,17 @@ class FakeConsumer:
                         self._generations += 1
                         self.generation[tp] = self._generations
             callback = self.rebalance.get(kind)
-            if callback is not None:
-                callback(self, [TopicPartition(*tp) for tp in tps])
-            if kind in ("revoke", "lost"):
-                with self._cond:
-                    self.assigned_tps.difference_update(tps)
-                    for tp in tps:
-                        self.generation.pop(tp, None)
+            try:
+                if callback is not None:
+                    callback(self, [TopicPartition(*tp) for tp in tps])
+            finally:
+                # confluent-kafka's Consumer_rebalance_cb unassigns itself when the
+                # callback did not (it raised, too); the exception then leaves consume().
+                if kind in ("revoke", "lost"):
+                    with self._cond:
+                        self.assigned_tps.difference_update(tps)
+                        for tp in tps:
+                            self.generation.pop(tp, None)
 
     def _take(self, limit: int) -> list[Message]:
         out: list[Message] = []

@@ -1,0 +1,217 @@
+"""What the level worker's simulation (`test_worker_simulation.py`) steps over: the
+fake broker's state that outlives a process, the error shapes a client call can fail
+with, and the injector that arms them on the fake clients.
+
+A fault is armed on a client (the consumer or the producer), not on one method: the
+next call of that client that can fail that way fails that way, once. What can fail
+how follows librdkafka and confluent-kafka 2.16:
+
+- a `KafkaException` flagged retriable, fatal or txn_requires_abort, or with no flag;
+  fatal and txn_requires_abort change the producer's state the way librdkafka does
+  (`FakeProducer.go_fatal`, `FakeProducer.abortable`) instead of raising once: a
+  fatal producer refuses everything after, an abortable transaction refuses
+  produce() with `_STATE` until it is aborted;
+- a bare `KafkaError` (not an exception class: `fakes.raise_bare_kafka_error`) and a
+  `SystemError` that lost its exception, only from the calls that serve callbacks or
+  wait on the broker (poll, flush, consume, commits, the transaction API), where
+  confluent-kafka was seen to raise them;
+- a full local queue (`BufferError`), only from produce(), and it stays full until the
+  next poll() or flush() serves the producer;
+- a timeout, each call its own way: flush() returns with reports left, poll() and
+  consume() return nothing, commit_transaction() and abort_transaction() time out while
+  the operation goes on (`commit_timeouts`, `abort_timeouts`), committed() times out as
+  it does while a transaction holds the offsets; others raise `_TIMED_OUT`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, KafkaException
+
+from tests.level.fakes import TP, FakeConsumer, FakeProducer, raise_bare_kafka_error
+
+SHAPES: Final = (
+    "retriable",
+    "fatal",
+    "txn_requires_abort",
+    "plain",
+    "bare_kafka_error",
+    "lost_error",
+    "queue_full",
+    "timeout",
+)
+
+PRODUCER_CALLS: Final = (
+    "produce",
+    "poll",
+    "flush",
+    "init_transactions",
+    "begin_transaction",
+    "send_offsets_to_transaction",
+    "commit_transaction",
+    "abort_transaction",
+)
+CONSUMER_CALLS: Final = (
+    "consume",
+    "commit",
+    "committed",
+    "seek",
+    "pause",
+    "resume",
+    "incremental_assign",
+    "consumer_group_metadata",
+    "position",
+)
+SERVING: Final = frozenset(
+    {
+        "poll",
+        "flush",
+        "init_transactions",
+        "send_offsets_to_transaction",
+        "commit_transaction",
+        "abort_transaction",
+        "consume",
+        "commit",
+        "committed",
+    }
+)
+"""The calls that serve callbacks or wait on the broker: where confluent-kafka was seen
+to leave a bare `KafkaError` or lose its exception."""
+
+
+def can_fail(call: str, shape: str) -> bool:
+    """Whether `call` can fail with `shape` (see the module's docstring)."""
+    if shape in ("bare_kafka_error", "lost_error"):
+        return call in SERVING
+    if shape == "queue_full":
+        return call == "produce"
+    return True
+
+
+@dataclass
+class Broker:
+    """What outlives a process: each partition's log and the group's committed offsets
+    (consumer commits, and the offsets of committed transactions), shared by every
+    fake consumer a process makes; and every producer ever made, whose acknowledged
+    forwards and committed transactions are what readers of the targets see."""
+
+    logs: dict[TP, list[Any]] = field(default_factory=dict)
+    committed: dict[TP, int] = field(default_factory=dict)
+    producers: list[FakeProducer] = field(default_factory=list)
+    due_ms: dict[tuple[TP, int], int] = field(default_factory=dict)
+    """Each record's due time, as the test wrote it."""
+
+    def attach(self, consumer: FakeConsumer) -> None:
+        consumer.logs = self.logs
+        consumer.committed_tps = self.committed
+        consumer.blocking = False
+
+
+class Faults:
+    """Faults armed on the fake clients of one process; `log` keeps what fired."""
+
+    def __init__(self) -> None:
+        self.armed: dict[str, deque[str]] = {"consumer": deque(), "producer": deque()}
+        self.log: list[str] = []
+        self._full: set[int] = set()
+        self._depth = 0
+
+    def arm(self, client: str, shape: str) -> None:
+        self.armed[client].append(shape)
+
+    def wrap_producer(self, producer: FakeProducer) -> FakeProducer:
+        for name in PRODUCER_CALLS:
+            setattr(producer, name, self._wrapped("producer", producer, name))
+        return producer
+
+    def wrap_consumer(self, consumer: FakeConsumer) -> FakeConsumer:
+        for name in CONSUMER_CALLS:
+            setattr(consumer, name, self._wrapped("consumer", consumer, name))
+        return consumer
+
+    def _wrapped(self, client: str, target: Any, name: str) -> Callable[..., Any]:
+        original = getattr(target, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:  # the fake calling itself (commit_transaction flushes)
+                return original(*args, **kwargs)
+            if name in ("poll", "flush"):
+                self._full.discard(id(target))  # serving the producer makes room
+            elif name == "produce" and id(target) in self._full:
+                raise BufferError("Local: Queue full")
+            armed = self.armed[client]
+            shape = next((s for s in armed if can_fail(name, s)), None)
+            if shape is not None:
+                armed.remove(shape)
+                self.log.append(f"{client}.{name}: {shape}")
+                done, value = self._fail(target, name, shape)
+                if done:
+                    return value
+            self._depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return call
+
+    def _fail(self, target: Any, name: str, shape: str) -> tuple[bool, Any]:
+        """Fail the call `name` of `target` with `shape`: raise, or return (True, what
+        the call returns instead), or change the fake's state and let the call run
+        (False, None) so that the fake refuses it as librdkafka would."""
+        code = KafkaError._TRANSPORT if name != "produce" else KafkaError._MSG_TIMED_OUT
+        if shape == "retriable":
+            raise KafkaException(KafkaError(code, f"sim: {name} failed", retriable=True))
+        if shape == "plain":
+            raise KafkaException(KafkaError(KafkaError._STATE, f"sim: {name} refused"))
+        if shape == "fatal":
+            if isinstance(target, FakeProducer):
+                target.go_fatal()
+                return False, None
+            raise KafkaException(
+                KafkaError(KafkaError.FENCED_INSTANCE_ID, f"sim: {name} fatal", fatal=True)
+            )
+        if shape == "txn_requires_abort":
+            if isinstance(target, FakeProducer) and target.transactional and target.txn_open:
+                target.abortable = KafkaError(KafkaError._MSG_TIMED_OUT, "sim: abortable")
+                return False, None
+            raise KafkaException(
+                KafkaError(KafkaError._STATE, f"sim: {name} abortable", txn_requires_abort=True)
+            )
+        if shape == "bare_kafka_error":
+            raise_bare_kafka_error(KafkaError(code, f"sim: bare error from {name}"))
+            return True, None  # not reached: the error is raised on return
+        if shape == "lost_error":
+            kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
+            raise SystemError(
+                f"<method '{name}' of 'cimpl.{kind}' objects> returned NULL without "
+                "setting an exception"
+            )
+        if shape == "queue_full":
+            self._full.add(id(target))
+            raise BufferError("Local: Queue full")
+        assert shape == "timeout", shape
+        return self._time_out(target, name)
+
+    @staticmethod
+    def _time_out(target: Any, name: str) -> tuple[bool, Any]:
+        if name == "flush":
+            return True, target.pending  # nothing served: every report still queued
+        if name in ("poll", "consume"):
+            return True, 0 if name == "poll" else []
+        if name == "commit_transaction" and target.txn_open:
+            target.commit_timeouts += 1
+            return False, None
+        if name == "abort_transaction" and target.txn_open:
+            target.abort_timeouts += 1
+            return False, None
+        if name == "committed":
+            target.unstable_answers += 1
+            return False, None
+        raise KafkaException(
+            KafkaError(KafkaError._TIMED_OUT, f"sim: {name} timed out", retriable=True)
+        )
