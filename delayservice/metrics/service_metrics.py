@@ -248,6 +248,16 @@ class ServiceMetrics:
             "replica took them over.",
             registry=registry,
         )
+        self.precise_done_dropped = Counter(
+            "delayservice_precise_done_records_dropped",
+            "Records a reader of a precise done topic did not take, by level and reason: "
+            "malformed, key_mismatch (the body names another member than its key), "
+            "unknown_member, not_holder (a member that does not hold the partition), "
+            "bad_slot. Only daemons write these topics (docs/security.md): any is "
+            "another writer's, or a bug.",
+            ["level", "reason"],
+            registry=registry,
+        )
         self.precise_slot_files = Gauge(
             "delayservice_precise_slot_files",
             "Slot and span files of a precise wheel (level exact: the precise topic's, "

@@ -55,6 +55,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from delayservice.forward.buffer import Runs
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.log_throttle import Throttle
 from delayservice.precise.marker_replies import MarkerRepliesError
 from delayservice.precise.slot_ledger import SlotTracker
 
@@ -74,6 +75,9 @@ LARGE_RECORD: Final = 900_000
 """A record above this size is logged: it nears the broker's default message limit."""
 
 
+MAX_PARTITION: Final = 1 << 14
+"""Records naming partition numbers at or above this are refused: a precise topic has
+far fewer, and forged ones for partitions that do not exist must not grow memory."""
 MAX_NAMED: Final = 4_000_000
 """A `sent` record naming more offsets than this is malformed: a forged one must not
 make its readers' memory grow without end."""
@@ -174,6 +178,49 @@ def decode_sent_record(raw: bytes | None) -> SentRecord | None:
     return SentRecord(member, writer, out)
 
 
+def sent_refusal(key: bytes | None, record: SentRecord | None, members: int | None) -> str | None:
+    """Why a `sent` record read from a done topic is not taken, or None to take it.
+
+    Only daemons may write the done topics (docs/security.md), and they are read
+    read_committed, so an aborted transaction's records never come here. What can
+    still be checked is the shape: a body that decodes (`malformed`), is the one its
+    key says (`key_mismatch`: compaction keeps the latest record per key, so a body
+    under another member's key would stand in for that member's), names members that
+    exist (`unknown_member`; `members` None: not checked), and names slots that can
+    exist (`bad_slot`)."""
+    if record is None:
+        return "malformed"
+    if key != sent_key(record.member, record.writer):
+        return "key_mismatch"
+    if members is not None and not (0 <= record.member < members and 0 <= record.writer < members):
+        return "unknown_member"
+    if any(not (0 <= p < MAX_PARTITION and second >= 0) for p, second in record.offsets):
+        return "bad_slot"
+    return None
+
+
+class Dropped:
+    """Counts (`count`, given the reason) and logs, at most once per reason every ten
+    seconds, the records a reader of a done topic does not take."""
+
+    def __init__(self, topic: str, count: Callable[[str], None] | None = None) -> None:
+        self._topic = topic
+        self._count = count
+        self._throttle = Throttle()
+
+    def __call__(self, reason: str) -> None:
+        if self._count is not None:
+            self._count(reason)
+        held = self._throttle.allow(reason)
+        if held is not None:
+            log.warning(
+                "%s: dropped a record (%s)%s; only daemons may write this topic (docs/security.md)",
+                self._topic,
+                reason,
+                f", and {held} more since the last line" if held else "",
+            )
+
+
 def _inflate(packed: bytes) -> bytes:
     """`zlib.decompress`, a step at a time, refusing what inflates past `MAX_INFLATED`
     or to anything but runs: a bomb costs a step of work, not its whole size."""
@@ -219,17 +266,23 @@ class DeliveryLog:
         clock: Callable[[], float] = time.monotonic,
         slot_exists: Callable[[int, int], bool] = lambda _partition, _second: True,
         writer: int | None = None,
+        members: int | None = None,
+        dropped: Callable[[str], None] | None = None,
     ) -> None:
         """`wake`: wakes the forwarder (replies are waiting for a transaction);
         `position_file`: where the done topic's offset a restart reads from is noted;
         `slot_exists`: whether a slot's file is still on disk. `member`: whose
         transactional id the forwarder commits under; `writer`: who this is, when it is
-        that member's replica taking over."""
+        that member's replica taking over. `members`: how many precise members there
+        are; `dropped`: counts a record under this log's key it does not take, by
+        reason (`sent_refusal`)."""
         self._topic = done_topic
         self._outcomes = outcomes_topic
         self._member = member
         self._writer = member if writer is None else writer
         self._key = sent_key(member, writer)
+        self._members = members
+        self._dropped = Dropped(done_topic, dropped)
         self.others_read: Callable[[int, float], bool] | None = None
         """Two copies: waits, up to a timeout, until the reader of the other holder's
         records (`progress.Progress.wait_read_past`) has read the done topic up to an
@@ -414,7 +467,10 @@ class DeliveryLog:
                 start = read_position(self._position_file) if not self.learned else None
                 if start is None or start > end:  # none noted, or the topic made again
                     start = OFFSET_BEGINNING
-                consumer = self._consumer = self._make_consumer({})
+                # Only what committed transactions wrote: an aborted one delivered nothing.
+                consumer = self._consumer = self._make_consumer(
+                    {"isolation.level": "read_committed"}
+                )
                 consumer.assign([TopicPartition(self._topic, 0, start)])
                 self._read_from = max(0, start)
             self._read_to_end(consumer, end, started + self._read_timeout)
@@ -490,9 +546,12 @@ class DeliveryLog:
                     continue
                 if message.key() != self._key:
                     continue
-                found = decode_sent(message.value())
-                if found is not None:
-                    self._latest = found
+                record = decode_sent_record(message.value())
+                refusal = sent_refusal(message.key(), record, self._members)
+                if refusal is not None:
+                    self._dropped(refusal)
+                elif record is not None:
+                    self._latest = record.offsets
 
     def _report(self, error: Any, _message: Any) -> None:
         """A failed delivery of a record written here: the transaction is then

@@ -229,6 +229,11 @@ class PreciseWorker:
         roles: dict[int, Role] = {}  # this member's role per partition, as assigned
         consumers = _Consumers(settings, topic, far=far)
         done_topic = settings.precise_far_done_topic if far else settings.precise_done_topic
+        dropped = metrics.precise_done_dropped
+
+        def count_dropped(reason: str) -> None:
+            dropped.labels(level_name, reason).inc()
+
         self.delivery = (
             DeliveryLog(
                 done_topic,
@@ -239,6 +244,8 @@ class PreciseWorker:
                 slot_exists=lambda partition, second: (
                     self.store.size(partition, second) is not None
                 ),
+                members=settings.precise_members,
+                dropped=count_dropped,
             )
             if settings.guarantee == "exactly-once"
             else None
@@ -255,6 +262,7 @@ class PreciseWorker:
                 self.store.earliest,
                 takeover_ms,
                 roles,
+                dropped=count_dropped,
             )
             if settings.replicas == 2
             else None
@@ -273,6 +281,8 @@ class PreciseWorker:
                     self.store.size(partition, second) is not None
                 ),
                 writer=settings.precise_member,
+                members=settings.precise_members,
+                dropped=count_dropped,
             )
             copies_log.others_read = self.progress.wait_read_past
             takeover = Takeover(copies_log)

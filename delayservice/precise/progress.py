@@ -41,16 +41,18 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.ready_batch import ready_batch
-from delayservice.precise.delivery_log import decode_sent_record
+from delayservice.precise.delivery_log import (
+    MAX_PARTITION,
+    Dropped,
+    decode_sent_record,
+    sent_refusal,
+)
 from delayservice.precise.placement import Placement, Role
 
 log = logging.getLogger(__name__)
 
 REPORT_EVERY_S: Final = 1.0
 FAR_FUTURE_MS: Final = 2**62
-MAX_PARTITION: Final = 1 << 14
-"""Reports for partition numbers at or above this are ignored: a precise topic has far
-fewer, and forged reports for partitions that do not exist must not grow memory."""
 MAX_NAMED_PER_PARTITION: Final = 2_000_000
 """Offsets named delivered by the other holder and not yet claimed by its reports,
 kept per partition at most: beyond this (forged records), more are not taken, which
@@ -108,11 +110,13 @@ class Progress:
         earliest_s: Callable[[], dict[int, int]],
         takeover_ms: int,
         roles: dict[int, Role],
+        dropped: Callable[[str], None] | None = None,
     ) -> None:
         """`earliest_s`: per partition, the first second of its earliest file, in fire
         time (a replica's copies fire `takeover_ms` after their due time): every record
         due before it is settled. `roles`: this member's role per partition held, as
-        the intake fills it."""
+        the intake fills it. `dropped`: counts a record it does not take, by reason:
+        `sent_refusal`'s, or `not_holder` (a member that does not hold the partition)."""
         self._topic = done_topic
         self._placement = placement
         self._producer = producer
@@ -121,6 +125,7 @@ class Progress:
         self._origin = origin
         self._earliest_s = earliest_s
         self._takeover_ms = takeover_ms
+        self._dropped = Dropped(done_topic, dropped)
         self._reports: dict[int, dict[tuple[int, int], Report]] = {}
         """partition -> (member, first offset of its data directory) -> latest report"""
         self._delivered: dict[int, dict[int, int]] = {}
@@ -220,7 +225,8 @@ class Progress:
 
     def _read(self) -> None:
         try:
-            consumer = self._make_consumer({})
+            # Only what committed transactions wrote: an aborted one delivered nothing.
+            consumer = self._make_consumer({"isolation.level": "read_committed"})
             consumer.assign([TopicPartition(self._topic, 0, OFFSET_BEGINNING)])
         except Exception:
             log.exception("progress reader for %s could not start", self._topic)
@@ -259,17 +265,23 @@ class Progress:
     def _take(self, value: str | bytes | None, record_key: str | bytes | None = None) -> None:
         raw = value.encode() if isinstance(value, str) else value
         if isinstance(record_key, bytes) and record_key.startswith(b"sent:"):
-            self._take_sent(raw)
+            self._take_sent(raw, record_key)
             return
         report = parse_report(raw)
-        if report is None or report.member == self._placement.member:
-            return  # malformed, or this member's own
-        if not (
-            0 <= report.member < self._placement.members and 0 <= report.partition < MAX_PARTITION
-        ):
-            return  # no such member, or no such partition
+        if report is None:
+            self._dropped("malformed")
+            return
+        if report.member == self._placement.member:
+            return  # this member's own
+        if not 0 <= report.member < self._placement.members:
+            self._dropped("unknown_member")
+            return
+        if not 0 <= report.partition < MAX_PARTITION:
+            self._dropped("bad_slot")
+            return
         if self._placement.holder(report.partition, report.member) is None:
-            return  # not from a member that holds the partition
+            self._dropped("not_holder")
+            return
         with self._lock:
             by_directory = self._reports.setdefault(report.partition, {})
             key = (report.member, report.start)
@@ -288,21 +300,24 @@ class Progress:
                 for offset in claimed:
                     del delivered[offset]
 
-    def _take_sent(self, raw: bytes | None) -> None:
+    def _take_sent(self, raw: bytes | None, key: bytes) -> None:
         """A transaction's record of what it delivered: the other holder's, for the
         partitions this member holds, counts as covered."""
         record = decode_sent_record(raw)
         placement = self._placement
-        if record is None or record.writer == placement.member:
+        refusal = sent_refusal(key, record, placement.members)
+        if refusal is not None or record is None:
+            self._dropped(refusal or "malformed")
             return
-        if not 0 <= record.writer < placement.members:
-            return
+        if record.writer == placement.member:
+            return  # this member's own
         with self._lock:
             for (partition, second), offsets in record.offsets.items():
-                if not 0 <= partition < MAX_PARTITION or placement.role(partition) is None:
-                    continue
+                if placement.role(partition) is None:
+                    continue  # not held here
                 role = placement.holder(partition, record.writer)
                 if role is None:
+                    self._dropped("not_holder")
                     continue
                 # The writer names its own slot: a replica's fires the takeover delay late.
                 due_bound = (second + 1) * 1000 - (self._takeover_ms if role is Role.REPLICA else 0)

@@ -89,6 +89,8 @@ class Process(FakeClients):
         self.cancels = CancelLog(root / "cancels.log")
         self.reschedules = RescheduleLog(root / "reschedules.log")
         self.readers: list[DoneReader] = []
+        self.dropped: list[str] = []
+        """Why the delivery log did not take records of the done topic."""
         self.delivery = DeliveryLog(
             DONE_TOPIC,
             OUTCOMES_TOPIC,
@@ -98,6 +100,8 @@ class Process(FakeClients):
             position_file=root / f"{PRECISE_TOPIC}.delivered",
             clock=clock.monotonic,
             slot_exists=lambda partition, second: self.store.size(partition, second) is not None,
+            members=1,
+            dropped=self.dropped.append,
         )
         self.wheel = Wheel(
             self.store,

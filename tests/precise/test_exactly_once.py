@@ -23,8 +23,9 @@ from delayservice.precise.delivery_log import (
     write_position,
 )
 from delayservice.precise.precise_worker import PreciseWorker
-from tests.level.fakes import DLQ, FakeClock, FakeProducer, wait_for
+from tests.level.fakes import DLQ, FakeClock, FakeProducer, Sent, wait_for
 from tests.precise.eos_rig import (
+    DONE_TOPIC,
     OUTCOMES_TOPIC,
     TRANSACTIONAL_ID,
     Process,
@@ -83,6 +84,50 @@ def test_a_kill_after_a_commit_before_its_marks_sends_nothing_again(
     again.step(2)
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(5)}
     assert again.slot_files() == 0
+
+
+def _forged(kind: str, second: int) -> bytes:
+    """A record under `sent:0` naming offsets 0-2 of slot (0, `second`) delivered, which
+    this member's transactions could not have written."""
+    named = {(0, second): [0, 1, 2]}
+    if kind == "another member's body":
+        return encode_sent(1, named)
+    if kind == "a replica's body":
+        return encode_sent(0, named, writer=1)
+    if kind == "a slot that cannot exist":
+        return encode_sent(0, {**named, (-1, second): [0]})
+    return b'{"v": 1, "member": 0, "sent": "AAAA"}'
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("another member's body", "key_mismatch"),
+        ("a replica's body", "key_mismatch"),
+        ("a slot that cannot exist", "bad_slot"),
+        ("bytes that do not decode", "malformed"),
+    ],
+)
+def test_a_forged_delivery_record_settles_nothing_and_is_counted(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock, kind: str, reason: str
+):
+    """A record under this member's key that its transactions could not have written
+    (only daemons may write the done topic: docs/security.md) must not settle records
+    that were never sent: it is dropped and counted, and every record is delivered."""
+    first = Process(tmp_path, coordinator, clock)
+    for offset in range(3):
+        first.hold(offset, 1)
+    first.die()
+    forged = _forged(kind, clock.ms() // 1000 + 1)
+    coordinator.committed.append(Sent(DONE_TOPIC, b"sent:0", forged, [], 0, None, 0.0))
+
+    again = Process(tmp_path, coordinator, clock)
+    clock.advance(2)
+    again.load()
+    again.step(2)
+    assert again.delivery.learned_records == 0
+    assert again.dropped == [reason]
+    assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
 
 
 def test_a_kill_inside_a_transaction_leaves_its_forwards_unseen_and_sends_them_once(

@@ -45,7 +45,9 @@ class FakeProducer:
         raise NotImplementedError
 
 
-def _progress(member: int = 1, members: int = 2, **state) -> tuple[Progress, FakeProducer]:
+def _progress(
+    member: int = 1, members: int = 2, dropped: list[str] | None = None, **state
+) -> tuple[Progress, FakeProducer]:
     producer = FakeProducer()
     progress = Progress(
         "done",
@@ -57,6 +59,7 @@ def _progress(member: int = 1, members: int = 2, **state) -> tuple[Progress, Fak
         earliest_s=lambda: state.get("earliest", {}),
         takeover_ms=3_000,
         roles=state.get("roles", {}),
+        dropped=None if dropped is None else dropped.append,
     )
     return progress, producer
 
@@ -171,21 +174,52 @@ def test_a_replicas_takeover_records_cover_the_owners_overdue_records():
 
 
 @pytest.mark.parametrize(
-    ("member", "writer", "offsets"),
+    ("member", "writer", "offsets", "dropped"),
     [
-        (1, 1, {(0, 100): [5]}),  # written by this member itself
-        (2, 2, {(0, 100): [5]}),  # by a member that does not hold partition 0
-        (0, 7, {(0, 100): [5]}),  # by no such member
-        (0, 0, {(1 << 20, 100): [5]}),  # for no such partition
+        (1, 1, {(0, 100): [5]}, []),  # written by this member itself
+        (2, 2, {(0, 100): [5]}, ["not_holder"]),  # by a member that does not hold partition 0
+        (0, 7, {(0, 100): [5]}, ["unknown_member"]),  # by no such member
+        (0, 0, {(1 << 20, 100): [5]}, ["bad_slot"]),  # for no such partition
     ],
 )
 def test_delivery_records_of_this_member_strangers_or_no_such_partition_cover_nothing(
-    member: int, writer: int, offsets: dict[tuple[int, int], list[int]]
+    member: int, writer: int, offsets: dict[tuple[int, int], list[int]], dropped: list[str]
 ):
-    progress, _ = _progress(member=1, members=3)
+    counted: list[str] = []
+    progress, _ = _progress(member=1, members=3, dropped=counted)
     progress._take(*_sent(member, offsets, writer))
     assert progress.named == 0
     assert not progress.covers(0, 5, 100_000)
+    assert counted == dropped
+
+
+@pytest.mark.parametrize("key", [b"sent:2", b"sent:0:by:2", b"sent:"])
+def test_a_delivery_record_under_another_key_than_its_body_names_covers_nothing(key: bytes):
+    """The owner's body under a key that is not its own: compaction would keep it in
+    place of that key's latest record, so it is not believed (docs/security.md)."""
+    counted: list[str] = []
+    progress, _ = _progress(member=1, members=3, dropped=counted)
+    value, _ = _sent(0, {(0, 100): [5, 6]})
+    progress._take(value, key)
+    assert progress.named == 0
+    assert not progress.covers(0, 5, 100_000)
+    assert counted == ["key_mismatch"]
+
+
+@pytest.mark.parametrize(
+    ("report", "reason"),
+    [
+        (b"not json", "malformed"),
+        (_report(0, 7, 0, 200, FAR_FUTURE_MS), "unknown_member"),
+        (_report(0, 2, 0, 200, FAR_FUTURE_MS), "not_holder"),
+        (_report(1 << 20, 0, 0, 200, FAR_FUTURE_MS), "bad_slot"),
+    ],
+)
+def test_reports_not_taken_are_counted_by_reason(report: bytes, reason: str):
+    counted: list[str] = []
+    progress, _ = _progress(member=1, members=3, dropped=counted)
+    progress._take(report, b"0:0")
+    assert counted == [reason]
 
 
 def test_a_forged_delivery_record_naming_too_many_offsets_is_ignored():
