@@ -15,7 +15,10 @@ RSS, must stay within what the budget charges for it, or the cap would not bound
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from delayservice.kafka import client_config
@@ -90,3 +93,48 @@ def process_bound(settings: Settings) -> int:
     if settings.processes == 1:
         return worker_bound(settings).total
     return settings.processes * worker_bound(settings).total + IDLE_RSS
+
+
+_SIZE = re.compile(r"(\d+)\s*([kmgt]?)i?b?", re.IGNORECASE)
+_SIZE_UNITS: Final = {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB, "t": 1024 * 1024 * MiB}
+_NO_LIMIT: Final = 1 << 60
+"""cgroup v1 says "no limit" with a number near 2^63."""
+
+
+def parse_size(text: str) -> int:
+    """A memory size as systemd (`MemoryMax=2G`) and compose (`mem_limit: 512m`) write
+    it: bytes, or K, M, G, T in powers of 1024."""
+    match = _SIZE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a size like 512M or 2G")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+
+
+def cgroup_limit(
+    proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """The memory limit of the cgroup this process runs in, the tightest along its path
+    (cgroup v2 `memory.max`, or v1 `memory.limit_in_bytes`); None when there is none or
+    it cannot be read. Run under the unit or in the container, it is the daemon's."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        here = base / path.lstrip("/")
+        for folder in (here, *here.parents):
+            if not folder.is_relative_to(base):
+                break
+            with contextlib.suppress(OSError, ValueError):
+                text = (folder / name).read_text().strip()
+                if text != "max" and int(text) < _NO_LIMIT:
+                    limits.append(int(text))
+    return min(limits, default=None)
