@@ -12,6 +12,13 @@ Part `exact`: `--per-delay` messages of each of `--delays` (default 1.3 s, 7.9 s
 61.25 s) sent in rounds to an otherwise idle precise daemon; min / max lateness and
 the early count per delay (target: 0 early, max <= 50 ms).
 
+Part `quiet`: `--pending` exact messages (default 1,500) sent at once to an otherwise
+idle precise daemon, with delays drawn uniformly from [`--quiet-min`, `--quiet-max`]
+(0.35-12.7 s, seeded); lateness p50 / p99 / max, early, lost and duplicates (issue 46's
+quiet phase; the goal: p99 <= 100 ms), and the same of those due `--quiet-after` (3 s)
+or more after the flush, once the intake has written them all: only the wheel and the
+forwarder then stand between a due time and its forward.
+
 Part `steady`: `--rate` messages per second for `--seconds`, each with a delay drawn
 uniformly from [`--min-delay`, `--max-delay`] (seeded), from a load generator in its
 own process; run twice in a row on the same broker, once through precise mode and
@@ -23,6 +30,7 @@ level's own due time. A reader in this process tails the target while the load r
 consumer of the target sees, commit interval included.
 
     python benchmarks/precise_lateness.py [--parts exact,steady] [--rate 2000] [--seconds 60]
+    python benchmarks/precise_lateness.py --parts quiet [--pending 1500]
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,35 +75,61 @@ from delayservice.settings import Settings, load_settings, settings_env
 TARGET_PARTITIONS = 6
 
 
-# -- part exact --------------------------------------------------------------------------
-def run_exact(bootstrap: str, args: argparse.Namespace, log_path: Path) -> list[str]:
-    delays = [float(d) for d in args.delays.split(",")]
-    tag = tag_for("exact")
-    with data_dir("exact") as root:
-        settings = precise_settings(bootstrap, tag, root, max_delay=args.max_delay_setting)
+# -- an idle daemon ---------------------------------------------------------------------
+def on_idle_daemon(
+    bootstrap: str,
+    args: argparse.Namespace,
+    kind: str,
+    log_path: Path,
+    send: Callable[[DelayProducer, str], tuple[int, float]],
+    *,
+    linger_ms: int,
+    wait: Callable[[str, str, int, float], int] = wait_for_count,
+    **overrides: Any,
+) -> tuple[Settings, list[Seen], list[Seen]]:
+    """A fresh precise daemon with nothing else running: `send(producer, target)` sends
+    (and returns how many messages, and the longest delay); once all have arrived, the
+    settings, the precise topic and the target, read back."""
+    tag = tag_for(kind)
+    with data_dir(kind) as root:
+        settings = precise_settings(
+            bootstrap, tag, root, max_delay=args.max_delay_setting, **overrides
+        )
         target = f"{tag}-target"
         create_topics(settings, [target], TARGET_PARTITIONS)
         with logged_daemon(settings, tag, log_path):
             producer = DelayProducer(
-                {"bootstrap.servers": bootstrap, "linger.ms": 0},
+                {"bootstrap.servers": bootstrap, "linger.ms": linger_ms},
                 settings=settings,
                 precision="exact",
             )
-            asked: dict[bytes, float] = {}
-            for round_no in range(args.per_delay):
-                for delay in delays:
-                    mid = producer.produce(target, f"r{round_no}".encode(), delay=delay)
-                    asked[mid.encode()] = delay
-                producer.flush(10)
-                time.sleep(args.spacing)
+            count, longest = send(producer, target)
             if producer.flush(30) != 0:
-                raise SystemExit("exact: the producer could not deliver every message")
-            stderr(f"exact: {len(asked)} messages sent; the longest is due in {max(delays)} s")
-            deadline = time.monotonic() + max(delays) + 60
-            wait_for_count(bootstrap, target, len(asked), deadline)
+                raise SystemExit(f"{kind}: the producer could not deliver every message")
+            stderr(f"{kind}: {count:,} messages sent; the longest is due in {longest:g} s")
+            wait(bootstrap, target, count, time.monotonic() + longest + 60)
         sources = read_topic(bootstrap, settings.precise_topic)
         arrivals = read_topic(bootstrap, target)
+    return settings, sources, arrivals
 
+
+# -- part exact --------------------------------------------------------------------------
+def run_exact(bootstrap: str, args: argparse.Namespace, log_path: Path) -> list[str]:
+    delays = [float(d) for d in args.delays.split(",")]
+    asked: dict[bytes, float] = {}
+
+    def send(producer: DelayProducer, target: str) -> tuple[int, float]:
+        for round_no in range(args.per_delay):
+            for delay in delays:
+                mid = producer.produce(target, f"r{round_no}".encode(), delay=delay)
+                asked[mid.encode()] = delay
+            producer.flush(10)
+            time.sleep(args.spacing)
+        return len(asked), max(delays)
+
+    settings, sources, arrivals = on_idle_daemon(
+        bootstrap, args, "exact", log_path, send, linger_ms=0
+    )
     dues = {s.message_id: due_ms(s) for s in sources if s.message_id in asked}
     print(
         f"\n(a) exactness: {args.per_delay} messages per delay, idle daemon, "
@@ -123,6 +158,41 @@ def run_exact(bootstrap: str, args: argparse.Namespace, log_path: Path) -> list[
         f"early {early_total}, lost {lost_total}"
     )
     print(f"summary: {summary}")
+    return [summary]
+
+
+# -- part quiet --------------------------------------------------------------------------
+def run_quiet(bootstrap: str, args: argparse.Namespace, log_path: Path) -> list[str]:
+    flushed_ms = 0
+
+    def send(producer: DelayProducer, target: str) -> tuple[int, float]:
+        nonlocal flushed_ms
+        rng = random.Random(args.seed)
+        for i in range(args.pending):
+            delay = rng.uniform(args.quiet_min, args.quiet_max)
+            producer.produce(target, b"v" * 100, str(i).encode(), delay=delay)
+        producer.flush(30)
+        flushed_ms = int(time.time() * 1000)
+        return args.pending, args.quiet_max
+
+    _, sources, arrivals = on_idle_daemon(
+        bootstrap, args, "quiet", log_path, send, linger_ms=5, wait=wait_for_ids,
+        guarantee=args.guarantee,
+    )  # fmt: skip
+    joined = join({s.message_id: due_ms(s) for s in sources if s.message_id}, arrivals)
+    late = joined.lateness
+    # Due once the intake has long written them all: only the wheel and the forwarder
+    # stand between the due time and the forward.
+    settled_ms = flushed_ms + int(args.quiet_after * 1000)
+    after = [ms for ms, at in zip(late, joined.arrivals, strict=True) if at - ms >= settled_ms]
+    summary = (
+        f"quiet: {args.pending:,} exact messages sent at once, delays U[{args.quiet_min:g}, "
+        f"{args.quiet_max:g}] s, {args.guarantee}: lateness p50 / p99 / max {triple(late)} ms; "
+        f"the {len(after):,} due >= {args.quiet_after:g} s after the flush "
+        f"{triple(after)} ms; early {joined.early}, lost {joined.lost}, "
+        f"duplicates {joined.duplicates}"
+    )
+    print(f"\nsummary: {summary}")
     return [summary]
 
 
@@ -303,11 +373,20 @@ def main() -> int:
         description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--parts", default="exact,steady", help="exact, steady or both")
+    parser.add_argument("--parts", default="exact,steady", help="exact, quiet, steady")
     parser.add_argument("--delays", default="1.3,7.9,61.25", help="exact: delays in seconds")
     parser.add_argument("--per-delay", type=int, default=5, help="exact: messages per delay")
     parser.add_argument(
         "--spacing", type=float, default=0.613, help="exact: seconds between rounds"
+    )
+    parser.add_argument("--pending", type=int, default=1_500, help="quiet: messages")
+    parser.add_argument("--quiet-min", type=float, default=0.35, help="quiet: shortest delay")
+    parser.add_argument("--quiet-max", type=float, default=12.7, help="quiet: longest delay")
+    parser.add_argument(
+        "--quiet-after",
+        type=float,
+        default=3.0,
+        help="quiet: also report those due this long after the flush (the intake done)",
     )
     parser.add_argument("--rate", type=int, default=2000, help="steady: messages per second")
     parser.add_argument("--seconds", type=float, default=60.0, help="steady: seconds of load")
@@ -334,7 +413,7 @@ def main() -> int:
         return 0
 
     parts = args.parts.split(",")
-    if unknown := set(parts) - {"exact", "steady"}:
+    if unknown := set(parts) - {"exact", "quiet", "steady"}:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
     if unknown := set(args.modes.split(",")) - {"precise", "level"}:
         parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}")
@@ -346,6 +425,9 @@ def main() -> int:
         if "exact" in parts:
             summaries += run_exact(bootstrap, args, log_dir / "exact.log")
             report_log(log_dir / "exact.log")
+        if "quiet" in parts:
+            summaries += run_quiet(bootstrap, args, log_dir / "quiet.log")
+            report_log(log_dir / "quiet.log")
         if "steady" in parts:
             summaries += run_steady(bootstrap, args, log_dir)
             for mode in args.modes.split(","):

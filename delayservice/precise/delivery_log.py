@@ -306,8 +306,15 @@ class DeliveryLog:
         self._known: dict[int, dict[int, int]] = {}
         """partition -> offset -> second: learned delivered by committed transactions,
         not come up yet; settled unsent when they do."""
-        self._unmarked: dict[Slot, set[int]] = {}
-        """Delivered by committed transactions, settled marks not yet known written."""
+        self._unmarked: list[tuple[int, dict[Slot, set[int]]]] = []
+        """Delivered by committed transactions, settled marks not yet known written:
+        (the transaction's number, what it delivered) each. The marks are written by
+        the wheel's marks writer (`marked`), the rest on the forwarder's thread."""
+        self._commits = 0
+        """Transactions committed so far (their number)."""
+        self._note: tuple[int, int] | None = None
+        """(end of the topic, transactions committed when it was read): noted once the
+        marks of all those transactions are written."""
         self._in_txn: dict[Slot, set[int]] = {}
         self._lock = threading.Lock()
         self._replies: list[_Replies] = []
@@ -376,7 +383,12 @@ class DeliveryLog:
     def write(self, producer: Any, runs: Runs) -> None:
         """Produce this transaction's `sent` record (with marks still unwritten from
         before) and the replies waiting, inside the open transaction."""
-        delivered: dict[Slot, set[int]] = {k: set(o) for k, o in self._unmarked.items()}
+        delivered: dict[Slot, set[int]] = {}
+        with self._lock:
+            unmarked = [chunk for _, chunk in self._unmarked]
+        for chunk in unmarked:
+            for slot, offsets in chunk.items():
+                delivered.setdefault(slot, set()).update(offsets)
         for _, records in runs:
             for record in records:
                 slot = record.slot
@@ -423,8 +435,10 @@ class DeliveryLog:
             return True
 
     def committed(self) -> None:
-        for partition, offsets in self._in_txn.items():
-            self._unmarked.setdefault(partition, set()).update(offsets)
+        with self._lock:
+            self._commits += 1
+            if self._in_txn:
+                self._unmarked.append((self._commits, self._in_txn))
         self._in_txn = {}
         with self._lock:
             done, self._replies_in_txn = self._replies_in_txn, []
@@ -432,10 +446,28 @@ class DeliveryLog:
         for replies in done:
             replies.done.set()
 
-    def marked(self) -> None:
-        """The settled marks of every committed transaction so far are written: now and
-        then, note where the done topic ends (no record before it is needed again)."""
-        self._unmarked = {}
+    @property
+    def commits(self) -> int:
+        """Transactions committed so far: `marked` takes this, read when they settle."""
+        with self._lock:
+            return self._commits
+
+    def marked(self, through: int) -> None:
+        """The settled marks of the transactions up to number `through` are written
+        (called by the wheel's marks writer): they need not be carried any more, and an
+        end read after them may be noted."""
+        with self._lock:
+            self._unmarked = [chunk for chunk in self._unmarked if chunk[0] > through]
+            note, self._note = self._note, None
+            if note is not None and note[1] > through:
+                self._note, note = note, None
+        if note is not None:
+            self._write_position(note[0])
+
+    def note_position(self) -> None:
+        """On the forwarder's thread, between two transactions, now and then: read where
+        the done topic ends, and note it (no record before it is needed again) once
+        the marks of every transaction committed so far are written."""
         if self._position_file is None or self._clock() - self._noted_at < NOTE_EVERY_S:
             return
         if any(self._known.values()):
@@ -448,6 +480,19 @@ class DeliveryLog:
             _, end = ends.get_watermark_offsets(
                 TopicPartition(self._topic, 0), timeout=1.0, cached=False
             )
+        except Exception as exc:  # only a longer read at the next start
+            log.debug("%s: end not read: %s", self._topic, exc)
+            return
+        with self._lock:
+            if self._unmarked:
+                self._note = (end, self._commits)
+                return
+        self._write_position(end)
+
+    def _write_position(self, end: int) -> None:
+        if self._position_file is None:
+            return
+        try:
             write_position(self._position_file, end)
         except Exception as exc:  # only a longer read at the next start
             log.debug("%s: end not noted: %s", self._topic, exc)
@@ -455,6 +500,8 @@ class DeliveryLog:
     def learn(self) -> None:
         """Read the done topic read_committed to its end; what this member's latest
         record names was delivered and is settled unsent when it comes up."""
+        with self._lock:
+            self._note = None  # read before what this learns: no longer safe to note
         started = time.monotonic()
         try:
             if self._ends is None:

@@ -127,7 +127,9 @@ def precise_transactional_id(settings: Settings, member: int, *, far: bool = Fal
 
 
 class SettlesSlots(Protocol):
-    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None: ...
+    def settle_many(
+        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
+    ) -> None: ...
 
 
 def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> None:
@@ -155,13 +157,17 @@ def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker,
 def settle_delivered(
     runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger, delivery: DeliveryLog
 ) -> None:
-    """`settle_durable` after a transaction committed: once the marks are written, the
-    delivery log need not carry them into the next transaction."""
+    """`settle_durable` after a transaction committed: once the marks are written (by
+    the wheel's marks writer, off this thread), the delivery log need not carry them
+    into the next transaction."""
+    through = delivery.commits
     try:
-        wheel.settle_many(_slots_settling(runs, offsets))
+        wheel.settle_many(
+            _slots_settling(runs, offsets), functools.partial(delivery.marked, through)
+        )
     except StorageError:  # reported through `on_fault`; the next transaction names them
         return
-    delivery.marked()
+    delivery.note_position()
 
 
 def _nothing() -> None:

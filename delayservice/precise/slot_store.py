@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import threading
@@ -75,6 +76,8 @@ class SlotStore:
         self._sync_lock = threading.Lock()
         self._handles: OrderedDict[Key, int] = OrderedDict()  # LRU of append descriptors
         self._sizes: dict[Key, int] = {}  # every slot file and its size
+        self._born: dict[Key, int] = {}  # every slot file: which one of that name it is
+        self._births = itertools.count()
         self._bytes = 0
         self._sorted: list[tuple[int, int]] | None = None
         self._checked: set[Key] = set()  # tail known to be clean in this process
@@ -96,6 +99,7 @@ class SlotStore:
             self._partitions.add(partition)
             for key, _path, size in entries:
                 self._sizes[key] = size
+                self._born[key] = next(self._births)
                 self._bytes += size
 
     def _path(self, partition: int, second: int, width: int = 1) -> Path:
@@ -109,10 +113,12 @@ class SlotStore:
         self._bytes += size - self._sizes.get(key, 0)
         if key not in self._sizes:
             self._sorted = None
+            self._born[key] = next(self._births)
         self._sizes[key] = size
 
     def _forget(self, key: Key) -> None:
         self._bytes -= self._sizes.pop(key, 0)
+        self._born.pop(key, None)
         self._sorted = None
 
     def _close_handle(self, key: Key) -> None:
@@ -169,6 +175,27 @@ class SlotStore:
             raise ValueError(f"partition must be >= 0, got {partition}")
         with self._lock:
             self._append_locked((partition, second, width), frames)
+
+    def file_id(self, partition: int, second: int) -> int | None:
+        """Which file of that slot's name is there now (None: none): a file deleted and
+        made again under the same name is another file."""
+        with self._lock:
+            self._check_open()
+            return self._born.get((partition, second, 1))
+
+    @reported
+    def append_to(self, partition: int, second: int, file_id: int, frames: bytes) -> bool:
+        """`append` to a slot's file only if it is still the file `file_id` names;
+        False, and nothing written, once that file was deleted (settled marks written
+        after the wheel let go of its lock: they must not make a deleted slot come
+        back, nor land in a new file of the same name)."""
+        key = (partition, second, 1)
+        with self._lock:
+            if self._born.get(key) != file_id:
+                self._check_open()
+                return False
+            self._append_locked(key, frames)
+        return True
 
     @reported
     def append_many(self, writes: dict[Key, list[bytes]]) -> list[Key]:

@@ -15,9 +15,11 @@ file is deleted once every record in it is settled (forwarded, dead-lettered,
 cancelled or, for a replica's copy, reported done by the owner).
 
 Threads: the intake thread appends and moves (`reschedule_moves`), the loader thread
-(here) reads slots in (`slot_loading`), writes settled marks and expires cancels, the
+(here) reads slots in (`slot_loading`), retires cancels and expires them, the marks
+writer (here) writes the settled marks a commit point gathered as soon as it has, the
 splitter thread splits spans (`span_splitting`), the forwarder takes due records
-(`slot_taking`); their shared state and its one lock are `wheel_state`.
+(`slot_taking`); their shared state and its one lock are `wheel_state`. No file is
+written on the forwarder's thread between two takes but a slot's deletion.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from delayservice.precise.cancel_log import CancelLog
@@ -112,22 +114,34 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         self._splitter = threading.Thread(
             target=self._run_splits, name="precise-splitter", daemon=True
         )
+        self._marks_writer = threading.Thread(
+            target=self._run_marks, name="precise-marks", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
         self._splitter.start()
+        assert self._marks_writer is not None
+        self._marks_writer.start()
 
     def stop(self, timeout: float) -> None:
+        """The loader's last pass writes what the marks writer left."""
         self._stopping.set()
+        self._marks_wanted.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
-        self._thread.join(timeout)
+        assert self._marks_writer is not None
+        if self._marks_writer.is_alive():
+            self._marks_writer.join(timeout)
+        self._thread.join(max(0.1, deadline - time.monotonic()))
         if self._splitter.is_alive():
             self._splitter.join(max(0.1, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
-        return self._thread.is_alive() and self._splitter.is_alive()
+        writer = self._marks_writer
+        alive = writer is not None and writer.is_alive()
+        return alive and self._thread.is_alive() and self._splitter.is_alive()
 
     def hold_until(self, gate: threading.Event) -> None:
         """Hand the forwarders nothing until `gate` is set, then `wake_takers`. After a
@@ -238,8 +252,8 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         they were settled: records called off as they loaded, stale copies), one write
         per slot; then retire the cancels whose messages those marks (or deletions)
         settled."""
+        self.flush_marks()
         with self._lock:
-            self._write_marks_locked(list(self._marks))
             retire, self._matches_durable = self._matches_durable, []
         if retire:
             self._retire(retire)
@@ -264,24 +278,45 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         for message_id in message_ids:
             self._cancels.matched(message_id)
 
+    # -- the marks writer --------------------------------------------------------------
+    def _run_marks(self) -> None:
+        """Write the settled marks as soon as a commit point (or a take) gathers them."""
+        while True:
+            self._marks_wanted.wait()
+            self._marks_wanted.clear()
+            if self._stopping.is_set() or not self._survived("marks writer", self.flush_marks):
+                return  # stopping: the loader's last pass writes the rest
+
+    def _survived(self, thread: str, step: Callable[[], None]) -> bool:
+        """Run one step of a wheel thread's loop; False when the thread is to end (a
+        storage fault, which the store reported: the daemon is stopping)."""
+        try:
+            step()
+        except StorageError as fault:
+            log.debug("precise %s stops on a storage fault: %s", thread, fault)
+            return False
+        except Exception:
+            log.exception("precise %s: unexpected error; continuing", thread)
+            self._stopping.wait(1.0)
+        return True
+
     # -- the loader thread ------------------------------------------------------------
     def _run(self) -> None:
         next_expiry = 0.0
+
+        def step() -> None:
+            nonlocal next_expiry
+            wait = self._load_due_slots()
+            self.write_marks()
+            if time.monotonic() >= next_expiry:
+                next_expiry = time.monotonic() + EXPIRE_EVERY_S
+                self._expire_cancels()
+            self._wake.wait(min(wait, MARKS_EVERY_S) if wait is not None else MARKS_EVERY_S)
+            self._wake.clear()
+
         while not self._stopping.is_set():
-            try:
-                wait = self._load_due_slots()
-                self.write_marks()
-                if time.monotonic() >= next_expiry:
-                    next_expiry = time.monotonic() + EXPIRE_EVERY_S
-                    self._expire_cancels()
-                self._wake.wait(min(wait, MARKS_EVERY_S) if wait is not None else MARKS_EVERY_S)
-                self._wake.clear()
-            except StorageError as fault:  # reported by the store: the daemon is stopping
-                log.debug("precise loader stops on a storage fault: %s", fault)
+            if not self._survived("loader", step):
                 return
-            except Exception:
-                log.exception("precise loader: unexpected error; continuing")
-                self._stopping.wait(1.0)
         try:
             self.write_marks()
         except StorageError as fault:

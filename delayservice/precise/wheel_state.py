@@ -6,14 +6,15 @@ to the forwarder (`slot_taking`) and moving messages for reschedules
 (`reschedule_moves`). They share this state and the few operations that change it:
 appending framed records to their files, settling a record, deleting a slot's file.
 One lock orders appends against loads, splits, moves and deletes, so a record is in
-memory exactly once.
+memory exactly once. Settled marks are gathered under it and written after it is let go
+(`flush_marks`, on the marks writer's thread): a slow write holds up no forward.
 """
 
 from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
 from delayservice.precise.cancel_log import CancelLog
@@ -144,6 +145,10 @@ class WheelState:
         """Partitions whose slots stay, even when finished, until the intake has read a
         batch again (`Wheel.read_again`)."""
         self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
+        self._after_marks: list[Callable[[], None]] = []  # to run once they are
+        self._flush_lock = threading.Lock()  # one `flush_marks` at a time
+        self._marks_wanted = threading.Event()  # wakes the marks writer
+        self._marks_writer: threading.Thread | None = None  # while it runs
         # Cancels that removed their message, by the slot that held it: a cancel leaves
         # the cancel log only once the message's settled mark (or the slot's deletion)
         # is durable, so no crash can find the message on disk and its cancel gone.
@@ -284,25 +289,51 @@ class WheelState:
         until then mark the record settled in it, so a restart does not send it again."""
         self.settle_many([(tracker, offset)])
 
-    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+    def settle_many(
+        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
+    ) -> None:
         """`settled` for many records (those a commit point made durable), in one hold
-        of the lock. Their marks are written before this returns, one write per slot:
-        a kill -9 after the commit point does not send them again, whatever the loader
-        is busy with."""
+        of the lock. The marks writer writes their marks at once, one write per slot,
+        whatever the loader is busy with, and off the forwarder's path: a kill -9 a
+        moment after the commit point does not send them again, and a slow disk holds
+        up no forward. `then` runs once they are written (never if they could not
+        be). With no marks writer running (not started, or stopped), they are written
+        before this returns."""
         with self._lock:
             for tracker, offset in done:
                 self._settle_locked(tracker, offset)
-            self._write_marks_locked({tracker for tracker, _ in done})
+            if then is not None:
+                self._after_marks.append(then)
+        writer = self._marks_writer
+        if writer is not None and writer.is_alive():
+            self._marks_wanted.set()
+        else:
+            self.flush_marks()
 
-    def _write_marks_locked(self, trackers: Iterable[SlotTracker]) -> None:
-        """Append the marks gathered for `trackers`, one write per slot file (lock held),
-        to the page cache, which outlives the process. The cancels those marks settle
-        wait for a sync before they leave the cancel log (`Wheel.write_marks`)."""
-        for tracker in trackers:
-            offsets = self._marks.pop(tracker, None)
-            if offsets is None:
-                continue
-            if not tracker.deleted:
-                frames = b"".join(map(encode_settled, offsets))
-                self._store.append(tracker.partition, tracker.second, frames)
-            self._matches_durable.extend(self._matches.pop(tracker, ()))
+    def flush_marks(self) -> None:
+        """Append every settled mark gathered so far, one write per slot file, to the
+        page cache (which outlives the process), outside the wheel's lock: a file
+        deleted meanwhile is not made again (`SlotStore.append_to`). Then run what
+        waited for them; the cancels those marks settle wait for a sync before they
+        leave the cancel log (`Wheel.write_marks`). A write that fails raises (the
+        store reports it; the daemon stops) and what waited for it never runs."""
+        with self._flush_lock:
+            writes: list[tuple[SlotTracker, int | None, list[int], list[str]]] = []
+            with self._lock:
+                marks, self._marks = self._marks, {}
+                after, self._after_marks = self._after_marks, []
+                for tracker, offsets in marks.items():
+                    matches = self._matches.pop(tracker, [])
+                    file_id = self._store.file_id(tracker.partition, tracker.second)
+                    writes.append((tracker, file_id, offsets, matches))
+            written: list[str] = []
+            for tracker, file_id, offsets, matches in writes:
+                if file_id is not None:
+                    frames = b"".join(map(encode_settled, offsets))
+                    self._store.append_to(tracker.partition, tracker.second, file_id, frames)
+                written.extend(matches)
+            if written:
+                with self._lock:
+                    self._matches_durable.extend(written)
+            for callback in after:
+                callback()

@@ -6,6 +6,7 @@ settles."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +49,12 @@ class SlotsSettled:
     def __init__(self) -> None:
         self.settled: list[tuple[int, int]] = []
 
-    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+    def settle_many(
+        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
+    ) -> None:
         self.settled.extend((tracker.partition, offset) for tracker, offset in done)
+        if then is not None:
+            then()
 
 
 @dataclass

@@ -33,6 +33,7 @@ from tests.precise.eos_rig import (
     eos_settings,
     sent_records,
 )
+from tests.precise.test_wheel import SlowDisk
 from tests.precise.txn_fakes import FakeCoordinator
 
 
@@ -75,13 +76,7 @@ def test_a_kill_after_a_commit_before_its_marks_sends_nothing_again(
     clock.advance(1)
     assert sorted(delivered_ids(coordinator)) == ["id-0", "id-1", "id-2"]
 
-    again = Process(tmp_path, coordinator, clock)
-    again.load()
-    again.step()
-    assert again.delivery.learned_records == 3
-    clock.advance(10)
-    again.load()
-    again.step(2)
+    again = _restarted_and_drained(first, tmp_path, learned=3, later_s=10)
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(5)}
     assert again.slot_files() == 0
 
@@ -128,6 +123,50 @@ def test_a_forged_delivery_record_settles_nothing_and_is_counted(
     assert again.delivery.learned_records == 0
     assert again.dropped == [reason]
     assert delivered_ids(coordinator) == {f"id-{o}": 1 for o in range(3)}
+
+
+def test_a_kill_while_a_commits_marks_are_still_being_written_sends_nothing_twice(
+    tmp_path: Path, coordinator: FakeCoordinator, clock: FakeClock, monkeypatch
+):
+    """The marks writer writes a commit point's marks off the forwarder's thread: until
+    it has, every later transaction names those records again, so the latest record a
+    restart learns covers them (issue 46)."""
+    first = Process(tmp_path, coordinator, clock)
+    first.hold(0, 0)
+    first.hold(1, 0.2)
+    first.hold(9, 0.5)  # keeps the slot: 0 and 1 settle with marks
+    disk = SlowDisk(monkeypatch)
+    writer = first.wheel._marks_writer
+    assert writer is not None
+    writer.start()
+    disk.armed = True
+    first.step()  # 0 committed; its mark stalls in the writer
+    assert disk.writing.wait(5)
+    clock.advance(0.2)
+    first.step()  # 1 committed; 0's mark still not written
+    [_, latest] = sent_records(coordinator)
+    assert decode_sent(latest.value) == {(0, clock.ms() // 1000): {0, 1}}
+    disk.killed = True  # kill -9: the mark never lands
+    disk.release.set()
+    wait_for(lambda: not first.wheel._flush_lock.locked(), "the write to end")
+    first.die()
+    disk.armed = False
+
+    _restarted_and_drained(first, tmp_path, learned=2, later_s=1)
+    assert delivered_ids(coordinator) == {"id-0": 1, "id-1": 1, "id-9": 1}
+
+
+def _restarted_and_drained(first: Process, root: Path, learned: int, later_s: float) -> Process:
+    """A new process over `first`'s directory learns `learned` records delivered, then
+    forwards what falls due within `later_s`."""
+    again = Process(root, first.coordinator, first.clock)
+    again.load()
+    again.step()
+    assert again.delivery.learned_records == learned
+    first.clock.advance(later_s)
+    again.load()
+    again.step(2)
+    return again
 
 
 def test_a_kill_inside_a_transaction_leaves_its_forwards_unseen_and_sends_them_once(

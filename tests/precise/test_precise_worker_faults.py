@@ -20,7 +20,7 @@ from delayservice.precise.slot_file import StoredRecord
 from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.settings import load_settings
-from tests.level.fakes import TARGET, FakeProducer
+from tests.level.fakes import TARGET, FakeProducer, wait_for
 
 
 class NoProducer:
@@ -67,14 +67,23 @@ def _forward(worker: PreciseWorker, offset: int, tracker: SlotTracker) -> None:
     worker.forwarder.step(commit=True)
 
 
-def test_a_settled_mark_that_cannot_be_written_stops_the_daemon(worker, monkeypatch):
-    """The commit point writes the mark (on the forwarder's thread, which must go on)."""
+@pytest.mark.parametrize("marks_writer", [True, False])
+def test_a_settled_mark_that_cannot_be_written_stops_the_daemon(worker, monkeypatch, marks_writer):
+    """The marks writer writes the mark; with none running (stopped), the commit point
+    does, on the forwarder's thread, which must go on."""
     worker.store.append(0, 100, b"frame")
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 2
     worker.wheel._trackers[(0, 100)] = tracker
+    writer = worker.wheel._marks_writer
+    if marks_writer:
+        writer.start()
     monkeypatch.setattr(slot_store, "_write_all", _full)
     _forward(worker, 7, tracker)  # one of two: a mark to write; must not raise
+    wait_for(lambda: bool(worker.fatal), "the fault reported")
+    if marks_writer:
+        writer.join(5)
+        assert not writer.is_alive()  # it stops on the fault, as the daemon does
     assert len(worker.fatal) == 1
     assert "storage fault in precise mode" in worker.fatal[0]
     assert "No space left on device" in worker.fatal[0]

@@ -54,6 +54,24 @@ def test_append_sync_read_delete(store: SlotStore, tmp_path: Path) -> None:
     assert store.slots() == []
 
 
+def test_append_to_writes_only_to_the_file_it_names(store: SlotStore, tmp_path: Path) -> None:
+    """Settled marks written after the wheel let go of its lock: a slot deleted meanwhile
+    stays deleted, and a new file of the same name gets nothing meant for the old one."""
+    store.append(0, 100, frame(1))
+    first = store.file_id(0, 100)
+    assert first is not None
+    assert store.append_to(0, 100, first, frame(2))
+    store.delete(0, 100)
+    assert not store.append_to(0, 100, first, frame(3))
+    assert store.file_id(0, 100) is None
+    assert not (tmp_path / "wheel" / "p0" / "100.slot").exists()
+    store.append(0, 100, frame(4))
+    assert store.file_id(0, 100) != first
+    assert not store.append_to(0, 100, first, frame(5))
+    assert store.read(0, 100) == [record(4)]
+    assert SlotStore(tmp_path / "wheel").file_id(0, 100) is not None  # found on disk too
+
+
 def test_missing_slot_reads_empty_and_deletes_quietly(store: SlotStore) -> None:
     assert store.read(0, 5) == []
     store.delete(0, 5)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from delayservice.envelope import Envelope
 from delayservice.forward.forwarder import TAKE
+from delayservice.precise import slot_store
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
@@ -266,6 +270,108 @@ def test_a_record_settled_at_a_commit_point_is_not_sent_again_after_a_kill(rig, 
     assert again.take() == [2]
 
 
+class KilledInWriteError(Exception):
+    """What a `SlowDisk` write raises once the process it stands in for was killed."""
+
+
+class SlowDisk:
+    """Writes to slot files that wait, once `armed`, until `release`d (a disk that
+    stalls, or the kernel throttling a writer behind dirty pages)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed = False
+        self.killed = False
+        """The process dies in the write: the write never lands."""
+        self.writing = threading.Event()
+        self.release = threading.Event()
+        real = slot_store._write_all
+
+        def write_all(fd: int, data: bytes) -> None:
+            if self.armed:
+                self.writing.set()
+                self.release.wait(10)
+                if self.killed:
+                    raise KilledInWriteError
+            real(fd, data)
+
+        monkeypatch.setattr(slot_store, "_write_all", write_all)
+
+
+def _settle_taken(rig: Rig) -> list[int]:
+    """`Rig.take`, settled the way a commit point settles (in one call)."""
+    records = [r for _, run in rig.wheel.buffer.take(TAKE) for r in run]
+    rig.wheel.settle_many([(r.slot, r.offset()) for r in records])  # type: ignore[misc]
+    return [r.offset() for r in records]
+
+
+def _in_thread(call: functools.partial[list[int]], timeout: float = 1.0) -> list[int] | None:
+    """What `call` returned, or None when it did not return within `timeout`."""
+    out: list[list[int]] = []
+    thread = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return out[0] if out else None
+
+
+def test_a_slow_mark_write_holds_up_neither_the_commit_point_nor_the_next_take(
+    rig, tmp_path, monkeypatch
+):
+    """Issue 46: the settled marks a commit point gathers are written by the marks
+    writer, not on the forwarder's thread; a write that stalls delays no forward."""
+    disk = SlowDisk(monkeypatch)
+    for offset, due in ((1, 1.2), (2, 1.4), (3, 1.8)):
+        rig.append(offset, ms(due))
+    rig.wheel.start()
+    try:
+        disk.armed = True
+        rig.clock.now = NOW + 1.3
+        assert _in_thread(functools.partial(_settle_taken, rig)) == [1]
+        assert disk.writing.wait(5)  # the writer is at it, and stalls
+        rig.clock.now = NOW + 1.5
+        assert _in_thread(functools.partial(_settle_taken, rig)) == [2]
+    finally:
+        disk.release.set()
+        rig.wheel.stop(5)  # its last pass writes what is left
+    assert not rig.wheel._marks
+    again = _restart(rig, tmp_path, NOW + 2)
+    assert again.take() == [3]  # 1 and 2 were marked, by the writer
+
+
+def test_the_marks_writer_writes_at_once_while_the_loader_reads_a_slot_in(
+    rig, tmp_path, monkeypatch
+):
+    """The duplicate bound of a kill -9 (e1d920d): a commit point's marks reach the slot
+    file within moments, not at the loader's next pass, which waits while it indexes
+    a big slot."""
+    rig.append(1, ms(1.2))
+    rig.append(2, ms(1.8))
+    rig.append(9, ms(6))  # past the look-ahead: on disk, loaded once it comes near
+    indexing, done = threading.Event(), threading.Event()
+    real_offsets = SlotIndex.offsets
+
+    def slow_offsets(self: SlotIndex) -> set[int]:
+        indexing.set()
+        done.wait(10)
+        return real_offsets(self)
+
+    monkeypatch.setattr(SlotIndex, "offsets", slow_offsets)
+    rig.clock.now = NOW + 1.5
+    rig.wheel.start()
+    try:
+        assert indexing.wait(5)  # the loader is busy reading a slot in
+        assert _settle_taken(rig) == [1]
+        deadline = time.monotonic() + 5
+        while rig.wheel._marks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not rig.wheel._marks  # written while the loader still indexes
+        assert not done.is_set()
+    finally:
+        done.set()
+        rig.wheel.stop(5)
+    again = _restart(rig, tmp_path, NOW + 2)
+    assert again.take() == [2]
+
+
 @pytest.mark.parametrize("marks_written", [False, True])
 def test_a_cancel_matched_as_its_slot_loads_survives_a_kill(rig, tmp_path, marks_written):
     for offset in (1, 2, 3):
@@ -383,8 +489,12 @@ class SlotsSettled:
     def __init__(self) -> None:
         self.done: list[tuple[SlotTracker, int]] = []
 
-    def settle_many(self, done: list[tuple[SlotTracker, int]]) -> None:
+    def settle_many(
+        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
+    ) -> None:
         self.done.extend(done)
+        if then is not None:
+            then()
 
 
 def test_the_settle_protocol_settles_slots_and_intake_offsets_apart():
