@@ -4,9 +4,9 @@ confluent-kafka ships `confluent_kafka.aio.AIOProducer`, but in the pinned 2.16 
 `produce()` refuses headers (`NotImplementedError`: it batches through
 `produce_batch`, which cannot carry them), and the envelope travels in headers. So this
 wraps the same `DelayProducer` instead: `produce()` hands the record to librdkafka on
-the event loop's executor, one thread polls for delivery reports, and each report
-resolves its asyncio future with `call_soon_threadsafe`. Arguments and errors are
-those of `DelayProducer`.
+the event loop's executor (an exact send may ask for metadata, which blocks), one
+thread polls for delivery reports, and each report resolves its asyncio future with
+`call_soon_threadsafe`. Arguments and errors are those of `DelayProducer`.
 """
 
 from __future__ import annotations

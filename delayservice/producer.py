@@ -50,8 +50,6 @@ from delayservice.envelope import (
     wrap,
 )
 from delayservice.errors import DelayServiceError
-from delayservice.held_sends import Held, HeldSends
-from delayservice.held_sends import timeout_s as held_timeout_s
 from delayservice.level.ids import level_id, level_place, marker_partition
 from delayservice.levels import Level, LevelSet
 from delayservice.marker_receipt import (
@@ -133,14 +131,7 @@ class DelayProducer:
         self._partitioner = partitioners.configured(config)
         """Written in every envelope: the daemon places a keyed record with it, on the
         partition an undelayed send through this producer would reach."""
-        self._held = HeldSends(self._producer.produce, held_timeout_s(config))
-        self._partitions = TopicPartitions(
-            self._producer, servers_of(config), self._held.release, self._held.waits_for
-        )
-        self._assumed = (settings or Settings.model_construct()).partitions
-        """The count a delayed send picks its partition over while its topic's is not
-        known yet: the one `topics create` gives."""
-        self._partitions.read_ahead(self._topics_ahead())
+        self._partitions = TopicPartitions(self._producer, servers_of(config))
         self._reply_config = connection_config(config)
         self._sticky: dict[str, tuple[int, float]] = {}
         """Level topic -> (the partition keyless messages go to, until when)."""
@@ -183,8 +174,8 @@ class DelayProducer:
             timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
             if timing is not None:
                 precise_topic, far = self._precise_route(*timing)
-                count = self._partitions.known(precise_topic)
-                message_id, place = precise_id(count or self._assumed, far=far)
+                count = self._partitions.count(precise_topic, refresh=True)
+                message_id, kwargs["partition"] = precise_id(count, far=far)
                 envelope = Envelope(
                     topic,
                     timing[0],
@@ -194,7 +185,7 @@ class DelayProducer:
                     partitioner=self._partitioner if partition < 0 else None,
                 )
                 wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers
-                self._send(Held(precise_topic, place, value, key, wrapped, kwargs), count)
+                self._producer.produce(precise_topic, value, key, headers=wrapped, **kwargs)
                 return message_id
         else:
             delay_ms = delay_to_ms(delay, deliver_at)
@@ -204,30 +195,23 @@ class DelayProducer:
             self._producer.produce(topic, value, key, headers=user_headers, **kwargs)
             return new_id()
         level = self.levels.select(delay_ms)
-        count = self._partitions.known(level.topic)
-        place = self._level_partition(level, key, count or self._assumed)
-        message_id = level_id(level.index, place)
+        kwargs["partition"] = self._level_partition(level, key)
+        message_id = level_id(level.index, kwargs["partition"])
         envelope = (
             Envelope(topic, delay_ms, message_id, partition)
             if partition >= 0
             else Envelope(topic, delay_ms, message_id, partitioner=self._partitioner)
         )
-        self._send(
-            Held(level.topic, place, value, key, wrap(envelope, user_headers), kwargs), count
+        self._producer.produce(
+            level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
         )
         return message_id
 
-    def _send(self, record: Held, count: int | None) -> None:
-        """To librdkafka now when the topic's count is known; else the record waits for
-        it (`HeldSends`), and the count is read ahead."""
-        self._held.send(record, routable=count is not None)
-        if count is None:
-            self._partitions.read_ahead([record.topic])
-
-    def _level_partition(self, level: Level, key: bytes | str | None, count: int) -> int:
-        """The partition among `count` of `level`'s topic for a message with `key`: the
-        one this producer's partitioner gives the key, as an undelayed send would be
-        placed; a sticky one for a message without a key (or under `random`)."""
+    def _level_partition(self, level: Level, key: bytes | str | None) -> int:
+        """The partition of `level`'s topic for a message with `key`: the one this
+        producer's partitioner gives the key, as an undelayed send would be placed; a
+        sticky one for a message without a key (or under `random`)."""
+        count = self._partitions.count(level.topic, refresh=True)
         raw = key.encode() if isinstance(key, str) else key
         placed = partitioners.keyed_partition(self._partitioner, raw, count)
         if placed is not None:
@@ -390,15 +374,15 @@ class DelayProducer:
             partition = precise_partition(message_id, self._partitions.count(topic))
         else:
             partition = marker_partition(message_id, self._partitions.count(topic))
-            if len(self):  # its message may still be on its way: let it land first
-                self.flush(MARKER_FLUSH_S)
+            if len(self._producer):  # its message may still be on its way: let it land first
+                self._producer.flush(MARKER_FLUSH_S)
         receipt = MarkerReceipt(
-            kind, message_id, self.poll, self._reply_config, outcomes, on_delivery
+            kind, message_id, self._producer.poll, self._reply_config, outcomes, on_delivery
         )
-        # Behind any record still waiting for this topic's count (an exact message's
-        # marker goes to its message's partition, after it).
-        marker = Held(topic, partition, None, None, headers, {"on_delivery": receipt.on_delivery})
-        self._held.send(marker, routable=True)
+        self._producer.produce(
+            topic, None, None, partition=partition, headers=headers,
+            on_delivery=receipt.on_delivery,
+        )  # fmt: skip
         return receipt
 
     def _marker_home(self, message_id: str) -> tuple[str, str, bool]:
@@ -432,50 +416,14 @@ class DelayProducer:
             self._settings = load_settings(self._config_file)
         return self._settings
 
-    def _topics_ahead(self) -> list[str]:
-        """The topics whose counts sends will need, read from the start: the level
-        topics, and the precise ones when this producer sends exact messages."""
-        topics = [level.topic for level in self.levels]
-        settings = self._settings
-        if settings is not None and (self.precision == "exact" or settings.precise):
-            topics += [settings.precise_topic, settings.precise_far_topic]
-        return topics
-
     def poll(self, timeout: float = 0) -> int:
-        """librdkafka's `poll()`, and the callbacks of delayed records that failed before
-        reaching it (`HeldSends`)."""
-        self._held.expire()
-        served = self._held.serve()
-        return served + int(self._producer.poll(0 if served else timeout))
+        return int(self._producer.poll(timeout))
 
     def flush(self, timeout: float = -1) -> int:
-        """Wait at most `timeout` seconds (-1: until each record is delivered or has
-        failed, within `message.timeout.ms`) for delayed records waiting for their
-        topic's partition count and for librdkafka's queue; how many are left."""
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        self._held.wait(float("inf") if deadline is None else timeout)
-        self._held.serve()
-        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-        remaining = int(self._producer.flush(left))
-        self._held.serve()
-        return remaining + len(self._held)
-
-    def close(self, timeout: float = 30.0) -> int:
-        """Flush for at most `timeout` seconds, then fail what is left through its
-        delivery callback (`_PURGE_QUEUE`) and close librdkafka's producer: closing takes
-        at most `timeout` and a partition count being read ahead (`READ_AHEAD_TIMEOUT_S`);
-        how many records were left."""
-        remaining = self.flush(timeout)
-        self._partitions.stop()
-        self._held.purge()
-        self._producer.purge(in_queue=True, in_flight=False)
-        self._producer.poll(0)
-        self._held.serve()
-        self._producer.close()
-        return remaining
+        return int(self._producer.flush(timeout))
 
     def __len__(self) -> int:
-        return len(self._producer) + len(self._held)
+        return len(self._producer)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)

@@ -15,7 +15,7 @@ from delayservice.partitioners import murmur2
 from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.producer import DelayProducer
 from delayservice.status.marker_outcome import RepliesUnavailableError
-from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings, in_line
+from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings
 
 MARKERS = "dmarkers"
 
@@ -24,7 +24,6 @@ MARKERS = "dmarkers"
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
     wrapped = FakeProducer()
     monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
-    in_line(monkeypatch)
     return wrapped
 
 

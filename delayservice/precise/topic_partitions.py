@@ -7,18 +7,12 @@ is kept (partitions are never removed, so it stays valid) and refreshed at most 
 `REFRESH_S`: producers start using partitions added to a topic within that long, and a
 failed refresh changes nothing. A marker needs no count at all when its id names its
 partition.
-
-`produce()` never waits for the broker (`known`): counts are read ahead, on a thread of
-their own, from when the producer is made (`read_ahead`) and whenever a send finds a
-count unknown or due for a refresh; each answer goes to `on_read`, and a topic that
-`still_needed` says sends wait for is asked again every `RETRY_S`.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
 import time
-from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -26,24 +20,11 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice.errors import BrokerUnavailableError, DelayServiceError
 
 METADATA_TIMEOUT_S: Final = 10.0
-"""How long a marker that needs a topic's count (an id naming no partition) waits for it."""
-READ_AHEAD_TIMEOUT_S: Final = 1.0
-"""How long one read ahead waits (then it is tried again): short, because librdkafka's
-`close()` waits for a metadata request in flight."""
+"""How long the first delayed send or marker to a topic waits for its partition count."""
 REFRESH_S: Final = 300.0
 """How often sends look for partitions a topic has gained (librdkafka's
 `topic.metadata.refresh.interval.ms` default)."""
-RETRY_S: Final = 1.0
-"""How soon a count that sends wait for is asked again after no broker answered."""
-
-OnRead = Callable[[str, "int | None", "DelayServiceError | None"], None]
-"""Told each answer read ahead: the topic, its count or why there is none."""
-
-
-def spawn(target: Callable[[], None]) -> None:
-    """Runs the read-ahead (tests replace it to run in line)."""
-    threading.Thread(target=target, name="delayservice-metadata", daemon=True).start()
-
+REFRESH_TIMEOUT_S: Final = 2.0
 
 NO_ANSWER: Final = frozenset(
     {
@@ -92,105 +73,28 @@ def missing_topic(topic: str, code: int | None = None) -> TopicMissingError:
 
 
 class TopicPartitions:
-    def __init__(
-        self,
-        client: Any,
-        servers: str = "",
-        on_read: OnRead | None = None,
-        still_needed: Callable[[str], bool] | None = None,
-    ) -> None:
+    def __init__(self, client: Any, servers: str = "") -> None:
         """`client`: anything with confluent-kafka's `list_topics`; `servers`: the
         brokers it was given, named when none answers."""
         self._client = client
         self._servers = servers
         self._counts: dict[str, tuple[int, float]] = {}  # topic -> (count, when read)
-        self._on_read = on_read
-        self._still_needed = still_needed
-        self._lock = threading.Lock()
-        self._wanted: set[str] = set()
-        self._reading = False
-        self._stopped = False
 
-    def known(self, topic: str) -> int | None:
-        """The count known now, without asking the broker: None when there is none yet
-        (the caller then asks `read_ahead`, once what waits for it is in place). A count
-        due for its refresh is returned, and read again ahead."""
+    def count(self, topic: str, *, refresh: bool = False) -> int:
+        """The topic's partition count: read at the first need (raising a retriable
+        `DelayServiceError` that names the topic when it cannot be), then with
+        `refresh` again every `REFRESH_S`."""
         known = self._counts.get(topic)
+        now = time.monotonic()
         if known is None:
-            return None
-        if time.monotonic() - known[1] >= REFRESH_S:
-            self.read_ahead([topic])
-        return known[0]
-
-    def read_ahead(self, topics: Iterable[str]) -> None:
-        """Read these counts on the read-ahead thread (started if none runs)."""
-        with self._lock:
-            self._wanted.update(topics)
-            if self._reading or not self._wanted or self._stopped:
-                return
-            self._reading = True
-        spawn(self._read_wanted)
-
-    def stop(self) -> None:
-        """No more reads ahead (the client is closing): one in flight ends within
-        `READ_AHEAD_TIMEOUT_S`."""
-        with self._lock:
-            self._stopped = True
-
-    def _read_wanted(self) -> None:
-        while True:
-            with self._lock:
-                todo = sorted(self._wanted)
-                self._wanted.clear()
-                if not todo or self._stopped:
-                    self._reading = False
-                    return
-            again, failed = self._read_round(todo)
-            if failed:
-                time.sleep(RETRY_S)
-            with self._lock:
-                self._wanted.update(again)
-
-    def _read_round(self, todo: list[str]) -> tuple[list[str], bool]:
-        """Read each topic's count once; say which of those sends still wait for, and
-        whether a first read failed. A topic read within `REFRESH_S` is not asked again;
-        after one request no broker answered, the rest are not asked this round."""
-        failed = False
-        unanswered: BrokerUnavailableError | None = None
-        for topic in todo:
-            known = self._counts.get(topic)
-            now = time.monotonic()
-            if known is not None and now - known[1] < REFRESH_S:
-                continue
-            count: int | None = None
-            error: DelayServiceError | None = unanswered
-            if error is None:
-                try:
-                    count = self.read(topic, READ_AHEAD_TIMEOUT_S)
-                except BrokerUnavailableError as exc:
-                    error = unanswered = exc
-                except DelayServiceError as exc:
-                    error = exc
-            failed = failed or (error is not None and known is None)
-            if known is not None:  # a refresh: a failed one changes nothing until the next
-                count = known[0] if count is None else max(count, known[0])
-                self._counts[topic] = (count, now)
-            elif count is not None:
-                self._counts[topic] = (count, now)
-            if self._on_read is not None:
-                self._on_read(topic, count, None if count is not None else error)
-        needed = self._still_needed or (lambda _topic: False)
-        return [t for t in todo if t not in self._counts and needed(t)], failed
-
-    def count(self, topic: str) -> int:
-        """The topic's partition count, known or read now (waiting up to
-        `METADATA_TIMEOUT_S`; raising a retriable `DelayServiceError` that names the
-        topic when it cannot be read). Only markers whose id names no partition ask."""
-        known = self._counts.get(topic)
-        if known is not None:
+            count = self.read(topic, METADATA_TIMEOUT_S)
+        elif refresh and now - known[1] >= REFRESH_S:
+            count = known[0]
+            with contextlib.suppress(DelayServiceError):
+                count = max(count, self.read(topic, REFRESH_TIMEOUT_S))
+        else:
             return known[0]
-        count = self.read(topic, METADATA_TIMEOUT_S)
-        self._counts[topic] = (count, time.monotonic())
+        self._counts[topic] = (count, now)
         return count
 
     def missing(self, topic: str, timeout: float = METADATA_TIMEOUT_S) -> bool:
