@@ -6,6 +6,8 @@ that every name used there is exported here. Units are seconds and bytes, never 
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from delayservice.metrics.batch_histogram import BatchHistogram
@@ -31,6 +33,10 @@ COMMIT_STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 COMMIT_STEPS = ("flush", "send_offsets", "commit_transaction")
 """A commit point's steps: waiting for the interval's forwards to be acknowledged, then
 (exactly-once) the offsets into the transaction and its commit."""
+
+
+DONE_DROP_REASONS: Final = ("malformed", "key_mismatch", "unknown_member", "not_holder", "bad_slot")
+"""Why a reader of a precise done topic drops a record (`precise_done_dropped`)."""
 
 
 class ServiceMetrics:

@@ -36,7 +36,7 @@ from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
 from delayservice.metrics.heartbeat import STUCK_S
-from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.metrics.service_metrics import DONE_DROP_REASONS, ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.census_export import CensusExport
 from delayservice.precise.data_dir import DataDir
@@ -236,6 +236,8 @@ class PreciseWorker:
         consumers = _Consumers(settings, topic, far=far)
         done_topic = settings.precise_far_done_topic if far else settings.precise_done_topic
         dropped = metrics.precise_done_dropped
+        for reason in DONE_DROP_REASONS:  # each series exists from the start, at 0
+            dropped.labels(level_name, reason)
 
         def count_dropped(reason: str) -> None:
             dropped.labels(level_name, reason).inc()
