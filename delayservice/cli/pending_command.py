@@ -90,7 +90,11 @@ def pending(
     daemons hold (levels: in memory; precise: on disk, by due time).
     """
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
-    urls = metrics_url or [local_endpoint(settings, "/metrics")]
+    # What the daemons hold in memory is extra: with a port picked at start (0) and no
+    # --metrics-url, it is left out rather than failing what Kafka alone can answer.
+    urls = metrics_url or (
+        [local_endpoint(settings, "/metrics")] if settings.metrics_port != 0 else []
+    )
     now_ms = int(time.time() * 1000)
     rows = level_rows(settings, urls)
     if settings.precise:
