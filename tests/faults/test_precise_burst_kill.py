@@ -91,7 +91,9 @@ def sent_again_outside(report: Report, kill_ms: int, restart_ms: int) -> list[st
     return out
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize(
+    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+)
 def test_precise_burst_then_kill_9_within_a_second_sends_again_only_the_last_interval(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):

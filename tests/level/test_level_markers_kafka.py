@@ -19,7 +19,10 @@ def _headers(record):
     return dict(record.headers() or [])
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+# CI runs the exactly-once row; tests/faults/test_level_markers_faults.py runs both.
+@pytest.mark.parametrize(
+    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+)
 def test_level_messages_are_cancelled_and_moved_and_every_marker_is_answered(testbed, guarantee):
     settings = testbed.settings(levels="2s,6s", guarantee=guarantee)
     testbed.create_delay_topics(settings)

@@ -46,7 +46,9 @@ def _records_in(testbed: Any, topic: str) -> int:
         consumer.close()
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize(
+    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+)
 def test_reschedule_and_cancel_say_what_the_daemon_did(testbed, tmp_path: Path, guarantee: str):
     """Exactly-once, the replies commit in the forwarder's transactions."""
     settings = _precise(testbed, tmp_path, guarantee=guarantee)
