@@ -12,7 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.settings import Settings, settings_env
 
 

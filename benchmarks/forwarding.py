@@ -50,7 +50,7 @@ from daemon_process import running_daemon
 from delayservice.envelope import H_CANCEL, H_VERSION, Envelope, Headers, wrap
 from delayservice.kafka import topics
 from delayservice.kafka.local_broker import LocalBroker
-from delayservice.level.ids import level_id
+from delayservice.markers.level_ids import level_id
 from delayservice.settings import load_settings
 
 PARTITIONS = 3

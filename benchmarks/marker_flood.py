@@ -34,8 +34,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.envelope import H_CANCEL, H_VERSION, VERSION
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
-from delayservice.level.ids import level_id, marker_partition
+from delayservice.markers.level_ids import level_id, marker_partition
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 

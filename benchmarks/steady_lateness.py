@@ -46,10 +46,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.envelope import H_DELAY_MS, H_ID
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import header_values
 from delayservice.metrics.service_metrics import COMMIT_STEPS
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 

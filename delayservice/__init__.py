@@ -12,11 +12,11 @@ from delayservice.errors import (
     RepliesUnavailableError,
     TopicSetupError,
 )
-from delayservice.marker_receipt import MarkerNotDeliveredError, MarkerReceipt, NoReplyError
+from delayservice.markers.receipt import MarkerNotDeliveredError, MarkerReceipt, NoReplyError
 from delayservice.producer import DelayProducer
 
 if TYPE_CHECKING:
-    from delayservice.precise.marker_replies import MarkerReply
+    from delayservice.markers.replies import MarkerReply
 
 __version__ = "0.1.0"
 __all__ = [
@@ -42,7 +42,7 @@ def __getattr__(name: str) -> Any:
     """`MarkerReply` on first use: importing the package stays clear of the Kafka tooling
     its module brings in (settings are read before any client exists)."""
     if name == "MarkerReply":
-        from delayservice.precise.marker_replies import MarkerReply
+        from delayservice.markers.replies import MarkerReply
 
         return MarkerReply
     raise AttributeError(f"module 'delayservice' has no attribute {name!r}")

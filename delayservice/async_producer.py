@@ -24,12 +24,12 @@ from delayservice.delay_timing import Delay, DeliverAt
 from delayservice.envelope import Headers
 from delayservice.errors import DelayServiceError
 from delayservice.levels import LevelSet
-from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
+from delayservice.markers.receipt import DeliveryCallback, MarkerReceipt
 from delayservice.producer import DelayProducer, Precision
 from delayservice.settings import Settings
 
 if TYPE_CHECKING:
-    from delayservice.precise.marker_replies import MarkerReply
+    from delayservice.markers.replies import MarkerReply
 
 POLL_S: Final = 0.1
 """How long the polling thread waits for a report at a time (and so to notice close)."""

@@ -10,7 +10,7 @@ so a producer deployed beside a daemon agrees with it.
 A level message goes to the partition of its level topic that the application's
 partitioner gives its key (a key's messages keep their order within a level; a message
 without a key goes to a partition picked for a while), and its id names the level, that
-partition and when it was sent (`level.ids`).
+partition and when it was sent (`markers.level_ids`).
 
 With `precision="exact"` a delayed message goes instead to a precise topic, where the
 precise-mode daemon forwards it at exactly its due time (any delay up to `max_delay`):
@@ -50,19 +50,19 @@ from delayservice.envelope import (
     wrap,
 )
 from delayservice.errors import DelayServiceError
-from delayservice.level.ids import level_id, level_place, marker_partition
+from delayservice.kafka.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.levels import Level, LevelSet
-from delayservice.marker_receipt import (
+from delayservice.markers.level_ids import level_id, level_place, marker_partition
+from delayservice.markers.precise_ids import named_place, precise_id, precise_partition
+from delayservice.markers.receipt import (
     DeliveryCallback,
     MarkerReceipt,
     connection_config,
 )
-from delayservice.precise.ids import named_place, precise_id, precise_partition
-from delayservice.precise.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from delayservice.precise.marker_replies import MarkerReply
+    from delayservice.markers.replies import MarkerReply
 
 __all__ = [
     "PRECISIONS",
@@ -364,7 +364,7 @@ class DelayProducer:
         topic, outcomes, exact = self._marker_home(message_id)
         asked_s = max(0.1, min(wait or 0.0, METADATA_TIMEOUT_S))
         if wait is not None and self._partitions.missing(outcomes, asked_s):
-            from delayservice.status.marker_outcome import unavailable
+            from delayservice.markers.outcome import unavailable
 
             raise unavailable(outcomes)
         place = named_place(message_id)

@@ -548,7 +548,7 @@ class Settings(BaseSettings):
     @property
     def precise_outcomes_topic(self) -> str:
         """Where each holder replies to cancel and reschedule markers with what it did
-        (`precise.marker_replies`)."""
+        (`markers.replies`)."""
         return f"{self.precise_topic}_outcomes"
 
     def precise_topics(self) -> tuple[str, ...]:

@@ -33,9 +33,9 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry
 
-from delayservice.kafka.local_broker import free_port
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.merged_exposition import MergedCollector
+from delayservice.ports import free_port
 from delayservice.settings import Settings, settings_env
 
 log = logging.getLogger(__name__)

@@ -10,11 +10,11 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayservice import producer as producer_module
 from delayservice.errors import BrokerUnavailableError, DelayTooLongError
-from delayservice.level.ids import level_place
+from delayservice.kafka.topic_partitions import TopicPartitions
+from delayservice.markers.level_ids import level_place
+from delayservice.markers.outcome import RepliesUnavailableError
 from delayservice.partitioners import murmur2
-from delayservice.precise.topic_partitions import TopicPartitions
 from delayservice.producer import DelayProducer
-from delayservice.status.marker_outcome import RepliesUnavailableError
 from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings
 
 MARKERS = "dmarkers"

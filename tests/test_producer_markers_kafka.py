@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from delayservice.marker_receipt import MarkerReceipt, NoReplyError
+from delayservice.markers.receipt import MarkerReceipt, NoReplyError
 from tests.precise.test_precise_daemon import _exact_producer, _headers, _precise
 from tests.precise.test_precise_markers_daemon import _records_in
 
@@ -64,7 +64,7 @@ def test_no_reply_in_time_is_a_timeout_naming_where_the_marker_is(testbed, tmp_p
 
 
 def test_waiting_without_the_outcomes_topic_fails_before_anything_is_sent(testbed):
-    from delayservice.status.marker_outcome import RepliesUnavailableError
+    from delayservice.markers.outcome import RepliesUnavailableError
 
     settings = testbed.settings(levels="1s", precise_topic=f"nope-{testbed.tag}")
     producer = _exact_producer(testbed, settings)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from delayservice.errors import DelayTooLongError
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 
 pytestmark = pytest.mark.kafka

@@ -40,7 +40,7 @@ from confluent_kafka.admin import (
 )
 
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 from tests.conftest import wait_for

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.settings import settings_env
 
 pytestmark = pytest.mark.kafka

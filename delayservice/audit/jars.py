@@ -17,7 +17,7 @@ from pathlib import Path
 
 from delayservice.audit import INSTALL_EXTRA, AuditError
 from delayservice.kafka import maven
-from delayservice.kafka.local_broker import cache_dir
+from delayservice.kafka.maven import cache_dir
 
 log = logging.getLogger(__name__)
 

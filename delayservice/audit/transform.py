@@ -40,7 +40,7 @@ the test. The rules:
   the audit pinned its input. Not yet that old: pending, judged by a later audit.
 - moved: a message rescheduled by id (precise mode) is due when its last move says, not
   when its own record says. The daemon answers each reschedule marker on the outcomes
-  topic (`precise/marker_replies.py`), keyed by where the marker landed; a marker's
+  topic (`markers/replies.py`), keyed by where the marker landed; a marker's
   record says only what was asked, its reply what was done. A move is matched by id
   alone: the daemon answers `moved` only for a message it holds. A reply counts when
   it is a version-1 JSON object saying a reschedule `moved` a non-empty id to a
@@ -106,7 +106,7 @@ BROKEN = ("missing", "early", "superseded", "leaked")
 REPLY_SCHEMA = (
     "v int, kind string, id string, outcome string, due_ms bigint, member int, role string"
 )
-"""A marker reply's JSON (`precise/marker_replies.py`). A field of another JSON type
+"""A marker reply's JSON (`markers/replies.py`). A field of another JSON type
 reads as null (a number where a string is expected reads as its text)."""
 REPLY_KEY = r"^(.+):([0-9]+):([0-9]+)$"
 """`topic:partition:offset` of the marker a reply answers; Kafka topic names hold no colon."""

@@ -12,11 +12,11 @@ import typer
 from delayservice.cli.common import echo_json, fail
 from delayservice.cli.pending_command import when
 from delayservice.kafka import client_config
-from delayservice.marker_receipt import DeliveryCallback, MarkerReceipt
-from delayservice.precise.marker_replies import CANCEL, CANCELLED, MarkerReply
+from delayservice.markers.outcome import RepliesUnavailableError
+from delayservice.markers.receipt import DeliveryCallback, MarkerReceipt
+from delayservice.markers.replies import CANCEL, CANCELLED, MarkerReply
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings
-from delayservice.status.marker_outcome import RepliesUnavailableError
 
 FLUSH_TIMEOUT_S: Final = 40.0
 """Above the producer's 30 s message timeout, so a failing marker ends with librdkafka's

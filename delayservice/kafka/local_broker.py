@@ -8,9 +8,7 @@ fresh log dir and runs `kafka.Kafka` in combined broker+controller mode on loopb
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
 import socket
 import subprocess
@@ -21,6 +19,8 @@ from types import TracebackType
 
 from delayservice.errors import DelayServiceError
 from delayservice.kafka import maven
+from delayservice.kafka.maven import cache_dir
+from delayservice.ports import free_ports
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +42,6 @@ _LOG4J2 = """<Configuration status="WARN">
 """
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "delayservice"
-
-
 def ensure_jars(version: str = KAFKA_VERSION) -> Path:
     """Resolve the broker's classpath into the cache (first call only) and return it."""
     libs = cache_dir() / f"kafka-{version}" / "libs"
@@ -63,23 +58,6 @@ def ensure_jars(version: str = KAFKA_VERSION) -> Path:
     )
     marker.write_text(version)
     return libs
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: each socket stays bound until all are chosen, or the
-    kernel may hand the same port out twice (a broker whose two listeners shared one
-    port failed to format its storage)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket())
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 class LocalBroker:

@@ -7,6 +7,7 @@ classpath. Callers cache the folder, so only the first run needs the network.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -61,3 +62,9 @@ def resolve(coordinates: list[str], output: Path, listing: Path | None = None) -
         raise MavenError(
             f"mvn could not resolve {', '.join(coordinates)}:\n{result.stdout[-2000:]}"
         )
+
+
+def cache_dir() -> Path:
+    """Where resolved jars are kept between runs (`XDG_CACHE_HOME` honoured)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "delayservice"

@@ -52,9 +52,9 @@ from delayservice.level.marker_verdict import (
     Verdict,
 )
 from delayservice.levels import LevelSet
+from delayservice.markers.replies import CANCELLED, MarkerReply
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.partitioners import keyed_partition
-from delayservice.precise.marker_replies import CANCELLED, MarkerReply
 
 LEAD_MS: Final = 10_000
 """How long after its marker a message may still reach the broker and be covered by it

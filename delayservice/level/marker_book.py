@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from delayservice.forward.buffer import TP
-from delayservice.level.ids import level_place
 from delayservice.level.marker_verdict import LevelMarker, Verdict, verdict
 from delayservice.levels import LevelSet
-from delayservice.precise.marker_replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
+from delayservice.markers.level_ids import level_place
+from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
 
 REFUSED: Final = "refused"
 UNMATCHED: Final = "unmatched"

@@ -41,10 +41,10 @@ from delayservice.level.marker_book import REFUSED, MarkerBook
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.log_throttle import Throttle
+from delayservice.markers.replies import CANCEL, RESCHEDULE, parse_reply
+from delayservice.markers.requests import BadMarkerError, reschedule_request
 from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, parse_reply
 from delayservice.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from delayservice.precise.marker_replies import CANCEL, CANCELLED, RESCHEDULE, reply_key
+from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, reply_key
 
 FORWARD: Final = "forward"
 CANCEL_IT: Final = "cancel"

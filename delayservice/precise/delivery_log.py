@@ -56,7 +56,7 @@ from delayservice.forward.buffer import Runs
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.log_throttle import Throttle
-from delayservice.precise.marker_replies import MarkerRepliesError
+from delayservice.markers.replies import MarkerRepliesError
 from delayservice.precise.slot_ledger import SlotTracker
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ Its offsets still live under a group id of its own, one per member.
 
 What a record carries decides its fate, and nothing it carries stops this thread:
 - a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
-  another partition (`ids`), where alone that message can be;
+  another partition (`markers.precise_ids`), where alone that message can be;
 - a reschedule marker (`delay-reschedule`) moves the message it names to a new due
   time, at once if that time has passed (`Wheel.move_many`, after the batch's
   records are written, so a message and its reschedule may share a batch);
@@ -55,15 +55,15 @@ from delayservice.kafka.consumer_thread import ERROR_PAUSE_S, ConsumerThread
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.kafka.record_headers import headers_of_run
+from delayservice.markers.replies import (
+    Answered,
+    MarkerRepliesError,
+)
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.intake_offsets import IntakeOffsets
 from delayservice.precise.marker_intake import MarkerIntake
-from delayservice.precise.marker_replies import (
-    Answered,
-    MarkerRepliesError,
-)
 from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.read_through import ReadThroughRounds
@@ -163,7 +163,7 @@ class Intake(ConsumerThread):
         unless it made them durable too (the batch is then read again). `roles` is
         filled with this member's role per partition as partitions are assigned (pass
         a dict to share it). `far`: this intake reads the far topic, whose ids say
-        so (`ids`). `intake_offsets` keeps, beside the slot files, how far each
+        so (`markers.precise_ids`). `intake_offsets` keeps, beside the slot files, how far each
         partition was read and written. `read_through` is told after each batch how
         far each partition has been read (what the wheel may hand out)."""
         self.topic = topic

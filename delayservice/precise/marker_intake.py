@@ -3,10 +3,10 @@
 A marker is a record with no key or value whose headers ask something of a message
 that may still be hours from due: `delay-cancel: <id>` to call it off,
 `delay-reschedule: <id>` (with `delay-ms` or `delay-due-ms`) to move it. A marker
-counts only on the partition its id names (`ids`), where alone the message can be.
+counts only on the partition its id names (`markers.precise_ids`), where alone the message can be.
 A cancel is kept in the cancel log (`Wheel.cancel`); the batch's reschedules are
 applied after its records are written (`Wheel.move_many`), so a message and its
-reschedule may share a batch. Every outcome is answered (`marker_replies`) once it is
+reschedule may share a batch. Every outcome is answered (`markers.replies`) once it is
 durable, and nothing a marker carries stops the intake.
 """
 
@@ -17,11 +17,17 @@ from typing import Final
 
 from confluent_kafka import Message
 
-from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_DUE_MS, H_RESCHEDULE, MAX_DIGITS, Headers
+from delayservice.envelope import Headers
 from delayservice.log_throttle import Throttle
+from delayservice.markers.precise_ids import names_elsewhere
+from delayservice.markers.replies import CANCEL, RESCHEDULE, Answered, MarkerReply
+from delayservice.markers.requests import (
+    BadMarkerError,
+    cancel_target,
+    reschedule_request,
+    reschedule_target,
+)
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.ids import names_elsewhere
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, Answered, MarkerReply
 from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Role
 from delayservice.precise.reschedule_log import RescheduleLog
@@ -34,56 +40,6 @@ log = logging.getLogger(__name__)
 
 CANCEL_GRACE_MS: Final = 60_000
 """A cancel is kept until max_delay after it was appended, plus this much for clocks."""
-
-
-def cancel_target(headers: Headers) -> str | None:
-    """The id a cancel marker names, or None when the record is not one."""
-    for name, value in headers:
-        if name == H_CANCEL:
-            if isinstance(value, bytes):
-                return value.decode("utf-8", "replace")
-            return value or ""
-    return None
-
-
-class BadMarkerError(ValueError):
-    """A reschedule marker that says no id, or no new time, or one that is not a number."""
-
-
-def reschedule_request(headers: Headers) -> tuple[str, int | None, int | None] | None:
-    """(id, delay ms, due ms) a reschedule marker asks for, or None when the record is
-    not one. Raises `BadMarkerError` for a marker that cannot be read."""
-    fields: dict[str, str | bytes | None] = {}
-    for name, value in headers:
-        if name in (H_RESCHEDULE, H_DELAY_MS, H_DUE_MS) and name not in fields:
-            fields[name] = value
-    if H_RESCHEDULE not in fields:
-        return None
-    raw_id = fields[H_RESCHEDULE]
-    message_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else raw_id
-    if not message_id:
-        raise BadMarkerError("a reschedule marker without an id")
-    numbers: list[int | None] = []
-    for name in (H_DELAY_MS, H_DUE_MS):
-        raw = fields.get(name)
-        text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
-        if text is None and name not in fields:
-            numbers.append(None)
-        elif text is None or not text.isdigit() or not text.isascii() or len(text) > MAX_DIGITS:
-            raise BadMarkerError(f"{name} of a reschedule marker is not a number: {text!r}")
-        else:
-            numbers.append(int(text))
-    if numbers == [None, None]:
-        raise BadMarkerError(f"a reschedule marker needs {H_DELAY_MS} or {H_DUE_MS}")
-    return message_id, numbers[0], numbers[1]
-
-
-def _marker_id(headers: Headers) -> str:
-    """The id a reschedule marker names, as far as it can be read (for its reply)."""
-    for name, value in headers:
-        if name == H_RESCHEDULE:
-            return value.decode("utf-8", "replace") if isinstance(value, bytes) else value or ""
-    return ""
 
 
 class MarkerIntake:
@@ -177,8 +133,8 @@ class MarkerIntake:
             self._reply(message, CANCEL, message_id, "refused")
             return
         if names_elsewhere(message_id, message.partition() or 0, far=self._far):
-            # Its message lives where its id names (`ids`): kept here, the cancel could
-            # never match, and would take room for up to max_delay.
+            # Its message lives where its id names (`markers.precise_ids`): kept here,
+            # the cancel could never match, and would take room for up to max_delay.
             self._m_cancels.labels("unmatched").inc()
             self._reply(message, CANCEL, message_id, "unmatched")
             return
@@ -200,14 +156,16 @@ class MarkerIntake:
             if self._throttle.allow("bad reschedule") is not None:
                 log.warning("%s: reschedule marker ignored: %s", self._topic, exc)
             self._m_reschedules.labels("refused").inc()
-            self._reply(message, RESCHEDULE, _marker_id(headers), "refused")
+            self._reply(message, RESCHEDULE, reschedule_target(headers), "refused")
             return True
         if request is None:
             return False
         message_id, delay_ms, due_ms = request
         partition = message.partition() or 0
         if names_elsewhere(message_id, partition, far=self._far):
-            self._m_reschedules.labels("unmatched").inc()  # its message is not here (`ids`)
+            self._m_reschedules.labels(
+                "unmatched"
+            ).inc()  # its message is not here (`markers.precise_ids`)
             self._reply(message, RESCHEDULE, message_id, "unmatched")
             return True
         _, appended = message.timestamp()

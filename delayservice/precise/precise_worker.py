@@ -35,6 +35,7 @@ from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
+from delayservice.markers.replies import MarkerReplies
 from delayservice.metrics.heartbeat import STUCK_S
 from delayservice.metrics.service_metrics import DONE_DROP_REASONS, ServiceMetrics
 from delayservice.precise.admission import Admission
@@ -43,7 +44,6 @@ from delayservice.precise.data_dir import DataDir
 from delayservice.precise.delivery_log import DeliveryLog, delivered_position_path
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.intake import Intake
-from delayservice.precise.marker_replies import MarkerReplies
 from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.progress import Progress

@@ -4,7 +4,7 @@ message is due now.
 
 A marker is an ordinary record on the message's partition, so reading it says only
 that it was asked for. What it did is in the replies on the outcomes topic
-(`precise.marker_replies`), keyed by where the marker landed. Nothing else tells a
+(`markers.replies`), keyed by where the marker landed. Nothing else tells a
 refused or too-late reschedule from one that moved the message.
 """
 
@@ -14,27 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
-from delayservice.precise.marker_replies import (
+from delayservice.markers.replies import (
+    REPLY_SKEW_MS,
     RESCHEDULE,
     MarkerReply,
     parse_reply,
     reply_key,
 )
+from delayservice.markers.requests import BadMarkerError, reschedule_request
 from delayservice.precise.placement import Role
 from delayservice.status.topic_scan import Hit, TopicScan
 
 MOVED: Final = "moved"
 
-REPLY_SKEW_MS: Final = 300_000
-"""Replies carry the replying host's clock (CreateTime), markers the broker's
-(LogAppendTime): replies are read from this long before the first marker, so a host
-clock that lags the broker's by up to this much loses none."""
-
 
 @dataclass
 class Marker:
-    kind: str  # `marker_replies.CANCEL` or `marker_replies.RESCHEDULE`
+    kind: str  # `replies.CANCEL` or `replies.RESCHEDULE`
     hit: Hit
     replies: list[MarkerReply] = field(default_factory=list)
 

@@ -20,9 +20,9 @@ from typing import Any
 from delayservice.envelope import H_CANCEL, H_ID, H_RESCHEDULE, H_TARGET
 from delayservice.forward import dead_letter as dl
 from delayservice.kafka import client_config
-from delayservice.level.ids import level_place
-from delayservice.precise.ids import named_place
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
+from delayservice.markers.level_ids import level_place
+from delayservice.markers.precise_ids import named_place
+from delayservice.markers.replies import CANCEL, RESCHEDULE
 from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head

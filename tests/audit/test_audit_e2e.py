@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from delayservice.precise.marker_replies import parse_reply
+from delayservice.markers.replies import parse_reply
 from delayservice.producer import DelayProducer
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]

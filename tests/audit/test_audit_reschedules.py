@@ -59,7 +59,7 @@ def exact(mid: str, delay_ms: int, *, partition: int = 0) -> tuple[Any, ...]:
 
 
 def reply_value(mid: Any, outcome: str, due_ms: Any, **changes: Any) -> bytes:
-    """A reply as `precise.marker_replies` writes it, with `changes` laid over it."""
+    """A reply as `markers.replies` writes it, with `changes` laid over it."""
     fields = {
         "v": 1,
         "kind": "reschedule",

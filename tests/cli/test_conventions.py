@@ -13,7 +13,7 @@ import typer.main
 
 from delayservice.cli.app import app
 from delayservice.cli.common import delivery_time
-from delayservice.precise.marker_replies import MarkerReply
+from delayservice.markers.replies import MarkerReply
 from tests.cli.test_commands import _cli
 
 

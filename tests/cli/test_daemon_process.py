@@ -14,7 +14,7 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.settings import settings_env
 
 pytestmark = pytest.mark.kafka

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.kafka]

@@ -11,8 +11,8 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from delayservice.cli.app import app
-from delayservice.level.ids import level_place
-from delayservice.precise.ids import named_place
+from delayservice.markers.level_ids import level_place
+from delayservice.markers.precise_ids import named_place
 from tests.docs.markdown import (
     PAGES,
     README,

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from delayservice.kafka.local_broker import free_port
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
+from delayservice.ports import free_port
 from delayservice.producer import DelayProducer, Precision
 from delayservice.settings import settings_env
 

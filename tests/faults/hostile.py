@@ -230,7 +230,7 @@ def hostile_marker(
     it must get (None: no rule says which, such as a well-formed id that names nothing,
     or a record that is no marker at all and gets none); now and then a valid one for a
     good record, which must act."""
-    from delayservice.level.ids import level_id
+    from delayservice.markers.level_ids import level_id
 
     now = 1_764_000_000_000
     named = level_id(1, rng.randrange(partitions), now)

@@ -30,7 +30,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewPartitions
 
-from delayservice.precise.ids import named_partition
+from delayservice.markers.precise_ids import named_partition
 from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, Reader, now_ms, scenario_name, wait_until
 from tests.faults.hostile import FuzzTopics, HostileFactory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from delayservice.kafka.local_broker import free_ports
+from delayservice.ports import free_ports
 
 
 def test_ports_chosen_together_are_distinct_and_free() -> None:

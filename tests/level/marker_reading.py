@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL
 from delayservice.level import marker_reader
-from delayservice.level.ids import level_id
 from delayservice.level.marker_book import MarkerBook
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_reader import MarkerReader
+from delayservice.markers.level_ids import level_id
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import load_settings
 from tests.level.fakes import FakeClock, FakeConsumer, message

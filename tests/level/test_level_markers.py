@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka import KafkaError
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
-from delayservice.level.ids import level_id
 from delayservice.level.marker_actions import EMPTY_GRACE_MS
 from delayservice.level.marker_verdict import LevelMarker
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE
+from delayservice.markers.level_ids import level_id
+from delayservice.markers.replies import CANCEL, RESCHEDULE
 from tests.level.fakes import (
     LEVEL,
     LEVELS,
@@ -223,7 +223,7 @@ def test_a_move_already_answered_is_not_made_again(clock, exactly_once):
     mid = send(rig, 0, 0, now - LEVEL.delay_ms - 10)
     move = marker(rig, RESCHEDULE, mid, now - 2_000, offset=5, asked=now + 30_000)
     assert rig.markers is not None
-    from delayservice.precise.marker_replies import MarkerReply
+    from delayservice.markers.replies import MarkerReply
 
     done = MarkerReply(RESCHEDULE, mid, "moved", now + 30_000, copy="delay_topic_4:1")
     rig.markers.book.answer_read(move.key, done, now - 1_500)

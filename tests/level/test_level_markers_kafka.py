@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from delayservice.level.ids import level_id, level_place
+from delayservice.markers.level_ids import level_id, level_place
 from delayservice.status.message_finder import CANCELLED, FORWARDED, find
 from tests.cli.test_commands import _cli
 

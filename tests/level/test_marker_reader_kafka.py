@@ -14,11 +14,11 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_RESCHEDULE, H_VERSION
 from delayservice.kafka import topics
-from delayservice.level.ids import level_id
 from delayservice.level.marker_gate import BLOCKED
 from delayservice.level.markers import LevelMarkers
+from delayservice.markers.level_ids import level_id
+from delayservice.markers.replies import MarkerReply
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.marker_replies import MarkerReply
 
 pytestmark = pytest.mark.kafka
 

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from delayservice.level import marker_reader
-from delayservice.precise.marker_replies import reply_key
+from delayservice.markers.replies import reply_key
 from tests.level.fakes import message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
 

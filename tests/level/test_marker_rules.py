@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-from delayservice.level.ids import is_level_id, level_id, level_place
 from delayservice.level.marker_book import REFUSED, UNMATCHED, MarkerBook
 from delayservice.level.marker_gate import BLOCKED, MarkerGate
 from delayservice.level.marker_reader import marker_of
@@ -22,7 +21,8 @@ from delayservice.level.marker_verdict import (
     verdict,
 )
 from delayservice.levels import LevelSet
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, MarkerReply
+from delayservice.markers.level_ids import is_level_id, level_id, level_place
+from delayservice.markers.replies import CANCEL, RESCHEDULE, MarkerReply
 
 LEVELS = LevelSet.parse("5s,10s,1m")
 

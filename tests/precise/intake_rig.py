@@ -13,13 +13,13 @@ from confluent_kafka import Message, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_DUE_MS, H_RESCHEDULE, H_VERSION, Envelope
+from delayservice.markers.replies import Answered
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.admission import Admission
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.data_dir import DataDirWatch
 from delayservice.precise.intake import Intake
 from delayservice.precise.intake_offsets import IntakeOffsets
-from delayservice.precise.marker_replies import Answered
 from delayservice.precise.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from delayservice.errors import ConfigError
-from delayservice.kafka.local_broker import free_port
+from delayservice.ports import free_port
 from delayservice.precise.data_dir import check_data_dir
 from tests.ci import IN_CI
 

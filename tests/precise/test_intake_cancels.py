@@ -1,4 +1,4 @@
-"""Where the intake keeps a cancel: only on the partition its id names (`ids`)."""
+"""Where the intake keeps a cancel: only on the partition its id names (`markers.precise_ids`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from delayservice.precise.ids import precise_id
+from delayservice.markers.precise_ids import precise_id
 from tests.precise.intake_rig import Rig, record, running, wait
 
 

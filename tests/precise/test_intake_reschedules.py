@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_RESCHEDULE
-from delayservice.precise.ids import precise_id
-from delayservice.precise.marker_intake import BadMarkerError, reschedule_request
+from delayservice.markers.precise_ids import precise_id
+from delayservice.markers.requests import BadMarkerError, reschedule_request
 from tests.precise.intake_rig import NOW_MS, Rig, record, reschedule, running, wait
 
 
@@ -165,7 +165,7 @@ def test_a_marker_read_again_after_a_restart_is_answered_again(tmp_path):
 def test_a_reply_the_broker_did_not_take_reads_the_markers_again(tmp_path):
     """The marker's offset commits only once its reply is acknowledged, so no applied
     move goes unanswered: the batch is read again and the move answered again."""
-    from delayservice.precise.marker_replies import MarkerRepliesError
+    from delayservice.markers.replies import MarkerRepliesError
 
     with running(tmp_path) as rig:
         rig.answer_fails = MarkerRepliesError("replies on outcomes not written: timed out")

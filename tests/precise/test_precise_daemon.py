@@ -137,7 +137,7 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
 
 
 def _place(message_id: str) -> int:
-    from delayservice.precise.ids import named_place
+    from delayservice.markers.precise_ids import named_place
 
     place = named_place(message_id)
     assert place is not None

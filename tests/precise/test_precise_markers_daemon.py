@@ -102,7 +102,7 @@ def test_far_messages_are_held_by_the_far_wheel_and_move_and_cancel_like_near_on
 ):
     """Beyond `precise_far_after` the producer sends to the far topic, whose own wheel
     holds the message; its markers follow it there, and a move brings it back on time."""
-    from delayservice.precise.ids import named_place
+    from delayservice.markers.precise_ids import named_place
 
     settings = _precise(testbed, tmp_path, precise_far_after="30s")
     target = testbed.create_topic(f"farmove-{testbed.tag}")

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from delayservice.precise.marker_replies import CANCEL, RESCHEDULE, MarkerReply, reply_key
+from delayservice.markers.replies import CANCEL, REPLY_SKEW_MS, RESCHEDULE, MarkerReply, reply_key
 from delayservice.status.marker_trail import (
-    REPLY_SKEW_MS,
     Marker,
     calls_off,
     moved_due_ms,

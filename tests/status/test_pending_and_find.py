@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 from delayservice.cli.app import app
 from delayservice.envelope import H_DELAY_MS, H_RESCHEDULE, H_VERSION
 from delayservice.kafka import client_config
-from delayservice.precise.ids import named_partition
+from delayservice.markers.outcome import ReplyWatch
+from delayservice.markers.precise_ids import named_partition
 from delayservice.settings import settings_env
-from delayservice.status.marker_outcome import ReplyWatch
 
 pytestmark = pytest.mark.kafka
 

@@ -1,6 +1,6 @@
 """Waiting for the daemon's reply to one cancel or reschedule marker.
 
-The daemon answers once the outcome is durable on its disk (`precise.marker_replies`),
+The daemon answers once the outcome is durable on its disk (`markers.replies`),
 with a reply keyed by where the marker landed. Two ways to find it: `ReplyWatch` notes
 where the outcomes topic ends before the marker is sent and reads from there (the
 CLI's way when it knows it will wait); `wait_for_reply` starts from the marker's append
@@ -21,8 +21,8 @@ from delayservice.errors import (
     DelayServiceError,
     RepliesUnavailableError,
 )
-from delayservice.precise.marker_replies import MarkerReply, parse_reply, reply_key
-from delayservice.precise.topic_partitions import metadata_failure, servers_of
+from delayservice.kafka.topic_partitions import metadata_failure, servers_of
+from delayservice.markers.replies import MarkerReply, parse_reply, reply_key
 
 __all__ = ["RepliesUnavailableError", "ReplyWatch", "unavailable", "wait_for_reply"]
 

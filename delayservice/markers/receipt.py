@@ -3,7 +3,7 @@ daemon did with it.
 
 A marker is an ordinary record, so its delivery report says only that the broker has
 it. The daemon holding the message replies on the outcomes topic once the outcome is
-durable (`precise.marker_replies`): `accepted` (a cancel kept), `moved` (a reschedule
+durable (`markers.replies`): `accepted` (a cancel kept), `moved` (a reschedule
 done), `too_late`, `unmatched`, `cancelled` (a cancel came first) or `refused`. A
 receipt reads that reply from the marker's append time on (`wait_for_reply`), so it
 holds no client while nobody asks and a caller may ask long after sending.
@@ -21,7 +21,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 from delayservice.errors import DelayServiceError
 
 if TYPE_CHECKING:
-    from delayservice.precise.marker_replies import MarkerReply
+    from delayservice.markers.replies import MarkerReply
 
 DeliveryCallback = Callable[[Any, Any], None]
 
@@ -127,8 +127,8 @@ class MarkerReceipt:
         most `timeout` seconds in all. Raises NoReplyError when none came in time, and
         `RepliesUnavailableError` when the outcomes topic cannot be read."""
         # Imported here: `import delayservice` stays clear of the Kafka tooling.
-        from delayservice.status.marker_outcome import wait_for_reply
-        from delayservice.status.marker_trail import REPLY_SKEW_MS
+        from delayservice.markers.outcome import wait_for_reply
+        from delayservice.markers.replies import REPLY_SKEW_MS
 
         deadline = time.monotonic() + timeout
         where = self.landed(timeout)

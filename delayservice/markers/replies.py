@@ -7,7 +7,7 @@ partition, deleted by age), keyed by where the marker landed, `topic:partition:o
 and the marker's offset is committed only once the reply is acknowledged: a crash in
 between reads the marker again and answers it again (a move already done is answered
 `moved` again), so no applied move goes unanswered. `delayservice cancel` and
-`reschedule` wait for theirs (`marker_outcome`), and the audit judges moved messages
+`reschedule` wait for theirs (`markers.outcome`), and the audit judges moved messages
 by them. Readers take the first reply per key.
 
 Value: JSON `{"v": 1, "kind": "cancel" | "reschedule", "id", "outcome", "due_ms"
@@ -40,6 +40,11 @@ will not be delivered), a message moved."""
 CANCELLED: Final = "cancelled"
 """Level mode's answer to a cancel it kept (precise mode says `accepted`); to a
 reschedule, in both modes, that a cancel came first."""
+
+REPLY_SKEW_MS: Final = 300_000
+"""Replies carry the replying host's clock (CreateTime), markers the broker's
+(LogAppendTime): replies are read from this long before the first marker, so a host
+clock that lags the broker's by up to this much loses none."""
 
 
 def reply_key(topic: str, partition: int, offset: int) -> bytes:

@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayservice.precise.marker_replies import (
+from delayservice.markers.replies import (
     Answered,
     MarkerReplies,
     MarkerRepliesError,

@@ -1,0 +1,94 @@
+"""The package's layout rules (docs/layout.md), read from the code's own imports: the
+two modes stand side by side over the marker protocol and the forward path, and what
+the daemon imports holds no test support."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "delayservice"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every `delayservice...` module a file imports, at any depth (TYPE_CHECKING too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "delayservice"}
+
+
+def _room(path: Path) -> str:
+    return path.relative_to(PACKAGE.parent).with_suffix("").as_posix().replace("/", ".")
+
+
+def _arrows(folder: str) -> list[tuple[str, str]]:
+    return [
+        (_room(path), name)
+        for path in sorted((PACKAGE / folder).rglob("*.py"))
+        for name in sorted(_imports(path))
+    ]
+
+
+def _under(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        ("level", ("delayservice.precise",)),
+        ("precise", ("delayservice.level",)),
+        ("markers", ("delayservice.level", "delayservice.precise", "delayservice.forward")),
+        ("forward", ("delayservice.level", "delayservice.precise")),
+    ],
+)
+def test_the_modes_stand_side_by_side_over_the_markers_and_the_forward_path(
+    folder: str, forbidden: tuple[str, ...]
+) -> None:
+    wrong = [
+        f"{room} imports {name}"
+        for room, name in _arrows(folder)
+        if any(_under(name, package) for package in forbidden)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def _test_timer(name: str) -> bool:
+    return _under(name, "delayservice.timers") and not _under(name, "delayservice.timers.base")
+
+
+def test_the_package_imports_no_test_support() -> None:
+    """The local broker serves the tests, the demo and the benchmarks; the timers
+    library its benchmark. The daemon takes only the clock type from it."""
+    wrong = [
+        f"{room} imports {name}"
+        for room, name in _arrows(".")
+        if not room.startswith(("delayservice.kafka.local_broker", "delayservice.timers."))
+        and (
+            _under(name, "delayservice.kafka.local_broker")
+            or (
+                _under(name, "delayservice.timers") and not _under(name, "delayservice.timers.base")
+            )
+        )
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
+    """The reader above finds imports at any depth, so the rules can fail."""
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from delayservice.precise.wheel import Wheel\n"
+        "def f():\n"
+        "    import delayservice.kafka.local_broker\n"
+    )
+    assert {"delayservice.precise.wheel", "delayservice.kafka.local_broker"} <= _imports(source)
