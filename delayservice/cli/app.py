@@ -27,6 +27,8 @@ app = typer.Typer(
     "and a forwarding daemon.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Docstrings are wrapped at 88 columns: markdown joins the lines of a paragraph.
+    rich_markup_mode="markdown",
 )
 app.command()(run_command.run)
 app.command()(send_command.send)

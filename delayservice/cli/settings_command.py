@@ -47,7 +47,7 @@ def settings(
     as_json: JsonOption = False,
     memory_max: MemoryMaxOption = None,
 ) -> None:
-    """Print every setting in force (librdkafka secrets shown as <redacted>) and, on
+    """Print every setting in force (librdkafka secrets shown as `<redacted>`) and, on
     stderr, the memory the daemon may take. Exit 2 and one line naming the setting when
     one is invalid, or a librdkafka client refuses it, or the memory does not fit."""
     limit = _limit(memory_max)
