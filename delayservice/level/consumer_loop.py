@@ -137,7 +137,8 @@ class ConsumerLoop(ConsumerThread):
         self._flow = flow
         self._forwarder = forwarder
         self._exactly_once = forwarder.transactional
-        self.owned_partitions: set[TP] = set()
+        self.owned_partitions: frozenset[TP] = frozenset()
+        """Replaced, never changed in place: readiness reads it on the HTTP thread."""
         self.confirmed: dict[TP, int] = {}
         """partition -> the last offset the broker confirmed as committed."""
         self._wanted: dict[TP, int] = {}  # durable offsets not confirmed yet
@@ -458,7 +459,7 @@ class ConsumerLoop(ConsumerThread):
         consumer.incremental_assign(start)
         for tp in map(tp_of, partitions):
             self._group.assign(tp)
-            self.owned_partitions.add(tp)
+            self.owned_partitions = self.owned_partitions | {tp}
             self.paused.discard(tp)
             self._rewind.pop(tp, None)
             self._to_resume_on_assign.append(tp)
@@ -628,7 +629,7 @@ class ConsumerLoop(ConsumerThread):
         forgotten here too; returns what it made durable for them (at-least-once)."""
         durable = self._forwarder.handover(gone, commit=commit)
         self._group.drop(gone)
-        self.owned_partitions -= gone
+        self.owned_partitions = self.owned_partitions - gone
         self.paused -= gone
         for tp in gone:
             self._rewind.pop(tp, None)

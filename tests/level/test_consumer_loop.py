@@ -804,3 +804,34 @@ def test_an_empty_assignment_is_not_taken_for_a_lost_one(rig, clock):
     step(rig)
     assert rig.loop.unassigned_since is None
     assert rig.loop.keeper.failed is None
+
+
+def test_readiness_reads_the_owned_partitions_while_a_rebalance_changes_them(rig: LevelRig):
+    """`owned()` runs on the HTTP thread (readiness) while the consumer thread takes
+    partitions and lets them go: a revoke landing in the middle of its read must not
+    fail it ("Set changed size during iteration" made /readyz answer 500)."""
+    rig.consumer.queue_rebalance("assign", 0, 1, 2)
+    step(rig)
+    assert rig.loop.owned(LEVEL_TOPIC) == [0, 1, 2]
+    revoked: list[int] = []
+
+    def revoke_midway() -> None:
+        if revoked:  # once: the consumer's own reads of the set come through here too
+            return
+        revoked.append(1)
+        rig.consumer.queue_rebalance("revoke", 1)
+        step(rig)
+
+    class Interleaved(type(rig.loop.owned_partitions)):  # type: ignore[misc]
+        """Runs the revoke on the consumer's side after the reader's first element."""
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            it = super().__iter__()
+            yield next(it)
+            revoke_midway()
+            yield from it
+
+    rig.loop.owned_partitions = Interleaved(rig.loop.owned_partitions)
+    assert rig.loop.owned(LEVEL_TOPIC) == [0, 1, 2]  # what was owned when it began
+    assert revoked == [1]
+    assert rig.loop.owned(LEVEL_TOPIC) == [0, 2]
