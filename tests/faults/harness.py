@@ -188,6 +188,13 @@ class Fleet:
         self.daemons.append(daemon.start())
         return daemon
 
+    def spawn_member(self, instance: str, member: int, data_dir: Path) -> DaemonProcess:
+        """A precise member: its index and its own data directory."""
+        return self.spawn(
+            instance,
+            {"DELAYSERVICE_PRECISE_MEMBER": str(member), "DELAYSERVICE_DATA_DIR": str(data_dir)},
+        )
+
     def live(self) -> list[DaemonProcess]:
         return [d for d in self.daemons if d.alive() and not d.stopped_by_test]
 

@@ -168,13 +168,7 @@ def test_precise_replica_takes_over_an_owner_lost_with_its_disk(
     dirs = [tmp_path / "member-0", tmp_path / "member-1"]
 
     def spawn(member: int) -> DaemonProcess:
-        return run.fleet.spawn(
-            f"prepl{member}-{run.testbed.tag}",
-            {
-                "DELAYSERVICE_PRECISE_MEMBER": str(member),
-                "DELAYSERVICE_DATA_DIR": str(dirs[member]),
-            },
-        )
+        return run.fleet.spawn_member(f"prepl{member}-{run.testbed.tag}", member, dirs[member])
 
     owner, replica = spawn(0), spawn(1)
     run.wait_ready(owner, replica)
@@ -242,13 +236,8 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
     target = run.target("pfrozen")
 
     def spawn(member: int) -> DaemonProcess:
-        return run.fleet.spawn(
-            f"pfrozen{member}-{run.testbed.tag}",
-            {
-                "DELAYSERVICE_PRECISE_MEMBER": str(member),
-                "DELAYSERVICE_DATA_DIR": str(tmp_path / f"member-{member}"),
-            },
-        )
+        name = f"pfrozen{member}-{run.testbed.tag}"
+        return run.fleet.spawn_member(name, member, tmp_path / f"member-{member}")
 
     owner, replica = spawn(0), spawn(1)
     run.wait_ready(owner, replica)

@@ -211,13 +211,7 @@ def test_precise_replica_takes_over_while_reschedules_are_in_flight(
     dirs = [tmp_path / "member-0", tmp_path / "member-1"]
 
     def spawn(member: int) -> DaemonProcess:
-        return run.fleet.spawn(
-            f"prrepl{member}-{run.testbed.tag}",
-            {
-                "DELAYSERVICE_PRECISE_MEMBER": str(member),
-                "DELAYSERVICE_DATA_DIR": str(dirs[member]),
-            },
-        )
+        return run.fleet.spawn_member(f"prrepl{member}-{run.testbed.tag}", member, dirs[member])
 
     owner, replica = spawn(0), spawn(1)
     run.wait_ready(owner, replica)

@@ -115,13 +115,7 @@ class Pair:
         return meta is not None and meta.error is None and len(meta.partitions) > 0
 
     def spawn(self, member: int) -> DaemonProcess:
-        daemon = self.fleet.spawn(
-            f"m{member}-{self.testbed.tag}",
-            {
-                "DELAYSERVICE_PRECISE_MEMBER": str(member),
-                "DELAYSERVICE_DATA_DIR": str(self.dirs[member]),
-            },
-        )
+        daemon = self.fleet.spawn_member(f"m{member}-{self.testbed.tag}", member, self.dirs[member])
         self.members[member] = daemon
         return daemon
 
