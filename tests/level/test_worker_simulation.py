@@ -5,15 +5,19 @@ two levels and three partitions) on the faithful fakes, from the test's own thre
 and checks the promises after every step. What it models and what it leaves out:
 docs/simulation.md.
 
-The rules: records arrive; time passes; one turn of the consumer loop or one pass of
-the forwarder runs (each as its thread runs it, errors handled as its loop handles
-them); the next call of a client fails with one error shape (`tests/level/simulation`);
-partitions are assigned, revoked or lost; the process is killed and a new one starts
-from what the fake broker holds.
+The rules: records arrive; cancels are appended to the markers topic; time passes; one
+turn of the consumer loop or one pass of the forwarder runs (each as its thread runs
+it, errors handled as its loop handles them), or a pass of the marker reader; the next
+call of a client fails with one error shape (`tests/level/simulation`); partitions are
+assigned, revoked or lost; the process is killed and a new one starts from what the
+fake broker holds (its marker reader reads the markers topic again from the start).
 
 The invariants, after every step:
 - no committed offset is above a record that was neither forwarded nor dead-lettered;
 - nothing is forwarded before it is due;
+- a cancel appended more than `cancel_lead` before its message's due time is honoured:
+  the message is never forwarded (a cancel appended before the due time may withdraw
+  it, so its offset may commit unsent);
 - exactly-once: no record is in two committed transactions, and no transaction
   commits what its member did not own;
 - each thread is alive, or its failure was reported (`on_fatal`, which stops the
@@ -49,6 +53,9 @@ from delayservice.forward.sender import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.level import consumer_loop as consumer_loop_module
+from delayservice.level.marker_verdict import LevelMarker
+from delayservice.markers.level_ids import level_id
+from delayservice.markers.replies import CANCEL
 from tests.level import fakes
 from tests.level.fakes import (
     LEVEL,
@@ -75,6 +82,10 @@ DELAYSERVICE_SIM_SEED gives another."""
 A, B = LEVEL.topic, LONGER.topic
 PARTITIONS = ((A, 0), (A, 1), (B, 0))
 DELAYS = {A: LEVEL.delay_ms, B: LONGER.delay_ms}
+INDEX = {A: LEVEL.index, B: LONGER.index}
+LEAD_MS = 1_000
+"""`cancel_lead`: the default's."""
+MARKERS = "delay_markers"
 KEYS = (b"k0", b"k1", b"k2")
 
 
@@ -99,6 +110,12 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         self._excepthook = threading.excepthook
         threading.excepthook = self._died
         self.broker = Broker()
+        self.markers: list[LevelMarker] = []
+        """The markers topic (one partition), in append order."""
+        self.filed = 0
+        """How many of them this process's marker reader has read."""
+        self.ids: dict[str, tuple[tuple[str, int], int]] = {}
+        """Level id -> the record it names (partition, offset)."""
         self.assignment: set[tuple[str, int]] = set()
         self.processes = 0
         self.fatal_reports: list[str] = []
@@ -131,7 +148,12 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
             give_up_s=30.0,
             high_water=6,
             low_water=2,
+            markers=True,
+            cancel_lead_ms=LEAD_MS,
         )
+        assert rig.markers is not None
+        rig.markers.gate.start(0)  # a new reader reads the markers topic from its start
+        self.filed = 0
         self.broker.attach(rig.consumer)
         self.faults.wrap_consumer(rig.consumer)
         self.faults.wrap_producer(rig.producer)
@@ -177,7 +199,7 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
     @rule(
         tp=st.sampled_from(PARTITIONS),
         count=st.integers(1, 3),
-        due_in_ms=st.sampled_from([0, 0, 50, 400, 1_500]),
+        due_in_ms=st.sampled_from([0, 0, 50, 400, 1_500, 4_000]),
         key=st.sampled_from(KEYS),
     )
     def records_arrive(self, tp: tuple[str, int], count: int, due_in_ms: int, key: bytes) -> None:
@@ -185,21 +207,48 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         log = self.broker.logs.setdefault(tp, [])
         for _ in range(count):
             offset = len(log)
-            headers = envelope_headers(
-                message_id=f"id-{tp[1]}-{offset}" if tp[0] == A else f"id-{tp[0]}-{tp[1]}-{offset}",
-                delay_ms=DELAYS[tp[0]],
-            )
+            message_id = level_id(INDEX[tp[0]], tp[1], stamp)
+            self.ids[message_id] = (tp, offset)
+            headers = envelope_headers(message_id=message_id, delay_ms=DELAYS[tp[0]])
             record = message(
                 tp[1], offset, stamp, topic=tp[0], key=key, value=b"v%d" % offset, headers=headers
             )
             log.append(record)
             self.broker.due_ms[(tp, offset)] = stamp + DELAYS[tp[0]]
 
-    @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]))
-    def time_passes(self, seconds: float) -> None:
-        """Time passes while the threads run: a consumer turn, a forwarder pass and a
-        consumer turn after it (`threads_run` interleaves them otherwise)."""
+    @precondition(lambda self: bool(self.ids))
+    @rule(data=st.data())
+    def cancel_sent(self, data: st.DataObject) -> None:
+        """An application cancels a message it sent: acknowledged at once by the broker
+        (appended now), read by the daemon's marker reader on its next pass."""
+        now = self.clock.ms()
+        pending = [i for i, spot in self.ids.items() if self.broker.due_ms[spot] > now]
+        message_id = data.draw(st.sampled_from(sorted(pending or self.ids)), label="cancelled")
+        marker = LevelMarker(CANCEL, message_id, self.clock.ms(), MARKERS, 0, len(self.markers))
+        self.markers.append(marker)
+
+    @rule()
+    def reader_pass(self) -> None:
+        """One pass of the marker reader (its own thread): it files what was appended
+        since its last pass, serves a rewind a partition asked for (it holds every
+        marker from the start), and moves the gate to the time the pass began."""
+        markers = self.rig.markers
+        assert markers is not None
+        began = self.clock.ms()
+        for marker in self.markers[self.filed :]:
+            markers.book.file(marker)
+        self.filed = len(self.markers)
+        markers.gate.take_rewind()
+        markers.gate.advance(began, began, markers.gate.generation)
+
+    @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]), reader=st.booleans())
+    def time_passes(self, seconds: float, reader: bool) -> None:
+        """Time passes while the threads run: a reader pass unless the reader lags, a
+        consumer turn, a forwarder pass and a consumer turn after it (`threads_run`
+        interleaves them otherwise)."""
         self.clock.advance(seconds)
+        if reader:
+            self.reader_pass()
         self.threads_run(["consumer", "forwarder", "consumer"])
 
     @precondition(lambda self: self.running)
@@ -274,6 +323,7 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
     def promises_hold(self) -> None:
         self.nothing_committed_past_a_record_not_sent()
         self.nothing_forwarded_early()
+        self.every_cancel_in_time_honoured()
         self.exactly_once_commits_each_record_once()
         self.every_thread_alive_or_reported()
 
@@ -289,15 +339,25 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         out = []
         for producer in self.broker.producers:
             for sent in producer.visible():
-                source = _source_of(sent)
+                source = _source_of(sent) or self.ids.get(sent.delay_id or "")
                 if source is not None:
                     out.append((source[0], source[1], sent.at))
         return out
 
+    def _cancelled_before(self, lead_ms: int) -> set[tuple[tuple[str, int], int]]:
+        """Records with a cancel appended more than `lead_ms` before their due time."""
+        out = set()
+        for marker in self.markers:
+            tp, offset = self.ids[marker.message_id]
+            if marker.appended_ms < self.broker.due_ms[(tp, offset)] - lead_ms:
+                out.add((tp, offset))
+        return out
+
     def nothing_committed_past_a_record_not_sent(self) -> None:
         seen = {(tp, offset) for tp, offset, _ in self._seen()}
+        withdrawn = self._cancelled_before(0)
         for tp, upto in sorted(self.broker.committed.items()):
-            missing = [o for o in range(upto) if (tp, o) not in seen]
+            missing = [o for o in range(upto) if (tp, o) not in seen | withdrawn]
             self._check(
                 not missing,
                 f"LOSS: {tp[0]}[{tp[1]}] committed at {upto} but records {missing} were "
@@ -308,6 +368,11 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         for tp, offset, at in self._seen():
             due = self.broker.due_ms[(tp, offset)]
             self._check(at * 1000 >= due - 0.001, f"EARLY: {tp}@{offset} sent at {at}, due {due}")
+
+    def every_cancel_in_time_honoured(self) -> None:
+        seen = {(tp, offset) for tp, offset, _ in self._seen()}
+        leaked = sorted(seen & self._cancelled_before(LEAD_MS))
+        self._check(not leaked, f"CANCEL LEAKED: forwarded though cancelled in time: {leaked}")
 
     def exactly_once_commits_each_record_once(self) -> None:
         if not self.exactly_once:
