@@ -115,13 +115,17 @@ class Faults:
     """Faults armed on the fake clients of one process; `log` keeps what fired."""
 
     def __init__(self) -> None:
-        self.armed: dict[str, deque[str]] = {"consumer": deque(), "producer": deque()}
+        self.armed: dict[str, deque[tuple[str, str | None]]] = {
+            "consumer": deque(),
+            "producer": deque(),
+        }
+        """Per client, (shape, the call it waits for, or None for the next that can fail)."""
         self.log: list[str] = []
         self._full: set[int] = set()
         self._depth = 0
 
-    def arm(self, client: str, shape: str) -> None:
-        self.armed[client].append(shape)
+    def arm(self, client: str, shape: str, call: str | None = None) -> None:
+        self.armed[client].append((shape, call))
 
     def wrap_producer(self, producer: FakeProducer) -> FakeProducer:
         for name in PRODUCER_CALLS:
@@ -144,9 +148,10 @@ class Faults:
             elif name == "produce" and id(target) in self._full:
                 raise BufferError("Local: Queue full")
             armed = self.armed[client]
-            shape = next((s for s in armed if can_fail(name, s)), None)
-            if shape is not None:
-                armed.remove(shape)
+            chosen = next((a for a in armed if a[1] in (None, name) and can_fail(name, a[0])), None)
+            if chosen is not None:
+                armed.remove(chosen)
+                shape = chosen[0]
                 self.log.append(f"{client}.{name}: {shape}")
                 done, value = self._fail(target, name, shape)
                 if done:

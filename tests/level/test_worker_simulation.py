@@ -69,7 +69,14 @@ from tests.level.fakes import (
     make_level_rig,
     message,
 )
-from tests.level.simulation import SHAPES, Broker, Faults
+from tests.level.simulation import (
+    CONSUMER_CALLS,
+    PRODUCER_CALLS,
+    SHAPES,
+    Broker,
+    Faults,
+    can_fail,
+)
 
 EXAMPLES = int(os.environ.get("DELAYSERVICE_SIM_EXAMPLES", "60"))
 STEPS = int(os.environ.get("DELAYSERVICE_SIM_STEPS", "60"))
@@ -290,10 +297,17 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(client=st.sampled_from(["consumer", "producer"]), data=st.data())
     def next_call_fails(self, client: str, data: st.DataObject) -> None:
+        """The next call of `client` that can fail with the shape drawn fails, or the
+        next call of one method drawn: a fault armed for any call is taken by the first
+        (consume() comes first in every turn of the consumer loop), so a method is drawn
+        half the time to reach what runs after it in the same turn."""
         shape = data.draw(st.sampled_from(self.shapes), label="shape")
         if client == "consumer" and shape == "queue_full":
             shape = "timeout"
-        self.faults.arm(client, shape)
+        calls = [c for c in (CONSUMER_CALLS if client == "consumer" else PRODUCER_CALLS)]
+        calls = [c for c in calls if can_fail(c, shape)]
+        call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
+        self.faults.arm(client, shape, call)
 
     @precondition(lambda self: self.running)
     @rule(
