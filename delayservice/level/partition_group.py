@@ -204,17 +204,6 @@ class PartitionGroup:
         self.total_buffered -= count
         self.total_bytes -= size
 
-    def head_due(self, tp: TP) -> bool:
-        """Whether `tp`'s first record is due (its queue is a backlog)."""
-        queue = self.queues.get(tp)
-        try:
-            head = queue[0] if queue else self._handed_heads.get(tp)
-            if head is None:
-                return False
-            return self.due_of(tp, head) <= self._clock() * 1000
-        except (IndexError, TypeError):  # taken meanwhile
-            return False
-
     def wait_drained(self, timeout: float) -> None:
         """Wait up to `timeout` for the forwarder to admit what was handed over."""
         with self._cond:
