@@ -100,8 +100,6 @@ class PartitionGroup:
         self._incarnation = itertools.count(1)
         self._handed: deque[tuple[TP, int, list[Message], int]] = deque()
         """(partition, incarnation, records, read ms) handed over, not yet admitted."""
-        self._handed_heads: dict[TP, Message] = {}
-        """partition -> its first record handed over and not yet admitted."""
         self._handed_due = NEVER
         """Epoch s before which no handed-over record is due (a lower bound)."""
         self._in_hand_ms = NEVER
@@ -151,7 +149,6 @@ class PartitionGroup:
             if incarnation is None:
                 return  # not assigned (dropped meanwhile)
             self._handed.append((tp, incarnation, records, read_ms))
-            self._handed_heads.setdefault(tp, records[0])
             count = self.counts[tp] + len(records)
             self.counts[tp] = count
             self.bytes[tp] += size
@@ -182,7 +179,6 @@ class PartitionGroup:
                 self.overrides.pop(tp, None)
                 self.not_before.pop(tp, None)
                 self.latest_due.pop(tp, None)
-                self._handed_heads.pop(tp, None)
                 count, size = self.counts.pop(tp, 0), self.bytes.pop(tp, 0)
                 self._uncount(tp[0], count, size)
             if any(entry[0] in tps for entry in self._handed):
@@ -316,7 +312,6 @@ class PartitionGroup:
             handed, self._handed = self._handed, deque()
             self.handed_records = 0
             self._handed_due = NEVER
-            self._handed_heads.clear()
         delays = self._delays
         admitted = [
             (tp, incarnation, self._hold_run(records, *delays[tp[0]], read_ms))
