@@ -23,6 +23,15 @@ the daemon did (`MarkerReceipt`). A level message's markers go to the markers to
 which every daemon reads whole; an exact message's go to the partition its id names, so
 the instances holding the message read them however many partitions the topic has
 gained since.
+
+`produce()` never waits for the broker. The partition counts of the topics the settings
+name are read ahead from construction, and refreshed in the background while sends go
+on with the count known before. A delayed record sent before its topic's count is known
+takes its partition (and its id) over `settings.partitions`, the count `topics create`
+gives, and waits in the producer (`held_sends`) until the count is read; then it goes
+out, in the order sent, before anything later of its topic. It fails through its
+delivery callback when the topic does not exist or `message.timeout.ms` passes, as
+librdkafka fails what it cannot route; `flush()` and `close()` bound the wait.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ from delayservice.envelope import (
     wrap,
 )
 from delayservice.errors import DelayServiceError
+from delayservice.held_sends import Held, HeldSends
 from delayservice.kafka.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.levels import Level, LevelSet
 from delayservice.markers.level_ids import level_id, level_place, marker_partition
@@ -131,7 +141,16 @@ class DelayProducer:
         self._partitioner = partitioners.configured(config)
         """Written in every envelope: the daemon places a keyed record with it, on the
         partition an undelayed send through this producer would reach."""
-        self._partitions = TopicPartitions(self._producer, servers_of(config))
+        self._partitions = TopicPartitions(
+            self._producer, servers_of(config), self._count_read, self._waits_for
+        )
+        self._held = HeldSends(
+            self._producer.produce, self._partitions.peek, config, self._partitions.failures
+        )
+        self._assumed = (settings or Settings.model_construct()).partitions
+        """The count a delayed send picks its partition over while its topic's is not
+        known yet: the one `topics create` gives."""
+        self._partitions.read_ahead(self._topics_ahead())
         self._reply_config = connection_config(config)
         self._sticky: dict[str, tuple[int, float]] = {}
         """Level topic -> (the partition keyless messages go to, until when)."""
@@ -174,8 +193,8 @@ class DelayProducer:
             timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
             if timing is not None:
                 precise_topic, far = self._precise_route(*timing)
-                count = self._partitions.count(precise_topic, refresh=True)
-                message_id, kwargs["partition"] = precise_id(count, far=far)
+                count = self._partitions.known(precise_topic)
+                message_id, place = precise_id(self._assumed if count is None else count, far=far)
                 envelope = Envelope(
                     topic,
                     timing[0],
@@ -185,7 +204,12 @@ class DelayProducer:
                     partitioner=self._partitioner if partition < 0 else None,
                 )
                 wrapped = wrap(envelope, user_headers)  # refuses `delay-*` user headers
-                self._producer.produce(precise_topic, value, key, headers=wrapped, **kwargs)
+                if count is not None and not self._held.topics:
+                    self._producer.produce(
+                        precise_topic, value, key, partition=place, headers=wrapped, **kwargs
+                    )
+                else:
+                    self._hold(Held(precise_topic, place, value, key, wrapped, kwargs, 0.0), count)
                 return message_id
         else:
             delay_ms = delay_to_ms(delay, deliver_at)
@@ -195,23 +219,38 @@ class DelayProducer:
             self._producer.produce(topic, value, key, headers=user_headers, **kwargs)
             return new_id()
         level = self.levels.select(delay_ms)
-        kwargs["partition"] = self._level_partition(level, key)
-        message_id = level_id(level.index, kwargs["partition"])
+        count = self._partitions.known(level.topic)
+        place = self._level_partition(level, key, self._assumed if count is None else count)
+        message_id = level_id(level.index, place)
         envelope = (
             Envelope(topic, delay_ms, message_id, partition)
             if partition >= 0
             else Envelope(topic, delay_ms, message_id, partitioner=self._partitioner)
         )
-        self._producer.produce(
-            level.topic, value, key, headers=wrap(envelope, user_headers), **kwargs
-        )
+        wrapped = wrap(envelope, user_headers)
+        if count is not None and not self._held.topics:
+            self._producer.produce(
+                level.topic, value, key, partition=place, headers=wrapped, **kwargs
+            )
+        else:
+            self._hold(Held(level.topic, place, value, key, wrapped, kwargs, 0.0), count)
         return message_id
 
-    def _level_partition(self, level: Level, key: bytes | str | None) -> int:
-        """The partition of `level`'s topic for a message with `key`: the one this
-        producer's partitioner gives the key, as an undelayed send would be placed; a
-        sticky one for a message without a key (or under `random`)."""
-        count = self._partitions.count(level.topic, refresh=True)
+    def _hold(self, record: Held, count: int | None) -> None:
+        """Send `record` behind what waits for its topic's count, or wait with them
+        (`HeldSends`)."""
+        self._held.send(record._replace(since=time.monotonic()), count)
+
+    def _count_read(self, topic: str, count: int | None, error: DelayServiceError | None) -> None:
+        self._held.release(topic, count, error)
+
+    def _waits_for(self, topic: str) -> bool:
+        return self._held.waits_for(topic)
+
+    def _level_partition(self, level: Level, key: bytes | str | None, count: int) -> int:
+        """The partition among `count` of `level`'s topic for a message with `key`: the
+        one this producer's partitioner gives the key, as an undelayed send would be
+        placed; a sticky one for a message without a key (or under `random`)."""
         raw = key.encode() if isinstance(key, str) else key
         placed = partitioners.keyed_partition(self._partitioner, raw, count)
         if placed is not None:
@@ -374,15 +413,15 @@ class DelayProducer:
             partition = precise_partition(message_id, self._partitions.count(topic))
         else:
             partition = marker_partition(message_id, self._partitions.count(topic))
-            if len(self._producer):  # its message may still be on its way: let it land first
-                self._producer.flush(MARKER_FLUSH_S)
+            if len(self):  # its message may still be on its way: let it land first
+                self.flush(MARKER_FLUSH_S)
         receipt = MarkerReceipt(
-            kind, message_id, self._producer.poll, self._reply_config, outcomes, on_delivery
+            kind, message_id, self.poll, self._reply_config, outcomes, on_delivery
         )
-        self._producer.produce(
-            topic, None, None, partition=partition, headers=headers,
-            on_delivery=receipt.on_delivery,
-        )  # fmt: skip
+        # Behind any record still waiting for this topic's count: an exact message's
+        # marker goes to its message's partition, after it.
+        kwargs = {"on_delivery": receipt.on_delivery}
+        self._hold(Held(topic, partition, None, None, headers, kwargs, 0.0), None)
         return receipt
 
     def _marker_home(self, message_id: str) -> tuple[str, str, bool]:
@@ -416,14 +455,51 @@ class DelayProducer:
             self._settings = load_settings(self._config_file)
         return self._settings
 
+    def _topics_ahead(self) -> list[str]:
+        """The topics whose counts sends will need, read from the start: the level
+        topics, and the precise ones when this producer sends exact messages."""
+        topics = [level.topic for level in self.levels]
+        settings = self._settings
+        if settings is not None and (self.precision == "exact" or settings.precise):
+            topics += [settings.precise_topic, settings.precise_far_topic]
+        return topics
+
     def poll(self, timeout: float = 0) -> int:
-        return int(self._producer.poll(timeout))
+        """librdkafka's `poll()`; first, what waited for a partition count known now
+        goes out, and the callbacks of delayed records that failed before reaching
+        librdkafka are called (`HeldSends`)."""
+        served = self._held.serve() if self._held.busy else 0
+        return served + int(self._producer.poll(0 if served else timeout))
 
     def flush(self, timeout: float = -1) -> int:
-        return int(self._producer.flush(timeout))
+        """Wait at most `timeout` seconds (-1: until each record is delivered or has
+        failed, within `message.timeout.ms`) for delayed records waiting for their
+        topic's partition count and for librdkafka's queue; how many are left."""
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        while self._held.busy:
+            self._held.serve()
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if not self._held.topics or left <= 0:
+                break
+            if len(self._producer):  # make room for what waits
+                self._producer.flush(min(left, 0.05))
+            else:
+                self._held.wait(min(left, 0.05))
+        left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+        remaining = int(self._producer.flush(left))
+        self._held.serve()
+        return remaining + len(self._held)
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        """Fail what still waits for a partition count through its delivery callback
+        (`_PURGE_QUEUE`), stop reading counts ahead, and close librdkafka's producer."""
+        self._partitions.stop()
+        self._held.purge()
+        self._held.serve()
+        return self._producer.close(*args, **kwargs)
 
     def __len__(self) -> int:
-        return len(self._producer)
+        return len(self._producer) + len(self._held)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)

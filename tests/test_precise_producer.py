@@ -61,7 +61,15 @@ class FakeProducer:
 def fake(monkeypatch):
     wrapped = FakeProducer()
     monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
+    in_line(monkeypatch)
     return wrapped
+
+
+def in_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partition counts are read ahead in line, so these tests see each answer at once."""
+    monkeypatch.setattr(topic_partitions, "spawn", lambda target: target())
+    monkeypatch.setattr(topic_partitions, "RETRY_S", 0.0)
+    monkeypatch.setattr(topic_partitions, "later", lambda _delay, _target: None)
 
 
 def _settings(**overrides: Any) -> Any:
@@ -141,20 +149,23 @@ def test_an_exact_deliver_at_carries_its_due_time_and_no_delay(fake, as_datetime
     ids=["zero", "zero-string", "past", "none"],
 )
 def test_an_exact_message_with_no_wait_goes_straight_to_its_topic(fake, timing):
-    _producer().produce("orders", b"v", b"k", 1, headers=[("h", b"1")], **timing)
+    producer = _producer()
+    calls = fake.metadata_calls  # what was read ahead
+    producer.produce("orders", b"v", b"k", 1, headers=[("h", b"1")], **timing)
     (record,) = fake.sent
     assert (record.topic, record.partition, record.headers) == ("orders", 1, [("h", b"1")])
-    assert fake.metadata_calls == 0
+    assert fake.metadata_calls == calls
 
 
 def test_an_exact_delay_above_max_delay_is_refused_before_anything_is_sent(fake):
     producer = _producer(max_delay="1h")
+    calls = fake.metadata_calls  # what was read ahead
     with pytest.raises(DelayTooLongError, match=r"max_delay \(1h\)"):
         producer.produce("orders", b"v", delay=3600.001)
     with pytest.raises(DelayTooLongError, match=r"max_delay \(1h\)"):
         producer.produce("orders", b"v", deliver_at=time.time() + 3601)
     assert fake.sent == []
-    assert fake.metadata_calls == 0
+    assert fake.metadata_calls == calls
     producer.produce("orders", b"v", delay=3600)  # the max itself is fine
     assert len(fake.sent) == 1
 
@@ -196,21 +207,30 @@ def test_reserved_user_headers_are_refused_in_exact_mode_too(fake):
 
 def test_the_partition_count_is_asked_once_per_producer(fake):
     producer = _producer()
+    calls = fake.metadata_calls  # read ahead: the level topics and the precise ones
+    assert calls == 4
     ids = [producer.produce("orders", b"v", delay=10) for _ in range(20)]
     producer.cancel(ids[0])
-    assert fake.metadata_calls == 1
+    assert fake.metadata_calls == calls
     assert [r.partition for r in fake.sent[:20]] == [precise_partition(i, PARTITIONS) for i in ids]
     assert len({r.partition for r in fake.sent}) > 1
 
 
-def test_a_missing_precise_topic_says_how_to_create_it_and_is_not_remembered(fake):
+def test_a_missing_precise_topic_fails_through_the_callback_saying_how_to_create_it(fake):
+    """As librdkafka fails a record it cannot route: produce() returns, the delivery
+    callback says why at the next poll(), and the answer is not remembered."""
     fake.topic_error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART)
     producer = _producer()
-    with pytest.raises(DelayServiceError, match="delayservice topics create") as caught:
-        producer.produce("orders", b"v", delay=10)
-    assert caught.value.retriable
-    assert caught.value.code == KafkaError.UNKNOWN_TOPIC_OR_PART
-    assert PRECISE in str(caught.value)
+    reports: list[tuple[Any, Any]] = []
+    producer.produce("orders", b"v", delay=10, on_delivery=lambda e, m: reports.append((e, m)))
+    assert fake.sent == []
+    assert producer.poll(0) == 1
+    ((error, message),) = reports
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert "delayservice topics create" in error.str()
+    assert PRECISE in error.str()
+    assert (message.topic(), message.value()) == (PRECISE, b"v")
+    assert len(producer) == 0
     fake.topic_error = None  # someone ran `topics create`: the next send works
     producer.produce("orders", b"v", delay=10)
     assert fake.sent[0].topic == PRECISE
@@ -242,10 +262,12 @@ def test_a_cancel_marker_goes_to_the_partition_of_its_message(fake, precision):
 
 @pytest.mark.parametrize("bad", ["", None, b"abc", 42])
 def test_a_cancel_needs_a_non_empty_string_id(fake, bad):
+    producer = _producer()
+    calls = fake.metadata_calls
     with pytest.raises(ValueError, match="non-empty string"):
-        _producer().cancel(bad)
+        producer.cancel(bad)
     assert fake.sent == []
-    assert fake.metadata_calls == 0
+    assert fake.metadata_calls == calls
 
 
 def test_a_level_producer_given_only_levels_reads_settings_only_when_it_needs_them(
@@ -303,6 +325,7 @@ def test_exact_sends_take_up_partitions_added_while_the_producer_runs(fake, monk
     clock = {"now": 1000.0}
     monkeypatch.setattr(topic_partitions.time, "monotonic", lambda: clock["now"])
     producer = _producer()
+    calls = fake.metadata_calls  # read ahead
     producer.produce("orders", b"v", delay=10)
     fake.partitions = 40
     clock["now"] += topic_partitions.REFRESH_S - 1
@@ -313,20 +336,21 @@ def test_exact_sends_take_up_partitions_added_while_the_producer_runs(fake, monk
     for _ in range(200):
         producer.produce("orders", b"v", delay=10)
     assert max(r.partition for r in fake.sent) >= PARTITIONS
-    assert fake.metadata_calls == 2
+    assert fake.metadata_calls == calls + 1
 
 
 def test_a_failed_refresh_keeps_the_known_count_and_sends_on(fake, monkeypatch):
     clock = {"now": 1000.0}
     monkeypatch.setattr(topic_partitions.time, "monotonic", lambda: clock["now"])
     producer = _producer()
+    calls = fake.metadata_calls  # read ahead
     producer.produce("orders", b"v", delay=10)
     fake.failure = KafkaException(KafkaError(KafkaError._TRANSPORT, "broker down"))
     clock["now"] += topic_partitions.REFRESH_S
     producer.produce("orders", b"v", delay=10)
     producer.produce("orders", b"v", delay=10)
     assert len(fake.sent) == 3
-    assert fake.metadata_calls == 2  # not asked again before the next interval
+    assert fake.metadata_calls == calls + 1  # not asked again before the next interval
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from delayservice.markers.level_ids import level_place
 from delayservice.markers.outcome import RepliesUnavailableError
 from delayservice.partitioners import murmur2
 from delayservice.producer import DelayProducer
-from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings
+from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings, in_line
 
 MARKERS = "dmarkers"
 
@@ -24,6 +24,7 @@ MARKERS = "dmarkers"
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeProducer:
     wrapped = FakeProducer()
     monkeypatch.setattr(producer_module, "Producer", lambda _config: wrapped)
+    in_line(monkeypatch)
     return wrapped
 
 

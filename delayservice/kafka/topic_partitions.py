@@ -7,12 +7,19 @@ is kept (partitions are never removed, so it stays valid) and refreshed at most 
 `REFRESH_S`: producers start using partitions added to a topic within that long, and a
 failed refresh changes nothing. A marker needs no count at all when its id names its
 partition.
+
+`produce()` never waits for the broker (`known`): counts are read ahead on a thread of
+their own, from when the producer is made (`read_ahead`: the topics its settings name),
+whenever a send finds a count unknown, and for each refresh, while sends go on with
+the count known before. Each answer goes to `on_read`; a count that sends wait for
+(`still_needed`) is asked again `RETRY_S` after a read that failed.
 """
 
 from __future__ import annotations
 
-import contextlib
+import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException
@@ -20,11 +27,31 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice.errors import BrokerUnavailableError, DelayServiceError
 
 METADATA_TIMEOUT_S: Final = 10.0
-"""How long the first delayed send or marker to a topic waits for its partition count."""
+"""How long a marker that needs a topic's count (an id naming no partition) waits for it."""
 REFRESH_S: Final = 300.0
 """How often sends look for partitions a topic has gained (librdkafka's
 `topic.metadata.refresh.interval.ms` default)."""
-REFRESH_TIMEOUT_S: Final = 2.0
+READ_AHEAD_TIMEOUT_S: Final = 2.0
+"""How long one read ahead waits for an answer: short, because librdkafka's `close()`
+waits for a metadata request in flight."""
+RETRY_S: Final = 0.5
+"""How soon a count that sends wait for is asked again after a read that failed."""
+
+OnRead = Callable[[str, "int | None", "DelayServiceError | None"], None]
+"""Told each answer read ahead: the topic, its count or why there is none."""
+
+
+def spawn(target: Callable[[], None]) -> None:
+    """Runs the reads ahead (tests replace it to run them in line)."""
+    threading.Thread(target=target, name="delayservice-partition-counts", daemon=True).start()
+
+
+def later(delay: float, target: Callable[[], None]) -> None:
+    """Runs `target` after `delay` seconds (tests replace it)."""
+    timer = threading.Timer(delay, target)
+    timer.daemon = True
+    timer.start()
+
 
 NO_ANSWER: Final = frozenset(
     {
@@ -73,28 +100,113 @@ def missing_topic(topic: str, code: int | None = None) -> TopicMissingError:
 
 
 class TopicPartitions:
-    def __init__(self, client: Any, servers: str = "") -> None:
+    def __init__(
+        self,
+        client: Any,
+        servers: str = "",
+        on_read: OnRead | None = None,
+        still_needed: Callable[[str], bool] | None = None,
+    ) -> None:
         """`client`: anything with confluent-kafka's `list_topics`; `servers`: the
         brokers it was given, named when none answers."""
         self._client = client
         self._servers = servers
-        self._counts: dict[str, tuple[int, float]] = {}  # topic -> (count, when read)
+        self._counts: dict[str, tuple[int, float]] = {}  # topic -> (count, when to read again)
+        self._on_read = on_read
+        self._still_needed = still_needed
+        self._lock = threading.Lock()
+        self._wanted: dict[str, bool] = {}  # topic -> whether a count known is refreshed
+        self._urgent: dict[str, bool] = {}  # the same, for topics sends wait for: read first
+        self._retry_after: dict[str, float] = {}  # topic -> when a failed read may be retried
+        self.failures: dict[str, DelayServiceError] = {}
+        """Topic -> why its count, not known yet, could not be read the last time."""
+        self._reading = False
+        self._stopped = False
 
-    def count(self, topic: str, *, refresh: bool = False) -> int:
-        """The topic's partition count: read at the first need (raising a retriable
-        `DelayServiceError` that names the topic when it cannot be), then with
-        `refresh` again every `REFRESH_S`."""
+    def known(self, topic: str) -> int | None:
+        """The count known now, never asking the broker: None when there is none yet
+        (it is then read ahead); a count due for its refresh is returned, and read
+        again ahead (once per `REFRESH_S`, failed or not)."""
+        entry = self._counts.get(topic)
+        if entry is None:
+            if time.monotonic() >= self._retry_after.get(topic, 0.0):
+                self.read_ahead((topic,), urgent=True)
+            return None
+        if entry[1] <= time.monotonic():
+            self._counts[topic] = (entry[0], time.monotonic() + REFRESH_S)
+            self.read_ahead((topic,), refresh=True)
+        return entry[0]
+
+    def peek(self, topic: str) -> int | None:
+        """The count known now, asking nothing."""
+        entry = self._counts.get(topic)
+        return None if entry is None else entry[0]
+
+    def read_ahead(
+        self, topics: Iterable[str], *, refresh: bool = False, urgent: bool = False
+    ) -> None:
+        """Read these counts on the read-ahead thread (started if none runs)."""
+        with self._lock:
+            wanted = self._urgent if urgent else self._wanted
+            for topic in topics:
+                wanted[topic] = wanted.get(topic, False) or refresh
+            if self._reading or self._stopped:
+                return
+            self._reading = True
+        spawn(self._read_wanted)
+
+    def stop(self) -> None:
+        """No more reads ahead (the client is closing): one in flight ends within
+        `READ_AHEAD_TIMEOUT_S`."""
+        with self._lock:
+            self._stopped = True
+
+    def _read_wanted(self) -> None:
+        while True:
+            with self._lock:
+                wanted = self._urgent or self._wanted
+                if not wanted or self._stopped:
+                    self._reading = False
+                    return
+                topic = next(iter(wanted))
+                refresh = wanted.pop(topic)
+            self._read_one(topic, refresh)
+
+    def _read_one(self, topic: str, refresh: bool) -> None:
         known = self._counts.get(topic)
+        if known is not None and not refresh:
+            return
+        count: int | None = None
+        error: DelayServiceError | None = None
+        try:
+            count = self.read(topic, READ_AHEAD_TIMEOUT_S)
+        except DelayServiceError as exc:
+            error = exc
         now = time.monotonic()
-        if known is None:
-            count = self.read(topic, METADATA_TIMEOUT_S)
-        elif refresh and now - known[1] >= REFRESH_S:
-            count = known[0]
-            with contextlib.suppress(DelayServiceError):
-                count = max(count, self.read(topic, REFRESH_TIMEOUT_S))
+        if known is not None:  # a refresh: a failed one changes nothing until the next
+            count = known[0] if count is None else max(count, known[0])
+        if count is not None:
+            self._counts[topic] = (count, now + REFRESH_S)
+            self.failures.pop(topic, None)
+            error = None
         else:
-            return known[0]
-        self._counts[topic] = (count, now)
+            self._retry_after[topic] = now + RETRY_S
+            if error is not None:
+                self.failures[topic] = error
+        if self._on_read is not None:
+            self._on_read(topic, count, error)
+        if count is None and self._still_needed is not None and self._still_needed(topic):
+            later(RETRY_S, lambda: self.read_ahead((topic,), urgent=True))
+
+    def count(self, topic: str) -> int:
+        """The topic's partition count, known or read now (waiting up to
+        `METADATA_TIMEOUT_S`; raising a retriable `DelayServiceError` that names the
+        topic when it cannot be read). Only markers whose id names no partition ask."""
+        entry = self._counts.get(topic)
+        if entry is not None:
+            return entry[0]
+        count = self.read(topic, METADATA_TIMEOUT_S)
+        self._counts[topic] = (count, time.monotonic() + REFRESH_S)
         return count
 
     def missing(self, topic: str, timeout: float = METADATA_TIMEOUT_S) -> bool:
@@ -104,7 +216,7 @@ class TopicPartitions:
         if topic in self._counts:
             return False
         try:
-            self._counts[topic] = (self.read(topic, timeout), time.monotonic())
+            self._counts[topic] = (self.read(topic, timeout), time.monotonic() + REFRESH_S)
         except TopicMissingError:
             return True
         except BrokerUnavailableError:
