@@ -3,10 +3,11 @@
 confluent-kafka ships `confluent_kafka.aio.AIOProducer`, but in the pinned 2.16 its
 `produce()` refuses headers (`NotImplementedError`: it batches through
 `produce_batch`, which cannot carry them), and the envelope travels in headers. So this
-wraps the same `DelayProducer` instead: `produce()` hands the record to librdkafka on
-the event loop's executor (an exact send may ask for metadata, which blocks), one
-thread polls for delivery reports, and each report resolves its asyncio future with
-`call_soon_threadsafe`. Arguments and errors are those of `DelayProducer`.
+wraps the same `DelayProducer` instead: `produce()` hands the record to it on the event
+loop's thread (it never waits for the broker: a record whose partition count is not
+known yet waits in the producer), one thread polls for delivery reports, and each
+report resolves its asyncio future with `call_soon_threadsafe`. Arguments and errors
+are those of `DelayProducer`.
 """
 
 from __future__ import annotations
@@ -109,8 +110,7 @@ class AsyncDelayProducer:
             finally:
                 loop.call_soon_threadsafe(_settle, written, err)
 
-        send = functools.partial(
-            self.producer.produce,
+        message_id = self.producer.produce(
             topic,
             value,
             key,
@@ -122,7 +122,6 @@ class AsyncDelayProducer:
             deliver_at=deliver_at,
             precision=precision,
         )
-        message_id = await loop.run_in_executor(None, send)
         await written
         return message_id
 

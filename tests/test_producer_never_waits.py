@@ -281,3 +281,61 @@ def test_topic_partitions_never_asks_the_broker_from_known(broker):
     started = time.perf_counter()
     assert partitions.known("t") is None
     assert time.perf_counter() - started < 0.05
+
+
+@pytest.mark.parametrize("precision", ["level", "exact"])
+def test_with_no_broker_at_all_produce_returns_in_milliseconds_and_the_callback_says_why(
+    precision,
+):
+    """librdkafka itself, pointed at a port nothing listens on: every produce() returns
+    within a few milliseconds (it took 10 s and raised), and the delivery callback
+    reports the failure once message.timeout.ms has passed."""
+    producer = DelayProducer(
+        {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1000},
+        settings=_settings(partitions=ASSUMED),
+    )
+    reports: list[Any] = []
+    slowest = 0.0
+    for i in range(20):
+        started = time.perf_counter()
+        producer.produce(
+            "orders",
+            b"v",
+            f"k{i}".encode(),
+            delay=2,
+            precision=precision,
+            on_delivery=lambda err, msg: reports.append(err),
+        )
+        slowest = max(slowest, time.perf_counter() - started)
+    assert slowest < 0.02, f"the slowest produce() took {slowest * 1000:.1f} ms"
+    started = time.monotonic()
+    assert producer.flush(10) == 0
+    assert time.monotonic() - started < 5
+    assert len(reports) == 20
+    assert {e.code() for e in reports} == {KafkaError._MSG_TIMED_OUT}
+
+
+def test_an_async_send_with_no_broker_fails_through_its_future_once_the_timeout_passes():
+    """`AsyncDelayProducer.produce()` hands the record over on the loop's own thread
+    (there is nothing to wait for), and its future fails as librdkafka reports it."""
+    import asyncio
+
+    from delayservice.async_producer import AsyncDelayProducer
+    from delayservice.errors import DelayServiceError
+
+    async def main() -> tuple[float, DelayServiceError]:
+        producer = AsyncDelayProducer(
+            {"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": 1000},
+            settings=_settings(partitions=ASSUMED),
+        )
+        started = time.monotonic()
+        try:
+            with pytest.raises(DelayServiceError) as caught:
+                await asyncio.wait_for(producer.produce("orders", b"v", b"k", delay=2), 10)
+            return time.monotonic() - started, caught.value
+        finally:
+            await producer._close(1)
+
+    took, error = asyncio.run(main())
+    assert error.code == KafkaError._MSG_TIMED_OUT
+    assert took < 5, f"failed after {took:.1f} s"
