@@ -221,12 +221,13 @@ class HeldSends:
     def _expire(self, now: float) -> None:
         for topic, waiting in list(self.topics.items()):
             while waiting and now - waiting[0].since >= self._timeout:
+                why = self._failures.get(topic)
                 self._fail(
                     waiting.popleft(),
                     KafkaError(
                         KafkaError._MSG_TIMED_OUT,
                         f"not sent within message.timeout.ms: the partition count of {topic} "
-                        "could not be read",
+                        f"could not be read{f' ({why})' if why is not None else ''}",
                     ),
                 )
                 self._size -= 1

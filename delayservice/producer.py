@@ -457,11 +457,14 @@ class DelayProducer:
 
     def _topics_ahead(self) -> list[str]:
         """The topics whose counts sends will need, read from the start: the level
-        topics, and the precise ones when this producer sends exact messages."""
+        topics, the precise ones when this producer sends exact messages, and the
+        markers topic."""
         topics = [level.topic for level in self.levels]
         settings = self._settings
         if settings is not None and (self.precision == "exact" or settings.precise):
             topics += [settings.precise_topic, settings.precise_far_topic]
+        if settings is not None:
+            topics.append(settings.markers_topic)  # a level cancel's marker needs it
         return topics
 
     def poll(self, timeout: float = 0) -> int:

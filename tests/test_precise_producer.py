@@ -207,8 +207,8 @@ def test_reserved_user_headers_are_refused_in_exact_mode_too(fake):
 
 def test_the_partition_count_is_asked_once_per_producer(fake):
     producer = _producer()
-    calls = fake.metadata_calls  # read ahead: the level topics and the precise ones
-    assert calls == 4
+    calls = fake.metadata_calls  # read ahead: the level topics, the precise ones, the markers
+    assert calls == 5
     ids = [producer.produce("orders", b"v", delay=10) for _ in range(20)]
     producer.cancel(ids[0])
     assert fake.metadata_calls == calls

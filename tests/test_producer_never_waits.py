@@ -313,6 +313,7 @@ def test_with_no_broker_at_all_produce_returns_in_milliseconds_and_the_callback_
     assert time.monotonic() - started < 5
     assert len(reports) == 20
     assert {e.code() for e in reports} == {KafkaError._MSG_TIMED_OUT}
+    producer.close()
 
 
 def test_an_async_send_with_no_broker_fails_through_its_future_once_the_timeout_passes():
@@ -335,6 +336,7 @@ def test_an_async_send_with_no_broker_fails_through_its_future_once_the_timeout_
             return time.monotonic() - started, caught.value
         finally:
             await producer._close(1)
+            producer.producer.close()
 
     took, error = asyncio.run(main())
     assert error.code == KafkaError._MSG_TIMED_OUT

@@ -170,7 +170,11 @@ class TopicPartitions:
                     return
                 topic = next(iter(wanted))
                 refresh = wanted.pop(topic)
-            self._read_one(topic, refresh)
+            try:
+                self._read_one(topic, refresh)
+            except RuntimeError:  # the client was closed under the read
+                with self._lock:
+                    self._stopped = True
 
     def _read_one(self, topic: str, refresh: bool) -> None:
         known = self._counts.get(topic)
