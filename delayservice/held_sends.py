@@ -65,8 +65,10 @@ class HeldSends:
         config: dict[str, Any],
         failures: dict[str, DelayServiceError] | None = None,
     ) -> None:
-        """`produce`: librdkafka's; `known`: a topic's count known now (never asks the
-        broker); `config`: the producer's (its timeout, queue size and callback);
+        """`produce`: librdkafka's; `known`: a topic's count known now (never waits:
+        one not known is read ahead, at most every `RETRY_S` after a failed read, so
+        whatever looks for it, `flush()` too, keeps it asked); `config`: the
+        producer's (its timeout, queue size and callback);
         `failures`: why the last read of a count not known failed, by topic."""
         self._produce = produce
         self._known = known

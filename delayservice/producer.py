@@ -145,7 +145,7 @@ class DelayProducer:
             self._producer, servers_of(config), self._count_read, self._waits_for
         )
         self._held = HeldSends(
-            self._producer.produce, self._partitions.peek, config, self._partitions.failures
+            self._producer.produce, self._partitions.known, config, self._partitions.failures
         )
         self._assumed = (settings or Settings.model_construct()).partitions
         """The count a delayed send picks its partition over while its topic's is not

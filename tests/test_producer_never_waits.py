@@ -31,10 +31,14 @@ class DownBroker(FakeProducer):
     """A metadata request waits until the broker is `up()` (failing after its timeout,
     as librdkafka's does with no broker answering), then answers after `latency`."""
 
-    def __init__(self, partitions: int = ASSUMED, latency: float = 0.0) -> None:
+    def __init__(
+        self, partitions: int = ASSUMED, latency: float = 0.0, refused: bool = False
+    ) -> None:
+        """`refused`: a request fails at once while down (a connection refused)."""
         super().__init__()
         self.partitions = partitions
         self.latency = latency
+        self.refused = refused
         self.down = threading.Event()
         self.down.set()
         self.closed = False
@@ -42,7 +46,7 @@ class DownBroker(FakeProducer):
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         deadline = time.monotonic() + timeout
         while self.down.is_set():
-            if time.monotonic() >= deadline:
+            if self.refused or time.monotonic() >= deadline:
                 raise KafkaException(
                     KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: broker down")
                 )
@@ -179,6 +183,22 @@ def test_a_full_librdkafka_queue_stops_the_drain_and_refuses_the_next_send():
     held.serve()
     held.send(Held("lv-1", 0, b"4", b"k", [], {}, now), 3)
     assert sent == [b"1", b"2", b"3", b"4"]
+
+
+def test_a_record_held_after_a_failed_read_goes_out_when_the_broker_is_back(monkeypatch):
+    """The reads ahead failed before anything waited (so none was set to retry), the
+    record came within the retry interval: flush() alone must ask again."""
+    broker = DownBroker(refused=True)
+    monkeypatch.setattr(producer_module, "Producer", lambda _config: broker)
+    producer = _producer()
+    deadline = time.monotonic() + 10
+    while "lv-2" not in producer._partitions.failures:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    producer.produce("orders", b"v", b"k", delay=2)
+    broker.up()
+    assert producer.flush(5) == 0
+    assert [r.topic for r in broker.sent] == ["lv-2"]
 
 
 def test_a_record_the_count_never_came_for_fails_through_its_callback(broker):
