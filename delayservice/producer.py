@@ -421,7 +421,7 @@ class DelayProducer:
         # Behind any record still waiting for this topic's count: an exact message's
         # marker goes to its message's partition, after it.
         kwargs = {"on_delivery": receipt.on_delivery}
-        self._hold(Held(topic, partition, None, None, headers, kwargs, 0.0), None)
+        self._held.send_after(Held(topic, partition, None, None, headers, kwargs, time.monotonic()))
         return receipt
 
     def _marker_home(self, message_id: str) -> tuple[str, str, bool]:

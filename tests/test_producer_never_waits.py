@@ -19,7 +19,7 @@ from delayservice.envelope import H_PARTITIONER
 from delayservice.held_sends import Held, HeldSends
 from delayservice.kafka.topic_partitions import TopicPartitions
 from delayservice.markers.level_ids import level_place
-from delayservice.markers.precise_ids import named_partition
+from delayservice.markers.precise_ids import named_partition, precise_id
 from delayservice.producer import DelayProducer
 from tests.test_precise_producer import FakeProducer, _settings
 
@@ -260,6 +260,14 @@ def test_an_exact_marker_never_overtakes_the_held_message_it_names(broker):
     message, marker = broker.sent
     assert (message.value, marker.value) == (b"v", None)
     assert marker.partition == message.partition == named_partition(mid)
+
+
+def test_a_marker_naming_its_partition_goes_out_at_once_when_nothing_waits_before_it(broker):
+    """It needs no count: only what waits for its topic may hold it back."""
+    mid, partition = precise_id(5, far=False)
+    _producer().cancel(mid)
+    (marker,) = broker.sent
+    assert (marker.topic, marker.partition) == ("timers", partition)
 
 
 def test_an_undelayed_twin_lands_the_same_whatever_the_level_topic_count_was(broker):
