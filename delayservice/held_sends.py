@@ -93,6 +93,9 @@ class HeldSends:
             if count is not None:
                 if not self._drain(record.topic, count):
                     raise BufferError("Local: Queue full (records wait for their turn)")
+                if record.partition >= count:  # placed before the count came
+                    self._fail(record, _unknown_partition(record, count))
+                    return
                 self._produce(
                     record.topic, record.value, record.key, headers=record.headers,
                     partition=record.partition, **record.kwargs,
@@ -195,14 +198,7 @@ class HeldSends:
         while waiting:
             record = waiting[0]
             if record.partition >= count:
-                self._fail(
-                    record,
-                    KafkaError(
-                        KafkaError._UNKNOWN_PARTITION,
-                        f"{topic} has {count} partitions, not partition {record.partition} "
-                        "(chosen before its count was known)",
-                    ),
-                )
+                self._fail(record, _unknown_partition(record, count))
             else:
                 try:
                     produce(
@@ -258,6 +254,14 @@ def _refusal(error: DelayServiceError | None) -> KafkaError | None:
         return None
     code = error.code if error.code is not None else KafkaError._UNKNOWN_TOPIC
     return KafkaError(code, str(error), retriable=error.retriable)
+
+
+def _unknown_partition(record: Held, count: int) -> KafkaError:
+    return KafkaError(
+        KafkaError._UNKNOWN_PARTITION,
+        f"{record.topic} has {count} partitions, not partition {record.partition} "
+        "(chosen before its count was known)",
+    )
 
 
 def _kafka_error(exc: Exception) -> KafkaError:

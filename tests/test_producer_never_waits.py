@@ -369,3 +369,16 @@ def test_an_async_send_with_no_broker_fails_through_its_future_once_the_timeout_
     took, error = asyncio.run(main())
     assert error.code == KafkaError._MSG_TIMED_OUT
     assert took < 5, f"failed after {took:.1f} s"
+
+
+def test_a_record_placed_before_a_smaller_count_came_fails_even_when_nothing_waits():
+    """The count came between the send looking it up and taking the lock: the record was
+    placed over `partitions` on one the topic lacks, and fails as a held one would."""
+    sent: list[bytes] = []
+    reports: list[Any] = []
+    held = HeldSends(lambda topic, value, key, **kw: sent.append(value), {"lv-1": 1}.get, {})
+    callback = {"on_delivery": lambda err, msg: reports.append(err)}
+    held.send(Held("lv-1", 2, b"1", b"k", [], callback, time.monotonic()), None)
+    assert sent == []
+    assert held.serve() == 1
+    assert [e.code() for e in reports] == [KafkaError._UNKNOWN_PARTITION]
