@@ -92,14 +92,22 @@ def test_exact_messages_and_a_cancel_land_on_the_partition_of_their_id(testbed):
 
 
 def test_an_exact_send_without_the_precise_topic_says_how_to_create_it(testbed):
-    from delayservice.errors import DelayServiceError
+    """produce() returns at once; the delivery callback says what to do, as librdkafka
+    reports a record it cannot route."""
+    from confluent_kafka import KafkaError
 
     settings = testbed.settings(levels="1s", precise_topic=f"nope-{testbed.tag}")
     producer = DelayProducer(
         {"bootstrap.servers": testbed.bootstrap, "allow.auto.create.topics": False},
         settings=settings,
     )
-    with pytest.raises(DelayServiceError, match="topics create") as caught:
-        producer.produce("orders", b"v", delay=60, precision="exact")
-    assert caught.value.retriable
+    reports = []
+    producer.produce(
+        "orders", b"v", delay=60, precision="exact", on_delivery=lambda e, m: reports.append(e)
+    )
+    assert producer.flush(30) == 0
+    (error,) = reports
+    assert error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert "topics create" in error.str()
+    assert error.retriable()
     assert len(producer) == 0
