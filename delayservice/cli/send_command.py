@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
 
@@ -21,6 +21,8 @@ from delayservice.envelope import Headers
 from delayservice.kafka import client_config
 from delayservice.producer import DelayProducer
 from delayservice.settings import load_settings
+
+SEND_TIMEOUT_MS: Final = 10_000
 
 
 @friendly_errors
@@ -66,9 +68,12 @@ def send(
         else:
             landed.update(topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
 
-    producer = DelayProducer(
-        client_config.producer(settings, "delayservice-send"), settings=settings
+    # One message from a shell: an outage fails in 10 s (librdkafka waits 300 s by
+    # default); a `producer` setting of message.timeout.ms still wins.
+    producer_config = client_config.producer(
+        settings, "delayservice-send", defaults={"message.timeout.ms": SEND_TIMEOUT_MS}
     )
+    producer = DelayProducer(producer_config, settings=settings)
     try:
         message_id = producer.produce(
             topic,

@@ -147,3 +147,17 @@ def test_json_output_is_json():
     probe = _cli("check", "--json", "--url", "http://127.0.0.1:1/readyz", "--timeout", "1")
     assert probe.returncode == 1
     assert json.loads(probe.stdout)["ready"] is False
+
+
+def test_send_with_no_broker_fails_in_seconds_naming_it():
+    """One message from a shell: an outage is said within about ten seconds (librdkafka
+    would wait out its delivery timeout), naming the broker asked."""
+    import time
+
+    began = time.monotonic()
+    result = _cli("send", "orders", "hi", "-d", "30s", "-b", "127.0.0.1:1")
+    took = time.monotonic() - began
+    assert result.returncode == 1, result.stderr
+    assert "127.0.0.1:1" in result.stderr
+    assert "not delivered" in result.stderr
+    assert took < 25, f"took {took:.1f} s (the producer's 30 s delivery timeout, not 10 s)"
