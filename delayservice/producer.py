@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
@@ -109,6 +110,34 @@ def _checked_precision(precision: str) -> Precision:
     raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
 
+_IDEMPOTENCE_CONFLICTS: Final[dict[str, Callable[[Any], bool]]] = {
+    "acks": lambda v: str(v) not in ("all", "-1"),
+    "request.required.acks": lambda v: str(v) not in ("all", "-1"),
+    "max.in.flight.requests.per.connection": lambda v: int(v) > 5,
+    "max.in.flight": lambda v: int(v) > 5,
+    "retries": lambda v: int(v) == 0,
+    "message.send.max.retries": lambda v: int(v) == 0,
+}
+
+
+def with_idempotence(config: dict[str, Any]) -> dict[str, Any]:
+    """`config`, idempotent unless it says otherwise: a key's records keep their order
+    within a level only if a retried batch cannot land behind a later one (the Java
+    client's default since Kafka 3.0; librdkafka's is off). Left as it is when it sets
+    `enable.idempotence`, or a key idempotence refuses (acks below all, more than five
+    requests in flight, no retries)."""
+    if "enable.idempotence" in config:
+        return config
+    for key, conflicts in _IDEMPOTENCE_CONFLICTS.items():
+        if key in config:
+            try:
+                if conflicts(config[key]):
+                    return config
+            except (TypeError, ValueError):
+                return config  # librdkafka says what is wrong with the value
+    return {**config, "enable.idempotence": True}
+
+
 class DelayProducer:
     """Wraps a `confluent_kafka.Producer`; every attribute not defined here passes through.
 
@@ -137,7 +166,7 @@ class DelayProducer:
             settings = load_settings(config_file)  # a configuration error shows now
         self.levels = levels
         self._settings = settings
-        self._producer = Producer(config)
+        self._producer = Producer(with_idempotence(config))
         self._partitioner = partitioners.configured(config)
         """Written in every envelope: the daemon places a keyed record with it, on the
         partition an undelayed send through this producer would reach."""

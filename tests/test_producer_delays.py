@@ -156,3 +156,26 @@ def test_the_precise_partition_is_crc32_of_the_id_modulo_the_partitions():
 def test_the_precise_partition_needs_a_partition():
     with pytest.raises(ValueError, match="at least 1 partition"):
         precise_partition("abc", 0)
+
+
+@pytest.mark.parametrize(
+    ("config", "idempotent"),
+    [
+        ({}, True),
+        ({"acks": "all"}, True),
+        ({"acks": -1, "max.in.flight": 5}, True),
+        ({"enable.idempotence": False}, False),
+        ({"acks": 1}, None),
+        ({"request.required.acks": "0"}, None),
+        ({"max.in.flight.requests.per.connection": 10}, None),
+        ({"retries": 0}, None),
+        ({"max.in.flight": "many"}, None),
+    ],
+)
+def test_the_producer_is_idempotent_unless_its_config_says_otherwise(config, idempotent):
+    """Key order within a level needs a retried batch never to land behind a later one;
+    a config that sets idempotence, or a key idempotence refuses, is left to librdkafka."""
+    from delayservice.producer import with_idempotence
+
+    assert with_idempotence(config).get("enable.idempotence") == idempotent
+    assert with_idempotence(config).items() >= config.items()
