@@ -143,7 +143,10 @@ class Daemon:
         # through one of its own too, and reports progress (replicas) through the one
         # made here.
         markers = LevelMarkers(
-            self.settings, self.metrics, lambda: int(self.broker_clock.time() * 1000)
+            self.settings,
+            self.metrics,
+            lambda: int(self.broker_clock.time() * 1000),
+            budget=self.budget,
         )
         workers: list[Worker] = [
             LevelWorker(

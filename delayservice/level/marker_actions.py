@@ -181,7 +181,8 @@ class WorkerMarkers:
         ids = self.book.watch.get(tp)
         if not ids:
             return None
-        return [i for i, r in enumerate(records) if type(r) is tuple and r[ID] in ids]
+        held = [i for i, r in enumerate(records) if type(r) is tuple and r[ID]]
+        return [held[k] for k in ids.positions([records[i][ID] for i in held])]
 
     def has(self, message_id: str) -> bool:
         return self.book.has(message_id)
@@ -334,7 +335,7 @@ class WorkerMarkers:
             if self._now_ms() < self._next_check:
                 return
             book = self.book
-            if not any(book.unresolved.get(tp) or book.copies_on(tp) for tp in owned):
+            if not any(book.has_unresolved(tp) or book.copies_on(tp) for tp in owned):
                 return
         self.wake()
 

@@ -1,4 +1,5 @@
-"""Every level marker that can still matter, in one process's memory.
+"""Every level marker that can still matter, in one process's memory, within a share of
+its memory budget.
 
 The reader (`marker_reader`) files each marker here by the id it names, and each answer
 it reads back from the outcomes topic: which markers were answered, and which
@@ -10,18 +11,27 @@ partition with no marker pending costs the forwarding nothing.
 
 A marker is kept until no record still waiting can need it: its append time is before
 the gate's oldest need, and before now less twice the top level's delay (a moved
-message waits at most that long after its first due time). How many are kept is a
-gauge, bounded by the markers sent within that window.
+message waits at most that long after its first due time). Markers are kept compactly
+(`marker_store`: about 90 bytes each, measured by `benchmarks/marker_book_memory.py`)
+and counted in the process's memory budget (`total_bytes`). When the book reaches its
+share (`max_bytes`) it first lets go of the markers whose committed answer leaves
+nothing to decide (`shed`: unmatched, too late, refused); if it is still full, the
+reader stops reading markers (`full`), so the gate stays where it was and level records
+due since wait: late, never a cancel forgotten.
 """
 
 from __future__ import annotations
 
 import threading
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 from delayservice.forward.buffer import TP
-from delayservice.level.marker_verdict import LevelMarker, Verdict, verdict
+from delayservice.level import marker_store as st
+from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
+from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
 from delayservice.markers.level_ids import level_place
 from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
@@ -29,6 +39,13 @@ from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerRe
 REFUSED: Final = "refused"
 UNMATCHED: Final = "unmatched"
 FORWARDED: Final = "forwarded"
+SHEDDABLE: Final = frozenset({REFUSED, UNMATCHED, TOO_LATE})
+"""Committed answers after which a marker decides nothing: no message, or sent already."""
+LOOSE_BYTES: Final = 200
+"""What the book counts for each thing kept in a dictionary (orphan answers, copies)."""
+RESUME_RATIO: Final = 0.9
+"""A full book takes markers again once below this share of `max_bytes`."""
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -57,47 +74,275 @@ class Action:
     copies: list[tuple[str, TP]] = field(default_factory=list)
 
 
+def _split_key(key: bytes) -> tuple[str, int, int] | None:
+    topic, _, rest = key.rpartition(b":")
+    topic, _, partition = topic.rpartition(b":")
+    if not (rest.isdigit() and partition.isdigit()):
+        return None
+    try:
+        return topic.decode(), int(partition), int(rest)
+    except UnicodeDecodeError:
+        return None
+
+
 class MarkerBook:
-    def __init__(self, levels: LevelSet) -> None:
+    def __init__(self, levels: LevelSet, max_bytes: int | None = None) -> None:
+        """`max_bytes`: the book's share of the memory budget (None: no bound)."""
         self._levels = levels
+        self.max_bytes = max_bytes
         self.answers_tp: TP = (levels.levels[0].topic, 0)
         self._lock = threading.RLock()
-        self.by_id: dict[str, list[Entry]] = {}
-        self.keys: dict[bytes, Entry] = {}
-        self.watch: dict[TP, set[bytes]] = {}
-        """Partition -> the ids (as the records carry them) with a marker pending."""
-        self.unresolved: dict[TP, dict[bytes, Entry]] = {}
-        """Partition -> its markers not answered yet, for its owner to settle."""
-        self.answered: dict[bytes, str] = {}
+        self._sources: dict[tuple[str, int], int] = {}
+        self._source_names: list[tuple[str, int]] = []
+        self._by_source: list[st.Source] = []
+        self._tps: dict[TP, int] = {}
+        self._tp_names: list[TP] = []
+        self._refusals: dict[tuple[str, str], int] = {}
+        self._refusal_names: list[tuple[str, str]] = []
+        self._outcome_codes: dict[str, int] = {}
+        self._outcome_names: list[str] = ["<none>"]
+        self._slots(st.Columns())
         self._orphans: dict[bytes, int] = {}
         """Answers read before their marker (or for one not kept): key -> when written."""
-        self.executed: set[bytes] = set()
+        self._orphan_answers: dict[bytes, tuple[str, str, str]] = {}
+        """Key -> (outcome, id, kind) of an answer read back before its marker."""
+        self._orphan_executed: set[bytes] = set()
+        self._loose_final: dict[str, tuple[str, int]] = {}
+        """Id with no marker kept -> (its message's final state, when noted)."""
         self.copies: dict[str, TP] = {}
         """Id -> where its latest copy was written, per the answer of the move."""
         self._copies_by_tp: dict[TP, set[str]] = {}
-        self.final: dict[str, str] = {}
         self.partitions: dict[str, int] = {}
         """Level topic -> its partition count, as the reader last saw it."""
         self.version = 0
         """Counts markers and answers filed (an owner may have work when it moves)."""
+        self.total_bytes = 0
+        """What the book holds, as the memory budget counts it (`measure`)."""
+        self.total_buffered = 0
+        """No held records: the budget's `Holdings` protocol."""
+        self.shed_count = 0
+        self.watch = Watch(self)
+        """Level partition -> what screens its records: `watch.get(tp)`."""
+        self.keys = Keys(self)
+        self.executed = Executed(self)
+        self.final = FinalStates(self)
+
+    def _slots(self, cols: st.Columns) -> None:
+        """Start the slots and their indexes over, with empty `cols`."""
+        self._cols = cols
+        self._ids = st.IdTable(self._id_bytes)
+        self._by_source = [st.Source() for _ in self._by_source]
+        self._asked: dict[int, int] = {}
+        """Slot -> a reschedule's new due time."""
+        self._unresolved: dict[int, array[int]] = {}
+        """Level partition -> its slots not answered yet (and some answered since)."""
+        self._unresolved_n: dict[int, int] = {}
+        self._watch_n: dict[int, int] = {}
+        """Level partition -> how many of its markers name a message (not refused)."""
+        self._kept = {CANCEL: 0, RESCHEDULE: 0}
+        self._stragglers: list[int] = []
+        """Slots filed with an append time before an earlier slot's (`expire`)."""
+        self._latest_ms = 0
+        self._first_live = cols.base
+
+    # -- small tables ----------------------------------------------------------------
+    @staticmethod
+    def _code(table: dict[_T, int], names: list[_T], value: _T) -> int:
+        code = table.get(value)
+        if code is None:
+            code = table[value] = len(names)
+            names.append(value)
+        return code
+
+    def _raw(self, slot: int) -> tuple[bytes, bool]:
+        flags = self._cols.flags[slot - self._cols.base]
+        return self._cols.raw_id(slot), bool(flags & st.PACKED)
+
+    def _id_bytes(self, slot: int) -> bytes:
+        """The id of `slot` as records carry it."""
+        raw, packed = self._raw(slot)
+        return raw if not packed else st.unpack_id(raw, packed).encode()
+
+    def _flags(self, slot: int) -> int:
+        return self._cols.flags[slot - self._cols.base]
+
+    def _set_flags(self, slot: int, on: int = 0, off: int = 0) -> None:
+        i = slot - self._cols.base
+        self._cols.flags[i] = (self._cols.flags[i] | on) & ~off
+
+    def _live(self, slot: int) -> bool:
+        return slot >= self._cols.base and bool(self._flags(slot) & st.LIVE)
+
+    def _slot(self, key: bytes) -> int:
+        """The live slot of the marker answered under `key`; -1 when none is kept."""
+        where = _split_key(key)
+        if where is None:
+            return -1
+        source = self._sources.get(where[:2])
+        if source is None:
+            return -1
+        cols = self._cols
+        slot = self._by_source[source].find(
+            where[2], lambda s: cols.offset[s - cols.base], cols.base
+        )
+        return slot if slot >= 0 and self._live(slot) else -1
+
+    def _head(self, message_id: str) -> int:
+        return self._ids.head(message_id.encode())
+
+    def _chain(self, head: int) -> Iterator[int]:
+        cols = self._cols
+        slot = head
+        while slot >= 0:
+            yield slot
+            slot = cols.next[slot - cols.base]
+
+    def _marker(self, slot: int) -> LevelMarker:
+        cols = self._cols
+        i = slot - cols.base
+        raw, packed = self._raw(slot)
+        topic, partition = self._source_names[cols.source[i]]
+        kind = RESCHEDULE if cols.flags[i] & st.RESCHEDULE_KIND else CANCEL
+        return LevelMarker(
+            kind,
+            st.unpack_id(raw, packed),
+            cols.appended[i],
+            topic,
+            partition,
+            cols.offset[i],
+            self._asked.get(slot),
+        )
+
+    def _entry_of(self, slot: int) -> Entry:
+        cols = self._cols
+        i = slot - cols.base
+        marker = self._marker(slot)
+        tp = self._tp_names[cols.tp[i]]
+        code = cols.refusal[i]
+        refusal = None if code < 0 else self._refusal_names[code]
+        if not cols.flags[i] & st.PLACED:
+            return Entry(marker, tp, refusal)
+        place = level_place(marker.message_id)
+        level = self._levels.by_topic(tp[0])
+        sent = None if place is None else place.sent_ms
+        return Entry(marker, tp, refusal, sent, 0 if level is None else level.delay_ms)
 
     # -- filing (the reader) -------------------------------------------------------
     def file(self, marker: LevelMarker, refusal: tuple[str, str] | None = None) -> Entry | None:
         """Keep a marker read from the markers topic (again after a rewind: kept once).
         Returns its entry when it is new."""
         with self._lock:
-            if marker.key in self.keys:
+            key = marker.key
+            if self._slot(key) >= 0:
                 return None
-            self._orphans.pop(marker.key, None)
             entry = self._entry(marker, refusal)
-            self.keys[marker.key] = entry
-            if entry.refusal is None:
-                self.by_id.setdefault(marker.message_id, []).append(entry)
-                self.watch.setdefault(entry.tp, set()).add(marker.message_id.encode())
-            if marker.key not in self.answered:
-                self.unresolved.setdefault(entry.tp, {})[marker.key] = entry
+            raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
+            flags = st.LIVE | (st.PACKED if packed else 0)
+            if marker.kind == RESCHEDULE:
+                flags |= st.RESCHEDULE_KIND
+            if entry.sent_ms is not None:
+                flags |= st.PLACED
+            source = self._code(self._sources, self._source_names, (marker.topic, marker.partition))
+            if source == len(self._by_source):
+                self._by_source.append(st.Source())
+            tp = self._code(self._tps, self._tp_names, entry.tp)
+            code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
+            self._orphans.pop(key, None)
+            orphan = self._orphan_answers.pop(key, None)
+            if key in self._orphan_executed:
+                self._orphan_executed.discard(key)
+                flags |= st.EXECUTED
+            answer = 0 if orphan is None else self._outcome(orphan[0])
+            if orphan is not None and orphan[1:] == (marker.message_id, marker.kind):
+                flags |= st.READ_BACK
+            row = (marker.appended_ms, marker.offset, source, tp, code, flags, raw)
+            self._add(row, answer, marker.asked_due_ms, marker.message_id)
+            self.total_bytes += 80 + len(raw)
             self.touch()
             return entry
+
+    def _add(
+        self,
+        row: tuple[int, int, int, int, int, int, bytes],
+        answer: int,
+        asked: int | None,
+        message_id: str | None = None,
+    ) -> int:
+        """A new slot, in every index (`message_id`: the id unpacked, if at hand)."""
+        appended, offset, source, tp, refusal, flags, raw = row
+        cols = self._cols
+        slot = cols.add(appended, offset, source, tp, refusal, flags, raw)
+        cols.answer[slot - cols.base] = answer
+        self._by_source[source].add(offset, slot, lambda s: cols.offset[s - cols.base])
+        if asked is not None:
+            self._asked[slot] = asked
+        if appended < self._latest_ms:
+            self._stragglers.append(slot)
+        self._latest_ms = max(self._latest_ms, appended)
+        kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
+        self._kept[kind] += 1
+        if refusal < 0:
+            packed = bool(flags & st.PACKED)
+            message_id = message_id or st.unpack_id(raw, packed)
+            self._link(slot, message_id.encode(), message_id)
+            self._watch_n[tp] = self._watch_n.get(tp, 0) + 1
+        if answer == 0:
+            self._unresolve(slot, tp)
+        return slot
+
+    def _compact(self) -> None:
+        """Copy the slots kept to fresh columns, numbered on from the last (so every
+        order holds), and index them again: what `shed` and scattered forgetting free
+        is given back. Costs a pass over what is kept, once the forgotten outweigh it."""
+        old = self._cols
+        live = list(self.live_slots())
+        rows = []
+        for slot in live:
+            i = slot - old.base
+            row = (
+                old.appended[i],
+                old.offset[i],
+                old.source[i],
+                old.tp[i],
+                old.refusal[i],
+                old.flags[i],
+                old.raw_id(slot),
+            )
+            rows.append((row, old.answer[i], self._asked.get(slot)))
+        latest = self._latest_ms
+        fresh = st.Columns()
+        fresh.base = fresh.first_start = fresh.arena_base = old.end
+        self._slots(fresh)
+        for row, answer, asked in rows:
+            self._add(row, answer, asked)
+        self._latest_ms = max(self._latest_ms, latest)
+
+    def _refusal_code(self, refusal: tuple[str, str]) -> int:
+        if refusal not in self._refusals and len(self._refusal_names) >= 30_000:
+            refusal = (refusal[0], "refused (one of too many distinct reasons to keep)")
+        return self._code(self._refusals, self._refusal_names, refusal)
+
+    def _outcome(self, outcome: str) -> int:
+        return self._code(self._outcome_codes, self._outcome_names, outcome)
+
+    def _link(self, slot: int, raw: bytes, message_id: str) -> None:
+        head = self._ids.head_or_add(raw, slot)
+        cols = self._cols
+        if head >= 0:
+            cols.next[slot - cols.base] = cols.next[head - cols.base]
+            cols.next[head - cols.base] = slot
+            final = self._flags(slot) & (st.FINAL_CANCELLED | st.FINAL_OTHER)
+            if final:  # kept on the first slot of the id (compacting files them again)
+                self._set_flags(head, on=final)
+                self._set_flags(slot, off=final)
+            return
+        loose = self._loose_final.pop(message_id, None)
+        if loose is not None:
+            self._set_flags(slot, on=_final_flag(loose[0]))
+
+    def _unresolve(self, slot: int, tp: int) -> None:
+        self._unresolved.setdefault(tp, array_q()).append(slot)
+        self._unresolved_n[tp] = self._unresolved_n.get(tp, 0) + 1
 
     def _entry(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry:
         if refusal is not None:
@@ -136,32 +381,107 @@ class MarkerBook:
         and a move in it was carried out. One that does not fit its marker (anyone who
         may write the topic could write it) changes nothing."""
         with self._lock:
-            entry = self.keys.get(key)
-            if entry is None:
+            self._latest_ms = max(self._latest_ms, written_ms)
+            slot = self._slot(key)
+            if slot < 0:
                 self._orphans[key] = written_ms
-            elif entry.marker.message_id != reply.message_id or entry.marker.kind != reply.kind:
-                return
             else:
-                self.unresolved.get(entry.tp, {}).pop(key, None)
-            self.answered[key] = reply.outcome
+                marker = self._marker(slot)
+                if marker.message_id != reply.message_id or marker.kind != reply.kind:
+                    return
+                self._set_flags(slot, on=st.READ_BACK)
+            self._answered(slot, key, reply.outcome, reply)
             if reply.kind == RESCHEDULE and reply.outcome == "moved" and reply.copy is not None:
-                self.executed.add(key)
+                self._execute(slot, key)
                 topic, _, partition = reply.copy.rpartition(":")
                 if partition.isdigit():
                     self._copy(reply.message_id, (topic, int(partition)))
             elif reply.kind == CANCEL and reply.outcome == CANCELLED:
-                self.final[reply.message_id] = CANCELLED
+                self._set_final(reply.message_id, CANCELLED)
             self.touch()
+
+    def _answered(
+        self, slot: int, key: bytes, outcome: str, reply: MarkerReply | None = None
+    ) -> None:
+        """Note an answer (`reply`: as read back; without one, a forwarder's, of which
+        nothing is kept once its marker is forgotten)."""
+        if slot < 0:
+            if reply is not None:
+                self._orphan_answers[key] = (outcome, reply.message_id, reply.kind)
+                self._orphans.setdefault(key, self._latest_ms)
+            return
+        cols = self._cols
+        i = slot - cols.base
+        if cols.answer[i] == 0:
+            self._unresolved_n[cols.tp[i]] -= 1
+        cols.answer[i] = self._outcome(outcome)
+
+    def _unanswered(self, slot: int, key: bytes) -> None:
+        if slot < 0:
+            self._orphan_answers.pop(key, None)
+            return
+        cols = self._cols
+        i = slot - cols.base
+        if cols.answer[i] != 0:
+            cols.answer[i] = 0
+            self._unresolve(slot, cols.tp[i])
+
+    def _execute(self, slot: int, key: bytes) -> None:
+        if slot < 0:
+            self._orphan_executed.add(key)
+            self._orphans.setdefault(key, self._latest_ms)
+        else:
+            self._set_flags(slot, on=st.EXECUTED)
+
+    def _set_final(self, message_id: str, state: str | None) -> None:
+        head = self._head(message_id)
+        if head < 0:
+            if state is None:
+                self._loose_final.pop(message_id, None)
+            else:
+                self._loose_final[message_id] = (state, self._latest_ms)
+            return
+        off = st.FINAL_CANCELLED | st.FINAL_OTHER
+        self._set_flags(head, on=0 if state is None else _final_flag(state), off=off)
+
+    def final_of(self, message_id: str) -> str | None:
+        with self._lock:
+            head = self._head(message_id)
+            if head < 0:
+                loose = self._loose_final.get(message_id)
+                return None if loose is None else loose[0]
+            flags = self._flags(head)
+            if flags & st.FINAL_CANCELLED:
+                return CANCELLED
+            return FORWARDED if flags & st.FINAL_OTHER else None
 
     def touch(self) -> None:
         self.version += 1
 
     # -- asking (the forwarders) -----------------------------------------------------
     def has(self, message_id: str) -> bool:
-        return message_id in self.by_id
+        with self._lock:
+            return self._head(message_id) >= 0
 
     def has_reschedule(self, message_id: str) -> bool:
-        return any(e.marker.kind == RESCHEDULE for e in self.by_id.get(message_id, ()))
+        with self._lock:
+            return any(
+                self._flags(s) & st.RESCHEDULE_KIND for s in self._chain(self._head(message_id))
+            )
+
+    def names(self, raw_id: bytes, tp: TP) -> bool:
+        """Whether a marker kept names the message `raw_id` (as a record carries it) on
+        `tp` (the forwarders' screen)."""
+        with self._lock:
+            t = self._tps.get(tp)
+            cols = self._cols
+            return any(cols.tp[s - cols.base] == t for s in self._chain(self._ids.head(raw_id)))
+
+    def named(self, tp: TP, raw_ids: list[bytes]) -> list[int]:
+        """Positions of `raw_ids` (a run's ids, as records carry them) that a marker kept
+        names on `tp`: one probe each, ids compared only where hash bits match."""
+        with self._lock:
+            return [pos for pos in self._ids.maybe(raw_ids) if self.names(raw_ids[pos], tp)]
 
     def copies_on(self, tp: TP) -> set[str]:
         """Ids whose latest copy was written to `tp` (its owner answers their markers)."""
@@ -185,29 +505,61 @@ class MarkerBook:
         self, message_id: str, after: tuple[int, int, int] | None, due_ms: int
     ) -> Verdict:
         with self._lock:
-            markers = [e.marker for e in self.by_id.get(message_id, ())]
+            markers = [self._marker(s) for s in self._chain(self._head(message_id))]
             return verdict(markers, after, due_ms, self.executed)
 
     def entries(self, tp: TP) -> list[Entry]:
         """The markers the owner of `tp` has yet to answer."""
         with self._lock:
-            return list(self.unresolved.get(tp, {}).values())
+            t = self._tps.get(tp)
+            if t is None or not self._unresolved_n.get(t):
+                if t is not None:
+                    self._unresolved.pop(t, None)
+                return []
+            cols = self._cols
+            base = cols.base
+            kept = array_q()
+            seen: set[int] = set()
+            out = []
+            for slot in self._unresolved.get(t, ()):
+                if slot in seen or slot < base:
+                    continue
+                i = slot - base
+                if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
+                    seen.add(slot)
+                    kept.append(slot)
+                    out.append(self._entry_of(slot))
+            self._unresolved[t] = kept
+            return out
+
+    def has_unresolved(self, tp: TP) -> bool:
+        t = self._tps.get(tp)
+        return t is not None and self._unresolved_n.get(t, 0) > 0
 
     def is_answered(self, key: bytes) -> bool:
-        return key in self.answered
+        with self._lock:
+            slot = self._slot(key)
+            if slot < 0:
+                return key in self._orphan_answers
+            return self._cols.answer[slot - self._cols.base] != 0
+
+    def is_executed(self, key: bytes) -> bool:
+        with self._lock:
+            slot = self._slot(key)
+            if slot < 0:
+                return key in self._orphan_executed
+            return bool(self._flags(slot) & st.EXECUTED)
 
     # -- what a forwarder decided ----------------------------------------------------
     def apply(self, action: Action) -> None:
         """Note an interval's decisions at once (they count while it is open)."""
         with self._lock:
             for key, outcome in action.answers:
-                self.answered[key] = outcome
-                entry = self.keys.get(key)
-                if entry is not None:
-                    self.unresolved.get(entry.tp, {}).pop(key, None)
-            self.executed.update(action.executed)
+                self._answered(self._slot(key), key, outcome)
+            for key in action.executed:
+                self._execute(self._slot(key), key)
             for message_id, state in action.final:
-                self.final[message_id] = state
+                self._set_final(message_id, state)
             for message_id, where in action.copies:
                 self._copy(message_id, where)
 
@@ -215,13 +567,15 @@ class MarkerBook:
         """The interval did not commit: its decisions are made again."""
         with self._lock:
             for key, _ in action.answers:
-                self.answered.pop(key, None)
-                entry = self.keys.get(key)
-                if entry is not None:
-                    self.unresolved.setdefault(entry.tp, {})[key] = entry
-            self.executed.difference_update(action.executed)
+                self._unanswered(self._slot(key), key)
+            for key in action.executed:
+                slot = self._slot(key)
+                if slot < 0:
+                    self._orphan_executed.discard(key)
+                else:
+                    self._set_flags(slot, off=st.EXECUTED)
             for message_id, _ in action.final:
-                self.final.pop(message_id, None)
+                self._set_final(message_id, None)
             for message_id, where in action.copies:
                 if self.copies.get(message_id) == where:
                     self._copy(message_id, None)
@@ -231,43 +585,162 @@ class MarkerBook:
     def expire(self, before_ms: int) -> int:
         """Forget the markers appended before `before_ms`; returns how many went."""
         with self._lock:
-            gone = [key for key, e in self.keys.items() if e.marker.appended_ms < before_ms]
-            for key in gone:
-                self._forget(self.keys.pop(key))
-            orphans = [key for key, ms in self._orphans.items() if ms < before_ms]
-            for key in orphans:
+            cols = self._cols
+            gone = 0
+            slot = max(self._first_live, cols.base)
+            while slot < cols.end:
+                i = slot - cols.base
+                if cols.flags[i] & st.LIVE:
+                    if cols.appended[i] >= before_ms:
+                        break  # those filed after it were appended later (stragglers aside)
+                    self._forget(slot)
+                    gone += 1
+                slot += 1
+            self._first_live = slot
+            stragglers = []
+            for straggler in self._stragglers:
+                if straggler < self._first_live or not self._live(straggler):
+                    continue
+                if cols.appended[straggler - cols.base] < before_ms:
+                    self._forget(straggler)
+                    gone += 1
+                else:
+                    stragglers.append(straggler)
+            self._stragglers = stragglers
+            for key in [key for key, ms in self._orphans.items() if ms < before_ms]:
                 del self._orphans[key]
-                self.answered.pop(key, None)
-                self.executed.discard(key)
-            return len(gone)
+                self._orphan_answers.pop(key, None)
+                self._orphan_executed.discard(key)
+            for message_id in [m for m, (_, ms) in self._loose_final.items() if ms < before_ms]:
+                del self._loose_final[message_id]
+            self._cut()
+            self.measure()
+            return gone
 
-    def _forget(self, entry: Entry) -> None:
-        key, message_id = entry.marker.key, entry.marker.message_id
-        self.answered.pop(key, None)
-        self.executed.discard(key)
-        self.unresolved.get(entry.tp, {}).pop(key, None)
-        if entry.refusal is not None:
+    def shed(self) -> int:
+        """While the book is at its share: let go of the markers whose committed answer
+        leaves nothing to decide (no message, or sent already, or refused), and of the
+        answers read before their markers (but for moves carried out): a marker read
+        again, or read without its answer, is answered again, to the same outcome."""
+        with self._lock:
+            if not self.at_share():
+                return 0
+            for key in [k for k in self._orphan_answers if k not in self._orphan_executed]:
+                del self._orphan_answers[key]
+                self._orphans.pop(key, None)
+            cols = self._cols
+            sheddable = {self._outcome_codes.get(o) for o in SHEDDABLE} - {None}
+            gone = 0
+            for slot in range(max(self._first_live, cols.base), cols.end):
+                i = slot - cols.base
+                flags = cols.flags[i]
+                if flags & st.LIVE and flags & st.READ_BACK and cols.answer[i] in sheddable:
+                    self._forget(slot)
+                    gone += 1
+            self.shed_count += gone
+            if gone:
+                self._compact()
+            self.measure()
+            return gone
+
+    def _forget(self, slot: int) -> None:
+        cols = self._cols
+        i = slot - cols.base
+        flags = cols.flags[i]
+        cols.flags[i] = flags & ~st.LIVE
+        tp = cols.tp[i]
+        if cols.answer[i] == 0:
+            self._unresolved_n[tp] -= 1
+        kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
+        self._kept[kind] -= 1
+        self._asked.pop(slot, None)
+        if cols.refusal[i] >= 0:
             return
-        left = [e for e in self.by_id.get(message_id, ()) if e is not entry]
-        if left:
-            self.by_id[message_id] = left
+        self._watch_n[tp] -= 1
+        raw = self._id_bytes(slot)
+        head = self._ids.head(raw)
+        final = flags & (st.FINAL_CANCELLED | st.FINAL_OTHER) if head == slot else 0
+        if head == slot:
+            following = cols.next[i]
+            self._ids.set_head(raw, following)
+            if following >= 0:
+                self._set_flags(following, on=final)
+            else:
+                self._copy(raw.decode(), None)
+        else:
+            previous = head
+            while previous >= 0 and cols.next[previous - cols.base] != slot:
+                previous = cols.next[previous - cols.base]
+            if previous >= 0:
+                cols.next[previous - cols.base] = cols.next[i]
+        cols.next[i] = -1
+
+    def _cut(self) -> None:
+        """Give back what forgotten slots take once they outweigh what is kept: the
+        front by a cut (a copy in C), scattered ones by compacting."""
+        cols = self._cols
+        while self._first_live < cols.end and not self._live(self._first_live):
+            self._first_live += 1
+        kept = sum(self._kept.values())
+        front = self._first_live - cols.base
+        if len(cols) - kept < max(256, kept):
             return
-        self.by_id.pop(message_id, None)
-        self._copy(message_id, None)
-        self.final.pop(message_id, None)
-        ids = self.watch.get(entry.tp)
-        if ids is not None:
-            ids.discard(message_id.encode())
-            if not ids:
-                del self.watch[entry.tp]
+        if front < len(cols) - kept:
+            self._compact()
+            return
+        cols.cut(self._first_live)
+        for source in self._by_source:
+            source.cut(cols.base)
+        self._ids.renumbered()
+
+    def measure(self) -> int:
+        """Count what the book holds again (`total_bytes`)."""
+        with self._lock:
+            loose = (
+                len(self._orphans)
+                + len(self._orphan_answers)
+                + len(self._orphan_executed)
+                + len(self._loose_final)
+                + len(self.copies)
+                + len(self._asked)
+            )
+            self.total_bytes = (
+                self._cols.nbytes()
+                + self._ids.nbytes()
+                + sum(source.nbytes() for source in self._by_source)
+                + sum(len(a) * 8 for a in self._unresolved.values())
+                + 8 * len(self._stragglers)
+                + sum(len(reason) + 100 for _, reason in self._refusal_names)
+                + LOOSE_BYTES * loose
+            )
+            return self.total_bytes
+
+    def at_share(self, resuming: bool = False) -> bool:
+        """Whether the book has reached its share of the budget (`resuming`: whether it
+        is still above the level it takes markers again at)."""
+        if self.max_bytes is None:
+            return False
+        limit = self.max_bytes * (RESUME_RATIO if resuming else 1.0)
+        return self.total_bytes >= limit
 
     def kept(self) -> dict[str, int]:
         """How many markers are kept, by kind."""
         with self._lock:
-            out: dict[str, int] = {}
-            for entry in self.keys.values():
-                out[entry.marker.kind] = out.get(entry.marker.kind, 0) + 1
-            return out
+            return {kind: n for kind, n in self._kept.items() if n}
 
     def partition_count(self, topic: str, count: int) -> None:
         self.partitions[topic] = count
+
+    def live_slots(self) -> Iterator[int]:
+        cols = self._cols
+        for slot in range(max(self._first_live, cols.base), cols.end):
+            if cols.flags[slot - cols.base] & st.LIVE:
+                yield slot
+
+
+def _final_flag(state: str) -> int:
+    return st.FINAL_CANCELLED if state == CANCELLED else st.FINAL_OTHER
+
+
+def array_q() -> array[int]:
+    return array("q")

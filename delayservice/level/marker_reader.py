@@ -16,6 +16,13 @@ markers are answered promptly even while nothing is due.
 A marker it cannot read (no id, an id that is not UTF-8, a new time that is not a
 number) is filed as refused, with the reason, and answered by the owner of the first
 level's partition 0; nothing a marker carries stops the thread.
+
+The book has a share of the memory budget (`MarkerBook.max_bytes`). When it reaches it
+and letting go of what decides nothing (`MarkerBook.shed`) does not make room, the
+reader pauses the markers partitions and goes on reading only the answers (which let
+the book shed more): the gate stays where it was, so level records due since wait,
+late but never with a cancel forgotten. Readiness and
+`delayservice_level_markers_book_full` say so meanwhile, and a WARNING says so once.
 """
 
 from __future__ import annotations
@@ -156,6 +163,9 @@ class MarkerReader:
         """Beats once per turn of the loop."""
         self._advanced_at = time.monotonic()
         """When a pass last moved the gate (readiness: `health`)."""
+        self._full_since: float | None = None
+        """When the book reached its share and markers stopped being read (None: not)."""
+        self._markers_paused = False
         self._lister: Any = None
         """A second consumer, never assigned, that lists the topics' partitions: asked
         on the reading one, each answer waits behind a fetch (`fetch.wait.max.ms`, a
@@ -187,6 +197,14 @@ class MarkerReader:
             return False, "markers: reader stopped"
         if not self._read_once:
             return False, "markers: not read yet"
+        if self._full_since is not None:
+            book = self._book
+            return False, (
+                f"markers: the book of markers is at its share of the memory budget "
+                f"({book.total_bytes // 2**20} of {(book.max_bytes or 0) // 2**20} MiB) for "
+                f"{time.monotonic() - self._full_since:.0f}s; no more markers are read, so "
+                "level records due since wait"
+            )
         still = time.monotonic() - self._advanced_at
         if still > limit_s:
             step = self.heartbeat.still_s()
@@ -280,6 +298,7 @@ class MarkerReader:
         )
         self._next_pass = 0  # at once
         self._target = None  # positions start over: so does the pass
+        self._markers_paused = False
         return consumer
 
     def _listed(self, consumer: Any, topic: str) -> list[int]:
@@ -352,6 +371,8 @@ class MarkerReader:
     def _step(self, consumer: Any) -> None:
         now = self._now_ms()
         wanted = self._gate.next_wanted_ms()
+        if self._full_since is not None and now < self._next_pass:
+            wanted = None  # a full book waits for room, not for the records that want it
         if (wanted is None or wanted > now) and now < self._next_pass:
             until = min(self._next_pass, wanted if wanted is not None else self._next_pass)
             self._gate.demand.wait(max(0.0, (until - now) / 1000))
@@ -378,6 +399,8 @@ class MarkerReader:
         while not self._reached(ends, self._markers_topic):
             if self._stopping.is_set():
                 return
+            if self._book_full(consumer):
+                return  # the gate stays where it was: forwarding waits, never early
             self._read(consumer.consume(BATCH, POLL_S))  # a batch at least, every pass
             self._note_positions(consumer)
             if time.monotonic() > deadline and not self._reached(ends, self._markers_topic):
@@ -394,6 +417,47 @@ class MarkerReader:
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         self._forget(began)
         self._on_pass()
+
+    def _book_full(self, consumer: Any) -> bool:
+        """Whether the book is at its share: then the markers partitions are paused,
+        the answers queued are read (they let the book shed), and the pass ends."""
+        book = self._book
+        full = book.at_share(resuming=self._full_since is not None)
+        if full:
+            self._forget(self._now_ms())  # what no waiting record needs, and what decides nothing
+            book.shed()
+            full = book.at_share(resuming=self._full_since is not None)
+        markers = [tp for tp in self._assigned if tp.topic == self._markers_topic]
+        if not full:
+            if self._markers_paused:
+                consumer.resume(markers)
+                self._markers_paused = False
+            if self._full_since is not None:
+                log.info("markers: the book has room again; reading markers again")
+                self._full_since = None
+                self._metrics.level_markers_book_full.set(0)
+            return False
+        if not self._markers_paused:
+            consumer.pause(markers)
+            self._markers_paused = True
+        if self._full_since is None:
+            self._full_since = time.monotonic()
+            self._metrics.level_markers_book_full.set(1)
+            log.warning(
+                "markers: the book of markers reached its share of the memory budget"
+                " (%d of %d bytes, %d markers kept); reading %s paused until it has room,"
+                " so level records due since wait (late, no cancel forgotten)",
+                book.total_bytes,
+                book.max_bytes or 0,
+                sum(book.kept().values()),
+                self._markers_topic,
+            )
+        self._read(consumer.consume(BATCH, POLL_S))  # the answers, which let the book shed
+        for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
+            self._read(message_batch)
+        self._note_positions(consumer)
+        self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
+        return True
 
     def _new_target(self, consumer: Any) -> _Target:
         """Note the time, then where both topics end: every marker acknowledged before
@@ -479,6 +543,7 @@ class MarkerReader:
         if self._book.expire(before):
             self._gate.forget_before(before)
         kept = self._book.kept()
+        self._metrics.level_markers_book_bytes.set(self._book.total_bytes)
         for kind in (CANCEL, RESCHEDULE):
             self._metrics.level_markers_kept.labels(kind).set(kept.get(kind, 0))
         self._metrics.level_markers_lag.set(max(0.0, (now_ms - self._gate.through_ms) / 1000))

@@ -9,13 +9,19 @@ each level worker its own side of it (`for_worker`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
 from delayservice.level.marker_book import MarkerBook
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_reader import MakeConsumer, MarkerReader
+from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings import Settings
+
+BOOK_SHARE: Final = 0.25
+"""The share of the memory budget the book of markers may take (at about 100 bytes a
+marker, 768 MiB gives it about two million); the held records have the rest."""
 
 
 class LevelMarkers:
@@ -25,11 +31,16 @@ class LevelMarkers:
         metrics: ServiceMetrics,
         now_ms: Callable[[], int],
         make_consumer: MakeConsumer | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         """`now_ms`: the clock the forwarders meet due times by (the broker's, held
-        back), so the gate and the due times compare."""
+        back), so the gate and the due times compare. `budget`: the process's memory
+        budget, which counts the book and gives it `BOOK_SHARE` (None: unbounded)."""
         self.settings = settings
-        self.book = MarkerBook(settings.level_set())
+        share = None if budget is None else int(budget.max_bytes * BOOK_SHARE)
+        self.book = MarkerBook(settings.level_set(), max_bytes=share)
+        if budget is not None:
+            budget.register(self.book)
         self.gate = MarkerGate(LEAD_MS)
         self._metrics = metrics
         self._now_ms = now_ms

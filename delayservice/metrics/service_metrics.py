@@ -235,6 +235,18 @@ class ServiceMetrics:
             ["kind"],
             registry=registry,
         )
+        self.level_markers_book_bytes = Gauge(
+            "delayservice_level_markers_book_bytes",
+            "What the level markers kept take, as the memory budget counts them (part of "
+            "delayservice_memory_budget_used_bytes).",
+            registry=registry,
+        )
+        self.level_markers_book_full = Gauge(
+            "delayservice_level_markers_book_full",
+            "1 while the level markers kept fill their share of the memory budget: no more "
+            "markers are read, so level records due since wait (late, no cancel forgotten).",
+            registry=registry,
+        )
         self.level_markers_lag = Gauge(
             "delayservice_level_markers_lag_seconds",
             "How far behind now the level markers are read through: a level record due "
