@@ -65,6 +65,10 @@ telling a marker that came after its message's delivery from one for no message.
 CHECK_MS: Final = 200
 """How often the markers whose message was not found are looked at again."""
 EMPTY_GRACE_MS: Final = 5_000
+SERVE_BATCH: Final = 2_000
+"""The most markers of one partition a serve pass looks at (the next ones the next
+time): a flood of markers waiting for an answer costs each pass of the forwarder a
+batch, not the whole flood."""
 
 
 def moved_by(marker: LevelMarker) -> bytes:
@@ -359,7 +363,7 @@ class WorkerMarkers:
         for tp in list(self.owned):
             if not self._outcomes_known(tp):
                 continue
-            entries = self.book.entries(tp)
+            entries = self.book.entries(tp, SERVE_BATCH)
             copies = self.book.copies_on(tp)
             if not entries and not copies:
                 self._scanned.pop(tp, None)

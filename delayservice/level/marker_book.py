@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
@@ -137,6 +137,8 @@ class MarkerBook:
         self._unresolved: dict[int, array[int]] = {}
         """Level partition -> its slots not answered yet (and some answered since)."""
         self._unresolved_n: dict[int, int] = {}
+        self._cursors: dict[int, int] = {}
+        """Level partition -> where in its unresolved slots `entries` goes on from."""
         self._watch_n: dict[int, int] = {}
         """Level partition -> how many of its markers name a message (not refused)."""
         self._kept = {CANCEL: 0, RESCHEDULE: 0}
@@ -222,9 +224,12 @@ class MarkerBook:
         refusal = None if code < 0 else self._refusal_names[code]
         if not cols.flags[i] & st.PLACED:
             return Entry(marker, tp, refusal)
-        place = level_place(marker.message_id)
+        if cols.flags[i] & st.PACKED:  # the send time is the id's first 12 hex digits
+            sent: int | None = int.from_bytes(self._cols.raw_id(slot)[:6], "big")
+        else:
+            place = level_place(marker.message_id)
+            sent = None if place is None else place.sent_ms
         level = self._levels.by_topic(tp[0])
-        sent = None if place is None else place.sent_ms
         return Entry(marker, tp, refusal, sent, 0 if level is None else level.delay_ms)
 
     # -- filing (the reader) -------------------------------------------------------
@@ -508,29 +513,52 @@ class MarkerBook:
             markers = [self._marker(s) for s in self._chain(self._head(message_id))]
             return verdict(markers, after, due_ms, self.executed)
 
-    def entries(self, tp: TP) -> list[Entry]:
-        """The markers the owner of `tp` has yet to answer."""
+    def entries(self, tp: TP, limit: int | None = None) -> list[Entry]:
+        """The markers the owner of `tp` has yet to answer; at most `limit` of them, the
+        next ones each time (a flood is served a batch at a time, round the partition's
+        markers, not all on every pass of the forwarder)."""
         with self._lock:
             t = self._tps.get(tp)
-            if t is None or not self._unresolved_n.get(t):
+            n = 0 if t is None else self._unresolved_n.get(t, 0)
+            if t is None or not n:
                 if t is not None:
                     self._unresolved.pop(t, None)
+                    self._cursors.pop(t, None)
                 return []
+            slots = self._unresolved.get(t, array_q())
+            if len(slots) > 2 * n + 64:  # mostly answered or forgotten since: drop those
+                slots = self._unresolved[t] = array_q(self._pending(slots))
+                self._cursors.pop(t, None)
+            if limit is None or limit >= n:
+                return [self._entry_of(slot) for slot in self._pending(slots)]
             cols = self._cols
-            base = cols.base
-            kept = array_q()
-            seen: set[int] = set()
-            out = []
-            for slot in self._unresolved.get(t, ()):
-                if slot in seen or slot < base:
-                    continue
-                i = slot - base
-                if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
-                    seen.add(slot)
-                    kept.append(slot)
-                    out.append(self._entry_of(slot))
-            self._unresolved[t] = kept
-            return out
+            size = len(slots)
+            at = self._cursors.get(t, 0) % size
+            picked: dict[int, None] = {}
+            for _ in range(size):
+                slot = slots[at]
+                at = (at + 1) % size
+                if slot >= cols.base and slot not in picked:
+                    i = slot - cols.base
+                    if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
+                        picked[slot] = None
+                        if len(picked) >= limit:
+                            break
+            self._cursors[t] = at
+            return [self._entry_of(slot) for slot in picked]
+
+    def _pending(self, slots: array[int]) -> Iterator[int]:
+        """The live, unanswered slots among `slots`, once each."""
+        cols = self._cols
+        base = cols.base
+        seen: set[int] = set()
+        for slot in slots:
+            if slot in seen or slot < base:
+                continue
+            i = slot - base
+            if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
+                seen.add(slot)
+                yield slot
 
     def has_unresolved(self, tp: TP) -> bool:
         t = self._tps.get(tp)
@@ -761,5 +789,5 @@ def _final_flag(state: str) -> int:
     return st.FINAL_CANCELLED if state == CANCELLED else st.FINAL_OTHER
 
 
-def array_q() -> array[int]:
-    return array("q")
+def array_q(items: Iterable[int] = ()) -> array[int]:
+    return array("q", items)

@@ -174,3 +174,22 @@ def test_forgetting_cutting_and_compacting_change_no_answer_about_what_is_kept()
     assert book.expire(1_000 + 6_000) == 3_000
     assert book.kept() == {}
     assert book.watch.get(tps[0]) is None
+
+
+def test_a_flood_is_served_a_batch_at_a_time_round_all_of_it() -> None:
+    from delayservice.level.marker_book import Action
+
+    book = MarkerBook(LEVELS)
+    tp = (LEVELS.levels[0].topic, 0)
+    for n in range(1000):
+        book.file(LevelMarker(CANCEL, level_id(1, 0, 1_000), 1_000, "delay_markers", 0, n))
+    first = book.entries(tp, 300)
+    assert len(first) == 300
+    book.apply(Action(answers=[(e.marker.key, "unmatched") for e in first[:100]]))
+    seen = {e.marker.key for e in first}
+    for _ in range(3):
+        batch = book.entries(tp, 300)
+        assert len(batch) == 300
+        seen |= {e.marker.key for e in batch}
+    assert len(seen) == 1000, "a batch at a time never came round to some markers"
+    assert len(book.entries(tp)) == 900
