@@ -178,16 +178,17 @@ class MarkerBook:
     def _slot(self, key: bytes) -> int:
         """The live slot of the marker answered under `key`; -1 when none is kept."""
         where = _split_key(key)
-        if where is None:
-            return -1
-        source = self._sources.get(where[:2])
+        return -1 if where is None else self._find(*where)
+
+    def _find(self, topic: str, partition: int, offset: int) -> int:
+        source = self._sources.get((topic, partition))
         if source is None:
             return -1
-        cols = self._cols
-        slot = self._by_source[source].find(
-            where[2], lambda s: cols.offset[s - cols.base], cols.base
-        )
+        slot = self._by_source[source].find(offset, self._offset_of, self._cols.base)
         return slot if slot >= 0 and self._live(slot) else -1
+
+    def _offset_of(self, slot: int) -> int:
+        return self._cols.offset[slot - self._cols.base]
 
     def _head(self, message_id: str) -> int:
         return self._ids.head(message_id.encode())
@@ -238,7 +239,7 @@ class MarkerBook:
         Returns its entry when it is new."""
         with self._lock:
             key = marker.key
-            if self._slot(key) >= 0:
+            if self._find(marker.topic, marker.partition, marker.offset) >= 0:
                 return None
             entry = self._entry(marker, refusal)
             raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
@@ -278,7 +279,7 @@ class MarkerBook:
         cols = self._cols
         slot = cols.add(appended, offset, source, tp, refusal, flags, raw)
         cols.answer[slot - cols.base] = answer
-        self._by_source[source].add(offset, slot, lambda s: cols.offset[s - cols.base])
+        self._by_source[source].add(offset, slot, self._offset_of)
         if asked is not None:
             self._asked[slot] = asked
         if appended < self._latest_ms:
