@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 ENV_PREFIX = "DELAYSERVICE_"
 # Variables that belong to the test harness and the CLI, not to the daemon: these
 # prefixes, and these exact names (so that DELAYSERVICE_CONFIGS is still an error).
-_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_AUDIT_")
+_NOT_SETTINGS = ("DELAYSERVICE_TEST_", "DELAYSERVICE_AUDIT_", "DELAYSERVICE_SIM_")
 CONFIG_VARIABLE = "DELAYSERVICE_CONFIG"
 """Names the TOML file, for the daemon and the producer alike (`load_settings`)."""
 _NOT_SETTINGS_EXACT = frozenset(

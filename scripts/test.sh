@@ -3,8 +3,8 @@
 # a local Spark and a real Prometheus, and last the demo (scripts/demo_check.sh), which
 # must deliver every message on time, none early and the cancelled one never, and print
 # no WARNING or ERROR line. Without --all the slowest fault scenarios (marked `long`) are
-# left out, which is what CI runs; --all runs every test, and the level worker's
-# simulation (tests/level/test_worker_simulation.py) with DELAYSERVICE_SIM_EXAMPLES
+# left out, which is what CI runs; --all runs every test, and the workers'
+# simulations (tests/*/test_worker_simulation.py) with DELAYSERVICE_SIM_EXAMPLES
 # examples per guarantee (1000 unless set) instead of CI's fixed count. Extra arguments
 # go to pytest, and then the demo is left out (a selection is not the whole suite). The whole suite
 # runs in DELAYSERVICE_TEST_WORKERS pytest processes (2 by default, one per core here;

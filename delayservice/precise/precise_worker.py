@@ -207,16 +207,19 @@ class PreciseWorker:
         *,
         far: bool = False,
         held: HeldBytes | None = None,
+        clock: Any = time,
     ) -> None:
         """The precise topic's worker, or with `far` the far topic's. `producer`
         carries progress reports (replicas) and replies to markers; forwards go through
         a producer of the worker's own, made by `make_producer`, as a level's do.
-        `held`: the memory cap this wheel shares with the other's. Every part is wired
-        here, once, in the order records flow through them."""
+        `held`: the memory cap this wheel shares with the other's. `clock` (`time()`
+        and `monotonic()`): what the wheel, the forwarders and the delivery logs read
+        the time from (a fake one in the simulation). Every part is wired here, once,
+        in the order records flow through them."""
         topic = settings.precise_far_topic if far else settings.precise_topic
         level_name = FAR_LEVEL_NAME if far else LEVEL_NAME
         self.level = PreciseLevel(0, 0, topic, level_name)
-        self._on_fatal = on_fatal
+        self._on_fatal, self._clock = on_fatal, clock
         # Readiness: within seconds, not the whole retry budget (minutes).
         self._stall_budget_s = min(settings.retry_give_up_s, STUCK_S)
         self._stopping = False
@@ -249,6 +252,7 @@ class PreciseWorker:
                 settings.precise_member,
                 consumers.for_delivered,
                 position_file=delivered_position_path(settings.data_dir, topic),
+                clock=clock.monotonic,
                 slot_exists=lambda partition, second: (
                     self.store.size(partition, second) is not None
                 ),
@@ -290,6 +294,7 @@ class PreciseWorker:
                 ),
                 writer=settings.precise_member,
                 members=settings.precise_members,
+                clock=clock.monotonic,
                 dropped=count_dropped,
             )
             copies_log.others_read = self.progress.wait_read_past
@@ -307,6 +312,7 @@ class PreciseWorker:
             takeover_s=settings.takeover_delay_s,
             coverage=self.progress,
             horizon_s=settings.precise_horizon_s,
+            clock=clock.time,
             held=held if held is not None else HeldBytes(settings.max_buffered_bytes),
             topic=topic,
             unread=self.disk.intake_offsets.in_flight(),
@@ -380,7 +386,7 @@ class PreciseWorker:
                 topic,
                 lambda: AdminClient(client_config.admin(settings)),
                 self.read_through,
-                time.time,
+                clock.time,
             ),
         )
         self.wheel.hold_until(self.intake.caught_up)
@@ -464,6 +470,7 @@ class PreciseWorker:
             settle=settle,
             ledger=ledger,
             shared_id=shared_id,
+            clock=self._clock,
         )
 
     def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:
@@ -479,7 +486,7 @@ class PreciseWorker:
         on_disk.set_function(lambda: float(self.wheel.disk_slots - self.wheel.loaded_slots))
         metrics.precise_disk_bytes.labels(name).set_function(lambda: float(self.store.disk_bytes()))
         metrics.precise_read_through_lag.labels(name).set_function(
-            lambda: self.read_through.lag_s(time.time())
+            lambda: self.read_through.lag_s(self._clock.time())
         )
 
     def _storage_fault(self, fault: StorageError) -> None:

@@ -8,7 +8,7 @@ docs/simulation.md.
 The rules: records arrive; cancels are appended to the markers topic; time passes; one
 turn of the consumer loop or one pass of the forwarder runs (each as its thread runs
 it, errors handled as its loop handles them), or a pass of the marker reader; the next
-call of a client fails with one error shape (`tests/level/simulation`); partitions are
+call of a client fails with one error shape (`tests/simulation`); partitions are
 assigned, revoked or lost; the process is killed and a new one starts from what the
 fake broker holds (its marker reader reads the markers topic again from the start).
 
@@ -30,22 +30,13 @@ prints the seed and hypothesis' shortest sequence of steps.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
@@ -69,17 +60,18 @@ from tests.level.fakes import (
     make_level_rig,
     message,
 )
-from tests.level.simulation import (
+from tests.simulation import (
     CONSUMER_CALLS,
+    EXAMPLES,
     PRODUCER_CALLS,
     SHAPES,
     Broker,
     Faults,
+    Simulation,
     can_fail,
+    run_guarantee,
 )
 
-EXAMPLES = int(os.environ.get("DELAYSERVICE_SIM_EXAMPLES", "60"))
-STEPS = int(os.environ.get("DELAYSERVICE_SIM_STEPS", "60"))
 RESTARTS = 2
 """Kills per example (a reported failure's restart is not counted)."""
 SEEDS = {False: 4701, True: 4702}
@@ -96,16 +88,9 @@ MARKERS = "delay_markers"
 KEYS = (b"k0", b"k1", b"k2")
 
 
-class LevelWorkerSimulation(RuleBasedStateMachine):
-    exactly_once = False
-    examples = 0
-    """Examples begun so far in this run (shrinking's included)."""
-    first_failure: int | None = None
-    """The example in which an invariant first failed."""
-
+class LevelWorkerSimulation(Simulation):
     def __init__(self) -> None:
         super().__init__()
-        type(self).examples += 1
         self.clock = FakeClock()
         self._patched = [
             (module, "time", module.time) for module in (dead_letter_module, consumer_loop_module)
@@ -341,12 +326,6 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
         self.exactly_once_commits_each_record_once()
         self.every_thread_alive_or_reported()
 
-    def _check(self, holds: bool, why: str) -> None:
-        if not holds:
-            if type(self).first_failure is None:
-                type(self).first_failure = type(self).examples
-            raise AssertionError(why)
-
     def _seen(self) -> list[tuple[tuple[str, int], int, float]]:
         """(partition, offset, when sent) of each forward or dead letter a reader sees
         (read_committed in exactly-once), through every producer of every process."""
@@ -406,39 +385,6 @@ class LevelWorkerSimulation(RuleBasedStateMachine):
             self._start(assign=set(PARTITIONS))  # the daemon stops; a new one starts
 
 
-def run_simulation(exactly_once: bool) -> None:
-    chosen = int(os.environ.get("DELAYSERVICE_SIM_SEED", SEEDS[exactly_once]))
-
-    class Simulation(LevelWorkerSimulation):
-        pass
-
-    Simulation.exactly_once = exactly_once
-    Simulation.__name__ = Simulation.__qualname__ = (
-        "ExactlyOnceSimulation" if exactly_once else "AtLeastOnceSimulation"
-    )
-    try:
-        run_state_machine_as_test(
-            seed(chosen)(Simulation),
-            settings=settings(
-                max_examples=EXAMPLES,
-                stateful_step_count=STEPS,
-                deadline=None,
-                database=None,
-                print_blob=True,
-                suppress_health_check=list(HealthCheck),
-                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-            ),
-        )
-    except BaseException as exc:
-        exc.add_note(
-            f"first failed in example {Simulation.first_failure} of the run; "
-            f"simulation seed {chosen} ({'exactly' if exactly_once else 'at-least'}-once, "
-            f"{EXAMPLES} examples of up to {STEPS} steps): rerun with "
-            f"DELAYSERVICE_SIM_SEED={chosen} DELAYSERVICE_SIM_EXAMPLES={EXAMPLES}"
-        )
-        raise
-
-
 @pytest.fixture(autouse=True)
 def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loops' pauses after an error are real waits on an event; a step is one pass."""
@@ -450,4 +396,4 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.timeout(300 + EXAMPLES)  # shrinking a failure takes up to five minutes
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_the_level_worker_keeps_its_promises_under_every_fault(exactly_once: bool) -> None:
-    run_simulation(exactly_once)
+    run_guarantee(LevelWorkerSimulation, exactly_once, SEEDS, "")

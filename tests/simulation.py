@@ -1,6 +1,8 @@
-"""What the level worker's simulation (`test_worker_simulation.py`) steps over: the
-fake broker's state that outlives a process, the error shapes a client call can fail
-with, and the injector that arms them on the fake clients.
+"""What the workers' simulations (`tests/level/test_worker_simulation.py`,
+`tests/precise/test_worker_simulation.py`) share: the fake broker's state that
+outlives a process, the error shapes a client call can fail with, the injector that
+arms them on the fake clients, and the seeded run (`Simulation`, `run_seeded`) that
+reports the seed, the first failing example and the shortest steps.
 
 A fault is armed on a client (the consumer or the producer), not on one method: the
 next call of that client that can fail that way fails that way, once. What can fail
@@ -25,12 +27,15 @@ how follows librdkafka and confluent-kafka 2.16:
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from confluent_kafka import KafkaError, KafkaException
+from hypothesis import HealthCheck, Phase, seed, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from tests.level.fakes import TP, FakeConsumer, FakeProducer, raise_bare_kafka_error
 
@@ -123,9 +128,23 @@ class Faults:
         self.log: list[str] = []
         self._full: set[int] = set()
         self._depth = 0
+        self.after_full: deque[str] = deque()
+        """Armed on the producer the moment a full queue fires (`arm_after_full`)."""
 
     def arm(self, client: str, shape: str, call: str | None = None) -> None:
         self.armed[client].append((shape, call))
+
+    def arm_after_full(self, shape: str) -> None:
+        """Arm `shape` on the producer the moment its queue is next full: the next call
+        that can fail that way, in the wait for room, fails. Armed at once, a shape a
+        transaction call can take would fail the commit point before the send instead."""
+        self.after_full.append(shape)
+
+    def disarm(self) -> None:
+        """The process is gone: what was armed on its clients never fires."""
+        for armed in self.armed.values():
+            armed.clear()
+        self.after_full.clear()
 
     def wrap_producer(self, producer: FakeProducer) -> FakeProducer:
         for name in PRODUCER_CALLS:
@@ -198,6 +217,8 @@ class Faults:
             )
         if shape == "queue_full":
             self._full.add(id(target))
+            self.armed["producer"].extendleft((then, None) for then in reversed(self.after_full))
+            self.after_full.clear()
             raise BufferError("Local: Queue full")
         assert shape == "timeout", shape
         return self._time_out(target, name)
@@ -220,3 +241,78 @@ class Faults:
         raise KafkaException(
             KafkaError(KafkaError._TIMED_OUT, f"sim: {name} timed out", retriable=True)
         )
+
+
+EXAMPLES: Final = int(os.environ.get("DELAYSERVICE_SIM_EXAMPLES", "60"))
+"""Seeded examples per guarantee: CI's count unless DELAYSERVICE_SIM_EXAMPLES asks for
+more (`./scripts/test.sh --all`)."""
+STEPS: Final = int(os.environ.get("DELAYSERVICE_SIM_STEPS", "60"))
+
+
+class Simulation(RuleBasedStateMachine):
+    """A worker's simulation: counts its examples and notes the first that failed."""
+
+    exactly_once: ClassVar[bool] = False
+
+    examples: ClassVar[int] = 0
+    """Examples begun so far in this run (shrinking's included)."""
+    first_failure: ClassVar[int | None] = None
+    """The example in which an invariant first failed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        type(self).examples += 1
+
+    def _check(self, holds: bool, why: str) -> None:
+        if not holds:
+            if type(self).first_failure is None:
+                type(self).first_failure = type(self).examples
+            raise AssertionError(why)
+
+
+def run_seeded(
+    machine: type[Simulation], default_seed: int, what: str, *, examples: int = EXAMPLES
+) -> None:
+    """Run `machine` from `default_seed` (or DELAYSERVICE_SIM_SEED); a failure says the
+    seed, the example it first failed in and how to run it again, beside hypothesis'
+    shortest sequence of steps and its `@reproduce_failure` blob."""
+    chosen = int(os.environ.get("DELAYSERVICE_SIM_SEED", default_seed))
+    try:
+        run_state_machine_as_test(
+            seed(chosen)(machine),
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=STEPS,
+                deadline=None,
+                database=None,
+                print_blob=True,
+                suppress_health_check=list(HealthCheck),
+                phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+            ),
+        )
+    except BaseException as exc:
+        exc.add_note(
+            f"first failed in example {machine.first_failure} of the run; "
+            f"simulation seed {chosen} ({what}, {examples} examples of up to {STEPS} "
+            f"steps): rerun with DELAYSERVICE_SIM_SEED={chosen} "
+            f"DELAYSERVICE_SIM_EXAMPLES={examples}"
+        )
+        raise
+
+
+def run_guarantee(
+    machine: type[Simulation],
+    exactly_once: bool,
+    seeds: dict[bool, int],
+    worker: str,
+    *,
+    examples: int = EXAMPLES,
+) -> None:
+    """`run_seeded` for one guarantee of `machine` (a fresh subclass: its counts are
+    its own), from that guarantee's seed in `seeds`."""
+    guarantee = "exactly-once" if exactly_once else "at-least-once"
+    run = type(f"{worker}{guarantee.title().replace('-', '')}Simulation", (machine,), {})
+    run.exactly_once = exactly_once
+    run_seeded(
+        run, seeds[exactly_once], f"{worker.lower() or 'level'}, {guarantee}", examples=examples
+    )
