@@ -29,7 +29,7 @@ from typing import Any, Final, NamedTuple
 from confluent_kafka import KafkaError, Message
 
 from delayservice.errors import DelayServiceError
-from delayservice.kafka.topic_partitions import TopicMissingError
+from delayservice.markers.topic_partitions import TopicMissingError
 
 DEFAULT_TIMEOUT_MS: Final = 300_000
 """librdkafka's `message.timeout.ms` default."""

@@ -61,7 +61,6 @@ from delayservice.envelope import (
 )
 from delayservice.errors import DelayServiceError
 from delayservice.held_sends import Held, HeldSends
-from delayservice.kafka.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.levels import Level, LevelSet
 from delayservice.markers.level_ids import level_id, level_place, marker_partition
 from delayservice.markers.precise_ids import named_place, precise_id, precise_partition
@@ -70,6 +69,7 @@ from delayservice.markers.receipt import (
     MarkerReceipt,
     connection_config,
 )
+from delayservice.markers.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
 from delayservice.settings import Settings, load_settings
 
 if TYPE_CHECKING:

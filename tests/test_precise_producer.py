@@ -14,8 +14,8 @@ from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaError, KafkaExceptio
 
 from delayservice import producer as producer_module
 from delayservice.errors import ConfigError, DelayServiceError, DelayTooLongError, EnvelopeError
-from delayservice.kafka import topic_partitions
 from delayservice.levels import LevelSet
+from delayservice.markers import topic_partitions
 from delayservice.markers.precise_ids import named_partition, precise_partition
 from delayservice.producer import DelayProducer
 from delayservice.settings import load_settings

@@ -10,9 +10,9 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayservice import producer as producer_module
 from delayservice.errors import BrokerUnavailableError, DelayTooLongError
-from delayservice.kafka.topic_partitions import TopicPartitions
 from delayservice.markers.level_ids import level_place
 from delayservice.markers.outcome import RepliesUnavailableError
+from delayservice.markers.topic_partitions import TopicPartitions
 from delayservice.partitioners import murmur2
 from delayservice.producer import DelayProducer
 from tests.test_precise_producer import PARTITIONS, FakeProducer, _settings, in_line

@@ -17,9 +17,9 @@ from delayservice import partitioners
 from delayservice import producer as producer_module
 from delayservice.envelope import H_PARTITIONER
 from delayservice.held_sends import Held, HeldSends
-from delayservice.kafka.topic_partitions import TopicPartitions
 from delayservice.markers.level_ids import level_place
 from delayservice.markers.precise_ids import named_partition, precise_id
+from delayservice.markers.topic_partitions import TopicPartitions
 from delayservice.producer import DelayProducer
 from tests.test_precise_producer import FakeProducer, _settings
 

@@ -21,8 +21,8 @@ from delayservice.errors import (
     DelayServiceError,
     RepliesUnavailableError,
 )
-from delayservice.kafka.topic_partitions import metadata_failure, servers_of
 from delayservice.markers.replies import MarkerReply, parse_reply, reply_key
+from delayservice.markers.topic_partitions import metadata_failure, servers_of
 
 __all__ = ["RepliesUnavailableError", "ReplyWatch", "unavailable", "wait_for_reply"]
 
