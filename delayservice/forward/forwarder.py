@@ -465,7 +465,9 @@ class Forwarder:
             self._serve_markers()
         since = clock.monotonic() - self._last_commit
         if commit or (
-            (interval or self._ledger_pending())
+            # An open transaction with nothing in it is ended too: one turned abortable
+            # before anything was sent refuses every produce() until it is aborted.
+            (interval or self._ledger_pending() or self._txn.open)
             and (
                 since >= self._interval
                 or interval.reports
