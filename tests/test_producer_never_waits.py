@@ -382,3 +382,38 @@ def test_a_record_placed_before_a_smaller_count_came_fails_even_when_nothing_wai
     assert sent == []
     assert held.serve() == 1
     assert [e.code() for e in reports] == [KafkaError._UNKNOWN_PARTITION]
+
+
+def test_close_waits_for_a_count_read_in_flight_before_closing_librdkafka(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """librdkafka's handle must not be destroyed under a metadata call another thread
+    makes on it (a read ahead, with no broker answering, lasts up to its timeout): the
+    producer closes only once the read has ended."""
+
+    class Tracked(DownBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.in_flight = 0
+            self.closed_in_flight: list[int] = []
+
+        def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+            self.in_flight += 1
+            try:
+                return super().list_topics(topic, timeout)
+            finally:
+                self.in_flight -= 1
+
+        def close(self) -> bool:
+            self.closed_in_flight.append(self.in_flight)
+            return super().close()
+
+    tracked = Tracked()
+    monkeypatch.setattr(producer_module, "Producer", lambda _config: tracked)
+    producer = _producer()
+    deadline = time.monotonic() + 5
+    while not tracked.in_flight and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert tracked.in_flight, "a count read ahead is in flight"
+    producer.close()
+    assert tracked.closed_in_flight == [0]

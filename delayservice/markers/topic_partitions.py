@@ -31,9 +31,9 @@ METADATA_TIMEOUT_S: Final = 10.0
 REFRESH_S: Final = 300.0
 """How often sends look for partitions a topic has gained (librdkafka's
 `topic.metadata.refresh.interval.ms` default)."""
-READ_AHEAD_TIMEOUT_S: Final = 2.0
-"""How long one read ahead waits for an answer: short, because librdkafka's `close()`
-waits for a metadata request in flight."""
+READ_AHEAD_TIMEOUT_S: Final = 1.0
+"""How long one read ahead waits for an answer: short, because `close()` waits for a
+read in flight before it destroys librdkafka's handle (`stop`)."""
 RETRY_S: Final = 0.5
 """How soon a count that sends wait for is asked again after a read that failed."""
 
@@ -115,6 +115,8 @@ class TopicPartitions:
         self._on_read = on_read
         self._still_needed = still_needed
         self._lock = threading.Lock()
+        self._read_done = threading.Condition(self._lock)
+        """Notified when the read-ahead thread ends (`stop` waits for it)."""
         self._wanted: dict[str, bool] = {}  # topic -> whether a count known is refreshed
         self._urgent: dict[str, bool] = {}  # the same, for topics sends wait for: read first
         self._retry_after: dict[str, float] = {}  # topic -> when a failed read may be retried
@@ -155,11 +157,14 @@ class TopicPartitions:
             self._reading = True
         spawn(self._read_wanted)
 
-    def stop(self) -> None:
-        """No more reads ahead (the client is closing): one in flight ends within
-        `READ_AHEAD_TIMEOUT_S`."""
+    def stop(self, wait: float = READ_AHEAD_TIMEOUT_S + 0.5) -> bool:
+        """No more reads ahead, and wait up to `wait` for one in flight to end (within
+        `READ_AHEAD_TIMEOUT_S`): the client is closing, and librdkafka's handle must not
+        be destroyed under a call another thread is making on it. False if one still
+        runs."""
         with self._lock:
             self._stopped = True
+            return self._read_done.wait_for(lambda: not self._reading, wait)
 
     def _read_wanted(self) -> None:
         while True:
@@ -167,6 +172,7 @@ class TopicPartitions:
                 wanted = self._urgent or self._wanted
                 if not wanted or self._stopped:
                     self._reading = False
+                    self._read_done.notify_all()
                     return
                 topic = next(iter(wanted))
                 refresh = wanted.pop(topic)
@@ -175,6 +181,11 @@ class TopicPartitions:
             except RuntimeError:  # the client was closed under the read
                 with self._lock:
                     self._stopped = True
+            except BaseException:
+                with self._lock:
+                    self._reading = False
+                    self._read_done.notify_all()
+                raise
 
     def _read_one(self, topic: str, refresh: bool) -> None:
         known = self._counts.get(topic)
