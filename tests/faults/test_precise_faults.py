@@ -288,7 +288,9 @@ STILL_S = 6.0
 STILL_MESSAGES = 40
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize(
+    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+)
 def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_meanwhile(
     fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
 ):

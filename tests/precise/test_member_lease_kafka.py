@@ -93,6 +93,7 @@ def test_a_second_process_of_a_precise_member_is_refused_with_the_first_ones_ids
     assert first.readiness()[0], first.readiness()  # the first one goes on
 
 
+@pytest.mark.long  # CI runs the second process refused beside a live first
 def test_two_processes_of_a_precise_member_started_at_once_both_stop(testbed, tmp_path):
     settings = _precise(testbed, tmp_path)
     (a, log_a), (b, log_b) = _spawn(settings, tmp_path, "a"), _spawn(settings, tmp_path, "b")
