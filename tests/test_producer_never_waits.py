@@ -417,3 +417,34 @@ def test_close_waits_for_a_count_read_in_flight_before_closing_librdkafka(
     assert tracked.in_flight, "a count read ahead is in flight"
     producer.close()
     assert tracked.closed_in_flight == [0]
+
+
+def test_a_bare_kafka_error_from_a_read_ahead_leaves_the_next_read_free_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """confluent-kafka can leave a bare `KafkaError` (no exception class) as the error
+    of a call: the read-ahead thread it ends must not leave counts unread for good."""
+    from delayservice.markers import topic_partitions as module
+    from tests.level.fakes import raise_bare_kafka_error
+
+    class Flaky(FakeProducer):
+        calls = 0
+
+        def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise_bare_kafka_error(KafkaError(KafkaError._TRANSPORT, "bare"))
+            return super().list_topics(topic, timeout)
+
+    def inline(target: Any) -> None:
+        try:  # noqa: SIM105  # suppress(BaseException) lets a bare KafkaError through
+            target()
+        except:  # noqa: E722  # the thread ends on it, as a bare error ends a thread
+            pass
+
+    monkeypatch.setattr(module, "spawn", inline)
+    counts = TopicPartitions(Flaky())
+    counts.read_ahead(("lv-2",))
+    assert counts.peek("lv-2") is None
+    counts.read_ahead(("lv-2",))
+    assert counts.peek("lv-2") is not None

@@ -462,7 +462,8 @@ class MarkerBook:
             return FORWARDED if flags & st.FINAL_OTHER else None
 
     def touch(self) -> None:
-        self.version += 1
+        with self._lock:  # the consumer thread touches too, beside the reader
+            self.version += 1
 
     # -- asking (the forwarders) -----------------------------------------------------
     def has(self, message_id: str) -> bool:

@@ -181,7 +181,7 @@ class TopicPartitions:
             except RuntimeError:  # the client was closed under the read
                 with self._lock:
                     self._stopped = True
-            except BaseException:
+            except:  # a bare KafkaError too (kafka.client_errors): a later read must start
                 with self._lock:
                     self._reading = False
                     self._read_done.notify_all()
