@@ -14,14 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 log = logging.getLogger(__name__)
 
 ASK_EVERY_S: Final = 1.0
 """How often `wait_until_empty` asks again."""
 ADMIN_TIMEOUT_S: Final = 5.0
-_QUIET_STATES: Final = (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD)
+_QUIET_STATES: Final = ("Empty", "Dead")
+"""The states `list_groups` gives a group with no live member."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,6 @@ class Member:
 
     group: str
     member_id: str
-    instance_id: str | None
     client_id: str
     host: str
 
@@ -40,34 +40,44 @@ class Member:
         return not self.member_id.startswith("(")
 
     def __str__(self) -> str:
-        instance = f" instance {self.instance_id}" if self.instance_id else ""
-        ids = f"member {self.member_id}{instance} client {self.client_id} host {self.host}"
+        ids = f"member {self.member_id} client {self.client_id} host {self.host}"
         return f"{self.group}: {ids}"
 
 
 def members(admin: Any, groups: list[str]) -> list[Member] | None:
     """The members of `groups` (a group busy without any, mid-rebalance, counts as one
-    member with no ids); None when the broker does not answer."""
+    member with no ids); None when the broker does not answer.
+
+    Asked with the classic `list_groups` (ListGroups, then DescribeGroups, to each
+    broker directly), never with `describe_consumer_groups`: librdkafka's admin requests
+    that look up a group coordinator first can abort the whole process when the
+    connection drops in the middle of one (the assertion `eonce->refcnt > 0` in
+    `rd_kafka_admin_coord_response_parse`, librdkafka#4605, open in 2.16). A daemon
+    asks while brokers restart, and one did abort that way in the fault suite.
+    confluent-kafka marks `list_groups` deprecated in favour of the very calls that
+    abort; it is kept until librdkafka fixes them."""
     found: list[Member] = []
     try:
-        futures = admin.describe_consumer_groups(groups, request_timeout=ADMIN_TIMEOUT_S)
-        for group, future in futures.items():
-            try:
-                described = future.result(ADMIN_TIMEOUT_S)
-            except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                if isinstance(error, KafkaError) and error.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                    continue  # never had a member
-                raise
-            found.extend(
-                Member(group, m.member_id, m.group_instance_id, m.client_id, m.host)
-                for m in described.members
-            )
-            if not described.members and described.state not in _QUIET_STATES:
-                found.append(Member(group, f"(none yet, {described.state.name})", None, "-", "-"))
-    except (KafkaException, TimeoutError) as exc:
+        for group in groups:
+            found.extend(_described(admin, group))
+    except KafkaException as exc:
         log.info("groups %s not described yet (%r)", ", ".join(groups), exc)
         return None
+    return found
+
+
+def _described(admin: Any, group: str) -> list[Member]:
+    """One group's members; a group never joined lists as none. Raises KafkaException."""
+    found: list[Member] = []
+    for described in admin.list_groups(group, timeout=ADMIN_TIMEOUT_S):
+        if described.id != group:
+            continue
+        error = described.error
+        if error is not None and error.code() != KafkaError.NO_ERROR:
+            raise KafkaException(error)
+        found.extend(Member(group, m.id, m.client_id, m.client_host) for m in described.members)
+        if not described.members and described.state not in _QUIET_STATES:
+            found.append(Member(group, f"(none yet, {described.state})", "-", "-"))
     return found
 
 

@@ -21,8 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from delayservice.forward.buffer import TP
 from delayservice.kafka import client_config
@@ -103,8 +102,14 @@ class OtherLayout:
         """The other group's committed offset of each of `tps` that has one; None while
         any of them is unstable or the broker does not answer (asked again by the
         caller). A client of its own each time: it runs at assignments only, and one
-        kept across a broker restart was seen to time out for a minute after it."""
-        admin = AdminClient(client_config.admin(self._settings))
+        kept across a broker restart was seen to time out for a minute after it.
+
+        A consumer of the other group that never joins it asks, not the admin API's
+        `list_consumer_group_offsets`: that one looks up the coordinator the way that
+        can abort the process when a connection drops (`kafka.group_members`). Its
+        `read_committed` makes the fetch require stable offsets, and librdkafka asks
+        again while they are unstable, so an open transaction of the other layout's
+        last run makes this wait, not guess."""
         by_group: dict[str, list[TopicPartition]] = {}
         for topic, partition in tps:
             group = self._groups.get(topic)
@@ -112,16 +117,16 @@ class OtherLayout:
                 by_group.setdefault(group, []).append(TopicPartition(topic, partition))
         found: dict[TP, int] = {}
         for group, asked in by_group.items():
-            request = [ConsumerGroupTopicPartitions(group, asked)]
+            client_id = f"delayservice-{self._settings.instance_name}-layout-offsets"
+            consumer = Consumer(client_config.consumer(self._settings, group, client_id))
             try:
-                futures = admin.list_consumer_group_offsets(
-                    request, require_stable=True, request_timeout=ADMIN_TIMEOUT_S
-                )
-                answer = futures[group].result(ADMIN_TIMEOUT_S)
-            except (KafkaException, TimeoutError) as exc:  # a broker away, or restarting
+                answer = consumer.committed(asked, timeout=ADMIN_TIMEOUT_S)
+            except KafkaException as exc:  # a broker away or restarting, offsets unstable
                 log.info("offsets of %s not given yet (%r); asking again", group, exc)
                 return None
-            for tp in answer.topic_partitions:
+            finally:
+                consumer.close()
+            for tp in answer:
                 if tp.error is not None:
                     log.info("offsets of %s not given yet (%s); asking again", group, tp.error)
                     return None

@@ -147,11 +147,29 @@ class DaemonProcess:
         return self.process.poll()
 
     def log_tail(self, lines: int = 25) -> str:
+        """The end of the log; after a crash, first the lines that say what crashed: an
+        assertion (librdkafka prints one before it aborts) and faulthandler's header with
+        the stack of the thread that was running, which the tail alone cuts off."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        all_lines = text.splitlines()
+        return "\n".join([*crash_lines(all_lines), *all_lines[-lines:]])
+
+
+CRASH_STACK_LINES = 40
+
+
+def crash_lines(lines: list[str]) -> list[str]:
+    """Assertion lines and the crashing thread's stack from a daemon's log, if any."""
+    found = [f"[assert] {line}" for line in lines if "assert" in line.lower()]
+    for i, line in enumerate(lines):
+        if line.startswith("Fatal Python error"):
+            found.append("[crash]")
+            found.extend(lines[i : i + CRASH_STACK_LINES])
+            break
+    return found
 
 
 @dataclass

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import Future
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import GroupMember, GroupMetadata
 
 from delayservice.errors import ConfigError
 from delayservice.kafka import group_members
@@ -29,39 +28,42 @@ def _settings(layout: str = "shared") -> Any:
     )
 
 
-def _member(instance: str) -> Any:
-    return SimpleNamespace(
-        member_id=f"{instance}-1234",
-        group_instance_id=instance,
-        client_id=f"delayservice-{instance}",
-        host="/10.0.0.7",
-    )
+def _member(instance: str) -> GroupMember:
+    member = GroupMember()
+    member.id = f"{instance}-1234"
+    member.client_id = f"delayservice-{instance}"
+    member.client_host = "/10.0.0.7"
+    return member
 
 
 class FakeAdmin:
-    """`describe_consumer_groups` answering from `groups`: group -> (state, members), an
-    exception to raise from the group's future, or absent (never joined)."""
+    """`list_groups` answering as confluent-kafka's does, from `groups`: group ->
+    (state, members) or the group's own error (a `KafkaError` on its `GroupMetadata`);
+    a group absent was never joined, so it is not listed. `down`: the call raises, as
+    librdkafka's does when no broker answers."""
 
     def __init__(self) -> None:
         self.groups: dict[str, Any] = {}
         self.down = False
         self.asked = 0
 
-    def describe_consumer_groups(self, groups: list[str], request_timeout: float) -> Any:
+    def list_groups(self, group: str | None = None, timeout: float = -1) -> list[GroupMetadata]:
         self.asked += 1
         if self.down:
             raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-        answers = {}
-        for group in groups:
-            future: Future[Any] = Future()
-            entry = self.groups.get(group, (ConsumerGroupState.DEAD, []))
-            if isinstance(entry, BaseException):
-                future.set_exception(entry)
+        found = []
+        for name, entry in self.groups.items():
+            if group is not None and name != group:
+                continue
+            described = GroupMetadata()
+            described.id = name
+            if isinstance(entry, KafkaError):
+                described.error = entry
+                described.state = "Dead"
             else:
-                state, members = entry
-                future.set_result(SimpleNamespace(state=state, members=members))
-            answers[group] = future
-        return answers
+                described.state, described.members = entry
+            found.append(described)
+        return found
 
 
 def test_the_other_layouts_groups_are_each_levels_group_or_the_shared_one():
@@ -72,32 +74,37 @@ def test_the_other_layouts_groups_are_each_levels_group_or_the_shared_one():
     assert layout_guard.other_groups(_settings("per-level")) == ["ds-levels"]
 
 
-def test_members_are_named_with_group_member_instance_client_and_host():
+def test_members_are_named_with_group_member_client_and_host():
     admin = FakeAdmin()
     admin.groups["ds-delay_topic_2"] = (
-        ConsumerGroupState.STABLE,
+        "Stable",
         [_member("host-b-delay_topic_2")],
     )
-    admin.groups["ds-delay_topic_1"] = KafkaException(KafkaError(KafkaError.GROUP_ID_NOT_FOUND))
     (live,) = group_members.members(admin, layout_guard.other_groups(_settings()))
     assert str(live) == (
-        "ds-delay_topic_2: member host-b-delay_topic_2-1234 instance host-b-delay_topic_2 "
+        "ds-delay_topic_2: member host-b-delay_topic_2-1234 "
         "client delayservice-host-b-delay_topic_2 host /10.0.0.7"
     )
 
 
+def test_a_groups_own_error_is_not_knowing_not_an_empty_group():
+    admin = FakeAdmin()
+    admin.groups["ds-levels"] = KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS)
+    assert group_members.members(admin, ["ds-levels"]) is None
+
+
 def test_a_group_mid_rebalance_with_no_member_listed_is_live_and_empty_or_dead_is_not():
     admin = FakeAdmin()
-    admin.groups["ds-levels"] = (ConsumerGroupState.PREPARING_REBALANCING, [])
+    admin.groups["ds-levels"] = ("PreparingRebalance", [])
     (live,) = group_members.members(admin, ["ds-levels"])
-    assert "PREPARING_REBALANCING" in str(live)
-    admin.groups["ds-levels"] = (ConsumerGroupState.EMPTY, [])
+    assert "PreparingRebalance" in str(live)
+    admin.groups["ds-levels"] = ("Empty", [])
     assert group_members.members(admin, ["ds-levels"]) == []
 
 
 def test_start_up_refuses_with_one_line_when_a_member_stays_past_the_wait():
     admin = FakeAdmin()
-    admin.groups["ds-levels"] = (ConsumerGroupState.STABLE, [_member("host-b-levels")])
+    admin.groups["ds-levels"] = ("Stable", [_member("host-b-levels")])
     with pytest.raises(ConfigError) as refused:
         layout_guard.wait_until_alone(admin, _settings("per-level"), threading.Event(), wait_s=0)
     line = str(refused.value)
@@ -112,15 +119,15 @@ def test_start_up_refuses_with_one_line_when_a_member_stays_past_the_wait():
 def test_start_up_goes_ahead_once_a_stopped_static_member_times_out(monkeypatch):
     monkeypatch.setattr(group_members, "ASK_EVERY_S", 0.01)
     admin = FakeAdmin()
-    admin.groups["ds-levels"] = (ConsumerGroupState.STABLE, [_member("host-a-levels")])
-    real_describe = admin.describe_consumer_groups
+    admin.groups["ds-levels"] = ("Stable", [_member("host-a-levels")])
+    real_list = admin.list_groups
 
-    def describe(groups: list[str], request_timeout: float) -> Any:
+    def list_groups(group: str | None = None, timeout: float = -1) -> list[GroupMetadata]:
         if admin.asked == 3:  # its session ran out
-            admin.groups["ds-levels"] = (ConsumerGroupState.EMPTY, [])
-        return real_describe(groups, request_timeout)
+            admin.groups["ds-levels"] = ("Empty", [])
+        return real_list(group, timeout)
 
-    admin.describe_consumer_groups = describe  # type: ignore[method-assign]
+    admin.list_groups = list_groups  # type: ignore[method-assign]
     layout_guard.wait_until_alone(admin, _settings("per-level"), threading.Event(), wait_s=1.0)
     assert admin.asked == 4
 
@@ -130,14 +137,14 @@ def test_a_broker_that_does_not_answer_is_asked_again_not_a_refusal(monkeypatch)
     admin = FakeAdmin()
     admin.down = True
     stop = threading.Event()
-    real_describe = admin.describe_consumer_groups
+    real_list = admin.list_groups
 
-    def describe(groups: list[str], request_timeout: float) -> Any:
+    def list_groups(group: str | None = None, timeout: float = -1) -> list[GroupMetadata]:
         if admin.asked == 50:
             admin.down = False  # back, and nobody of the other layout there
-        return real_describe(groups, request_timeout)
+        return real_list(group, timeout)
 
-    admin.describe_consumer_groups = describe  # type: ignore[method-assign]
+    admin.list_groups = list_groups  # type: ignore[method-assign]
     layout_guard.wait_until_alone(admin, _settings("per-level"), stop, wait_s=0)
     assert admin.asked == 51
 
@@ -148,7 +155,7 @@ def test_the_watch_turns_readiness_red_and_logs_an_error_while_the_other_layout_
     watch.look(admin)
     assert watch.health() == (True, "")
 
-    admin.groups["ds-delay_topic_1"] = (ConsumerGroupState.STABLE, [_member("host-b-t1")])
+    admin.groups["ds-delay_topic_1"] = ("Stable", [_member("host-b-t1")])
     with caplog.at_level(logging.INFO, logger=layout_guard.__name__):
         watch.look(admin)
         watch.look(admin)  # the same members: one ERROR, not one a look
@@ -162,6 +169,6 @@ def test_the_watch_turns_readiness_red_and_logs_an_error_while_the_other_layout_
     assert "'per-level' layout's consumer groups have live members" in why
 
     admin.down = False
-    admin.groups["ds-delay_topic_1"] = (ConsumerGroupState.EMPTY, [])
+    admin.groups["ds-delay_topic_1"] = ("Empty", [])
     watch.look(admin)
     assert watch.health() == (True, "")

@@ -28,7 +28,7 @@ def _settings() -> Any:
 
 
 def _member(member_id: str, host: str = "/10.0.0.8") -> Member:
-    return Member("ds-precise-member-1", member_id, None, "delayservice-h2-77-member-1", host)
+    return Member("ds-precise-member-1", member_id, "delayservice-h2-77-member-1", host)
 
 
 class Clock:
@@ -78,7 +78,7 @@ def test_a_member_that_goes_within_its_session_is_a_dead_one_and_forgotten():
 def test_no_answer_a_group_mid_rebalance_or_not_yet_joined_decides_nothing():
     clock, fatal = Clock(), []
     lease = _lease(clock, fatal)
-    busy = Member("ds-precise-member-1", "(none yet, PREPARING_REBALANCING)", None, "-", "-")
+    busy = Member("ds-precise-member-1", "(none yet, PreparingRebalance)", "-", "-")
     for now in (0.0, 20.0, 40.0):
         clock.now = now
         lease.look("me", None)
@@ -110,7 +110,7 @@ def test_this_hosts_killed_predecessor_is_not_waited_for_but_a_live_process_is()
         return pid == 4242
 
     def seen(client_id: str) -> Member:
-        return Member("ds-precise-member-1", "m-1", None, client_id, "/10.0.0.8")
+        return Member("ds-precise-member-1", "m-1", client_id, "/10.0.0.8")
 
     assert member_lease.predecessor(1, seen(dead), running)
     assert member_lease.predecessor(1, seen(me), running)  # a container's pid 1, restarted
