@@ -117,9 +117,7 @@ FREEZE_S = 35.0
 """Past the daemon producer's message timeout (30 s) and the transaction timeout (10 s)."""
 
 
-@pytest.mark.parametrize(
-    "guarantee", [pytest.param(ALO), pytest.param(EOS, marks=pytest.mark.long)]
-)
+@pytest.mark.parametrize("guarantee", BOTH)
 def test_full_load_broker_frozen(own_broker, fault_run, fault_summary, guarantee):
     run = fault_run(own_broker.bootstrap, guarantee=guarantee)
     load = FullLoad(run, "fl-freeze")
