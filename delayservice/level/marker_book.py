@@ -758,6 +758,25 @@ class MarkerBook:
         with self._lock:
             return {kind: n for kind, n in self._kept.items() if n}
 
+    def retire(self, topic: str) -> int:
+        """`topic` (the markers topic) was deleted and made again: its new markers reuse
+        the old ones' offsets, so the old ones stop being found by their answer keys
+        and are not answered any more (an answer would name a new marker); they stay
+        for the verdicts of the records they may concern. Returns how many."""
+        with self._lock:
+            retired = 0
+            for (name, partition), source in list(self._sources.items()):
+                if name != topic:
+                    continue
+                del self._sources[(name, partition)]  # a new source from the next marker
+                for slot in self.live_slots():
+                    i = slot - self._cols.base
+                    if self._cols.source[i] == source and self._cols.answer[i] == 0:
+                        self._answered(slot, b"", "superseded")
+                        retired += 1
+            self.touch()
+            return retired
+
     def partition_count(self, topic: str, count: int) -> None:
         self.partitions[topic] = count
 

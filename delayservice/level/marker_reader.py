@@ -17,6 +17,14 @@ A marker it cannot read (no id, an id that is not UTF-8, a new time that is not 
 number) is filed as refused, with the reason, and answered by the owner of the first
 level's partition 0; nothing a marker carries stops the thread.
 
+A topic deleted and made again while the reader runs (`topics create` run again after a
+mistake) starts its offsets over, below where the old one was read: read on from
+there, the reader would skip the new topic's markers, and the gate would pass them as
+read. So each pass, once it has both topics' ends, asks for the topics' ids: a changed
+id logs a WARNING naming the topic, keeps the old topic's markers for the records they
+may concern (answered no more: their answer keys now name the new topic's), and reads
+the new topic from its start before the gate moves again; readiness says so meanwhile.
+
 The book has a share of the memory budget (`MarkerBook.max_bytes`). When it reaches it
 and letting go of what decides nothing (`MarkerBook.shed`) does not make room, the
 reader pauses the markers partitions and goes on reading only the answers (which let
@@ -36,7 +44,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from delayservice.envelope import H_CANCEL, H_RESCHEDULE
 from delayservice.forward.buffer import TP
@@ -66,6 +81,26 @@ METADATA_S: Final = 60.0
 partition beyond them are refused)."""
 
 MakeConsumer = Callable[[dict[str, Any]], Any]
+TopicIds = Callable[[list[str]], dict[str, str]]
+"""Topic names -> their topic ids (which change when a topic is made again)."""
+
+
+class _RemadeError(Exception):
+    """A topic the reader reads was deleted and made again: read it again from its start."""
+
+
+def admin_topic_ids(settings: Settings) -> TopicIds:
+    """The topic ids, as the broker's admin API gives them (one round trip)."""
+    admin: AdminClient | None = None
+
+    def topic_ids(names: list[str]) -> dict[str, str]:
+        nonlocal admin
+        if admin is None:
+            admin = AdminClient(client_config.admin(settings))
+        futures = admin.describe_topics(TopicCollection(names), request_timeout=PASS_TIMEOUT_S)
+        return {name: str(future.result().topic_id) for name, future in futures.items()}
+
+    return topic_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +163,11 @@ class MarkerReader:
         now_ms: Callable[[], int],
         make_consumer: MakeConsumer = Consumer,
         on_pass: Callable[[], None] = lambda: None,
+        topic_ids: TopicIds | None = None,
     ) -> None:
-        """`on_pass`: runs after each pass that reached the end of the markers topic."""
+        """`on_pass`: runs after each pass that reached the end of the markers topic.
+        `topic_ids`: how the topics' ids are asked for (None: through the admin API
+        when the consumers are real, not at all when they are made by the caller)."""
         self.name = "markers"
         self._on_pass = on_pass
         self._settings = settings
@@ -166,6 +204,15 @@ class MarkerReader:
         self._full_since: float | None = None
         """When the book reached its share and markers stopped being read (None: not)."""
         self._markers_paused = False
+        if topic_ids is None and make_consumer is Consumer:
+            topic_ids = admin_topic_ids(settings)
+        self._topic_ids = topic_ids
+        self._ids: dict[str, str] = {}
+        """The id of each topic read, as last seen."""
+        self._from_start: set[str] = set()
+        """Topics made again: the next consumer reads them from their start."""
+        self._remade: str | None = None
+        """Readiness: the topic made again, until a pass has read the new one through."""
         self._lister: Any = None
         """A second consumer, never assigned, that lists the topics' partitions: asked
         on the reading one, each answer waits behind a fetch (`fetch.wait.max.ms`, a
@@ -197,6 +244,11 @@ class MarkerReader:
             return False, "markers: reader stopped"
         if not self._read_once:
             return False, "markers: not read yet"
+        if self._remade is not None:
+            return False, (
+                f"markers: {self._remade} was deleted and made again; reading the new one"
+                " from its start, level records due since wait"
+            )
         if self._full_since is not None:
             book = self._book
             return False, (
@@ -230,6 +282,9 @@ class MarkerReader:
                     consumer = None
                     continue
                 self._step(consumer)
+            except _RemadeError:
+                consumer.close()
+                consumer = None
             except Exception as exc:
                 self._m_errors.inc()
                 error = error_of(exc)
@@ -269,6 +324,7 @@ class MarkerReader:
         """A fresh consumer, assigned both topics from where the book needs them."""
         consumer = self._make_consumer(self._config("markers"))
         try:
+            self._check_ids()  # a topic made again while closed is read from its start
             self._assigned = [
                 TopicPartition(topic, p)
                 for topic in (self._markers_topic, self._outcomes_topic)
@@ -353,12 +409,17 @@ class MarkerReader:
             if tp.error is not None:
                 raise KafkaException(tp.error)
             offset = tp.offset
+            if tp.topic in self._from_start:  # made again: every record of it is new
+                offset = consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=PASS_TIMEOUT_S, cached=False
+                )[0]
             if offset < 0:  # nothing that recent: from the end
                 offset = consumer.get_watermark_offsets(
                     TopicPartition(tp.topic, tp.partition), timeout=PASS_TIMEOUT_S, cached=False
                 )[1]
             out.append(TopicPartition(tp.topic, tp.partition, offset))
             self._read_to[(tp.topic, tp.partition)] = offset
+        self._from_start.clear()
         return out
 
     def _read_metadata(self, consumer: Any) -> None:
@@ -412,6 +473,9 @@ class MarkerReader:
         began = target.began_ms
         outcomes = began if self._reached(ends, self._outcomes_topic) else None
         self._gate.advance(began, outcomes, target.generation)
+        if self._remade is not None:
+            log.info("markers: %s, made again, read through", self._remade)
+            self._remade = None
         self._read_once = True
         self._advanced_at = time.monotonic()
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
@@ -481,7 +545,35 @@ class MarkerReader:
                 if (tp.topic, tp.partition) not in ends
             }
         )
+        if self._check_ids():  # asked after the ends: they are the topics read
+            raise _RemadeError
         return _Target(began, ends, generation)
+
+    def _check_ids(self) -> set[str]:
+        """The topics made again since their ids were last seen: each told once, with a
+        WARNING, and read again from its start by the next consumer."""
+        if self._topic_ids is None:
+            return set()
+        topics = [self._markers_topic, self._outcomes_topic]
+        seen = self._topic_ids(topics)
+        remade = {t for t in topics if t in self._ids and seen.get(t) != self._ids[t]}
+        for topic in sorted(remade):
+            log.warning(
+                "markers: %s was deleted and made again while the daemon ran (topic id %s,"
+                " now %s); reading the new one from its start, level records wait until it"
+                " is read",
+                topic,
+                self._ids[topic],
+                seen.get(topic),
+            )
+            self._from_start.add(topic)
+            self._counts.pop(topic, None)
+            self._read_to = {tp: at for tp, at in self._read_to.items() if tp[0] != topic}
+            if topic == self._markers_topic:
+                self._book.retire(topic)
+            self._remade = topic
+        self._ids.update(seen)
+        return remade
 
     def _reached(self, ends: dict[TP, int], topic: str) -> bool:
         return all(self._read_to.get(tp, -1) >= end for tp, end in ends.items() if tp[0] == topic)

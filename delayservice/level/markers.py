@@ -9,7 +9,7 @@ each level worker its own side of it (`for_worker`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
 from delayservice.level.marker_book import MarkerBook
@@ -44,7 +44,7 @@ class LevelMarkers:
         self.gate = MarkerGate(LEAD_MS)
         self._metrics = metrics
         self._now_ms = now_ms
-        extra = {} if make_consumer is None else {"make_consumer": make_consumer}
+        extra: dict[str, Any] = {} if make_consumer is None else {"make_consumer": make_consumer}
         self._workers: list[WorkerMarkers] = []
         self.reader = MarkerReader(
             settings, self.book, self.gate, metrics, now_ms, on_pass=self._nudge, **extra

@@ -132,6 +132,15 @@ def test_cancels_on_markers_partitions_added_while_the_daemon_runs_are_honoured(
         future.result(30)
 
     producer = testbed.producer(settings)  # fresh: it sees the four partitions
+    doomed, kept, landed = _cancel_most(producer, target, settings.partitions)
+    on_new = sum(1 for _, partition, _ in landed if partition > 0)
+    assert on_new > 0, "no marker landed on an added partition: the test proves nothing"
+    _none_leaked(testbed, target, doomed, kept, f"{on_new} landed on partitions added while it ran")
+
+
+def _cancel_most(producer, target: str, partitions: int):
+    """120 messages due in 12 s, cancelled at once, and 30 kept sent after them: the
+    ids cancelled, the ids kept, where each cancel landed."""
     doomed = [producer.produce(target, b"doomed", f"d{n}".encode(), delay=12) for n in range(120)]
     kept = [producer.produce(target, b"kept", f"k{n}".encode(), delay=12) for n in range(30)]
     assert producer.flush(10) == 0
@@ -139,17 +148,54 @@ def test_cancels_on_markers_partitions_added_while_the_daemon_runs_are_honoured(
     landed = [receipt.landed(30) for receipt in receipts]
     # Acknowledged well before the due time less the lead (1 s): the promise, not the race.
     assert time.time() * 1000 < level_place(doomed[0]).sent_ms + 12_000 - 3_000, "sent too late"
-    on_new = sum(1 for _, partition, _ in landed if partition > 0)
-    assert on_new > 0, "no marker landed on an added partition: the test proves nothing"
     # The kept ones were sent after the doomed ones, on every level partition: once all
     # arrived, every doomed one was due and either forwarded or withdrawn.
-    assert {level_place(mid).partition for mid in kept} == set(range(settings.partitions))
+    assert {level_place(mid).partition for mid in kept} == set(range(partitions))
+    return doomed, kept, landed
 
+
+def _none_leaked(testbed, target: str, doomed, kept, why: str) -> None:
     records = testbed.collect(target, len(kept), timeout=60)
     arrived = {_headers(r)["delay-id"].decode() for r in records}
     leaked = arrived & set(doomed)
-    assert not leaked, (
-        f"{len(leaked)} of {len(doomed)} cancelled messages were delivered"
-        f" ({on_new} of the cancels landed on partitions added while the daemon ran)"
-    )
+    assert not leaked, f"{len(leaked)} of {len(doomed)} cancelled messages were delivered ({why})"
     assert set(kept) <= arrived
+
+
+def test_cancels_after_the_markers_topic_is_deleted_and_made_again_are_honoured(testbed, caplog):
+    """Issue 46: the markers topic is deleted and made again (`topics create` run again
+    after a mistake) while a daemon runs. The new topic's offsets start over below
+    where the reader had read the old one: its markers must be read from the new
+    topic's start, with a WARNING naming it, and cancels sent to it honoured."""
+    import logging
+
+    from delayservice.kafka import topics
+
+    caplog.set_level(logging.WARNING, logger="delayservice.level.marker_reader")
+    settings = testbed.settings(levels="12s")  # room for 120 cancels on a loaded host
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"again-{testbed.tag}", 3)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    testbed.wait_for(lambda: daemon.markers.health()[0], 30, "the first read of the markers")
+    first = testbed.producer(settings)
+    before = [first.cancel(level_id(1, n % settings.partitions)) for n in range(150)]
+    for receipt in before:  # the old topic read well past where the new one will end
+        receipt.landed(30)
+    testbed.wait_for(
+        lambda: sum(daemon.markers.book.kept().values()) >= 150, 30, "the old markers read"
+    )
+    topic = settings.markers_topic
+    testbed.admin.delete_topics([topic])[topic].result(30)
+    testbed.wait_for(
+        lambda: topic not in testbed.admin.list_topics(timeout=10).topics, 30, "the topic gone"
+    )
+    made = topics.create(testbed.admin, settings)
+    assert [spec.name for spec, outcome in made if outcome != "exists"] == [topic]
+
+    producer = testbed.producer(settings)  # fresh: it writes to the new topic
+    doomed, kept, _ = _cancel_most(producer, target, settings.partitions)
+    _none_leaked(testbed, target, doomed, kept, "the markers topic made again")
+    told = [r for r in caplog.records if "made again" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    assert topic in told[0].getMessage()

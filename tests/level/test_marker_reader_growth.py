@@ -12,6 +12,7 @@ import logging
 
 import pytest
 
+from delayservice.level import marker_reader
 from tests.level.fakes import message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
 
@@ -76,3 +77,40 @@ def test_the_outcomes_known_wait_for_an_outcomes_partition_added_while_reading(
     assert reading.gate.outcomes_through_ms == reading.gate.through_ms
     (line,) = _grew(caplog)
     assert f"{reading.outcomes} grew from 1 to 2 partitions" in line
+
+
+def test_a_markers_topic_made_again_is_read_from_its_start_and_said_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 46: the markers topic deleted and made again starts its offsets over. A
+    pass that compared the new topic's ends with where the old one was read would move
+    the gate past markers never read; the reader reads the new topic from its start."""
+    reading = reading_rig(monkeypatch)
+    reader, book, gate = reading.reader, reading.book, reading.gate
+    reader._thread.is_alive = lambda: True  # type: ignore[method-assign]
+    ids = {reading.markers: "m-1", reading.outcomes: "o-1"}
+    reader._topic_ids = lambda names: {name: ids[name] for name in names}
+    reader._ids.update(ids)  # as the reader saw them when it opened
+    old = [cancel_on(reading, 0) for _ in range(5)]
+    reading.one_pass()
+    assert all(book.has(mid) for mid in old)
+    through = gate.through_ms
+
+    reading.fake.logs[(reading.markers, 0)] = []  # deleted, and made again
+    ids[reading.markers] = "m-2"
+    new = cancel_on(reading, 0)  # offset 0 of the new topic, below where the old was read
+    with pytest.raises(marker_reader._RemadeError):
+        reading.one_pass()
+    assert gate.through_ms == through, "the gate moved past the new topic unread"
+    ready, why = reader.health()
+    assert not ready
+    assert f"{reading.markers} was deleted and made again" in why
+    reading.consumer = reader._open()  # as the reader's loop does
+    reading.one_pass()
+    assert book.has(new), "the cancel on the topic made again was never read"
+    assert all(book.has(mid) for mid in old), "cancels acknowledged before were forgotten"
+    assert gate.through_ms > through
+    assert reader.health() == (True, "markers: read")
+    told = [r.getMessage() for r in caplog.records if "made again while" in r.getMessage()]
+    assert len(told) == 1
+    assert reading.markers in told[0]
