@@ -42,7 +42,9 @@ class CensusExport:
         self._level = level_name
         self._taken = 0.0
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="precise-census", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"precise-census-{level_name}", daemon=True
+        )
         metrics.precise_census_age.labels(level_name).set_function(
             lambda: time.monotonic() - self._taken if self._taken else 0.0
         )

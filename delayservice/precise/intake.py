@@ -169,7 +169,7 @@ class Intake(ConsumerThread):
         self.topic = topic
         super().__init__(
             f"intake of {topic}",
-            "precise-intake",
+            f"precise-intake-{level_name}",
             on_fatal,
             loop_errors=metrics.loop_errors.labels(level_name, "intake"),
             commits=metrics.commits.labels(level_name),

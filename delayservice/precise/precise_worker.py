@@ -275,6 +275,7 @@ class PreciseWorker:
                 takeover_ms,
                 roles,
                 dropped=count_dropped,
+                level_name=level_name,
             )
             if settings.replicas == 2
             else None
@@ -318,6 +319,7 @@ class PreciseWorker:
             unread=self.disk.intake_offsets.in_flight(),
             delivered=self.delivery,
             takeover=takeover,
+            level_name=level_name,
         )
         buffer = self.wheel.buffer
         settle: Callable[[Runs], None] = functools.partial(

@@ -111,12 +111,14 @@ class Progress:
         takeover_ms: int,
         roles: dict[int, Role],
         dropped: Callable[[str], None] | None = None,
+        level_name: str = "exact",
     ) -> None:
         """`earliest_s`: per partition, the first second of its earliest file, in fire
         time (a replica's copies fire `takeover_ms` after their due time): every record
         due before it is settled. `roles`: this member's role per partition held, as
         the intake fills it. `dropped`: counts a record it does not take, by reason:
-        `sent_refusal`'s, or `not_holder` (a member that does not hold the partition)."""
+        `sent_refusal`'s, or `not_holder` (a member that does not hold the partition).
+        `level_name` ends its thread's name, as the wheel's."""
         self._topic = done_topic
         self._placement = placement
         self._producer = producer
@@ -140,7 +142,9 @@ class Progress:
         self._roles = roles
         self._caught_up = threading.Event()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._read, name="precise-progress", daemon=True)
+        self._thread = threading.Thread(
+            target=self._read, name=f"precise-progress-{level_name}", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()

@@ -75,6 +75,7 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         topic: str = "",
         delivered: Delivered | None = None,
         takeover: Takeover | None = None,
+        level_name: str = "exact",
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
@@ -86,7 +87,9 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         keyed by its partitions). `delivered` (exactly-once): records it names were
         delivered by a transaction that committed, and are settled unsent. `takeover`
         (two copies, exactly-once): the replica's copies go out through their own
-        forwarder, under the owner's transactional id (`takeover_buffer`)."""
+        forwarder, under the owner's transactional id (`takeover_buffer`). `level_name`
+        ends its threads' names (`exact`, `exact-far`), as the forwarders' do: the near
+        and far workers' log lines and thread dumps tell them apart."""
         super().__init__(
             store,
             cancels,
@@ -110,12 +113,14 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             if takeover is not None
             else None
         )
-        self._thread = threading.Thread(target=self._run, name="precise-loader", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"precise-loader-{level_name}", daemon=True
+        )
         self._splitter = threading.Thread(
-            target=self._run_splits, name="precise-splitter", daemon=True
+            target=self._run_splits, name=f"precise-splitter-{level_name}", daemon=True
         )
         self._marks_writer = threading.Thread(
-            target=self._run_marks, name="precise-marks", daemon=True
+            target=self._run_marks, name=f"precise-marks-{level_name}", daemon=True
         )
 
     # -- lifecycle -----------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,10 @@ def test_deliver_at_is_a_floor_and_long_delays_wait_on_disk(testbed, tmp_path):
     daemon = testbed.start_daemon(settings)
     testbed.wait_assigned(daemon, partitions=settings.partitions)
     near_worker, far_worker = _precise_worker(daemon), _precise_worker(daemon, far=True)
+    # Each worker's threads carry its name: their log lines and stacks tell them apart.
+    names = {thread.name for thread in threading.enumerate()}
+    for role in ("intake", "loader", "splitter", "marks", "census"):
+        assert {f"precise-{role}-exact", f"precise-{role}-exact-far"} <= names, sorted(names)
     producer = _exact_producer(testbed, settings)
     far = [
         producer.produce(target, b"ten minutes", delay=600),
