@@ -34,6 +34,8 @@ _CONSUMER_FIXED = {
 }
 
 LIBRDKAFKA_LOGGER = "delayservice.librdkafka"
+METADATA_REFRESH_MS = 5_000
+"""How soon the daemon's consumers see partitions added to the topics they read."""
 
 
 def librdkafka_logger() -> logging.Logger:
@@ -155,6 +157,10 @@ def consumer(
         # fetches that partition again (1 s by default): under a backlog the forwarder
         # drained the buffer and then sat idle for most of that second.
         "fetch.queue.backoff.ms": 10,
+        # Partitions added to a level topic are assigned once the group's leader sees
+        # them in its metadata: at librdkafka's default (5 min) a message sent to one
+        # waited that long, whatever its delay.
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
         **settings.consumer,
         **_CONSUMER_FIXED,
     }

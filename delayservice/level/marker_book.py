@@ -780,6 +780,17 @@ class MarkerBook:
     def partition_count(self, topic: str, count: int) -> None:
         self.partitions[topic] = count
 
+    def beyond_count(self, message_id: str) -> bool:
+        """Whether `message_id` names a partition past its level topic's count as last
+        read: refused on that count, unless the count was read after the marker (the
+        topic may have grown since, and its message be on the new partition)."""
+        place = level_place(message_id)
+        levels = self._levels.levels
+        if place is None or not 0 < place.level <= len(levels):
+            return False
+        count = self.partitions.get(levels[place.level - 1].topic)
+        return count is not None and place.partition >= count
+
     def live_slots(self) -> Iterator[int]:
         cols = self._cols
         for slot in range(max(self._first_live, cols.base), cols.end):

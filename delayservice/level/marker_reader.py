@@ -77,8 +77,8 @@ POLL_S: Final = 0.05
 BATCH: Final = 1000
 ERROR_PAUSE_S: Final = 0.5
 METADATA_S: Final = 60.0
-"""How often the level topics' partition counts are read again (markers naming a
-partition beyond them are refused)."""
+"""How often the level topics' partition counts are read again; a marker naming a
+partition beyond them has them read again before it is refused (`_file`)."""
 
 MakeConsumer = Callable[[dict[str, Any]], Any]
 TopicIds = Callable[[list[str]], dict[str, str]]
@@ -87,6 +87,11 @@ TopicIds = Callable[[list[str]], dict[str, str]]
 
 class _RemadeError(Exception):
     """A topic the reader reads was deleted and made again: read it again from its start."""
+
+
+class _CountsUnreadError(Exception):
+    """The level topics' partition counts could not be read again for a marker naming a
+    partition past them: the marker is read again by a fresh consumer, never skipped."""
 
 
 def admin_topic_ids(settings: Settings) -> TopicIds:
@@ -190,6 +195,8 @@ class MarkerReader:
         self._counts: dict[str, int] = {}
         """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
+        self._counts_at = 0.0
+        """When (monotonic) the level topics' partition counts were last read."""
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
@@ -423,11 +430,13 @@ class MarkerReader:
         return out
 
     def _read_metadata(self, consumer: Any) -> None:
+        asked = time.monotonic()
         for topic in self._level_topics:
             meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
             if meta is not None and meta.error is None and meta.partitions:
                 self._book.partition_count(topic, len(meta.partitions))
-        self._next_metadata = time.monotonic() + METADATA_S
+        self._counts_at = asked
+        self._next_metadata = asked + METADATA_S
 
     def _step(self, consumer: Any) -> None:
         now = self._now_ms()
@@ -462,12 +471,12 @@ class MarkerReader:
                 return
             if self._book_full(consumer):
                 return  # the gate stays where it was: forwarding waits, never early
-            self._read(consumer.consume(BATCH, POLL_S))  # a batch at least, every pass
+            self._read(consumer, consumer.consume(BATCH, POLL_S))  # a batch at least, every pass
             self._note_positions(consumer)
             if time.monotonic() > deadline and not self._reached(ends, self._markers_topic):
                 return  # the gate stays where it was: forwarding waits, never early
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self._read(message_batch)  # what else is queued (answers, mostly)
+            self._read(consumer, message_batch)  # what else is queued (answers, mostly)
         self._note_positions(consumer)
         self._target = None
         began = target.began_ms
@@ -516,9 +525,10 @@ class MarkerReader:
                 sum(book.kept().values()),
                 self._markers_topic,
             )
-        self._read(consumer.consume(BATCH, POLL_S))  # the answers, which let the book shed
+        # The answers, which let the book shed.
+        self._read(consumer, consumer.consume(BATCH, POLL_S))
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self._read(message_batch)
+            self._read(consumer, message_batch)
         self._note_positions(consumer)
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         return True
@@ -586,7 +596,8 @@ class MarkerReader:
             if tp.offset >= 0 and tp.offset > self._read_to.get(key, -1):
                 self._read_to[key] = tp.offset
 
-    def _read(self, messages: list[Message]) -> None:
+    def _read(self, consumer: Any, messages: list[Message]) -> None:
+        got = time.monotonic()  # every marker here was appended before this
         for message in messages:
             if message.error() is not None:
                 continue
@@ -594,14 +605,17 @@ class MarkerReader:
             self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
             try:
                 if key[0] == self._markers_topic:
-                    self._file(message)
+                    self._file(message, consumer, got)
                 else:
                     self._answer(message)
+            except _CountsUnreadError:
+                raise
             except Exception:  # one record never stops the reader
                 self._m_errors.inc()
                 log.exception("markers: a record at %s@%d could not be read", key, message.offset())
 
-    def _file(self, message: Message) -> None:
+    def _file(self, message: Message, consumer: Any, got: float) -> None:
+        """`got`: when the batch holding `message` was returned by the consumer."""
         read = marker_of(message)
         if read is None:
             self._metrics.level_markers.labels("-", "none", REFUSED).inc()
@@ -614,6 +628,12 @@ class MarkerReader:
                 )
             return
         marker, refusal = read
+        if refusal is None and self._counts_at < got and self._book.beyond_count(marker.message_id):
+            # Its message may be on a partition added since the counts were read.
+            try:
+                self._read_metadata(self._lister if self._lister is not None else consumer)
+            except Exception as exc:
+                raise _CountsUnreadError(f"{marker.message_id}: {exc!r}") from exc
         self._book.file(marker, refusal)
 
     def _answer(self, message: Message) -> None:

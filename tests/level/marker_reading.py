@@ -82,8 +82,10 @@ def reading_rig(monkeypatch: pytest.MonkeyPatch) -> Reading:
     return made
 
 
-def cancel_on(reading: Reading, partition: int) -> str:
-    mid = level_id(1, 0, reading.clock.ms())
+def cancel_on(reading: Reading, partition: int, names: int = 0) -> str:
+    """A cancel appended on the markers topic's `partition`, of a message of the first
+    level's partition `names`."""
+    mid = level_id(1, names, reading.clock.ms())
     tp = (reading.markers, partition)
     record = message(
         partition,

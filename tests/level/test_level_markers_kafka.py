@@ -138,6 +138,42 @@ def test_cancels_on_markers_partitions_added_while_the_daemon_runs_are_honoured(
     _none_leaked(testbed, target, doomed, kept, f"{on_new} landed on partitions added while it ran")
 
 
+def test_a_level_topic_grown_while_the_daemon_runs_delivers_and_cancels_on_its_new_partition(
+    testbed,
+):
+    """An operator grows a level topic under a running daemon, and a fresh producer sends
+    to the new partition at once (it reads the count when it starts): the messages sent
+    there arrive on time, and their cancels are honoured, not refused as naming a
+    partition the daemon has not heard of yet."""
+    from confluent_kafka.admin import NewPartitions
+
+    settings = testbed.settings(levels="12s")  # room for 120 cancels on a loaded host
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(f"lgrow-{testbed.tag}", 3)
+    daemon = testbed.start_daemon(settings)
+    testbed.wait_assigned(daemon, partitions=settings.partitions)
+    testbed.wait_for(lambda: daemon.markers.health()[0], 30, "the first read of the markers")
+    grown = settings.partitions + 1
+    level_topic = settings.level_set().levels[0].topic
+    for future in testbed.admin.create_partitions([NewPartitions(level_topic, grown)]).values():
+        future.result(30)
+
+    def shown() -> bool:
+        meta = testbed.admin.list_topics(level_topic, timeout=10).topics[level_topic]
+        return len(meta.partitions) == grown
+
+    testbed.wait_for(shown, 30, "the broker's metadata to show the added partition")
+
+    producer = testbed.producer(settings)  # fresh: it reads the count as it starts
+    testbed.wait_for(
+        lambda: producer._partitions.known(level_topic) == grown, 30, "the producer's count"
+    )
+    doomed, kept, _ = _cancel_most(producer, target, grown)
+    on_new = [mid for mid in doomed if level_place(mid).partition == grown - 1]
+    assert on_new, "no message was sent to the added partition: the test proves nothing"
+    _none_leaked(testbed, target, doomed, kept, f"{len(on_new)} sent to the added partition")
+
+
 def _cancel_most(producer, target: str, partitions: int):
     """120 messages due in 12 s, cancelled at once, and 30 kept sent after them: the
     ids cancelled, the ids kept, where each cancel landed."""

@@ -114,3 +114,75 @@ def test_a_markers_topic_made_again_is_read_from_its_start_and_said_once(
     told = [r.getMessage() for r in caplog.records if "made again while" in r.getMessage()]
     assert len(told) == 1
     assert reading.markers in told[0]
+
+
+def test_a_cancel_of_a_message_on_a_level_partition_added_since_the_counts_is_kept(
+    reading: Reading,
+) -> None:
+    """A level topic grown while the reader runs: a fresh producer sends to the new
+    partition and cancels at once, before the reader's next reading of the counts (every
+    `METADATA_S`). The cancel was refused as naming a partition the topic does not have,
+    and its message delivered; the counts are read again first."""
+    level = reading.reader._level_topics[0]
+    assert reading.book.partitions[level] == 3
+    reading.fake.partition_counts[level] = 4
+    mid = cancel_on(reading, 0, names=3)
+    reading.one_pass()
+    assert reading.book.partitions[level] == 4
+    (entry,) = reading.book.entries((level, 3))
+    assert entry.marker.message_id == mid
+    assert entry.refusal is None, f"refused: {entry.refusal}"
+
+
+def test_a_cancel_naming_a_partition_the_topic_lacks_is_refused_on_counts_read_after_it(
+    reading: Reading,
+) -> None:
+    """The counts are read again for it, once a batch, and it is refused on them."""
+    level = reading.reader._level_topics[0]
+    asked: list[str] = []
+    lister = reading.reader._lister
+    listed = lister.list_topics
+
+    def counted(topic: str | None = None, timeout: float = -1) -> object:
+        asked.append(str(topic))
+        return listed(topic, timeout)
+
+    lister.list_topics = counted
+    junk = [cancel_on(reading, 0, names=7) for _ in range(3)]
+    reading.one_pass()
+    assert asked.count(level) == 1, asked  # once for the batch, not once a marker
+    refused = reading.book.entries(reading.book.answers_tp)
+    assert {e.marker.message_id for e in refused} == set(junk)
+    assert all(e.refusal is not None and "no partition 7" in e.refusal[1] for e in refused)
+
+
+def test_counts_that_cannot_be_read_again_leave_the_marker_to_a_fresh_read(
+    reading: Reading,
+) -> None:
+    """A broker that does not answer the counts: the pass ends with the marker unfiled
+    and the gate where it was; the reader's loop opens a fresh consumer, which reads it."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    level = reading.reader._level_topics[0]
+    lister = reading.reader._lister
+    listed = lister.list_topics
+
+    def down(topic: str | None = None, timeout: float = -1) -> object:
+        if topic == level:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "down"))
+        return listed(topic, timeout)
+
+    lister.list_topics = down
+    reading.fake.partition_counts[level] = 4
+    mid = cancel_on(reading, 0, names=3)
+    through = reading.gate.through_ms
+    with pytest.raises(marker_reader._CountsUnreadError):
+        reading.one_pass()
+    assert reading.gate.through_ms == through
+    assert not reading.book.has(mid)
+    lister.list_topics = listed
+    reading.consumer = reading.reader._open()  # as the reader's loop does
+    reading.one_pass()
+    (entry,) = reading.book.entries((level, 3))
+    assert entry.marker.message_id == mid
+    assert entry.refusal is None
