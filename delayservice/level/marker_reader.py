@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient
 from delayservice.envelope import H_CANCEL, H_RESCHEDULE
 from delayservice.forward.buffer import TP
 from delayservice.kafka import client_config
-from delayservice.kafka.client_errors import STARTING_CODES, error_of
+from delayservice.kafka.client_errors import STARTING_CODES, error_of, raised_by
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.level.marker_book import REFUSED, MarkerBook
@@ -277,43 +277,59 @@ class MarkerReader:
     def _main(self) -> None:
         consumer: Any = None
         while not self._stopping.is_set():
-            self.heartbeat.beat()
-            try:
-                if consumer is None:
-                    consumer = self._open()
-                if self._gate.rewind_asked():
-                    # A fresh consumer from the earlier point: one sought back could still
-                    # give the position it had before the seek, and the gate would open
-                    # on markers not read again yet.
-                    consumer.close()
-                    consumer = None
-                    continue
-                self._step(consumer)
-            except _RemadeError:
-                consumer.close()
-                consumer = None
-            except Exception as exc:
-                self._m_errors.inc()
-                error = error_of(exc)
-                young = (
-                    error is not None
-                    and error.code() in STARTING_CODES
-                    and self._starting.young(error.code())
-                )
-                if self._throttle.allow(type(exc).__name__) is not None:
-                    if young and error is not None:  # a topic just made, a broker starting
-                        log.info("markers: %s; reading again", error.str())
-                    else:
-                        log.warning("markers: %r; reading again", exc, exc_info=exc)
-                if consumer is not None:
-                    with contextlib.suppress(Exception):  # a broken client may refuse even this
-                        consumer.close()
-                consumer = None
-                self._stopping.wait(ERROR_PAUSE_S)
+            consumer = self._turn(consumer)
         if consumer is not None:
             consumer.close()
         if self._lister is not None:
             self._lister.close()
+
+    def _turn(self, consumer: Any) -> Any:
+        """One turn of the loop on `consumer` (None: open one first); returns the
+        consumer to go on with, None when the next turn must open a fresh one. Nothing
+        a client raises ends the thread: a bare `KafkaError` (`client_errors`) is
+        handled as the `KafkaException` it should have been."""
+        self.heartbeat.beat()
+        held = [consumer]
+        exc = raised_by(lambda: self._turn_on(held))
+        consumer = held[0]
+        if exc is None:
+            return consumer
+        if isinstance(exc, _RemadeError):
+            consumer.close()
+            return None
+        self._failed(consumer, exc)
+        return None
+
+    def _turn_on(self, held: list[Any]) -> None:
+        if held[0] is None:
+            held[0] = self._open()
+        if self._gate.rewind_asked():
+            # A fresh consumer from the earlier point: one sought back could still give
+            # the position it had before the seek, and the gate would open on markers
+            # not read again yet.
+            held.pop().close()
+            held.append(None)
+            return
+        self._step(held[0])
+
+    def _failed(self, consumer: Any, exc: Exception) -> None:
+        """Say why, close `consumer` and pause: the next turn opens a fresh one."""
+        self._m_errors.inc()
+        error = error_of(exc)
+        young = (
+            error is not None
+            and error.code() in STARTING_CODES
+            and self._starting.young(error.code())
+        )
+        if self._throttle.allow(type(exc).__name__) is not None:
+            if young and error is not None:  # a topic just made, a broker starting
+                log.info("markers: %s; reading again", error.str())
+            else:
+                log.warning("markers: %r; reading again", exc, exc_info=exc)
+        if consumer is not None:
+            with contextlib.suppress(Exception):  # a broken client may refuse even this
+                consumer.close()
+        self._stopping.wait(ERROR_PAUSE_S)
 
     def _config(self, role: str) -> dict[str, Any]:
         return {

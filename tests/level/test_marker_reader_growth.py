@@ -186,3 +186,35 @@ def test_counts_that_cannot_be_read_again_leave_the_marker_to_a_fresh_read(
     (entry,) = reading.book.entries((level, 3))
     assert entry.marker.message_id == mid
     assert entry.refusal is None
+
+
+def test_a_bare_kafka_error_from_consume_leaves_the_reader_reading(reading: Reading) -> None:
+    """confluent-kafka can leave a bare `KafkaError` as the exception of a call that
+    serves callbacks (`kafka.client_errors`); from the reader's `consume()` it went
+    through every `except` and ended the thread, and with it the gate: no level record
+    would have gone out again. The turn closes the consumer and the next opens afresh."""
+    from confluent_kafka import KafkaError
+
+    from tests.level.fakes import raise_bare_kafka_error
+
+    consume = reading.consumer.consume
+
+    def bare(num_messages: int = 1, timeout: float = -1) -> list[object]:
+        raise_bare_kafka_error(KafkaError(KafkaError._TRANSPORT, "left bare"))
+        return []
+
+    reading.consumer.consume = bare
+    reading.reader._next_pass = 0
+    mid = cancel_on(reading, 0)
+    reading.clock.advance(0.2)
+    assert reading.reader._turn(reading.consumer) is None  # no exception escaped
+    assert reading.consumer.closed
+    reading.consumer.consume = consume
+    reading.consumer.closed = False
+    reading.reader._next_pass = 0
+    reopened = reading.reader._turn(None)
+    assert reopened is not None
+    reading.reader._next_pass = 0
+    reading.clock.advance(0.2)
+    reading.reader._turn(reopened)
+    assert reading.book.has(mid)
