@@ -71,6 +71,16 @@ CONSUMER_CALLS: Final = (
     "consumer_group_metadata",
     "position",
 )
+READER_CALLS: Final = (
+    "consume",
+    "position",
+    "list_topics",
+    "get_watermark_offsets",
+    "offsets_for_times",
+    "assign",
+    "incremental_assign",
+)
+"""The calls the level marker reader makes of its two consumers (no group)."""
 SERVING: Final = frozenset(
     {
         "poll",
@@ -123,6 +133,7 @@ class Faults:
         self.armed: dict[str, deque[tuple[str, str | None]]] = {
             "consumer": deque(),
             "producer": deque(),
+            "reader": deque(),
         }
         """Per client, (shape, the call it waits for, or None for the next that can fail)."""
         self.log: list[str] = []
@@ -154,6 +165,12 @@ class Faults:
     def wrap_consumer(self, consumer: FakeConsumer) -> FakeConsumer:
         for name in CONSUMER_CALLS:
             setattr(consumer, name, self._wrapped("consumer", consumer, name))
+        return consumer
+
+    def wrap_reader(self, consumer: FakeConsumer) -> FakeConsumer:
+        """A consumer of the level marker reader (its reading one or its lister)."""
+        for name in READER_CALLS:
+            setattr(consumer, name, self._wrapped("reader", consumer, name))
         return consumer
 
     def _wrapped(self, client: str, target: Any, name: str) -> Callable[..., Any]:

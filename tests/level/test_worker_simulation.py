@@ -35,22 +35,28 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
+from prometheus_client import CollectorRegistry
 
+from delayservice.envelope import H_CANCEL
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.level import consumer_loop as consumer_loop_module
-from delayservice.level.marker_verdict import LevelMarker
-from delayservice.markers.level_ids import level_id
-from delayservice.markers.replies import CANCEL
+from delayservice.level import marker_reader as marker_reader_module
+from delayservice.level.marker_reader import MarkerReader
+from delayservice.markers.level_ids import level_id, marker_partition
+from delayservice.metrics.service_metrics import ServiceMetrics
+from delayservice.settings import load_settings
 from tests.level import fakes
 from tests.level.fakes import (
     LEVEL,
     LONGER,
+    OUTCOMES,
     FakeClock,
     FakeConsumer,
     FakeProducer,
@@ -64,6 +70,7 @@ from tests.simulation import (
     CONSUMER_CALLS,
     EXAMPLES,
     PRODUCER_CALLS,
+    READER_CALLS,
     SHAPES,
     Broker,
     Faults,
@@ -80,12 +87,18 @@ DELAYSERVICE_SIM_SEED gives another."""
 
 A, B = LEVEL.topic, LONGER.topic
 PARTITIONS = ((A, 0), (A, 1), (B, 0))
+GROWN = {A: 4, B: 2}
+"""The most partitions each level topic grows to (`topic_grows`)."""
 DELAYS = {A: LEVEL.delay_ms, B: LONGER.delay_ms}
 INDEX = {A: LEVEL.index, B: LONGER.index}
 LEAD_MS = 1_000
 """`cancel_lead`: the default's."""
 MARKERS = "delay_markers"
+MARKERS_GROWN = 3
 KEYS = (b"k0", b"k1", b"k2")
+LAYOUTS = ("shared", "per-level")
+"""The worker layouts' consumer groups (`level_workers`): a change of layout starts the
+new process in the other group, from the later of its offsets and the other's."""
 
 
 class LevelWorkerSimulation(Simulation):
@@ -93,7 +106,8 @@ class LevelWorkerSimulation(Simulation):
         super().__init__()
         self.clock = FakeClock()
         self._patched = [
-            (module, "time", module.time) for module in (dead_letter_module, consumer_loop_module)
+            (module, "time", module.time)
+            for module in (dead_letter_module, consumer_loop_module, marker_reader_module)
         ]
         for module, name, _ in self._patched:
             setattr(module, name, self.clock)
@@ -102,10 +116,16 @@ class LevelWorkerSimulation(Simulation):
         self._excepthook = threading.excepthook
         threading.excepthook = self._died
         self.broker = Broker()
-        self.markers: list[LevelMarker] = []
-        """The markers topic (one partition), in append order."""
-        self.filed = 0
-        """How many of them this process's marker reader has read."""
+        self.partitions: list[tuple[str, int]] = list(PARTITIONS)
+        """The level partitions there are (`topic_grows` adds to them)."""
+        self.counts: dict[str, int] = {A: 2, B: 1, MARKERS: 1, OUTCOMES: 1}
+        """What the broker's metadata says each topic has."""
+        self.groups: dict[str, dict[tuple[str, int], int]] = {name: {} for name in LAYOUTS}
+        """Each layout's group's committed offsets."""
+        self.layout = LAYOUTS[0]
+        self.cancels: list[tuple[str, int]] = []
+        """(id, when the broker acknowledged it) of each cancel appended to the markers
+        topic, which the daemon's own reader reads (`reader_pass`)."""
         self.ids: dict[str, tuple[tuple[str, int], int]] = {}
         """Level id -> the record it names (partition, offset)."""
         self.assignment: set[tuple[str, int]] = set()
@@ -114,7 +134,7 @@ class LevelWorkerSimulation(Simulation):
         self.shapes: list[str] = list(SHAPES)
         self.rig: LevelRig
         self.faults: Faults
-        self._start(assign=set(PARTITIONS))
+        self._start(assign=set(self.partitions))
 
     def _died(self, args: Any) -> None:
         """A helper thread (`Transaction._guarded` runs each transaction call in one)
@@ -144,8 +164,19 @@ class LevelWorkerSimulation(Simulation):
             cancel_lead_ms=LEAD_MS,
         )
         assert rig.markers is not None
-        rig.markers.gate.start(0)  # a new reader reads the markers topic from its start
-        self.filed = 0
+        self.broker.committed = self.groups[self.layout]
+        other = self.groups[LAYOUTS[1 - LAYOUTS.index(self.layout)]]
+        rig.loop._fallback = lambda tps: {tp: other[tp] for tp in tps if tp in other}
+        self.reader = MarkerReader(
+            SETTINGS,
+            rig.markers.book,
+            rig.markers.gate,
+            ServiceMetrics(CollectorRegistry()),
+            self.clock.ms,
+            self._reader_consumer,
+        )
+        self.reader_consumer: Any = None
+        self.reader_alive = True
         self.broker.attach(rig.consumer)
         self.faults.wrap_consumer(rig.consumer)
         self.faults.wrap_producer(rig.producer)
@@ -163,6 +194,7 @@ class LevelWorkerSimulation(Simulation):
             """A consumer replacing one that failed: it joins the group and is given
             what the group assigns this member."""
             consumer = FakeConsumer(A, B)
+            consumer.partition_counts = self.counts
             consumer.make(config)
             self.broker.attach(consumer)
             self.faults.wrap_consumer(consumer)
@@ -183,18 +215,42 @@ class LevelWorkerSimulation(Simulation):
         if self.assignment:
             rig.consumer.queue_rebalance("assign", *sorted(self.assignment))
 
+    def _reader_consumer(self, config: dict[str, Any]) -> FakeConsumer:
+        """A consumer the marker reader makes (its reading one, or its lister), on the
+        broker's logs and metadata; an empty read waits out its timeout on the clock."""
+        consumer = FakeConsumer(MARKERS, OUTCOMES)
+        consumer.make(config)
+        consumer.logs = self.broker.logs
+        consumer.partition_counts = self.counts
+        consumer.blocking = False
+        if "lister" not in config["client.id"]:
+            consumer.metadata_seen = {}  # its own metadata cache
+        consume = consumer.consume
+
+        def waited(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            got = consume(num_messages, timeout)
+            if not got and timeout > 0:
+                self.clock.advance(timeout)
+            return got
+
+        consumer.consume = waited  # type: ignore[method-assign]
+        return self.faults.wrap_reader(consumer)
+
     @property
     def running(self) -> bool:
-        return self.consumer_alive and self.forwarder_alive
+        return self.consumer_alive and self.forwarder_alive and self.reader_alive
 
     # -- rules -------------------------------------------------------------------------
     @rule(
-        tp=st.sampled_from(PARTITIONS),
+        data=st.data(),
         count=st.integers(1, 3),
         due_in_ms=st.sampled_from([0, 0, 50, 400, 1_500, 4_000]),
         key=st.sampled_from(KEYS),
     )
-    def records_arrive(self, tp: tuple[str, int], count: int, due_in_ms: int, key: bytes) -> None:
+    def records_arrive(self, data: st.DataObject, count: int, due_in_ms: int, key: bytes) -> None:
+        # Half the time the newest partition: a producer sends there once it has grown.
+        newest = data.draw(st.booleans(), label="newest partition")
+        tp = self.partitions[-1] if newest else data.draw(st.sampled_from(self.partitions))
         stamp = self.clock.ms() - DELAYS[tp[0]] + due_in_ms
         log = self.broker.logs.setdefault(tp, [])
         for _ in range(count):
@@ -215,23 +271,72 @@ class LevelWorkerSimulation(Simulation):
         (appended now), read by the daemon's marker reader on its next pass."""
         now = self.clock.ms()
         pending = [i for i, spot in self.ids.items() if self.broker.due_ms[spot] > now]
-        message_id = data.draw(st.sampled_from(sorted(pending or self.ids)), label="cancelled")
-        marker = LevelMarker(CANCEL, message_id, self.clock.ms(), MARKERS, 0, len(self.markers))
-        self.markers.append(marker)
+        # Half the time the latest sent: an application cancels what it just sent.
+        if pending and data.draw(st.booleans(), label="the latest sent"):
+            message_id = pending[-1]
+        else:
+            message_id = data.draw(st.sampled_from(sorted(pending or self.ids)), label="cancelled")
+        partition = marker_partition(message_id, self.counts[MARKERS])  # as the SDK places it
+        log = self.broker.logs.setdefault((MARKERS, partition), [])
+        record = message(
+            partition,
+            len(log),
+            now,
+            topic=MARKERS,
+            headers=[(H_CANCEL, message_id.encode())],
+            timestamp_type=TIMESTAMP_CREATE_TIME,
+        )
+        log.append(record)
+        self.cancels.append((message_id, now))
 
+    @precondition(lambda self: self.reader_alive)
     @rule()
     def reader_pass(self) -> None:
-        """One pass of the marker reader (its own thread): it files what was appended
-        since its last pass, serves a rewind a partition asked for (it holds every
-        marker from the start), and moves the gate to the time the pass began."""
-        markers = self.rig.markers
-        assert markers is not None
-        began = self.clock.ms()
-        for marker in self.markers[self.filed :]:
-            markers.book.file(marker)
-        self.filed = len(self.markers)
-        markers.gate.take_rewind()
-        markers.gate.advance(began, began, markers.gate.generation)
+        """One turn of the marker reader's loop (`MarkerReader._turn`, on its own thread
+        in the daemon): it opens a consumer when it has none (from as far back as the
+        gate needs), reads the level topics' counts when due, and makes a pass: ends
+        noted, read up to, the gate moved. An error it does not catch ends its thread."""
+        if not self.reader_alive:
+            return
+        self.reader._next_pass = 0  # a pass now, not a wait for one
+        kept: list[Any] = []
+        raised = raised_by(lambda: kept.append(self.reader._turn(self.reader_consumer)))
+        if raised is not None:
+            self.reader_alive = False
+            self.reader_death = repr(raised)
+            return
+        self.reader_consumer = kept[0]
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data())
+    def reader_call_fails(self, data: st.DataObject) -> None:
+        """The marker reader's next call that can fail with the shape drawn fails."""
+        shape = data.draw(st.sampled_from(self.shapes), label="shape")
+        calls = [c for c in READER_CALLS if can_fail(c, shape)]
+        if not calls:
+            return
+        call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
+        self.faults.arm("reader", shape, call)
+
+    @rule(data=st.data())
+    def topic_grows(self, data: st.DataObject) -> None:
+        """An operator adds a partition to a level topic or to the markers topic. The
+        group assigns a level partition added to this member (its consumer sees it
+        within `topic.metadata.refresh.interval.ms`); producers send to it at once."""
+        grows = [t for t in (A, B) if self.counts[t] < GROWN[t]]
+        if self.counts[MARKERS] < MARKERS_GROWN:
+            grows.append(MARKERS)
+        if not grows:
+            return
+        topic = data.draw(st.sampled_from(grows), label="grown")
+        self.counts[topic] += 1
+        if topic == MARKERS:
+            return
+        tp = (topic, self.counts[topic] - 1)
+        self.partitions.append(tp)
+        if self.running:
+            self.assignment.add(tp)
+            self.rig.consumer.queue_rebalance("assign", tp)
 
     @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]), reader=st.booleans())
     def time_passes(self, seconds: float, reader: bool) -> None:
@@ -295,11 +400,9 @@ class LevelWorkerSimulation(Simulation):
         self.faults.arm(client, shape, call)
 
     @precondition(lambda self: self.running)
-    @rule(
-        kind=st.sampled_from(["assign", "revoke", "lost"]),
-        which=st.sets(st.sampled_from(PARTITIONS), min_size=1),
-    )
-    def rebalance(self, kind: str, which: set[tuple[str, int]]) -> None:
+    @rule(kind=st.sampled_from(["assign", "revoke", "lost"]), data=st.data())
+    def rebalance(self, kind: str, data: st.DataObject) -> None:
+        which = data.draw(st.sets(st.sampled_from(self.partitions), min_size=1), label="which")
         chosen = which - self.assignment if kind == "assign" else which & self.assignment
         if not chosen:
             return
@@ -310,12 +413,17 @@ class LevelWorkerSimulation(Simulation):
         self.rig.consumer.queue_rebalance(kind, *sorted(chosen))
 
     @precondition(lambda self: self.processes <= RESTARTS)
-    @rule()
-    def killed_and_restarted(self) -> None:
+    @rule(layout_changed=st.booleans())
+    def killed_and_restarted(self, layout_changed: bool) -> None:
         """The process dies (or stopped after a reported failure); a new one starts and
-        is assigned every partition, from the offsets the broker holds."""
+        is assigned every partition, from the offsets the broker holds. With
+        `layout_changed`, `level_workers` changed meanwhile (every instance was stopped,
+        as the layout guard requires): the new process is in the other layout's group,
+        and starts each partition at the later of its offset and the other group's."""
         self.processes += 1
-        self._start(assign=set(PARTITIONS))
+        if layout_changed:
+            self.layout = LAYOUTS[1 - LAYOUTS.index(self.layout)]
+        self._start(assign=set(self.partitions))
 
     # -- invariants --------------------------------------------------------------------
     @invariant()
@@ -340,22 +448,24 @@ class LevelWorkerSimulation(Simulation):
     def _cancelled_before(self, lead_ms: int) -> set[tuple[tuple[str, int], int]]:
         """Records with a cancel appended more than `lead_ms` before their due time."""
         out = set()
-        for marker in self.markers:
-            tp, offset = self.ids[marker.message_id]
-            if marker.appended_ms < self.broker.due_ms[(tp, offset)] - lead_ms:
+        for message_id, appended_ms in self.cancels:
+            tp, offset = self.ids[message_id]
+            if appended_ms < self.broker.due_ms[(tp, offset)] - lead_ms:
                 out.add((tp, offset))
         return out
 
     def nothing_committed_past_a_record_not_sent(self) -> None:
         seen = {(tp, offset) for tp, offset, _ in self._seen()}
         withdrawn = self._cancelled_before(0)
-        for tp, upto in sorted(self.broker.committed.items()):
-            missing = [o for o in range(upto) if (tp, o) not in seen | withdrawn]
-            self._check(
-                not missing,
-                f"LOSS: {tp[0]}[{tp[1]}] committed at {upto} but records {missing} were "
-                f"neither forwarded nor dead-lettered (faults fired: {self.faults.log})",
-            )
+        for layout, committed in self.groups.items():
+            for tp, upto in sorted(committed.items()):
+                missing = [o for o in range(upto) if (tp, o) not in seen | withdrawn]
+                self._check(
+                    not missing,
+                    f"LOSS: {tp[0]}[{tp[1]}] committed at {upto} in the {layout} group but "
+                    f"records {missing} were neither forwarded nor dead-lettered (faults "
+                    f"fired: {self.faults.log})",
+                )
 
     def nothing_forwarded_early(self) -> None:
         for tp, offset, at in self._seen():
@@ -379,16 +489,31 @@ class LevelWorkerSimulation(Simulation):
         )
 
     def every_thread_alive_or_reported(self) -> None:
+        self._check(
+            self.reader_alive,
+            f"the marker reader's thread ended: {getattr(self, 'reader_death', '')} (faults "
+            f"fired: {self.faults.log})",
+        )
         if not self.running:
             self._check(bool(self.rig.fatal), "a thread ended without reporting why")
             self.fatal_reports.extend(self.rig.fatal)
-            self._start(assign=set(PARTITIONS))  # the daemon stops; a new one starts
+            self._start(assign=set(self.partitions))  # the daemon stops; a new one starts
+
+
+SETTINGS = load_settings(
+    levels="1s,5s,20s,60s",
+    bootstrap_servers="127.0.0.1:9",
+    markers_topic=MARKERS,
+    cancel_lead=f"{LEAD_MS}ms",
+)
+"""What the marker reader is given: the fakes' levels (`fakes.LEVELS`)."""
 
 
 @pytest.fixture(autouse=True)
 def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loops' pauses after an error are real waits on an event; a step is one pass."""
     monkeypatch.setattr(consumer_thread_module, "ERROR_PAUSE_S", 0.0)
+    monkeypatch.setattr(marker_reader_module, "ERROR_PAUSE_S", 0.0)
     monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
     monkeypatch.setattr(forwarder_module, "RESEEK_POLL_S", 0.0)
 
@@ -397,3 +522,68 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_the_level_worker_keeps_its_promises_under_every_fault(exactly_once: bool) -> None:
     run_guarantee(LevelWorkerSimulation, exactly_once, SEEDS, "")
+
+
+class _Drawn:
+    """Stands in for hypothesis' `data` in a written sequence: hands out these values."""
+
+    def __init__(self, *values: Any) -> None:
+        self._values = list(values)
+
+    def draw(self, strategy: Any, label: str | None = None) -> Any:
+        return self._values.pop(0)
+
+
+def _machine(exactly_once: bool) -> LevelWorkerSimulation:
+    run = type("WrittenSimulation", (LevelWorkerSimulation,), {"exactly_once": exactly_once})
+    machine = run()
+    machine.faults_of_this_run([True] * len(SHAPES))
+    return machine
+
+
+def _time_passes(machine: LevelWorkerSimulation, rounds: int, seconds: float = 1.0) -> None:
+    for _ in range(rounds):
+        machine.time_passes(seconds, reader=True)
+        machine.promises_hold()
+
+
+def test_written_a_change_of_layout_then_a_fatal_producer_forwards_nothing_twice() -> None:
+    """Finding 2 of issue 47 as a sequence of the simulation's own steps (its random
+    search did not reach it in 1,000 examples): records forwarded and committed in one
+    layout's group, the layout changed, a producer gone fatal under exactly-once. The
+    re-seek that follows must start the partition idle since the change where the
+    other group got to, not at its beginning."""
+    machine = _machine(exactly_once=True)
+    try:
+        machine.records_arrive(_Drawn(False, (A, 0)), 3, 0, b"k0")
+        _time_passes(machine, 3)
+        assert machine.groups[LAYOUTS[0]].get((A, 0)) == 3
+        machine.killed_and_restarted(layout_changed=True)
+        _time_passes(machine, 2)
+        machine.records_arrive(_Drawn(False, (A, 1)), 2, 400, b"k1")
+        machine.time_passes(0.05, reader=True)
+        machine.faults.arm("producer", "fatal")
+        _time_passes(machine, 5)
+        assert any(line.startswith("producer.") for line in machine.faults.log)
+        assert machine.fatal_reports or machine.processes == 1, "the producer never failed"
+    finally:
+        machine.teardown()
+
+
+def test_written_a_cancel_of_a_message_on_a_partition_just_added_is_honoured() -> None:
+    """A level topic grows; a record goes to the new partition and is cancelled well
+    before it is due, before the reader's next reading of the counts: honoured."""
+    machine = _machine(exactly_once=False)
+    try:
+        machine.time_passes(0.5, reader=True)
+        machine.topic_grows(_Drawn(A))
+        machine.records_arrive(_Drawn(True), 1, 4_000, b"k0")
+        machine.time_passes(0.05, reader=True)
+        (message_id,) = machine.ids
+        machine.cancel_sent(_Drawn(True))
+        assert machine.cancels[-1][0] == message_id
+        _time_passes(machine, 6)
+        seen = {(tp, offset) for tp, offset, _ in machine._seen()}
+        assert ((A, 2), 0) not in seen
+    finally:
+        machine.teardown()
