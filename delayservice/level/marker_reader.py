@@ -159,6 +159,8 @@ def _partitions(consumer: Any, topic: str) -> list[int]:
 
 
 class MarkerReader:
+    name: Final = "markers"
+
     def __init__(
         self,
         settings: Settings,
@@ -173,7 +175,6 @@ class MarkerReader:
         """`on_pass`: runs after each pass that reached the end of the markers topic.
         `topic_ids`: how the topics' ids are asked for (None: through the admin API
         when the consumers are real, not at all when they are made by the caller)."""
-        self.name = "markers"
         self._on_pass = on_pass
         self._settings = settings
         self._book = book
@@ -195,8 +196,11 @@ class MarkerReader:
         self._counts: dict[str, int] = {}
         """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
-        self._counts_at = 0.0
-        """When (monotonic) the level topics' partition counts were last read."""
+        self._batches = 0
+        """Batches of records read so far."""
+        self._counts_after = -1
+        """How many batches had been read when the level topics' partition counts were
+        last read: a marker of a later batch may name a partition added since."""
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
@@ -446,13 +450,13 @@ class MarkerReader:
         return out
 
     def _read_metadata(self, consumer: Any) -> None:
-        asked = time.monotonic()
+        after = self._batches
         for topic in self._level_topics:
             meta = consumer.list_topics(topic, timeout=PASS_TIMEOUT_S).topics.get(topic)
             if meta is not None and meta.error is None and meta.partitions:
                 self._book.partition_count(topic, len(meta.partitions))
-        self._counts_at = asked
-        self._next_metadata = asked + METADATA_S
+        self._counts_after = after
+        self._next_metadata = time.monotonic() + METADATA_S
 
     def _step(self, consumer: Any) -> None:
         now = self._now_ms()
@@ -613,7 +617,8 @@ class MarkerReader:
                 self._read_to[key] = tp.offset
 
     def _read(self, consumer: Any, messages: list[Message]) -> None:
-        got = time.monotonic()  # every marker here was appended before this
+        self._batches += 1
+        batch = self._batches  # every marker in it was appended before it was returned
         for message in messages:
             if message.error() is not None:
                 continue
@@ -621,7 +626,7 @@ class MarkerReader:
             self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
             try:
                 if key[0] == self._markers_topic:
-                    self._file(message, consumer, got)
+                    self._file(message, consumer, batch)
                 else:
                     self._answer(message)
             except _CountsUnreadError:
@@ -630,8 +635,8 @@ class MarkerReader:
                 self._m_errors.inc()
                 log.exception("markers: a record at %s@%d could not be read", key, message.offset())
 
-    def _file(self, message: Message, consumer: Any, got: float) -> None:
-        """`got`: when the batch holding `message` was returned by the consumer."""
+    def _file(self, message: Message, consumer: Any, batch: int) -> None:
+        """`batch`: the number of the batch holding `message` (`_batches`)."""
         read = marker_of(message)
         if read is None:
             self._metrics.level_markers.labels("-", "none", REFUSED).inc()
@@ -644,7 +649,8 @@ class MarkerReader:
                 )
             return
         marker, refusal = read
-        if refusal is None and self._counts_at < got and self._book.beyond_count(marker.message_id):
+        stale = self._counts_after < batch
+        if refusal is None and stale and self._book.beyond_count(marker.message_id):
             # Its message may be on a partition added since the counts were read.
             try:
                 self._read_metadata(self._lister if self._lister is not None else consumer)
