@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from delayservice.envelope import H_CANCEL
+from delayservice.envelope import H_CANCEL, H_DUE_MS, H_RESCHEDULE
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
@@ -86,7 +86,10 @@ SEEDS = {False: 4701, True: 4702}
 DELAYSERVICE_SIM_SEED gives another."""
 
 A, B = LEVEL.topic, LONGER.topic
-PARTITIONS = ((A, 0), (A, 1), (B, 0))
+SHORTEST = fakes.LEVELS.levels[0]
+C = SHORTEST.topic
+"""The 1 s level: nothing is sent to it but the copies a reschedule makes."""
+PARTITIONS = ((A, 0), (A, 1), (B, 0), (C, 0), (C, 1))
 GROWN = {A: 4, B: 2}
 """The most partitions each level topic grows to (`topic_grows`)."""
 DELAYS = {A: LEVEL.delay_ms, B: LONGER.delay_ms}
@@ -96,6 +99,8 @@ LEAD_MS = 1_000
 MARKERS = "delay_markers"
 MARKERS_GROWN = 3
 KEYS = (b"k0", b"k1", b"k2")
+RESCHEDULE_IN_MS = (1_500, 3_000, 6_000, 12_000)
+"""How far ahead a reschedule asks for: its copy goes to the 1 s, 5 s or 20 s level."""
 LAYOUTS = ("shared", "per-level")
 """The worker layouts' consumer groups (`level_workers`): a change of layout starts the
 new process in the other group, from the later of its offsets and the other's."""
@@ -118,7 +123,7 @@ class LevelWorkerSimulation(Simulation):
         self.broker = Broker()
         self.partitions: list[tuple[str, int]] = list(PARTITIONS)
         """The level partitions there are (`topic_grows` adds to them)."""
-        self.counts: dict[str, int] = {A: 2, B: 1, MARKERS: 1, OUTCOMES: 1}
+        self.counts: dict[str, int] = {A: 2, B: 1, C: 2, MARKERS: 1, OUTCOMES: 1}
         """What the broker's metadata says each topic has."""
         self.groups: dict[str, dict[tuple[str, int], int]] = {name: {} for name in LAYOUTS}
         """Each layout's group's committed offsets."""
@@ -126,8 +131,17 @@ class LevelWorkerSimulation(Simulation):
         self.cancels: list[tuple[str, int]] = []
         """(id, when the broker acknowledged it) of each cancel appended to the markers
         topic, which the daemon's own reader reads (`reader_pass`)."""
+        self.reschedules: list[tuple[str, int, int]] = []
+        """(id, when the broker acknowledged it, the time it asks for) of each reschedule
+        appended to the markers topic (one per id)."""
         self.ids: dict[str, tuple[tuple[str, int], int]] = {}
-        """Level id -> the record it names (partition, offset)."""
+        """Level id -> the record it names (partition, offset), as first sent."""
+        self.records: dict[str, list[tuple[tuple[str, int], int]]] = {}
+        """Level id -> every record carrying it: as first sent, then each copy a move
+        wrote to a level topic, in the order they became visible."""
+        self.id_at: dict[tuple[tuple[str, int], int], str] = {}
+        self._published: set[int] = set()
+        """Sends (by `id`) already appended to the broker's logs (`_publish`)."""
         self.assignment: set[tuple[str, int]] = set()
         self.processes = 0
         self.fatal_reports: list[str] = []
@@ -155,7 +169,7 @@ class LevelWorkerSimulation(Simulation):
         rig = make_level_rig(
             clock=self.clock,
             exactly_once=self.exactly_once,
-            levels=(LEVEL, LONGER),
+            levels=(SHORTEST, LEVEL, LONGER),
             backoff=(0.2, 2.0),
             give_up_s=30.0,
             high_water=6,
@@ -182,9 +196,11 @@ class LevelWorkerSimulation(Simulation):
         self.faults.wrap_producer(rig.producer)
         self.broker.producers.append(rig.producer)
         config = rig.producer.config
+        self._counted(rig.producer)
 
         def new_producer() -> FakeProducer:
             producer = FakeProducer(dict(rig.producer.topics), self.clock, config)
+            self._counted(producer)
             producer.owner = self.rig.consumer
             fakes.PRODUCERS.append(producer)
             self.broker.producers.append(producer)
@@ -193,7 +209,7 @@ class LevelWorkerSimulation(Simulation):
         def new_consumer(config: dict[str, Any]) -> FakeConsumer:
             """A consumer replacing one that failed: it joins the group and is given
             what the group assigns this member."""
-            consumer = FakeConsumer(A, B)
+            consumer = FakeConsumer(C, A, B)
             consumer.partition_counts = self.counts
             consumer.make(config)
             self.broker.attach(consumer)
@@ -236,6 +252,43 @@ class LevelWorkerSimulation(Simulation):
         consumer.consume = waited  # type: ignore[method-assign]
         return self.faults.wrap_reader(consumer)
 
+    def _counted(self, producer: FakeProducer) -> None:
+        """The producer's metadata says what the broker's does."""
+        for topic in (A, B, C, OUTCOMES):
+            producer.topics[topic] = self.counts[topic]
+
+    def _publish(self) -> None:
+        """Append to the broker's logs what the daemon's producers made visible on the
+        level topics (the copies a move writes) and the outcomes topic (answers), in
+        the order each producer made them visible (read_committed in exactly-once)."""
+        for producer in self.broker.producers:
+            for sent in producer.visible():
+                if id(sent) in self._published or sent.topic not in (A, B, C, OUTCOMES):
+                    continue
+                self._published.add(id(sent))
+                tp = (sent.topic, sent.partition if sent.partition is not None else 0)
+                log = self.broker.logs.setdefault(tp, [])
+                offset = len(log)
+                stamp = int(sent.at * 1000)
+                log.append(
+                    message(
+                        tp[1],
+                        offset,
+                        stamp,
+                        topic=tp[0],
+                        key=sent.key,
+                        value=sent.value,
+                        headers=list(sent.headers),
+                    )
+                )
+                if tp[0] == OUTCOMES:
+                    continue
+                message_id = sent.delay_id or ""
+                due = sent.header("delay-due-ms")
+                self.broker.due_ms[(tp, offset)] = int(due) if due is not None else stamp
+                self.records.setdefault(message_id, []).append((tp, offset))
+                self.id_at[(tp, offset)] = message_id
+
     @property
     def running(self) -> bool:
         return self.consumer_alive and self.forwarder_alive and self.reader_alive
@@ -249,14 +302,17 @@ class LevelWorkerSimulation(Simulation):
     )
     def records_arrive(self, data: st.DataObject, count: int, due_in_ms: int, key: bytes) -> None:
         # Half the time the newest partition: a producer sends there once it has grown.
+        sent_to = [tp for tp in self.partitions if tp[0] != C]
         newest = data.draw(st.booleans(), label="newest partition")
-        tp = self.partitions[-1] if newest else data.draw(st.sampled_from(self.partitions))
+        tp = sent_to[-1] if newest else data.draw(st.sampled_from(sent_to))
         stamp = self.clock.ms() - DELAYS[tp[0]] + due_in_ms
         log = self.broker.logs.setdefault(tp, [])
         for _ in range(count):
             offset = len(log)
             message_id = level_id(INDEX[tp[0]], tp[1], stamp)
             self.ids[message_id] = (tp, offset)
+            self.records[message_id] = [(tp, offset)]
+            self.id_at[(tp, offset)] = message_id
             headers = envelope_headers(message_id=message_id, delay_ms=DELAYS[tp[0]])
             record = message(
                 tp[1], offset, stamp, topic=tp[0], key=key, value=b"v%d" % offset, headers=headers
@@ -276,18 +332,43 @@ class LevelWorkerSimulation(Simulation):
             message_id = pending[-1]
         else:
             message_id = data.draw(st.sampled_from(sorted(pending or self.ids)), label="cancelled")
-        partition = marker_partition(message_id, self.counts[MARKERS])  # as the SDK places it
+        self._marker(message_id, [(H_CANCEL, message_id.encode())])
+        self.cancels.append((message_id, now))
+
+    @precondition(lambda self: bool(self.ids))
+    @rule(data=st.data(), ahead_ms=st.sampled_from(RESCHEDULE_IN_MS))
+    def reschedule_sent(self, data: st.DataObject, ahead_ms: int) -> None:
+        """An application moves a message it sent to a new time (once per message),
+        acknowledged at once by the broker."""
+        now = self.clock.ms()
+        moved = {message_id for message_id, _, _ in self.reschedules}
+        pending = [
+            i for i, spot in self.ids.items() if self.broker.due_ms[spot] > now and i not in moved
+        ]
+        if not pending:
+            return
+        if data.draw(st.booleans(), label="the latest sent"):
+            message_id = pending[-1]
+        else:
+            message_id = data.draw(st.sampled_from(pending), label="moved")
+        asked = now + ahead_ms
+        headers = [(H_RESCHEDULE, message_id.encode()), (H_DUE_MS, str(asked).encode())]
+        self._marker(message_id, headers)
+        self.reschedules.append((message_id, now, asked))
+
+    def _marker(self, message_id: str, headers: list[tuple[str, bytes]]) -> None:
+        """Append a marker now, to the markers partition the SDK picks for its id."""
+        partition = marker_partition(message_id, self.counts[MARKERS])
         log = self.broker.logs.setdefault((MARKERS, partition), [])
         record = message(
             partition,
             len(log),
-            now,
+            self.clock.ms(),
             topic=MARKERS,
-            headers=[(H_CANCEL, message_id.encode())],
+            headers=headers,
             timestamp_type=TIMESTAMP_CREATE_TIME,
         )
         log.append(record)
-        self.cancels.append((message_id, now))
 
     @precondition(lambda self: self.reader_alive)
     @rule()
@@ -298,6 +379,7 @@ class LevelWorkerSimulation(Simulation):
         noted, read up to, the gate moved. An error it does not catch ends its thread."""
         if not self.reader_alive:
             return
+        self._publish()
         self.reader._next_pass = 0  # a pass now, not a wait for one
         kept: list[Any] = []
         raised = raised_by(lambda: kept.append(self.reader._turn(self.reader_consumer)))
@@ -334,6 +416,8 @@ class LevelWorkerSimulation(Simulation):
             return
         tp = (topic, self.counts[topic] - 1)
         self.partitions.append(tp)
+        for producer in self.broker.producers:
+            self._counted(producer)
         if self.running:
             self.assignment.add(tp)
             self.rig.consumer.queue_rebalance("assign", tp)
@@ -362,6 +446,7 @@ class LevelWorkerSimulation(Simulation):
 
     def _consumer_turn(self) -> None:
         """One turn of `ConsumerThread._loop`, as its thread runs it."""
+        self._publish()
         loop, keeper = self.rig.loop, self.rig.loop.keeper
         going: list[bool] = []
         raised = raised_by(lambda: going.append(loop._turn(keeper)))
@@ -428,61 +513,97 @@ class LevelWorkerSimulation(Simulation):
     # -- invariants --------------------------------------------------------------------
     @invariant()
     def promises_hold(self) -> None:
-        self.nothing_committed_past_a_record_not_sent()
-        self.nothing_forwarded_early()
-        self.every_cancel_in_time_honoured()
-        self.exactly_once_commits_each_record_once()
+        self._publish()  # what a commit just made visible (a copy with its original's offset)
+        forwards = self._forwards()
+        self.nothing_committed_past_a_record_not_sent(forwards)
+        self.nothing_forwarded_early(forwards)
+        self.every_cancel_in_time_honoured(forwards)
+        self.every_reschedule_in_time_honoured(forwards)
+        self.exactly_once_forwards_each_message_once(forwards)
         self.every_thread_alive_or_reported()
 
-    def _seen(self) -> list[tuple[tuple[str, int], int, float]]:
-        """(partition, offset, when sent) of each forward or dead letter a reader sees
-        (read_committed in exactly-once), through every producer of every process."""
+    def _forwards(self) -> list[tuple[str, float]]:
+        """(id, when sent) of each forward or dead letter a reader sees (read_committed
+        in exactly-once), through every producer of every process: a copy's forward
+        counts for its message."""
         out = []
         for producer in self.broker.producers:
             for sent in producer.visible():
-                source = _source_of(sent) or self.ids.get(sent.delay_id or "")
-                if source is not None:
-                    out.append((source[0], source[1], sent.at))
+                if sent.topic in (A, B, C, OUTCOMES):
+                    continue
+                source = _source_of(sent)
+                message_id = self.id_at.get(source) if source is not None else sent.delay_id
+                if message_id in self.records:
+                    out.append((message_id, sent.at))
         return out
 
-    def _cancelled_before(self, lead_ms: int) -> set[tuple[tuple[str, int], int]]:
-        """Records with a cancel appended more than `lead_ms` before their due time."""
-        out = set()
-        for message_id, appended_ms in self.cancels:
-            tp, offset = self.ids[message_id]
-            if appended_ms < self.broker.due_ms[(tp, offset)] - lead_ms:
-                out.add((tp, offset))
-        return out
+    def _earliest_due(self, message_id: str) -> int:
+        """The first time its message may go: its due time, or a new time asked."""
+        due = self.broker.due_ms[self.ids[message_id]]
+        asked = [ms for i, _, ms in self.reschedules if i == message_id]
+        return min([due, *asked])
 
-    def nothing_committed_past_a_record_not_sent(self) -> None:
-        seen = {(tp, offset) for tp, offset, _ in self._seen()}
-        withdrawn = self._cancelled_before(0)
+    def _cancelled_before(self, lead_ms: int) -> set[str]:
+        """Messages with a cancel appended more than `lead_ms` before the first time
+        they may go."""
+        return {
+            message_id
+            for message_id, appended_ms in self.cancels
+            if appended_ms < self._earliest_due(message_id) - lead_ms
+        }
+
+    def nothing_committed_past_a_record_not_sent(self, forwards: list[tuple[str, float]]) -> None:
+        """Each record below a committed offset was forwarded or dead-lettered (its
+        message was), withdrawn for a cancel that came before its time, or moved: a
+        copy of it was written after it."""
+        settled = {message_id for message_id, _ in forwards} | self._cancelled_before(0)
         for layout, committed in self.groups.items():
             for tp, upto in sorted(committed.items()):
-                missing = [o for o in range(upto) if (tp, o) not in seen | withdrawn]
+                missing = [
+                    o
+                    for o in range(upto)
+                    if self.id_at[(tp, o)] not in settled
+                    and self.records[self.id_at[(tp, o)]][-1] == (tp, o)
+                ]
                 self._check(
                     not missing,
                     f"LOSS: {tp[0]}[{tp[1]}] committed at {upto} in the {layout} group but "
-                    f"records {missing} were neither forwarded nor dead-lettered (faults "
-                    f"fired: {self.faults.log})",
+                    f"records {missing} were neither forwarded nor dead-lettered nor moved "
+                    f"(faults fired: {self.faults.log})",
                 )
 
-    def nothing_forwarded_early(self) -> None:
-        for tp, offset, at in self._seen():
-            due = self.broker.due_ms[(tp, offset)]
-            self._check(at * 1000 >= due - 0.001, f"EARLY: {tp}@{offset} sent at {at}, due {due}")
+    def nothing_forwarded_early(self, forwards: list[tuple[str, float]]) -> None:
+        for message_id, at in forwards:
+            due = self._earliest_due(message_id)
+            self._check(at * 1000 >= due - 0.001, f"EARLY: {message_id} sent at {at}, due {due}")
 
-    def every_cancel_in_time_honoured(self) -> None:
-        seen = {(tp, offset) for tp, offset, _ in self._seen()}
-        leaked = sorted(seen & self._cancelled_before(LEAD_MS))
+    def every_cancel_in_time_honoured(self, forwards: list[tuple[str, float]]) -> None:
+        cancelled = self._cancelled_before(LEAD_MS)
+        leaked = sorted({message_id for message_id, _ in forwards} & cancelled)
         self._check(not leaked, f"CANCEL LEAKED: forwarded though cancelled in time: {leaked}")
 
-    def exactly_once_commits_each_record_once(self) -> None:
+    def every_reschedule_in_time_honoured(self, forwards: list[tuple[str, float]]) -> None:
+        """A reschedule acknowledged `cancel_lead` before its message's due time: the
+        message does not go before the new time."""
+        for message_id, appended_ms, asked_ms in self.reschedules:
+            if appended_ms >= self.broker.due_ms[self.ids[message_id]] - LEAD_MS:
+                continue
+            early = [at for i, at in forwards if i == message_id and at * 1000 < asked_ms]
+            self._check(
+                not early,
+                f"RESCHEDULE IGNORED: {message_id} moved to {asked_ms} (asked at "
+                f"{appended_ms}) but forwarded at {early}",
+            )
+
+    def exactly_once_forwards_each_message_once(self, forwards: list[tuple[str, float]]) -> None:
         if not self.exactly_once:
             return
-        counts = Counter((tp, offset) for tp, offset, _ in self._seen())
-        twice = sorted(spot for spot, n in counts.items() if n > 1)
-        self._check(not twice, f"DUPLICATE in committed transactions: {twice}")
+        counts = Counter(message_id for message_id, _ in forwards)
+        twice = sorted(message_id for message_id, n in counts.items() if n > 1)
+        self._check(
+            not twice,
+            f"DUPLICATE in committed transactions: {[(i, self.records[i]) for i in twice]}",
+        )
         violations = [v for p in self.broker.producers for v in p.violations]
         self._check(
             not violations, f"a transaction committed what its member did not own: {violations}"
@@ -583,7 +704,35 @@ def test_written_a_cancel_of_a_message_on_a_partition_just_added_is_honoured() -
         machine.cancel_sent(_Drawn(True))
         assert machine.cancels[-1][0] == message_id
         _time_passes(machine, 6)
-        seen = {(tp, offset) for tp, offset, _ in machine._seen()}
-        assert ((A, 2), 0) not in seen
+        assert message_id not in {forwarded for forwarded, _ in machine._forwards()}
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_written_a_reschedule_in_time_moves_the_message_and_it_goes_once_at_its_new_time(
+    exactly_once: bool,
+) -> None:
+    """The model's reschedule, end to end: the owner writes a copy to the level that
+    holds what is left, the copy is read back from the broker's log, and the message
+    goes once, not before the new time; the original's offset commits behind the copy."""
+    machine = _machine(exactly_once=exactly_once)
+    machine.faults_of_this_run([False] * len(SHAPES))
+    try:
+        machine.records_arrive(_Drawn(False, (A, 0)), 1, 4_000, b"k0")
+        machine.time_passes(0.05, reader=True)
+        (message_id,) = machine.ids
+        machine.reschedule_sent(_Drawn(True), 12_000)
+        asked = machine.reschedules[-1][2]
+        _time_passes(machine, 26)
+        assert len(machine.records[message_id]) == 2, machine.records[message_id]
+        copy_tp, copy_offset = machine.records[message_id][1]
+        assert copy_tp[0] == B  # 12 s left at most: the 20 s level
+        copied_ms = machine.broker.logs[copy_tp][copy_offset].timestamp()[1]
+        (at,) = [at for i, at in machine._forwards() if i == message_id]
+        # Never before the new time; a level's delay after the copy at the latest (a
+        # level reschedule rounds up to its level: docs/cancel-and-reschedule.md).
+        assert asked <= at * 1000 <= copied_ms + LONGER.delay_ms + 1_000
+        assert machine.groups[machine.layout].get((A, 0)) == 1
     finally:
         machine.teardown()
