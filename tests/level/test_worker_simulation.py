@@ -505,6 +505,18 @@ class LevelWorkerSimulation(Simulation):
         call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
         self.faults.arm(client, shape, call)
 
+    @precondition(lambda self: self.running and "queue_full" in self.shapes)
+    @rule(data=st.data())
+    def queue_fills_then_a_call_fails(self, data: st.DataObject) -> None:
+        """Weighted, as in the precise simulation: the producer's queue fills, and from
+        then its next call that can fail (the poll of the wait for room, often) fails
+        with another shape. The two must meet to reach the put-back of what a send
+        took, and `next_call_fails` alone draws them in that order too seldom."""
+        then = [shape for shape in self.shapes if shape != "queue_full"] or ["retriable"]
+        shape = data.draw(st.sampled_from(then), label="then")
+        self.faults.arm("producer", "queue_full", "produce")
+        self.faults.arm_after_full(shape)
+
     @precondition(lambda self: self.running)
     @rule(kind=st.sampled_from(["assign", "revoke", "lost"]), data=st.data())
     def rebalance(self, kind: str, data: st.DataObject) -> None:
