@@ -22,6 +22,7 @@ and to audits of the period).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,7 +244,40 @@ def create(
                 outcomes.append((spec, "exists"))
             else:
                 raise DelayServiceError.from_kafka(error, f"creating {spec.name}") from exc
+    created = [spec.name for spec, outcome in outcomes if outcome == "created"]
+    listed(admin, created, timeout)
     return outcomes
+
+
+LISTED_POLL_S = 0.1
+
+
+def listed(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Return once every topic of `names` is in the brokers' metadata with a leader for
+    each partition. A topic reaches it a moment after the controller accepted it, and a
+    client asking meanwhile is told it does not exist: a producer made right after
+    `topics create` refused a cancel with "create it with topics create"."""
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending:
+        meta = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        for name in sorted(pending):
+            topic = meta.topics.get(name)
+            if (
+                topic is not None
+                and topic.error is None
+                and topic.partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())
+            ):
+                pending.discard(name)
+        if pending and time.monotonic() >= deadline:
+            raise DelayServiceError(
+                f"created, but not in the brokers' metadata after {timeout:g}s: "
+                + ", ".join(sorted(pending)),
+                retriable=True,
+            )
+        if pending:
+            time.sleep(LISTED_POLL_S)
 
 
 def problems_summary(statuses: list[TopicStatus]) -> list[str]:

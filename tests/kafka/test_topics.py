@@ -224,3 +224,31 @@ def test_describe_says_what_is_wrong_with_the_precise_topics(testbed):
     )
     assert f"{settings.precise_done_topic}: cleanup.policy is delete, needs compact" in problems
     assert f"{settings.topic_prefix}1: missing" in problems
+
+
+def test_create_returns_once_the_topics_are_in_the_brokers_metadata():
+    """A topic reaches the brokers' metadata a moment after the controller accepts it;
+    `create` waits for it, so a client made right after finds it (a producer made at
+    once refused a cancel, "create it with topics create")."""
+    from types import SimpleNamespace
+
+    from delayservice.errors import DelayServiceError
+
+    answers = iter([{}, {"t": SimpleNamespace(error=None, partitions={})}])
+    ready = {"t": SimpleNamespace(error=None, partitions={0: SimpleNamespace(leader=1)})}
+    asked: list[float] = []
+
+    class Admin:
+        def list_topics(self, timeout: float = -1) -> object:
+            asked.append(timeout)
+            return SimpleNamespace(topics=next(answers, ready))
+
+    topics.listed(Admin(), ["t"], timeout=5)  # type: ignore[arg-type]
+    assert len(asked) == 3  # not listed, listed without partitions, listed
+
+    class Never:
+        def list_topics(self, timeout: float = -1) -> object:
+            return SimpleNamespace(topics={})
+
+    with pytest.raises(DelayServiceError, match=r"not in the brokers' metadata after 0\.2s: t"):
+        topics.listed(Never(), ["t"], timeout=0.2)  # type: ignore[arg-type]

@@ -224,6 +224,11 @@ def test_cancels_after_the_markers_topic_is_deleted_and_made_again_are_honoured(
     made = topics.create(testbed.admin, settings)
     assert [spec.name for spec, outcome in made if outcome != "exists"] == [topic]
 
+    def listed() -> bool:  # a topic just made reaches the broker's metadata a moment later
+        meta = testbed.admin.list_topics(topic, timeout=10).topics.get(topic)
+        return meta is not None and meta.error is None and bool(meta.partitions)
+
+    testbed.wait_for(listed, 30, "the topic made again in the broker's metadata")
     producer = testbed.producer(settings)  # fresh: it writes to the new topic
     doomed, kept, _ = _cancel_most(producer, target, settings.partitions)
     _none_leaked(testbed, target, doomed, kept, "the markers topic made again")
