@@ -784,6 +784,9 @@ class MarkerBook:
         """Whether `message_id` names a partition past its level topic's count as last
         read: refused on that count, unless the count was read after the marker (the
         topic may have grown since, and its message be on the new partition)."""
+        _, p, tail = message_id.rpartition("p")
+        if not (p and tail.isdigit()) or int(tail) < min(self.partitions.values(), default=0):
+            return False  # most markers: a partition every level topic has (no parse)
         place = level_place(message_id)
         levels = self._levels.levels
         if place is None or not 0 < place.level <= len(levels):
