@@ -259,10 +259,14 @@ def listed(admin: AdminClient, names: list[str], timeout: float) -> None:
     `topics create` refused a cancel with "create it with topics create"."""
     deadline = time.monotonic() + timeout
     pending = set(names)
+    why = ""
     while pending:
-        meta = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        try:
+            found = admin.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
+        except KafkaException as exc:  # made already: ask again until the deadline
+            found, why = {}, f" (last: {exc.args[0].str() if exc.args else exc})"
         for name in sorted(pending):
-            topic = meta.topics.get(name)
+            topic = found.get(name)
             if (
                 topic is not None
                 and topic.error is None
@@ -273,7 +277,8 @@ def listed(admin: AdminClient, names: list[str], timeout: float) -> None:
         if pending and time.monotonic() >= deadline:
             raise DelayServiceError(
                 f"created, but not in the brokers' metadata after {timeout:g}s: "
-                + ", ".join(sorted(pending)),
+                + ", ".join(sorted(pending))
+                + why,
                 retriable=True,
             )
         if pending:

@@ -299,7 +299,8 @@ class MarkerReader:
         if exc is None:
             return consumer
         if isinstance(exc, _RemadeError):
-            consumer.close()
+            with contextlib.suppress(Exception):  # a broken client may refuse even this
+                consumer.close()
             return None
         self._failed(consumer, exc)
         return None
@@ -311,8 +312,8 @@ class MarkerReader:
             # A fresh consumer from the earlier point: one sought back could still give
             # the position it had before the seek, and the gate would open on markers
             # not read again yet.
-            held.pop().close()
-            held.append(None)
+            consumer, held[0] = held[0], None
+            consumer.close()  # raising, it leaves no consumer to go on with
             return
         self._step(held[0])
 

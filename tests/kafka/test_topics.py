@@ -252,3 +252,33 @@ def test_create_returns_once_the_topics_are_in_the_brokers_metadata():
 
     with pytest.raises(DelayServiceError, match=r"not in the brokers' metadata after 0\.2s: t"):
         topics.listed(Never(), ["t"], timeout=0.2)  # type: ignore[arg-type]
+
+
+def test_create_waits_through_a_failed_listing_and_says_the_last_error():
+    """The topics were made: a listing that fails is asked again until the deadline,
+    and a wait that ends names the last error, not a raw client exception."""
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from delayservice.errors import DelayServiceError
+
+    ready = {"t": SimpleNamespace(error=None, partitions={0: SimpleNamespace(leader=1)})}
+    calls: list[int] = []
+
+    class Flaky:
+        def list_topics(self, timeout: float = -1) -> object:
+            calls.append(1)
+            if len(calls) == 1:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker away"))
+            return SimpleNamespace(topics=ready)
+
+    topics.listed(Flaky(), ["t"], timeout=5)  # type: ignore[arg-type]
+    assert len(calls) == 2
+
+    class Down:
+        def list_topics(self, timeout: float = -1) -> object:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "broker away"))
+
+    with pytest.raises(DelayServiceError, match=r"after 0\.2s: t \(last: broker away\)"):
+        topics.listed(Down(), ["t"], timeout=0.2)  # type: ignore[arg-type]

@@ -218,3 +218,57 @@ def test_a_bare_kafka_error_from_consume_leaves_the_reader_reading(reading: Read
     reading.clock.advance(0.2)
     reading.reader._turn(reopened)
     assert reading.book.has(mid)
+
+
+@pytest.mark.parametrize("tail", ["9" * 5_000, "²", "١٢"], ids=["huge", "superscript", "arabic"])
+def test_a_hostile_partition_tail_is_no_level_id_and_is_answered(
+    reading: Reading, tail: str
+) -> None:
+    """An id whose tail after its last `p` is thousands of digits (past `int()`'s limit)
+    or digits that are not ASCII: the reader's look at the tail neither raises nor
+    skips it; the book files it as naming no level partition, to be answered."""
+    from confluent_kafka import TIMESTAMP_CREATE_TIME
+
+    from delayservice.envelope import H_CANCEL
+
+    mid = f"{'0' * 32}-l1p{tail}"
+    assert not reading.book.beyond_count(mid)
+    tp = (reading.markers, 0)
+    reading.fake.append(
+        tp,
+        message(
+            0,
+            reading.fake.next_offset(tp),
+            reading.clock.ms(),
+            topic=reading.markers,
+            headers=[(H_CANCEL, mid.encode())],
+            timestamp_type=TIMESTAMP_CREATE_TIME,
+        ),
+    )
+    reading.one_pass()
+    refused = reading.book.entries(reading.book.answers_tp)
+    assert [e.marker.message_id for e in refused] == [mid]
+    assert refused[0].refusal is not None
+
+
+def test_a_consumer_that_refuses_to_close_at_a_rewind_leaves_the_reader_reading(
+    reading: Reading,
+) -> None:
+    """A rewind closes the reading consumer for a fresh one; one whose close() raises
+    is left behind and the next turn opens a fresh one, the thread going on."""
+    reader, gate = reading.reader, reading.gate
+    assert gate.covered_from_ms is not None
+    gate.need(("delay_topic_1", 0), gate.covered_from_ms - 60_000)  # older records
+    assert gate.rewind_asked()
+
+    def refuses() -> None:
+        raise RuntimeError("close refused")
+
+    reading.consumer.close = refuses
+    assert reader._turn(reading.consumer) is None  # nothing escaped the turn
+    reading.consumer.closed = False
+    del reading.consumer.close  # the fake's own again, for the fresh one
+    reader._next_pass = 0
+    reopened = reader._turn(None)
+    assert reopened is not None
+    assert not gate.rewind_asked()
