@@ -18,6 +18,10 @@ and the daemon's resident memory is read from /proc before the flood and at the 
     python benchmarks/marker_flood.py                       # 1,000,000 markers
     python benchmarks/marker_flood.py --flood 0             # the same messages, no flood
     python benchmarks/marker_flood.py --flood 100000 --cancel-share 0.01
+    python benchmarks/marker_flood.py --flood-partition 0   # every flood id on partition 0
+
+With `--flood-partition`, the lateness is given apart for the messages on that level
+partition (whose markers share the flooded markers partition) and for the others.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.envelope import H_CANCEL, H_VERSION, VERSION
 from delayservice.kafka import topics
-from delayservice.markers.level_ids import level_id, marker_partition
+from delayservice.markers.level_ids import level_id, level_place, marker_partition
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
@@ -47,8 +51,9 @@ from steady_lateness import percentile, read_all
 TARGET_PARTITIONS = 3
 
 
-def flood(settings: Settings, count: int) -> float:
-    """Write `count` cancel markers for ids of no message; returns the seconds it took."""
+def flood(settings: Settings, count: int, only: int | None) -> float:
+    """Write `count` cancel markers for ids of no message (of level partition `only`, or
+    of every one in turn); returns the seconds it took."""
     producer = Producer(
         {
             "bootstrap.servers": settings.bootstrap_servers,
@@ -63,7 +68,7 @@ def flood(settings: Settings, count: int) -> float:
     start = time.monotonic()
     for n in range(count):
         level = levels[n % len(levels)]
-        message_id = level_id(level.index, n % settings.partitions)
+        message_id = level_id(level.index, n % settings.partitions if only is None else only)
         headers: list[tuple[str, str | bytes | None]] = [
             (H_VERSION, str(VERSION).encode()),
             (H_CANCEL, message_id.encode()),
@@ -102,6 +107,11 @@ def application(settings: Settings, target: str, count: int, share: float) -> st
     return " ".join(cancelled)
 
 
+def _level_partition(message_id: str) -> int | None:
+    place = level_place(message_id)
+    return None if place is None else place.partition
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -112,6 +122,9 @@ def rss_mib(pid: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=1_000_000, help="markers of no message")
+    parser.add_argument(
+        "--flood-partition", type=int, help="every flood id names this level partition"
+    )
     parser.add_argument("--messages", type=int, default=3_000)
     parser.add_argument("--cancel-share", type=float, default=1 / 30)
     parser.add_argument("--levels", default="2s,3s,5s")
@@ -124,7 +137,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.role == "flood":
-        print(f"{flood(load_settings(), args.flood):.1f}")
+        print(f"{flood(load_settings(), args.flood, args.flood_partition):.1f}")
         return 0
     if args.role == "app":
         print(application(load_settings(), args.target, args.messages, args.cancel_share))
@@ -150,6 +163,8 @@ def main() -> int:
         env = settings_env(settings)
         me = [sys.executable, __file__, "--flood", str(args.flood), "--messages",
               str(args.messages), "--cancel-share", str(args.cancel_share)]  # fmt: skip
+        if args.flood_partition is not None:
+            me += ["--flood-partition", str(args.flood_partition)]
         with running_daemon(settings, f"flood-{tag}", ready_within=120, port=free_port()) as d:
             rss_before = rss_mib(d.pid)
             flooding = subprocess.Popen(
@@ -194,6 +209,20 @@ def main() -> int:
             f"lateness of the messages kept: p50 {percentile(kept, 0.5):.0f} ms, "
             f"p99 {percentile(kept, 0.99):.0f} ms, max {max(kept):.0f} ms"
         )
+    if args.flood_partition is not None:
+        for name, on_it in (("on the flooded partition", True), ("on the others", False)):
+            part = [
+                ts - due[m]
+                for m, ts in arrivals
+                if m in due
+                and m not in cancelled
+                and (_level_partition(m) == args.flood_partition) is on_it
+            ]
+            if part:
+                print(
+                    f"  {name} ({len(part):,}): p50 {percentile(part, 0.5):.0f} ms, "
+                    f"p99 {percentile(part, 0.99):.0f} ms, max {max(part):.0f} ms"
+                )
     print(f"delivered {len(delivered & set(due)):,}, missing {missing}, early {early}, "
           f"cancels leaked {leaked} of {len(cancelled)}")  # fmt: skip
     grown = rss_after - rss_before
