@@ -126,6 +126,8 @@ class Daemon:
                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 + "; run `delayservice topics create` / `topics describe`"
             )
+        for line in topics.advice(statuses, self.settings):
+            log.warning("topics: %s", line)
         self._phase = "waiting for the other worker layout's members to leave"
         layout_guard.wait_until_alone(admin, self.settings, self._stop)
         if self.settings.precise:

@@ -138,7 +138,10 @@ class Settings(BaseSettings):
         "({group_id}-{level topic} per level), {group_id}-precise-... for precise mode.",
     )
     partitions: int = Field(
-        3, ge=1, le=2**31 - 1, description="Partitions per level topic (topics create)."
+        3,
+        ge=1,
+        le=2**31 - 1,
+        description="Partitions per level topic, and of the level markers topic (topics create).",
     )
     replication_factor: int = Field(
         1, ge=1, le=2**15 - 1, description="Replication of created topics."

@@ -10,7 +10,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from delayservice import producer as producer_module
 from delayservice.errors import BrokerUnavailableError, DelayTooLongError
-from delayservice.markers.level_ids import level_place
+from delayservice.markers.level_ids import level_id, level_place, marker_partition
 from delayservice.markers.outcome import RepliesUnavailableError
 from delayservice.markers.topic_partitions import TopicPartitions
 from delayservice.partitioners import murmur2
@@ -66,9 +66,24 @@ def test_a_level_cancel_goes_to_the_markers_topic_after_the_message_is_acknowled
     marker = fake.sent[-1]
     assert flushed == [1], "the message in flight was flushed before the marker was sent"
     assert marker.topic == MARKERS
-    assert marker.partition == zlib.crc32(mid.encode()) % PARTITIONS
+    place = level_place(mid)
+    assert place is not None
+    assert marker.partition == place.partition % PARTITIONS, (
+        "the markers partition of its level partition"
+    )
     assert (marker.key, marker.value) == (None, None)
     assert marker.headers == [("delay-v", b"1"), ("delay-cancel", mid.encode())]
+
+
+@pytest.mark.parametrize("markers", [1, 2, 3, 7])
+def test_a_level_marker_goes_to_the_markers_partition_of_its_level_partition(markers):
+    """Level partition p's markers all go to p modulo the markers count, whatever the
+    rest of the id: a flood on one holds back only that one's records."""
+    for partition in range(12):
+        homes = {marker_partition(level_id(level, partition), markers) for level in (1, 2, 3)}
+        assert homes == {partition % markers}
+    old = "0123456789abcdef0123456789abcdef"  # the ids before ids named their place
+    assert marker_partition(old, markers) == zlib.crc32(old.encode()) % markers
 
 
 def test_a_level_reschedule_beyond_the_top_level_is_refused_before_anything_is_sent(fake):

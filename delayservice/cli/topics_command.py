@@ -53,11 +53,15 @@ def create(
         )
         if not as_json:
             typer.echo(f"{outcome:8} {spec.name} ({spec.role}, {spec.partitions} partitions)")
-    problems = topics.problems_summary(topics.describe(admin, settings))
+    statuses = topics.describe(admin, settings)
+    problems = topics.problems_summary(statuses)
+    advice = topics.advice(statuses, settings)
     if as_json:
-        echo_json({"topics": made, "problems": problems})
+        echo_json({"topics": made, "problems": problems, "advice": advice})
         if problems:
             raise typer.Exit(2)
+    for line in advice:
+        typer.echo(f"note: {line}", err=True)
     if problems:
         raise fail("existing topics need attention:\n  " + "\n  ".join(problems), 2)
 
@@ -73,9 +77,12 @@ def describe(
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     statuses = topics.describe(AdminClient(client_config.admin(settings)), settings)
     problems = topics.problems_summary(statuses)
+    advice = topics.advice(statuses, settings)
     if as_json:
-        echo_json({"topics": topics.as_rows(statuses), "problems": problems})
+        echo_json({"topics": topics.as_rows(statuses), "problems": problems, "advice": advice})
     else:
         typer.echo(_table(topics.as_rows(statuses)))
+        for line in advice:
+            typer.echo(f"note: {line}", err=True)
     if problems:
         raise typer.Exit(2)

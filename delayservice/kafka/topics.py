@@ -6,10 +6,12 @@ each partition's head is its earliest-due record and producer clock skew cannot 
 a record early. Retention must be well above the level's delay, or a paused backlog
 could be deleted before it is forwarded.
 
-Two for cancel and reschedule of level messages: the markers topic (one partition,
-LogAppendTime, since a marker counts if its append time is before its message's due
-time, and kept as long as a level topic, since a restarted daemon reads it again for
-every message still waiting) and its outcomes topic, where the daemon answers them.
+Two for cancel and reschedule of level messages: the markers topic (as many partitions
+as a level topic: a marker goes to its level partition's, so a flood of markers on one
+holds back only that partition's records; LogAppendTime, since a marker counts if its
+append time is before its message's due time; kept as long as a level topic, since a
+restarted daemon reads it again for every message still waiting) and its outcomes
+topic (one partition), where the daemon answers them.
 
 With `precise` on, five more: the precise topic and the far topic (LogAppendTime too,
 since due times count from their append time; their records wait in the daemon's
@@ -97,15 +99,14 @@ def wanted(settings: Settings) -> list[TopicSpec]:
 
 
 def _marker_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
-    """One partition each: every daemon reads all of the markers topic (any of them may
-    come to own the partition a marker names), and all its markers in one order; a
-    sender waiting for an answer reads the outcomes topic from its end."""
+    """The markers topic partitioned like the levels (`marker_gate`); one partition for
+    the outcomes topic, which a sender waiting for an answer reads from its end."""
     top = min_retention_ms(settings.level_set().max_delay_ms)
     return [
         TopicSpec(
             settings.markers_topic,
             "level markers",
-            1,
+            settings.partitions,
             settings.replication_factor,
             {
                 "message.timestamp.type": LOG_APPEND_TIME,
@@ -283,6 +284,23 @@ def listed(admin: AdminClient, names: list[str], timeout: float) -> None:
             )
         if pending:
             time.sleep(LISTED_POLL_S)
+
+
+def advice(statuses: list[TopicStatus], settings: Settings) -> list[str]:
+    """What works but could be better: a markers topic with fewer partitions than a
+    level topic puts the markers of several level partitions on one, so a flood of
+    markers there holds back more records than its own."""
+    markers = next((s for s in statuses if s.spec.name == settings.markers_topic), None)
+    levels = {level.topic for level in settings.level_set()}
+    widest = max((s.partitions or 0 for s in statuses if s.spec.name in levels), default=0)
+    if markers is None or markers.partitions is None or markers.partitions >= widest:
+        return []
+    return [
+        f"{markers.spec.name} has {markers.partitions} partition(s) and a level topic has "
+        f"{widest}: markers of several level partitions share one, and a flood of markers "
+        f"there holds back all their records; grow it to {widest} once every producer "
+        "runs this version (docs/operations.md, 'Partitions of the markers topic')"
+    ]
 
 
 def problems_summary(statuses: list[TopicStatus]) -> list[str]:

@@ -149,13 +149,17 @@ class WorkerMarkers:
         """Wakes the worker's forwarder (its partition group's `wake`)."""
 
     # -- the partition group's side ----------------------------------------------------
-    def through_ms(self) -> int:
-        """Records due up to this may be taken (negative: none may, the gate is shut)."""
-        through = self.gate.through_ms
+    def through_ms(self, partition: int | None = None) -> int:
+        """Records (of level partition `partition`; None: of any) due up to this may be
+        taken (negative: none may, the gate is shut)."""
+        gate = self.gate
+        through = gate.through_ms if partition is None else gate.through_for(partition)
         return through if through < 0 else through + self._lead_ms
 
-    def want(self, group: int, due_ms: int, wake: Callable[[], None]) -> None:
-        self.gate.want(group, due_ms - self._lead_ms, wake)
+    def want(
+        self, group: int, due_ms: int, wake: Callable[[], None], partition: int | None = None
+    ) -> None:
+        self.gate.want(group, due_ms - self._lead_ms, wake, partition)
 
     def need(self, tp: TP, appended_ms: int) -> None:
         self.gate.need(tp, appended_ms)

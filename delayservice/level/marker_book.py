@@ -33,7 +33,7 @@ from delayservice.level import marker_store as st
 from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
 from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
-from delayservice.markers.level_ids import level_place
+from delayservice.markers.level_ids import level_place, tail_partition
 from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
 
 REFUSED: Final = "refused"
@@ -41,9 +41,6 @@ UNMATCHED: Final = "unmatched"
 FORWARDED: Final = "forwarded"
 SHEDDABLE: Final = frozenset({REFUSED, UNMATCHED, TOO_LATE})
 """Committed answers after which a marker decides nothing: no message, or sent already."""
-MAX_PARTITION_DIGITS: Final = 10
-"""The most digits a level id's partition has (`markers.level_ids`); a longer tail is
-no level id, and is not turned into an int (a hostile id of thousands of digits)."""
 LOOSE_BYTES: Final = 200
 """What the book counts for each thing kept in a dictionary (orphan answers, copies)."""
 RESUME_RATIO: Final = 0.9
@@ -787,10 +784,10 @@ class MarkerBook:
         """Whether `message_id` names a partition past its level topic's count as last
         read: refused on that count, unless the count was read after the marker (the
         topic may have grown since, and its message be on the new partition)."""
-        _, p, tail = message_id.rpartition("p")
-        if not (p and tail.isascii() and tail.isdigit() and len(tail) <= MAX_PARTITION_DIGITS):
+        named = tail_partition(message_id)
+        if named is None:
             return False  # not a level id (`level_place` answers it so)
-        if int(tail) < min(self.partitions.values(), default=0):
+        if named < min(self.partitions.values(), default=0):
             return False  # most markers: a partition every level topic has (no parse)
         place = level_place(message_id)
         levels = self._levels.levels

@@ -3,10 +3,13 @@
 It owns one consumer, assigned every partition of both topics (no group: nothing here
 is committed, so a kill -9 loses nothing). At start it reads from twice the top
 level's delay ago, and again from earlier whenever a partition group holds older
-records (`MarkerGate.need`). Each pass notes the time, asks the broker where both
-topics end, and reads up to there: markers go to the book, answers mark what was
-answered and carried out, the gate moves to the time noted, and the forwarders with
-markers to serve are woken (`on_pass`). Each pass also lists both topics' partitions
+records (`MarkerGate.need`). Each partition is read to a target of its own: the
+reader notes the time, asks the broker where the partition ends, and reads up to
+there; markers go to the book, answers mark what was answered and carried out, that
+partition's gate moves to the time noted, and the forwarders with markers to serve are
+woken (`on_pass`). A partition that reached its target gets a new one every
+`IDLE_PASS_S`, so a flood on one markers partition holds back only the records whose
+markers go there (`MarkerGate.through_for`). Each pass also lists both topics' partitions
 again, after noting the time: a partition added while the reader runs (the SDK spreads
 markers over the topic's current partitions) is assigned from its beginning and read
 to its end before the gate moves past the time noted. It passes when a group
@@ -63,6 +66,7 @@ from delayservice.level.marker_book import REFUSED, MarkerBook
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.log_throttle import Throttle
+from delayservice.markers.level_ids import level_place, tail_partition
 from delayservice.markers.replies import CANCEL, RESCHEDULE, parse_reply
 from delayservice.markers.requests import BadMarkerError, reschedule_request
 from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
@@ -76,9 +80,23 @@ PASS_TIMEOUT_S: Final = 5.0
 POLL_S: Final = 0.05
 BATCH: Final = 1000
 ERROR_PAUSE_S: Final = 0.5
+QUEUED_AHEAD: Final = 2000
+"""Records fetched ahead per partition (librdkafka's `queued.min.messages`, 100,000 by
+default): a marker on a quiet partition waits behind at most about this many of a
+flooded one's, and one fetch more."""
+FETCH_BYTES: Final = 256 * 1024
+"""The most one fetch takes from one partition (`max.partition.fetch.bytes`)."""
+FETCH_BACKOFF_MS: Final = 5
+"""How soon a partition whose queue was full is fetched again (`fetch.queue.backoff.ms`,
+1,000 by default: with a short queue, a flood would be read a queue a second)."""
 METADATA_S: Final = 60.0
 """How often the level topics' partition counts are read again; a marker naming a
 partition beyond them has them read again before it is refused (`_file`)."""
+
+FLOOD_NUDGE_S: Final = 1.0
+"""While a partition is still being read to its target (a flood), how often the
+forwarders are told of what the others' reads filed: each tells them to serve the
+markers, and serving a flood's after each batch would slow its reading tenfold."""
 
 MakeConsumer = Callable[[dict[str, Any]], Any]
 TopicIds = Callable[[list[str]], dict[str, str]]
@@ -110,10 +128,11 @@ def admin_topic_ids(settings: Settings) -> TopicIds:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """What a pass reads to before the gate moves to `began_ms`."""
+    """Where one partition is read to before its gate moves to `began_ms`: every record
+    appended to it before then is below `end`."""
 
     began_ms: int
-    ends: dict[TP, int]
+    end: int
     generation: int
 
 
@@ -196,18 +215,22 @@ class MarkerReader:
         self._counts: dict[str, int] = {}
         """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
-        self._batches = 0
-        """Batches of records read so far."""
+        self._batches = 0  # batches of records read so far
         self._counts_after = -1
         """How many batches had been read when the level topics' partition counts were
         last read: a marker of a later batch may name a partition added since."""
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
-        self._target: _Target | None = None
-        """The pass under way: what it must read before the gate moves to its time. Kept
-        across passes that run out of time, so a backlog growing faster than one pass
-        reads still ends: the next pass goes on to the same ends, not to further ones."""
+        self._targets: dict[TP, _Target] = {}
+        """Per partition, what it must be read to before its gate moves to the target's
+        time. Kept across passes that run out of time, so a backlog growing faster than
+        one pass reads still ends: the next pass goes on to the same end, not to a
+        further one. A partition that reaches its target gets a new one at the next
+        round (`IDLE_PASS_S`; `_next_round`, monotonic), while a flooded one goes on to
+        its own."""
+        # When (monotonic) the forwarders were last told of a read: `_nudged_at`.
+        self._next_round = self._nudged_at = 0.0
         self.heartbeat = Heartbeat()
         """Beats once per turn of the loop."""
         self._advanced_at = time.monotonic()
@@ -345,6 +368,11 @@ class MarkerReader:
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 10,
+            # One queue serves every partition: keep what is fetched ahead of a flooded
+            # one small, so another partition's new marker is not queued behind it.
+            "queued.min.messages": QUEUED_AHEAD,
+            "max.partition.fetch.bytes": FETCH_BYTES,
+            "fetch.queue.backoff.ms": FETCH_BACKOFF_MS,
             **self._settings.consumer,
         }
 
@@ -358,6 +386,7 @@ class MarkerReader:
                 for topic in (self._markers_topic, self._outcomes_topic)
                 for p in self._listed(consumer, topic)
             ]
+            self._tell_gate(self._assigned)
             self._read_metadata(consumer)
             start = self._now_ms() - self._window_ms
             rewind = self._gate.take_rewind()
@@ -381,7 +410,7 @@ class MarkerReader:
             " again, for a partition holding older records" if rewind is not None else "",
         )
         self._next_pass = 0  # at once
-        self._target = None  # positions start over: so does the pass
+        self._targets = {}  # positions start over: so do the targets
         self._markers_paused = False
         return consumer
 
@@ -401,7 +430,16 @@ class MarkerReader:
                 len(listed),
             )
         self._counts[topic] = max(len(listed), known or 0)
+        if topic == self._markers_topic:
+            self._gate.markers_count(len(listed), self._now_ms())
         return listed
+
+    def _tell_gate(self, tps: list[TopicPartition]) -> None:
+        """The gate shuts the records whose markers may be on a partition not read yet."""
+        self._gate.read_parts(
+            [tp.partition for tp in tps if tp.topic == self._markers_topic],
+            [tp.partition for tp in tps if tp.topic == self._outcomes_topic],
+        )
 
     def _follow_growth(self, consumer: Any, listed: dict[str, list[int]]) -> dict[TP, int]:
         """Assign the partitions added to either topic since it was listed, from their
@@ -427,6 +465,7 @@ class MarkerReader:
         for tp, (low, _) in marks.items():
             self._read_to[tp] = low
         self._assigned = [*self._assigned, *added]
+        self._tell_gate(added)
         return {tp: high for tp, (_, high) in marks.items()}
 
     def _starts(self, consumer: Any, since_ms: int) -> list[TopicPartition]:
@@ -479,38 +518,64 @@ class MarkerReader:
             self._stopping.wait(ERROR_PAUSE_S)
 
     def _pass(self, consumer: Any) -> None:
-        """Note the time, follow partitions added since, find both topics' ends, read
-        up to them, move the gate. A pass that runs out of time returns and the next
-        goes on to the same ends (`_target`)."""
-        target = self._target
-        if target is None or target.generation != self._gate.generation:
-            target = self._target = self._new_target(consumer)
-        ends = target.ends
+        """Give each partition without one a target (note the time, follow partitions
+        added since, find where they end), read, and move each partition's gate as it
+        reaches its target. A pass that runs out of time returns and the next goes on
+        to the same targets; while one partition is flooded, the others get new targets
+        every `IDLE_PASS_S` and their records go on."""
+        generation = self._gate.generation
+        if any(t.generation != generation for t in self._targets.values()):
+            self._targets = {}
+        self._top_up(consumer)
         deadline = time.monotonic() + PASS_TIMEOUT_S
-        while not self._reached(ends, self._markers_topic):
+        while self._markers_pending():
             if self._stopping.is_set():
                 return
             if self._book_full(consumer):
                 return  # the gate stays where it was: forwarding waits, never early
             self._read(consumer, consumer.consume(BATCH, POLL_S))  # a batch at least, every pass
             self._note_positions(consumer)
-            if time.monotonic() > deadline and not self._reached(ends, self._markers_topic):
+            self._settle()
+            if not self._markers_pending():
+                break
+            if time.monotonic() > deadline:
                 return  # the gate stays where it was: forwarding waits, never early
+            if time.monotonic() >= self._next_round:
+                self._top_up(consumer)
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
             self._read(consumer, message_batch)  # what else is queued (answers, mostly)
         self._note_positions(consumer)
-        self._target = None
-        began = target.began_ms
-        outcomes = began if self._reached(ends, self._outcomes_topic) else None
-        self._gate.advance(began, outcomes, target.generation)
+        self._settle()
         if self._remade is not None:
             log.info("markers: %s, made again, read through", self._remade)
             self._remade = None
         self._read_once = True
         self._advanced_at = time.monotonic()
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
-        self._forget(began)
-        self._on_pass()
+        self._forget(self._now_ms())
+
+    def _markers_pending(self) -> bool:
+        topic = self._markers_topic
+        return any(tp[0] == topic for tp in self._targets)
+
+    def _settle(self) -> None:
+        """Move the gate of each partition read to its target, and tell the forwarders."""
+        read_to, markers_topic = self._read_to, self._markers_topic
+        reached: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
+        for tp, target in list(self._targets.items()):
+            if read_to.get(tp, -1) < target.end:
+                continue
+            del self._targets[tp]
+            markers, outcomes = reached.setdefault(target.generation, ({}, {}))
+            (markers if tp[0] == markers_topic else outcomes)[tp[1]] = target.began_ms
+        for generation, (markers, outcomes) in reached.items():
+            self._gate.advance_parts(markers, outcomes, generation)
+        if not reached:
+            return
+        now = time.monotonic()
+        if not self._markers_pending() or now >= self._nudged_at + FLOOD_NUDGE_S:
+            self._nudged_at = now
+            self._on_pass()
 
     def _book_full(self, consumer: Any) -> bool:
         """Whether the book is at its share: then the markers partitions are paused,
@@ -554,12 +619,14 @@ class MarkerReader:
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         return True
 
-    def _new_target(self, consumer: Any) -> _Target:
-        """Note the time, then where both topics end: every marker acknowledged before
-        that time is below those ends. The ends are asked of the idle lister: asked of
-        the reading consumer, each waits behind its fetch."""
+    def _top_up(self, consumer: Any) -> None:
+        """Note the time, then where each partition without a target ends: every marker
+        acknowledged before that time is below those ends. Partitions added since are
+        followed first, from their beginning. The ends are asked of the idle lister:
+        asked of the reading consumer, each waits behind its fetch."""
         generation = self._gate.generation
         began = self._now_ms()
+        self._next_round = time.monotonic() + IDLE_PASS_S
         if self._lister is None:
             self._lister = self._make_consumer(self._config("markers-lister"))
         listed = {  # asked for after `began`
@@ -567,18 +634,20 @@ class MarkerReader:
             for topic in (self._markers_topic, self._outcomes_topic)
         }
         ends = self._follow_growth(consumer, listed)
+        targets = self._targets
         ends.update(
             {
                 (tp.topic, tp.partition): self._lister.get_watermark_offsets(
                     tp, timeout=PASS_TIMEOUT_S, cached=False
                 )[1]
                 for tp in self._assigned
-                if (tp.topic, tp.partition) not in ends
+                if (tp.topic, tp.partition) not in ends and (tp.topic, tp.partition) not in targets
             }
         )
         if self._check_ids():  # asked after the ends: they are the topics read
             raise _RemadeError
-        return _Target(began, ends, generation)
+        for tp, end in ends.items():
+            targets[tp] = _Target(began, end, generation)
 
     def _check_ids(self) -> set[str]:
         """The topics made again since their ids were last seen: each told once, with a
@@ -605,9 +674,6 @@ class MarkerReader:
             self._remade = topic
         self._ids.update(seen)
         return remade
-
-    def _reached(self, ends: dict[TP, int], topic: str) -> bool:
-        return all(self._read_to.get(tp, -1) >= end for tp, end in ends.items() if tp[0] == topic)
 
     def _note_positions(self, consumer: Any) -> None:
         """Where each partition's reading got to: the consumer's position steps over
@@ -650,6 +716,8 @@ class MarkerReader:
                 )
             return
         marker, refusal = read
+        if refusal is None:
+            self._place(marker.message_id, message.partition() or 0)
         stale = self._counts_after < batch
         if refusal is None and stale and self._book.beyond_count(marker.message_id):
             # Its message may be on a partition added since the counts were read.
@@ -658,6 +726,30 @@ class MarkerReader:
             except Exception as exc:
                 raise _CountsUnreadError(f"{marker.message_id}: {exc!r}") from exc
         self._book.file(marker, refusal)
+
+    def _place(self, message_id: str, partition: int) -> None:
+        """A marker found on a markers partition other than its level partition's (an
+        older SDK spread them by a hash of the id): that partition's records wait for
+        this one's reading too, from now on, and a WARNING says so once."""
+        named = tail_partition(message_id)
+        if named is None or partition in self._gate.home_of(named):
+            return
+        if level_place(message_id) is None:
+            return  # no level id: answered `unmatched`, concerns no record
+        homes = list(self._gate.home_of(named))
+        self._gate.misplaced(named, partition)
+        self._metrics.level_markers_misplaced.inc()
+        if self._throttle.allow("misplaced") is not None:
+            log.warning(
+                "markers: a marker of level partition %d was on %s partition %d, not %s:"
+                " written by an older SDK, or while the topic had fewer partitions; that"
+                " level partition's records now wait for this one's reading too (upgrade"
+                " every producer: docs/operations.md)",
+                named,
+                self._markers_topic,
+                partition,
+                homes,
+            )
 
     def _answer(self, message: Message) -> None:
         reply = parse_reply(message.value())
@@ -681,4 +773,5 @@ class MarkerReader:
         self._metrics.level_markers_book_bytes.set(self._book.total_bytes)
         for kind in (CANCEL, RESCHEDULE):
             self._metrics.level_markers_kept.labels(kind).set(kept.get(kind, 0))
-        self._metrics.level_markers_lag.set(max(0.0, (now_ms - self._gate.through_ms) / 1000))
+        lag_ms = now_ms - self._gate.through_ms
+        self._metrics.level_markers_lag.set(max(0.0, lag_ms / 1000))

@@ -251,17 +251,26 @@ class PartitionGroup:
         self._alarm.sleep(deadline, self._ready_s)
 
     def _ready_s(self) -> float:
-        """When the earliest head may be taken: its due time, once the markers are read
-        through it; until then it waits for the reader to wake it (NEVER)."""
+        """When the earliest head may be taken (read under the group's lock): its due
+        time, once the markers of its partition are read through it; a head due whose
+        markers are not waits for the reader to wake it, and the others go on (a flood
+        of markers on one markers partition holds back only the records whose markers
+        go there)."""
         head = self._head_s()
         markers = self._markers
         if markers is None or head == NEVER:
             return head
-        due_ms = math.ceil(head * 1000)
-        if due_ms <= markers.through_ms():
-            return head
-        markers.want(id(self), due_ms, self.wake)
-        return head if head > self._clock() else NEVER
+        now = self._clock()
+        if head > now or math.ceil(head * 1000) <= markers.through_ms():
+            return head  # not due yet, or every partition's markers are read past it
+        ready = self._handed_due if self._handed_due <= now else NEVER
+        for due_ms, tp in self._heap:  # under the group's lock (`Alarm.sleep`)
+            due = due_ms / 1000
+            if due > now or due_ms <= markers.through_ms(tp[1]):
+                ready = min(ready, due)
+            else:
+                markers.want(id(self), due_ms, self.wake, tp[1])
+        return ready
 
     def _head_s(self) -> float:
         head = self._heap[0][0] / 1000 if self._heap else NEVER
@@ -345,15 +354,21 @@ class PartitionGroup:
         """Records due now, at most about `limit`, as (partition, entries in offset order)
         runs, earliest head first. Never a record before its due time."""
         self.admit()
-        now_ms = int(self._clock() * 1000)
-        if self._markers is not None:
-            now_ms = min(now_ms, self._markers.through_ms())
+        clock_ms = now_ms = int(self._clock() * 1000)
+        markers = self._markers
+        gated = markers is not None and markers.through_ms() < clock_ms
+        shut: list[tuple[int, TP]] = []
         out: Runs = []
         taken = 0
         due_of = self.due_of
         with self._cond:
             heap = self._heap
-            while heap and heap[0][0] <= now_ms and taken < limit:
+            while heap and heap[0][0] <= clock_ms and taken < limit:
+                if gated and markers is not None:  # each partition as far as its markers
+                    now_ms = min(clock_ms, markers.through_ms(heap[0][1][1]))
+                    if heap[0][0] > now_ms:
+                        shut.append(heapq.heappop(heap))
+                        continue
                 _, tp = heapq.heappop(heap)
                 if self.not_before:
                     self.not_before.pop(tp, None)  # its retry hold, if any, is over
@@ -361,15 +376,7 @@ class PartitionGroup:
                 if queue is None or not queue:
                     self._in_heap.discard(tp)
                     continue
-                run: list[Any] = []
-                if self.latest_due.get(tp, 0) <= now_ms:  # a backlog: all of it is due
-                    pop = queue.popleft
-                    run = [pop() for _ in range(min(len(queue), limit - taken))]
-                else:
-                    while queue and taken + len(run) < limit:
-                        if due_of(tp, queue[0]) > now_ms:
-                            break
-                        run.append(queue.popleft())
+                run = self._run_of(tp, queue, now_ms, limit - taken)
                 taken += len(run)
                 if run:
                     self._drained.notify_all()
@@ -380,9 +387,24 @@ class PartitionGroup:
                     heapq.heappush(heap, (next_due, tp))
                 else:
                     self._in_heap.discard(tp)
+            for entry in shut:
+                heapq.heappush(heap, entry)
             if out:
                 self._in_hand_ms = min(due_of(tp, run[0]) for tp, run in out)
         return out
+
+    def _run_of(self, tp: TP, queue: deque[Any], now_ms: int, room: int) -> list[Any]:
+        """Up to `room` records off the front of `tp`'s queue, due by `now_ms`."""
+        if self.latest_due.get(tp, 0) <= now_ms:  # a backlog: all of it is due
+            pop = queue.popleft
+            return [pop() for _ in range(min(len(queue), room))]
+        run: list[Any] = []
+        due_of = self.due_of
+        while queue and len(run) < room:
+            if due_of(tp, queue[0]) > now_ms:
+                break
+            run.append(queue.popleft())
+        return run
 
     def _taken(self, tp: TP, count: int, emptied: bool) -> None:
         """Count `count` records out of `tp`. Their bytes are the partition's average

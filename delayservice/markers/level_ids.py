@@ -23,6 +23,9 @@ import time
 import zlib
 from typing import Final, NamedTuple
 
+MAX_PARTITION_DIGITS: Final = 10
+"""The most digits a level id's partition has; a longer tail is no level id, and is
+not turned into an int (a hostile id of thousands of digits)."""
 _LEVEL_ID: Final = re.compile(r"([0-9a-f]{12})[0-9a-f]{20}-l([1-9][0-9]{0,3})p(0|[1-9][0-9]{0,8})")
 MAX_PARTITION: Final = 2**31 - 1
 
@@ -56,7 +59,24 @@ def is_level_id(message_id: str) -> bool:
     return _LEVEL_ID.fullmatch(message_id) is not None
 
 
+def tail_partition(message_id: str) -> int | None:
+    """The partition a level id names, read off its tail without matching the whole id
+    (cheap, for every marker read): None when the tail is no partition. Any id whose
+    tail looks like one passes; `level_place` decides whether it is a level id."""
+    _, p, tail = message_id.rpartition("p")
+    if not (p and tail.isascii() and tail.isdigit() and len(tail) <= MAX_PARTITION_DIGITS):
+        return None
+    return int(tail)
+
+
 def marker_partition(message_id: str, partitions: int) -> int:
     """The partition of the markers topic (of `partitions`) where a marker of a level
-    message's id goes: spread by a hash of the id, so one id's markers keep their order."""
+    message's id goes: its level partition modulo the count, so a daemon reading the
+    markers of a level partition finds them on one markers partition, and a flood of
+    markers on one holds back only the records whose markers go there. An id naming no
+    level partition (one from before ids named their place) goes by a hash of the id,
+    so one id's markers keep their order either way."""
+    place = level_place(message_id)
+    if place is not None:
+        return place.partition % partitions
     return zlib.crc32(message_id.encode()) % partitions

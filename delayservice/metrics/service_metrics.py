@@ -247,6 +247,13 @@ class ServiceMetrics:
             "markers are read, so level records due since wait (late, no cancel forgotten).",
             registry=registry,
         )
+        self.level_markers_misplaced = Counter(
+            "delayservice_level_markers_misplaced_total",
+            "Level markers found on a markers partition other than their level "
+            "partition's: an older SDK, or a topic grown; those records then wait for "
+            "that partition's reading too.",
+            registry=registry,
+        )
         self.level_markers_lag = Gauge(
             "delayservice_level_markers_lag_seconds",
             "How far behind now the level markers are read through: a level record due "

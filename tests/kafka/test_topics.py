@@ -119,17 +119,30 @@ def test_precise_topics_are_wanted_only_with_precise_on():
     assert done.min_retention_ms is None
 
 
-def test_the_markers_topic_is_one_append_time_partition_kept_as_long_as_the_top_level():
-    """Every daemon reads it whole and a marker counts by its append time; a restarted
-    daemon reads it again for every message still waiting."""
+def test_the_markers_topic_is_partitioned_like_the_levels_and_kept_as_long_as_the_top_level():
+    """A marker goes to its level partition's markers partition, and counts by its
+    append time; a restarted daemon reads it again for every message still waiting."""
     settings = load_settings(levels="1s,2h", retention_hours=1.0, partitions=6)
     specs = {s.role: s for s in topics.wanted(settings)}
     markers, outcomes = specs["level markers"], specs["level outcomes"]
-    assert (markers.name, markers.partitions) == ("delay_markers", 1)
+    assert (markers.name, markers.partitions) == ("delay_markers", 6)
     assert markers.config["message.timestamp.type"] == "LogAppendTime"
     assert markers.min_retention_ms == topics.min_retention_ms(2 * topics.HOUR_MS)
     assert markers.config["retention.ms"] == str(topics.min_retention_ms(2 * topics.HOUR_MS))
     assert (outcomes.name, outcomes.partitions) == ("delay_markers_outcomes", 1)
+
+
+def test_a_markers_topic_narrower_than_a_level_topic_is_advised_not_refused():
+    settings = load_settings(levels="1s,2h", partitions=6)
+    statuses = [
+        topics.TopicStatus(spec, True, partitions=1 if spec.role == "level markers" else 6)
+        for spec in topics.wanted(settings)
+    ]
+    assert topics.problems_summary(statuses) == []
+    (line,) = topics.advice(statuses, settings)
+    assert line.startswith("delay_markers has 1 partition(s) and a level topic has 6")
+    wide = [topics.TopicStatus(s.spec, True, partitions=6) for s in statuses]
+    assert topics.advice(wide, settings) == []
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ class Reading:
         self.reader._pass(self.consumer)
 
 
-def reading_rig(monkeypatch: pytest.MonkeyPatch) -> Reading:
+def reading_rig(monkeypatch: pytest.MonkeyPatch, markers_partitions: int = 1) -> Reading:
     monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 0.3)  # a pass that cannot finish
     settings = load_settings(levels="1s,5s", bootstrap_servers="127.0.0.1:9")
     levels = settings.level_set()
@@ -50,7 +50,7 @@ def reading_rig(monkeypatch: pytest.MonkeyPatch) -> Reading:
     fake = FakeConsumer(settings.markers_topic, settings.markers_outcomes_topic)
     fake.blocking = False
     fake.partition_counts = {
-        settings.markers_topic: 1,
+        settings.markers_topic: markers_partitions,
         settings.markers_outcomes_topic: 1,
         **{level.topic: 3 for level in levels},
     }

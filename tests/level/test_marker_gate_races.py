@@ -105,7 +105,7 @@ def test_an_ask_while_the_gate_wakes_the_waiting_breaks_nothing() -> None:
     woken: list[int] = []
     gate = _gate_waiting_on(1, 1_500, lambda: woken.append(1))
     ask = lambda: gate.want(2, 1_800, lambda: woken.append(2))  # noqa: E731
-    racing = _swap_in(gate, ask, "values", copied=False)
+    racing = _swap_in(gate, ask, "items", copied=False)
     gate.advance(2_000, None, gate.generation)  # raised "dictionary changed size" unguarded
     assert racing.asker is not None
     racing.asker.join(5)
