@@ -113,11 +113,7 @@ class MarkerGate:
     def through_for(self, partition: int) -> int:
         """Every marker of level partition `partition`'s messages appended before this
         (broker time, epoch ms) has been read; BLOCKED while none may go."""
-        homes = self._homes.get(partition)
-        if homes is None:
-            with self._lock:
-                homes = self._homes_of(partition)
-        return self._through(homes)
+        return self._through(self._cached_homes(partition))
 
     def _through(self, homes: Homes) -> int:
         """How far markers partitions `homes` are read through (none: all of them). A
@@ -169,11 +165,15 @@ class MarkerGate:
 
     def home_of(self, partition: int) -> tuple[int, ...]:
         """The markers partitions level partition `partition`'s markers can be on."""
+        return tuple(home for home, _ in self._cached_homes(partition))
+
+    def _cached_homes(self, partition: int) -> Homes:
+        """Without the lock when cached (the forwarding path asks for every run)."""
         homes = self._homes.get(partition)
         if homes is None:
             with self._lock:
                 homes = self._homes_of(partition)
-        return tuple(home for home, _ in homes)
+        return homes
 
     def need(self, tp: TP, appended_ms: int) -> None:
         """Records of `tp` appended at `appended_ms` or later were handed over: they may

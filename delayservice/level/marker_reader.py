@@ -716,8 +716,6 @@ class MarkerReader:
                 )
             return
         marker, refusal = read
-        if refusal is None:
-            self._place(marker.message_id, message.partition() or 0)
         stale = self._counts_after < batch
         if refusal is None and stale and self._book.beyond_count(marker.message_id):
             # Its message may be on a partition added since the counts were read.
@@ -725,6 +723,8 @@ class MarkerReader:
                 self._read_metadata(self._lister if self._lister is not None else consumer)
             except Exception as exc:
                 raise _CountsUnreadError(f"{marker.message_id}: {exc!r}") from exc
+        if refusal is None:
+            self._place(marker.message_id, message.partition() or 0)
         self._book.file(marker, refusal)
 
     def _place(self, message_id: str, partition: int) -> None:
@@ -732,7 +732,9 @@ class MarkerReader:
         older SDK spread them by a hash of the id): that partition's records wait for
         this one's reading too, from now on, and a WARNING says so once."""
         named = tail_partition(message_id)
-        if named is None or partition in self._gate.home_of(named):
+        if named is None or named >= max(self._book.partitions.values(), default=0):
+            return  # no partition any level topic has: concerns no record (and bounds the gate)
+        if partition in self._gate.home_of(named):
             return
         if level_place(message_id) is None:
             return  # no level id: answered `unmatched`, concerns no record

@@ -183,3 +183,15 @@ def test_a_group_takes_the_records_of_partitions_read_through_and_waits_for_the_
     sleeper.join(5)
     assert not sleeper.is_alive(), "the reader's move of partition 0 did not wake the group"
     assert [(tp[1], len(run)) for tp, run in group.take(100)] == [(0, 1)]
+
+
+def test_markers_naming_partitions_no_level_topic_has_leave_the_gate_as_it_was(
+    reading: Reading,
+) -> None:
+    """Ids from outside name any partition: one that no level topic has concerns no
+    record, and must not grow what the gate keeps per level partition."""
+    for n in range(50):
+        cancel_on(reading, 2, names=1_000_000 + n)  # well-formed, on a partition none has
+    reading.one_pass()
+    assert reading.gate._extra == {}
+    assert all(p < 3 for p in reading.gate._homes), sorted(reading.gate._homes)
