@@ -252,9 +252,13 @@ class Testbed:
                 records.extend(m for m in consumer.consume(1000, 0.2) if m.error() is None)
         finally:
             consumer.close()
-        assert len(records) >= count, (
-            f"{topic}: got {len(records)} of {count} records in {timeout}s"
-        )
+        if len(records) < count:
+            from tests.daemon_snapshot import snapshot
+
+            pytest.fail(
+                f"{topic}: got {len(records)} of {count} records in {timeout}s\n"
+                + snapshot(self._daemons)
+            )
         return records
 
     @staticmethod
