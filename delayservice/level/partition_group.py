@@ -110,6 +110,10 @@ class PartitionGroup:
         self.total_bytes = 0
         self.peak_partition_buffered = 0
         self._alarm = Alarm(self._cond, clock)
+        self._sleeps_until = NEVER
+        """What the forwarder's sleep last computed (`_ready_s`): a run handed over due
+        before it must wake the forwarder. Not the earliest head: while that head
+        waits on its markers the forwarder sleeps past it."""
         self._hold_run = speedups.fast_path().hold_run
         self._markers = markers
         if markers is not None:
@@ -158,11 +162,10 @@ class PartitionGroup:
             self.total_bytes += size
             self.handed_records += len(records)
             self.peak_partition_buffered = max(self.peak_partition_buffered, count)
-            earliest = self._head_s()
             self._handed_due = min(self._handed_due, first_due / 1000)
             if self.handed_records >= HANDOVER_MAX:
                 self._alarm.wake_locked()
-            elif self._handed_due < earliest:
+            elif self._handed_due < self._sleeps_until:
                 self._cond.notify()
 
     def handover_full(self) -> bool:
@@ -256,6 +259,10 @@ class PartitionGroup:
         markers are not waits for the reader to wake it, and the others go on (a flood
         of markers on one markers partition holds back only the records whose markers
         go there)."""
+        self._sleeps_until = ready = self._ready_head_s()
+        return ready
+
+    def _ready_head_s(self) -> float:
         head = self._head_s()
         markers = self._markers
         if markers is None or head == NEVER:
@@ -263,7 +270,7 @@ class PartitionGroup:
         now = self._clock()
         if head > now or math.ceil(head * 1000) <= markers.through_ms():
             return head  # not due yet, or every partition's markers are read past it
-        ready = self._handed_due if self._handed_due <= now else NEVER
+        ready = self._handed_due  # admitted, a run of another partition may go at once
         for due_ms, tp in self._heap:  # under the group's lock (`Alarm.sleep`)
             due = due_ms / 1000
             if due > now or due_ms <= markers.through_ms(tp[1]):

@@ -158,15 +158,24 @@ def _group_behind(gate: MarkerGate, clock: FakeClock) -> tuple[PartitionGroup, s
     return group, topic
 
 
-def test_a_group_takes_the_records_of_partitions_read_through_and_waits_for_the_rest():
+def _sleeping_group(*partitions: int) -> tuple[FakeClock, MarkerGate, PartitionGroup, str]:
+    """A group of partitions 0 and 1 behind a gate, a record due in a second on each of
+    `partitions`, and the clock half a second past their due time."""
     clock = FakeClock()
     gate = _gate()
     group, topic = _group_behind(gate, clock)
     now = clock.ms()
     for partition in (0, 1):
         group.assign((topic, partition))
+    for partition in partitions:
         group.add((topic, partition), [message(partition, 0, now, topic=topic)], 1, now)
     clock.advance(1.5)
+    return clock, gate, group, topic
+
+
+def test_a_group_takes_the_records_of_partitions_read_through_and_waits_for_the_rest():
+    clock, gate, group, _ = _sleeping_group(0, 1)
+    now = clock.ms() - 1_500
     gate.advance(now + 200, now + 200, gate.generation)  # every partition, before the due time
     gate.advance_parts({1: clock.ms()}, {}, gate.generation)  # only 1 read past it
     taken = group.take(100)
@@ -195,3 +204,25 @@ def test_markers_naming_partitions_no_level_topic_has_leave_the_gate_as_it_was(
     reading.one_pass()
     assert reading.gate._extra == {}
     assert all(p < 3 for p in reading.gate._homes), sorted(reading.gate._homes)
+
+
+def test_a_run_of_a_partition_read_through_wakes_a_group_sleeping_behind_another():
+    """Partition 0's markers lag (a flood), so its due head waits; the forwarder sleeps
+    for the reader. A run of partition 1, whose markers are read, handed over then must
+    wake it: it was compared with the earliest head, which is 0's, and slept on until
+    partition 0's markers were read (found by the level simulation's sleeping
+    forwarder)."""
+    clock, gate, group, topic = _sleeping_group(0)
+    now = clock.ms() - 1_500
+    gate.advance(now + 200, now + 200, gate.generation)
+    gate.advance_parts({1: clock.ms(), 2: clock.ms()}, {}, gate.generation)
+    assert group.take(100) == []  # 0's head is due, and waits for its markers
+    sleeper = threading.Thread(target=group.wait, args=(clock.time() + 3_600,), daemon=True)
+    sleeper.start()
+    sleeper.join(0.3)
+    assert sleeper.is_alive()
+    later = clock.ms() - 1_000  # appended a level ago: due now, before partition 1's reading
+    group.add((topic, 1), [message(1, 0, later, topic=topic)], 1, later)
+    sleeper.join(5)
+    assert not sleeper.is_alive(), "a run that may go at once left the forwarder asleep"
+    assert [(tp[1], len(run)) for tp, run in group.take(100)] == [(1, 1)]
