@@ -45,7 +45,7 @@ from delayservice.forward.failures import (
 from delayservice.forward.held_record import HeldView, record_of
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
-from delayservice.kafka.client_errors import error_of, is_fatal, raised_by
+from delayservice.kafka.client_errors import error_of, is_fatal, lost_client_error, raised_by
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.levels import Level, LevelSet, format_duration_ms
@@ -421,6 +421,8 @@ class RecordSender:
         except KafkaException as exc:
             self._refused_now(tp, record, exc)
         except Exception as exc:
+            if lost_client_error(exc):  # a producer call, not this record: it goes again
+                raise SendLaterError("a producer call lost its error") from exc
             log.exception(
                 "%s[%d]@%d: unexpected error while forwarding", tp[0], tp[1], record.offset()
             )
