@@ -202,6 +202,8 @@ class FakeConsumer:
         self.positions: dict[TP, int] = {}
         self.assigned_tps: set[TP] = set()
         self.paused_tps: set[TP] = set()  # kept across re-assignment, like librdkafka
+        self.slow_tps: set[TP] = set()
+        """Partitions whose records do not arrive for now (a slow fetch), paused or not."""
         self.committed_tps: dict[TP, int] = {}  # what the "broker" accepted
         self.commits_tps: list[tuple[bool, list[tuple[TP, int]]]] = []  # (async?, offsets)
         self.seeks_tps: list[tuple[TP, int]] = []
@@ -465,7 +467,7 @@ class FakeConsumer:
             return True
         return any(
             self.positions.get(tp, 0) < len(self.logs.get(tp, []))
-            for tp in self.assigned_tps - self.paused_tps
+            for tp in self.assigned_tps - self.paused_tps - self.slow_tps
         )
 
     def _serve_callbacks(self) -> None:
@@ -509,7 +511,7 @@ class FakeConsumer:
         with self._cond:
             while self.injected and len(out) < limit:
                 out.append(self.injected.popleft())
-            for tp in sorted(self.assigned_tps - self.paused_tps):
+            for tp in sorted(self.assigned_tps - self.paused_tps - self.slow_tps):
                 log = self.logs.get(tp, [])
                 while self.positions.get(tp, 0) < len(log) and len(out) < limit:
                     out.append(log[self.positions[tp]])

@@ -66,6 +66,7 @@ from tests.level.fakes import (
     make_level_rig,
     message,
 )
+from tests.level.sleeping_forwarder import Asleep, SleepingAlarm
 from tests.simulation import (
     CONSUMER_CALLS,
     EXAMPLES,
@@ -144,6 +145,8 @@ class LevelWorkerSimulation(Simulation):
         self._published: set[int] = set()
         """Sends (by `id`) already appended to the broker's logs (`_publish`)."""
         self.assignment: set[tuple[str, int]] = set()
+        self.slow_markers: set[tuple[str, int]] = set()
+        """Markers partitions whose records do not reach the reader for now."""
         self.processes = 0
         self.fatal_reports: list[str] = []
         self.shapes: list[str] = list(SHAPES)
@@ -222,6 +225,7 @@ class LevelWorkerSimulation(Simulation):
                 consumer.queue_rebalance("assign", *sorted(self.assignment))
             return consumer
 
+        self.sleeper = SleepingAlarm.install(rig.group)
         rig.forwarder._make_producer = new_producer
         rig.loop.keeper._make = new_consumer
         rig.loop._subscribe()
@@ -240,6 +244,7 @@ class LevelWorkerSimulation(Simulation):
         consumer.logs = self.broker.logs
         consumer.partition_counts = self.counts
         consumer.blocking = False
+        consumer.slow_tps = self.slow_markers
         if "lister" not in config["client.id"]:
             consumer.metadata_seen = {}  # its own metadata cache
         consume = consumer.consume
@@ -382,6 +387,25 @@ class LevelWorkerSimulation(Simulation):
         )
         log.append(record)
 
+    @rule(data=st.data(), flood=st.sampled_from([0, 0, 50, 400]))
+    def markers_partition_slows(self, data: st.DataObject, flood: int) -> None:
+        """The reader's fetches of the markers partition of one level partition stop
+        bringing records for a while (a slow leader, a flood ahead of them), with
+        `flood` cancels of ids no message has appended there meanwhile: the level
+        partitions whose markers go there wait on the gate, the others go on, and
+        nobody sleeps through a record that may go."""
+        topic, partition = data.draw(st.sampled_from(self.partitions), label="flooded")
+        index = fakes.LEVELS.by_topic(topic).index  # type: ignore[union-attr]
+        ids = [self._level_id(index, partition, self.clock.ms()) for _ in range(max(flood, 1))]
+        self.slow_markers.add((MARKERS, marker_partition(ids[0], self.counts[MARKERS])))
+        for message_id in ids[:flood]:
+            self._marker(message_id, [(H_CANCEL, message_id.encode())])
+
+    @precondition(lambda self: bool(self.slow_markers))
+    @rule()
+    def markers_partitions_catch_up(self) -> None:
+        self.slow_markers.clear()
+
     @precondition(lambda self: self.reader_alive)
     @rule()
     def reader_pass(self) -> None:
@@ -475,18 +499,30 @@ class LevelWorkerSimulation(Simulation):
             self.consumer_alive = False
 
     def _forwarder_pass(self) -> None:
-        """One pass of `Forwarder._run`, as its thread runs it (a commit point when one
-        is due by the clock)."""
-        raised = raised_by(self.rig.forwarder.step)
+        """One pass of `Forwarder._run`, as its thread runs it: it sleeps in the group's
+        `wait` until something may be taken (`SleepingAlarm`), and passes only while
+        awake (a commit point when one is due by the clock)."""
+        if not self.sleeper.awake():
+            return  # blocked in `PartitionGroup.wait`
+        raised = raised_by(lambda: self.rig.forwarder.step(wait=True))
+        if isinstance(raised, Asleep):
+            return
         if isinstance(raised, ForwarderFatalError):  # `_main` reports it and ends
             self.rig.fatal.append(str(raised))
             self.forwarder_alive = False
 
-    @initialize(switched_on=st.lists(st.booleans(), min_size=len(SHAPES), max_size=len(SHAPES)))
-    def faults_of_this_run(self, switched_on: list[bool]) -> None:
+    @initialize(
+        switched_on=st.lists(st.booleans(), min_size=len(SHAPES), max_size=len(SHAPES)),
+        markers_partitions=st.integers(1, MARKERS_GROWN),
+    )
+    def faults_of_this_run(self, switched_on: list[bool], markers_partitions: int = 1) -> None:
         """Swarm testing: each example injects about half the shapes (in `SHAPES`'
         order), not all of them, so that two faults that must meet (a full queue, then
-        an error from the poll that waits for room) meet often."""
+        an error from the poll that waits for room) meet often. The markers topic had
+        `markers_partitions` before the daemon started (before its reader's first turn):
+        a topic grown while it runs gates on its old count for minutes, longer than an
+        example, so only this reaches the gate's partitions apart."""
+        self.counts[MARKERS] = markers_partitions
         self.shapes = [shape for shape, on in zip(SHAPES, switched_on, strict=True) if on]
         self.shapes = self.shapes or ["retriable"]
 
@@ -560,6 +596,7 @@ class LevelWorkerSimulation(Simulation):
         self.every_cancel_in_time_honoured(forwards)
         self.every_reschedule_in_time_honoured(forwards)
         self.exactly_once_forwards_each_message_once(forwards)
+        self.no_wake_up_lost()
         self.every_thread_alive_or_reported()
 
     def _forwards(self) -> list[tuple[str, float]]:
@@ -655,6 +692,17 @@ class LevelWorkerSimulation(Simulation):
         violations = [v for p in self.broker.producers for v in p.violations]
         self._check(
             not violations, f"a transaction committed what its member did not own: {violations}"
+        )
+
+    def no_wake_up_lost(self) -> None:
+        """The forwarder does not sleep on while a record it may take waits, and its
+        sleep returns (its `head()` runs under the lock the sleep holds)."""
+        self._check(not self.sleeper.deadlock, f"DEADLOCK: {self.sleeper.deadlock}")
+        missed = self.sleeper.missed(self.rig.group)
+        self._check(
+            missed is None,
+            f"LOST WAKE-UP: the forwarder sleeps until {self.sleeper.until} (now "
+            f"{self.clock.time():.3f}) while it may take {missed}",
         )
 
     def every_thread_alive_or_reported(self) -> None:
@@ -789,5 +837,26 @@ def test_written_a_reschedule_in_time_moves_the_message_and_it_goes_once_at_its_
         # level reschedule rounds up to its level: docs/cancel-and-reschedule.md).
         assert asked <= at * 1000 <= copied_ms + LONGER.delay_ms + 1_000
         assert machine.groups[machine.layout].get((A, 0)) == 1
+    finally:
+        machine.teardown()
+
+
+def test_written_a_lost_error_while_a_cancel_is_answered_leaves_its_message_withdrawn() -> None:
+    """The producer's queue is full when the forwarder answers a cancel, and the poll
+    that waits for room fails with its error lost (`SystemError`): a failure of the
+    producer, not of the record. It was taken for the record's own and the cancelled
+    message dead-lettered as `internal_error` (found by the simulation once its
+    forwarder slept): it must go again, and be withdrawn."""
+    run = type("WrittenSimulation", (LevelWorkerSimulation,), {"exactly_once": False})
+    machine = run()
+    try:
+        machine.faults_of_this_run([shape == "lost_error" for shape in SHAPES], 1)
+        machine.records_arrive(_Drawn(True), 1, 1_500, b"k0")
+        (message_id,) = machine.ids
+        machine.cancel_sent(_Drawn(False, message_id))
+        machine.queue_fills_then_a_call_fails(_Drawn("lost_error"))
+        _time_passes(machine, 4)
+        assert "producer.poll: lost_error" in machine.faults.log
+        assert machine._forwards() == []
     finally:
         machine.teardown()
