@@ -542,8 +542,14 @@ class MarkerReader:
                 return  # the gate stays where it was: forwarding waits, never early
             if time.monotonic() >= self._next_round:
                 self._top_up(consumer)
+        # What else is queued (answers, mostly), for a moment only: a flood that began
+        # after the targets were noted keeps the queue full, and drained to its end it
+        # kept every partition's gate where it was until the flood was read.
+        until = time.monotonic() + IDLE_PASS_S
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self._read(consumer, message_batch)  # what else is queued (answers, mostly)
+            self._read(consumer, message_batch)
+            if time.monotonic() >= until:
+                break
         self._note_positions(consumer)
         self._settle()
         if self._remade is not None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from delayservice.level import marker_reader
 from delayservice.level.marker_actions import WorkerMarkers
 from delayservice.level.marker_book import MarkerBook
 from delayservice.level.marker_gate import BLOCKED, OLD_COUNT_MS, MarkerGate
@@ -226,3 +228,30 @@ def test_a_run_of_a_partition_read_through_wakes_a_group_sleeping_behind_another
     sleeper.join(5)
     assert not sleeper.is_alive(), "a run that may go at once left the forwarder asleep"
     assert [(tp[1], len(run)) for tp, run in group.take(100)] == [(1, 1)]
+
+
+def test_a_flood_that_goes_on_after_a_pass_noted_its_targets_does_not_hold_the_pass(
+    reading: Reading, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads what else is queued once its targets are reached. A flood that began
+    after they were noted kept that queue full, and drained to its end it held every
+    partition's gate until the flood was read: in half the runs of
+    `benchmarks/marker_flood.py --flood-partition 0`, every partition's records waited
+    for the flood. The pass now ends after a moment of it."""
+    monkeypatch.setattr(marker_reader, "IDLE_PASS_S", 0.0)  # one batch of what is queued
+    flood, written = 20_000, [0]
+    consume = reading.fake.consume
+
+    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        while written[0] < flood and written[0] % 1_000 < 999:
+            cancel_on(reading, 0)
+            written[0] += 1
+        written[0] += 1
+        return consume(num_messages, timeout)
+
+    reading.fake.consume = flooding  # type: ignore[method-assign]
+    reading.one_pass()
+    began = reading.clock.ms()
+    read = reading.reader._read_to.get((reading.markers, 0), 0)
+    assert read < flood // 2, f"the pass read {read} markers of a flood that began after it"
+    assert [reading.gate.through_for(p) for p in (1, 2)] == [began, began]
