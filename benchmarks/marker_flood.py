@@ -14,6 +14,7 @@ joined by id (broker append times):
     lateness = append time on the target - (append time on the level topic + level delay)
 
 and the daemon's resident memory is read from /proc before the flood and at the end.
+Nothing is measured before one warm-up message has gone through the daemon.
 
     python benchmarks/marker_flood.py                       # 1,000,000 markers
     python benchmarks/marker_flood.py --flood 0             # the same messages, no flood
@@ -107,6 +108,29 @@ def application(settings: Settings, target: str, count: int, share: float) -> st
     return " ".join(cancelled)
 
 
+def warm_up(settings: Settings, target: str, timeout_s: float = 120.0) -> str:
+    """One message through the daemon before anything is measured, waited for on the
+    target. On a broker just started the daemon's producer may wait for its producer id
+    (the coordinator still loading: 'Coordinator load in progress' was logged in a run),
+    and every message of that time would wait with it, whatever the markers do.
+    Returns its id."""
+    producer = DelayProducer({"bootstrap.servers": settings.bootstrap_servers}, settings=settings)
+    shortest = min(level.delay_ms for level in settings.level_set()) / 1000
+    message_id = producer.produce(target, b"warm-up", delay=shortest)
+    if producer.flush(30) != 0:
+        raise SystemExit("the warm-up message was not acknowledged in 30 s")
+    ends = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "warm-up"})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while sum(topic_ends(ends, target).values()) < 1:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the warm-up message did not arrive in {timeout_s:.0f} s")
+            time.sleep(0.2)
+    finally:
+        ends.close()
+    return message_id
+
+
 def _level_partition(message_id: str) -> int | None:
     place = level_place(message_id)
     return None if place is None else place.partition
@@ -166,6 +190,7 @@ def main() -> int:
         if args.flood_partition is not None:
             me += ["--flood-partition", str(args.flood_partition)]
         with running_daemon(settings, f"flood-{tag}", ready_within=120, port=free_port()) as d:
+            warm = warm_up(settings, target)
             rss_before = rss_mib(d.pid)
             flooding = subprocess.Popen(
                 [*me, "--role", "flood"], env=env, stdout=subprocess.PIPE, text=True
@@ -179,7 +204,7 @@ def main() -> int:
             expected = args.messages - len(cancelled)
             top = max(level.delay_ms for level in settings.level_set()) / 1000
             deadline = time.monotonic() + top + 300
-            while sum(topic_ends(ends, target).values()) < expected:
+            while sum(topic_ends(ends, target).values()) < expected + 1:  # the warm-up too
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.5)
@@ -192,7 +217,12 @@ def main() -> int:
             for message_id, ts, _ in read_all(bootstrap, level.topic):
                 if message_id is not None:
                     due[message_id.decode()] = ts + level.delay_ms
-        arrivals = [(m.decode(), ts) for m, ts, _ in read_all(bootstrap, target) if m is not None]
+        due.pop(warm, None)
+        arrivals = [
+            (m.decode(), ts)
+            for m, ts, _ in read_all(bootstrap, target)
+            if m is not None and m.decode() != warm
+        ]
 
     delivered = {m for m, _ in arrivals}
     kept = [ts - due[m] for m, ts in arrivals if m in due and m not in cancelled]
