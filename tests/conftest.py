@@ -250,15 +250,16 @@ class Testbed:
                 ):
                     break
                 records.extend(m for m in consumer.consume(1000, 0.2) if m.error() is None)
+            if len(records) < count:
+                from tests.daemon_snapshot import snapshot, where_read
+
+                pytest.fail(
+                    f"{topic}: got {len(records)} of {count} records in {timeout}s\n"
+                    + where_read(consumer, tps)
+                    + snapshot(self._daemons)
+                )
         finally:
             consumer.close()
-        if len(records) < count:
-            from tests.daemon_snapshot import snapshot
-
-            pytest.fail(
-                f"{topic}: got {len(records)} of {count} records in {timeout}s\n"
-                + snapshot(self._daemons)
-            )
         return records
 
     @staticmethod

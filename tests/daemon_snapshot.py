@@ -54,6 +54,22 @@ def thread_lines() -> list[str]:
     return lines
 
 
+def where_read(consumer: Any, partitions: list[Any]) -> str:
+    """Per partition: where the topic starts and ends (high watermark) and where this
+    read_committed consumer stands, so a record that is on the topic but not readable
+    (an open transaction ahead of it) shows apart from one that never came."""
+    try:
+        positions = {tp.partition: tp.offset for tp in consumer.position(partitions)}
+        lines = [
+            f"  [{tp.partition}] offsets {low}-{high}, read to {positions.get(tp.partition)}"
+            for tp in partitions
+            for low, high in [consumer.get_watermark_offsets(tp, timeout=5)]
+        ]
+    except Exception as exc:  # a diagnosis must not hide the failure it explains
+        lines = [f"  (could not be asked: {exc!r})"]
+    return "the topic, as the reader saw it:\n" + "\n".join(lines) + "\n"
+
+
 def snapshot(daemons: list[Any]) -> str:
     """A block to append to a failure message ('' without daemons)."""
     if not daemons:

@@ -24,3 +24,4 @@ def test_a_collect_that_times_out_names_the_daemons_figures_and_threads(testbed)
     assert f"{target}: got " in message
     assert "delayservice_consumed_total" in message  # the one record was read
     assert "consumer-levels: " in message  # and where the consumer thread stood
+    assert "offsets 0-" in message  # and where the topic ends, as the reader saw it
