@@ -234,7 +234,14 @@ class Testbed:
         records: list[Any] = []
         deadline = time.monotonic() + timeout
         try:
-            partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+            # A topic just made can be listed without its partitions for a moment: read
+            # none of them, and this waited out its timeout on a record already there.
+            partitions: dict[int, Any] = {}
+            while not partitions and time.monotonic() < deadline:
+                listed = consumer.list_topics(topic, timeout=15).topics.get(topic)
+                partitions = listed.partitions if listed is not None else {}
+                if not partitions:
+                    time.sleep(0.1)
             tps = [TopicPartition(topic, p, 0) for p in partitions]
             consumer.assign(tps)
             ends: dict[int, int] | None = None
