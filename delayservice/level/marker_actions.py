@@ -63,7 +63,13 @@ SKEW_MS: Final = 5_000
 """How far a producer's clock (the send time in an id) may be off the broker's, for
 telling a marker that came after its message's delivery from one for no message."""
 CHECK_MS: Final = 200
-"""How often the markers whose message was not found are looked at again."""
+"""How often the markers whose message was not found are looked at again, counted from
+the end of the last serve pass: counted from its start, a pass slower than this (a
+flood of markers, a loaded host) was followed by the next at once, and the forwarder
+did nothing else while the reader waited for the book."""
+SERVE_GAP_MS: Final = 50
+"""The least time between the end of a serve pass and the next that a change of the
+book asks for: while a flood is read, the book changes with every batch."""
 EMPTY_GRACE_MS: Final = 5_000
 SERVE_BATCH: Final = 2_000
 """The most markers of one partition a serve pass looks at (the next ones the next
@@ -138,7 +144,8 @@ class WorkerMarkers:
         self._read: dict[TP, tuple[int, int]] = {}
         """Partition -> (the latest append time of a run handed over since it was
         assigned, when that run was handed over): how far its reading got."""
-        self._next_check = 0
+        self._served_ms = -CHECK_MS
+        """When the last serve pass ended (epoch ms)."""
         self._seen_change = -1
         self._begin: Callable[[], None] = lambda: None
         """Runs before a serve pass produces anything (exactly-once: begins the
@@ -328,7 +335,10 @@ class WorkerMarkers:
         """Whether `serve` may have something to do (cheap: runs every pass)."""
         if not self.owned:
             return False
-        return self.book.version != self._seen_change or self._now_ms() >= self._next_check
+        now = self._now_ms()
+        if self.book.version != self._seen_change:
+            return now >= self._served_ms + SERVE_GAP_MS
+        return now >= self._served_ms + CHECK_MS
 
     def nudge(self) -> None:
         """After a pass of the reader (its thread): wake the forwarder if it has markers
@@ -340,7 +350,7 @@ class WorkerMarkers:
         if not owned:
             return
         if self.book.version == self._seen_change:
-            if self._now_ms() < self._next_check:
+            if self._now_ms() < self._served_ms + CHECK_MS:
                 return
             book = self.book
             if not any(book.has_unresolved(tp) or book.copies_on(tp) for tp in owned):
@@ -363,7 +373,12 @@ class WorkerMarkers:
         self._sender = sender
         self._seen_change = self.book.version
         now = self._now_ms()
-        self._next_check = now + CHECK_MS
+        try:
+            self._serve_owned(sender, now)
+        finally:
+            self._served_ms = self._now_ms()
+
+    def _serve_owned(self, sender: Any, now: int) -> None:
         for tp in list(self.owned):
             if not self._outcomes_known(tp):
                 continue

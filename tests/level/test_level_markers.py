@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
-from delayservice.level.marker_actions import EMPTY_GRACE_MS
+from delayservice.level.marker_actions import CHECK_MS, EMPTY_GRACE_MS, SERVE_GAP_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, RESCHEDULE
@@ -397,6 +397,39 @@ def test_the_reader_wakes_the_forwarder_only_when_it_has_markers_to_serve(clock)
     clock.advance(0.3)
     markers.nudge()
     assert woken == [1], "a marker still unanswered is looked at again"
+
+
+def test_a_slow_serve_pass_is_not_followed_by_another_at_once(clock):
+    """A serve pass slower than `CHECK_MS` (a flood of markers, a loaded host) used to
+    be followed by the next at once, so the forwarder did nothing else and the reader
+    waited for the book. The next look counts from the end of a pass, and a change of
+    the book asks for one no sooner than `SERVE_GAP_MS` after it."""
+    rig = rig_for(clock, False)
+    markers = rig.markers
+    assert markers is not None
+    mid = level_id(LEVEL.index, 1, clock.ms())  # not read yet: its marker waits
+    marker(rig, CANCEL, mid, clock.ms(), offset=0)
+    read_through(rig)
+    entries = markers.book.entries
+
+    def slow_entries(*args: Any) -> Any:
+        clock.advance(2 * CHECK_MS / 1000)
+        return entries(*args)
+
+    markers.book.entries = slow_entries  # type: ignore[method-assign]
+    assert markers.waiting()
+    markers.serve(rig.forwarder.sender)
+    markers.book.entries = entries  # type: ignore[method-assign]
+    assert not markers.waiting(), "a pass that took longer than CHECK_MS, begun again"
+    marker(rig, CANCEL, level_id(LEVEL.index, 2, clock.ms()), clock.ms(), offset=1)
+    assert not markers.waiting(), "a change of the book within SERVE_GAP_MS of a pass"
+    clock.advance(SERVE_GAP_MS / 1000)
+    assert markers.waiting(), "a change of the book is served once the gap has passed"
+    markers.serve(rig.forwarder.sender)
+    clock.advance((CHECK_MS - 1) / 1000)
+    assert not markers.waiting()
+    clock.advance(0.001)
+    assert markers.waiting(), "markers still unanswered are looked at again"
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
