@@ -22,6 +22,7 @@ due since wait: late, never a cancel forgotten.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from array import array
 from collections.abc import Iterable, Iterator
@@ -72,6 +73,18 @@ class Action:
     executed: list[bytes] = field(default_factory=list)
     final: list[tuple[str, str]] = field(default_factory=list)
     copies: list[tuple[str, TP]] = field(default_factory=list)
+
+
+SLOT_BITS: Final = 40
+SLOT_MASK: Final = (1 << SLOT_BITS) - 1
+STRAGGLER_BYTES: Final = 48
+"""A straggler's place in its heap: a pointer and one int of three digits."""
+
+
+def _straggler(appended_ms: int, slot: int) -> int:
+    """One int that orders by append time: an entry of the stragglers' heap costs
+    48 bytes, where a tuple of two cost 120."""
+    return (appended_ms << SLOT_BITS) | (slot & SLOT_MASK)
 
 
 def _split_key(key: bytes) -> tuple[str, int, int] | None:
@@ -143,7 +156,10 @@ class MarkerBook:
         """Level partition -> how many of its markers name a message (not refused)."""
         self._kept = {CANCEL: 0, RESCHEDULE: 0}
         self._stragglers: list[int] = []
-        """Slots filed with an append time before an earlier slot's (`expire`)."""
+        """`_straggler(append time, slot)` of the slots filed with an append time before an earlier
+        slot's, as a heap (`expire`): while one partition's backlog is read beside the
+        others (a flood after a restart) nearly every marker of it is one, and a list
+        looked through on every pass of the reader made the reading quadratic."""
         self._latest_ms = 0
         self._first_live = cols.base
 
@@ -283,7 +299,7 @@ class MarkerBook:
         if asked is not None:
             self._asked[slot] = asked
         if appended < self._latest_ms:
-            self._stragglers.append(slot)
+            heapq.heappush(self._stragglers, _straggler(appended, slot))
         self._latest_ms = max(self._latest_ms, appended)
         kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
         self._kept[kind] += 1
@@ -627,16 +643,12 @@ class MarkerBook:
                     gone += 1
                 slot += 1
             self._first_live = slot
-            stragglers = []
-            for straggler in self._stragglers:
-                if straggler < self._first_live or not self._live(straggler):
-                    continue
-                if cols.appended[straggler - cols.base] < before_ms:
+            stragglers = self._stragglers
+            while stragglers and stragglers[0] >> SLOT_BITS < before_ms:
+                straggler = heapq.heappop(stragglers) & SLOT_MASK
+                if straggler >= self._first_live and self._live(straggler):
                     self._forget(straggler)
                     gone += 1
-                else:
-                    stragglers.append(straggler)
-            self._stragglers = stragglers
             for key in [key for key, ms in self._orphans.items() if ms < before_ms]:
                 del self._orphans[key]
                 self._orphan_answers.pop(key, None)
@@ -739,7 +751,7 @@ class MarkerBook:
                 + self._ids.nbytes()
                 + sum(source.nbytes() for source in self._by_source)
                 + sum(len(a) * 8 for a in self._unresolved.values())
-                + 8 * len(self._stragglers)
+                + STRAGGLER_BYTES * len(self._stragglers)
                 + sum(len(reason) + 100 for _, reason in self._refusal_names)
                 + LOOSE_BYTES * loose
             )

@@ -193,3 +193,30 @@ def test_a_flood_is_served_a_batch_at_a_time_round_all_of_it() -> None:
         seen |= {e.marker.key for e in batch}
     assert len(seen) == 1000, "a batch at a time never came round to some markers"
     assert len(book.entries(tp)) == 900
+
+
+def test_a_backlog_read_beside_a_live_partition_is_forgotten_by_append_time() -> None:
+    """Markers partition 1 is read live while partition 0's backlog (a flood after a
+    restart) is read behind it: nearly every marker of 0 is filed after a later one
+    of 1, a straggler. Each is forgotten once what is forgotten passes its own append
+    time, neither before nor never, across a compaction."""
+    book = MarkerBook(LEVELS)
+    backlog = [(1_000 + n, n) for n in range(3_000)]  # (appended, offset) on partition 0
+    live = [(4_000 + n, n) for n in range(0, 3_000, 3)]  # partition 1, appended later
+    ids = {}
+    for step, (appended, offset) in enumerate(backlog):
+        if step % 3 == 0:
+            ms, at = live[step // 3]
+            mid = level_id(1, 1, ms)
+            book.file(LevelMarker(CANCEL, mid, ms, "delay_markers", 1, at))
+            ids[mid] = ms
+        mid = level_id(1, 0, appended)
+        book.file(LevelMarker(CANCEL, mid, appended, "delay_markers", 0, offset))
+        ids[mid] = appended
+    assert sum(book.kept().values()) == 4_000
+    assert book.expire(2_500) == 1_500
+    book._compact()
+    assert book.expire(4_000) == 1_500  # the rest of the backlog, nothing of the live one
+    assert {m for m in ids if book.has(m)} == {m for m, ms in ids.items() if ms >= 4_000}
+    assert book.expire(4_000 + 1_500) == 500
+    assert {m for m in ids if book.has(m)} == {m for m, ms in ids.items() if ms >= 5_500}
