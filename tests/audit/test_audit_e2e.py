@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
+from delayservice.audit import transform
 from delayservice.markers.replies import parse_reply
 from delayservice.producer import DelayProducer
 
@@ -96,7 +97,59 @@ class Landed:
         self.keys.append(f"{msg.topic()}:{msg.partition()}:{msg.offset()}")
 
 
-def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, tmp_path):
+COUNTS = transform.COUNTS[:8]  # all but `leaked` (level cancels: test_audit_level_markers)
+
+
+def _judge_common(
+    spark, out: Path, settings, targets: list[str], replies: dict[str, Any], moves: dict[str, str]
+) -> None:
+    """What holds of an audit before the planting and after it: the levels and the
+    exact messages, each move judged by its last marker's reply, the targets, the plot."""
+    summary = json.loads((out / "summary.json").read_text())
+    assert [row["level"] for row in summary["by_level"]] == ["1s", "2s", "3s", "exact"]
+    by_level = {row["level"]: row for row in summary["by_level"]}
+    assert {k: by_level["exact"][k] for k in ("accepted", "delivered", "cancelled")} == {
+        "accepted": 5,
+        "delivered": 4,
+        "cancelled": 1,
+    }
+    assert summary["precise_topic"] == settings.precise_topic
+    assert summary["reschedules"] == {
+        "outcomes_topics": sorted(
+            [settings.markers_outcomes_topic, settings.precise_outcomes_topic]
+        ),
+        "messages_moved": 2,
+        "note": None,
+    }
+    rows = _rows(spark, out)
+    for mid, marker in moves.items():
+        row = rows[mid]
+        assert row["moved_by"] == marker  # the last marker's reply decided
+        assert row["due_ms"] == row["moved_due_ms"] == replies[marker].due_ms
+        assert row["due_ms"] == row["delivered_due_ms"]  # the daemon sent the copy it moved
+        assert not row["early"]
+    earlier_id, later_id = moves
+    assert rows[earlier_id]["original_due_ms"] > rows[earlier_id]["due_ms"] + 25_000
+    assert rows[later_id]["original_due_ms"] < rows[later_id]["due_ms"]
+    assert not rows[later_id]["superseded"]
+    assert sorted(row["target"] for row in summary["by_target"]) == sorted(targets)
+    assert summary["total"]["lateness_ms"]["max"] >= 0
+    assert (out / "lateness.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "clean_first",
+    [
+        pytest.param(True, marks=pytest.mark.long, id="clean-then-planted"),
+        pytest.param(False, id="planted"),
+    ],
+)
+def test_audit_passes_a_clean_run_and_names_each_planted_fault(
+    testbed, spark, tmp_path, clean_first
+):
+    """CI runs one audit (a Spark job of its own, the slowest step of the suite), of the
+    run with the faults planted: it must name exactly those and judge the rest as the
+    clean run would. `--all` also audits the run before the planting, which must pass."""
     settings = testbed.settings(
         partitions=2,
         precise=True,
@@ -165,57 +218,25 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     daemon.stop()
     config = _config(settings, tmp_path / "audit.toml")
 
-    clean = _audit(config, tmp_path / "clean")
-    assert clean.returncode == 0, clean.stdout + clean.stderr
-    summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
-    assert summary["ok"] is True
-    counts = (
-        "accepted",
-        "delivered",
-        "missing",
-        "duplicated",
-        "early",
-        "superseded",
-        "cancelled",
-        "pending",
-    )
-    assert {k: summary["total"][k] for k in counts} == {
-        "accepted": 35,
-        "delivered": 34,
-        "missing": 0,
-        "duplicated": 0,
-        "early": 0,
-        "superseded": 0,
-        "cancelled": 1,
-        "pending": 0,
-    }
-    assert [row["level"] for row in summary["by_level"]] == ["1s", "2s", "3s", "exact"]
-    by_level = {row["level"]: row for row in summary["by_level"]}
-    assert {k: by_level["exact"][k] for k in ("accepted", "delivered", "cancelled")} == {
-        "accepted": 5,
-        "delivered": 4,
-        "cancelled": 1,
-    }
-    assert summary["precise_topic"] == settings.precise_topic
-    assert summary["reschedules"] == {
-        "outcomes_topics": sorted(
-            [settings.markers_outcomes_topic, settings.precise_outcomes_topic]
-        ),
-        "messages_moved": 2,
-        "note": None,
-    }
-    rows = _rows(spark, tmp_path / "clean")
-    for mid, marker in ((earlier_id, earlier.keys[1]), (later_id, later.keys[0])):
-        row = rows[mid]
-        assert row["moved_by"] == marker  # the last marker's reply decided
-        assert row["due_ms"] == row["moved_due_ms"] == replies[marker].due_ms
-        assert row["due_ms"] == row["delivered_due_ms"]  # the daemon sent the copy it moved
-        assert (row["early"], row["superseded"]) == (False, False)
-    assert rows[earlier_id]["original_due_ms"] > rows[earlier_id]["due_ms"] + 25_000
-    assert rows[later_id]["original_due_ms"] < rows[later_id]["due_ms"]
-    assert sorted(row["target"] for row in summary["by_target"]) == sorted(targets)
-    assert summary["total"]["lateness_ms"]["max"] >= 0
-    assert (tmp_path / "clean" / "lateness.png").stat().st_size > 0
+    moves = {earlier_id: earlier.keys[1], later_id: later.keys[0]}  # each one's last marker
+    if clean_first:
+        clean = _audit(config, tmp_path / "clean")
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        summary = json.loads((tmp_path / "clean" / "summary.json").read_text())
+        assert summary["ok"] is True
+        assert {k: summary["total"][k] for k in COUNTS} == {
+            "accepted": 35,
+            "delivered": 34,
+            "missing": 0,
+            "duplicated": 0,
+            "early": 0,
+            "superseded": 0,
+            "cancelled": 1,
+            "pending": 0,
+        }
+        _judge_common(spark, tmp_path / "clean", settings, targets, replies, moves)
+        rows = _rows(spark, tmp_path / "clean")
+        assert (rows[earlier_id]["early"], rows[earlier_id]["superseded"]) == (False, False)
 
     # Plant a duplicate: a forwarded level record, produced again with the same headers.
     copy = next(r for r in delivered if dict(r.headers())["delay-id"].decode() in sent)
@@ -248,7 +269,7 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     assert "FAILED: 1 missing, 0 early, 1 superseded" in planted.stderr
     summary = json.loads((tmp_path / "planted" / "summary.json").read_text())
     assert summary["ok"] is False
-    assert {k: summary["total"][k] for k in counts[:6]} == {
+    assert {k: summary["total"][k] for k in COUNTS[:6]} == {
         "accepted": 36,
         "delivered": 34,
         "missing": 1,
@@ -258,6 +279,7 @@ def test_audit_passes_a_clean_run_and_names_each_planted_fault(testbed, spark, t
     }
     level_1s = next(row for row in summary["by_level"] if row["level"] == "1s")
     assert level_1s["missing"] == 1
+    _judge_common(spark, tmp_path / "planted", settings, targets, replies, moves)
     assert _verdicts(spark, tmp_path / "planted") == {
         "missing": {missing_id},
         "duplicated": {duplicated_id, earlier_id},
