@@ -254,9 +254,15 @@ class WorkerMarkers:
         """Re-publish `record` due at the marker's time, to the level that holds what is
         left; returns where the copy went. `on_failure`: the copy's own delivery report
         (a copy made apart from its original's send, whose failure no run holds)."""
+        # Timed from now, not from `now`: a serve pass that began before the marker was
+        # filed timed a move to just under the longest level past it, and a delay-ms
+        # beyond every level is dead-lettered when due (`delay_out_of_range`). A clock
+        # behind the broker's does the same: delay-ms is capped, delay-due-ms is not.
+        now = max(now, self._now_ms())
         asked = marker.asked_due_ms or now
         remaining = max(1, asked - now)
-        level = self._levels.select(min(remaining, self._levels.max_delay_ms))
+        remaining = min(remaining, self._levels.max_delay_ms)  # delay-due-ms keeps the rest
+        level = self._levels.select(remaining)
         count = sender.partition_count(level.topic)
         viewed = record_of(tp, record)
         partition = keyed_partition(envelope.partitioner, viewed.key(), count)

@@ -25,6 +25,7 @@ from tests.level.fakes import (
     LEVEL,
     LEVELS,
     LONGER,
+    MAX_DELAY_MS,
     OUTCOMES,
     TARGET,
     FakeClock,
@@ -212,6 +213,41 @@ def test_a_reschedule_moves_a_queued_message_to_the_level_that_holds_what_is_lef
     assert delivered(rig) == []
     assert committed(rig, 2) == 1
     assert len([s for s in rig.producer.visible() if s.topic == level.topic]) == 1
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_move_filed_while_a_slow_serve_pass_runs_fits_the_longest_level(clock, exactly_once):
+    """A reschedule to just under the longest level, filed by the reader while a serve
+    pass that began earlier still runs (a flood, a loaded host): its copy was timed
+    from the pass's start, so its delay-ms came out longer than any level and the copy
+    was dead-lettered (`delay_out_of_range`) when due: the message lost to the dead
+    letter topic. Timed from when the copy is made, it fits."""
+    rig = rig_for(clock, exactly_once)
+    markers = rig.markers
+    assert markers is not None
+    mid = send(rig, 2, 0, clock.ms() - 1_000)
+    read_through(rig)
+    cycle(rig)
+    entries = markers.book.entries
+    filed: list[LevelMarker] = []
+
+    def slow_entries(*args: Any) -> Any:
+        if not filed:  # the pass began; the reader files a move half a second later
+            clock.advance(0.5)
+            at = clock.ms()
+            filed.append(marker(rig, RESCHEDULE, mid, at, offset=4, asked=at + MAX_DELAY_MS - 200))
+            gate = markers.gate
+            gate.advance(at + 1, at + 1, gate.generation)
+        return entries(*args)
+
+    markers.book.entries = slow_entries  # type: ignore[method-assign]
+    clock.advance(CHECK_MS / 1000)  # the next look is due
+    cycle(rig)
+    markers.book.entries = entries  # type: ignore[method-assign]
+    (copy,) = [s for s in rig.producer.visible() if s.topic != OUTCOMES]
+    assert copy.topic == LEVELS.levels[-1].topic
+    assert int(copy.header(H_DELAY_MS)) <= MAX_DELAY_MS, "longer than any level holds"
+    assert copy.header(H_DUE_MS) == str(filed[0].asked_due_ms).encode()
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
