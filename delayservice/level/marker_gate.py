@@ -62,8 +62,6 @@ class MarkerGate:
         """Every marker appended before this (broker time, epoch ms) has been read."""
         self._shut = True
         """From a start or a rewind until every markers partition was read once."""
-        self._unread: set[int] = set()
-        """The markers partitions not yet read to a target since the shut began."""
         self.outcomes_through_ms = BLOCKED
         """Every committed answer written before this has been read."""
         self.covered_from_ms: int | None = None
@@ -165,10 +163,6 @@ class MarkerGate:
             self._extra.setdefault(partition, set()).add(home)
             self._homes.pop(partition, None)
 
-    def part_through(self, partition: int) -> int:
-        """How far markers partition `partition` has been read through (BLOCKED: not)."""
-        return self._parts.get(partition, BLOCKED)
-
     def home_of(self, partition: int) -> tuple[int, ...]:
         """The markers partitions level partition `partition`'s markers can be on."""
         return tuple(home for home, _ in self._cached_homes(partition))
@@ -195,7 +189,6 @@ class MarkerGate:
                 self.through_ms = BLOCKED  # before the records can be taken
                 self._shut = True
                 self._parts = dict.fromkeys(self._parts, BLOCKED)
-                self._unread = set(self._parts)
                 self.generation += 1
                 self.demand.set()
 
@@ -256,22 +249,16 @@ class MarkerGate:
         outcomes: dict[int, int],
         generation: int,
         unlisted: tuple[int | None, int | None] = (None, None),
-        reached: bool = True,
     ) -> None:
         """Reads that began at these times reached the ends of these partitions (of the
         markers topic, of the outcomes topic): move the gate, unless a rewind was asked
         for since, and wake the groups waiting. `through_ms` is what the partition read
         least far was read through (`unlisted`: the times, when no partition was ever
         named to the gate). It stays shut after a rewind until every partition has been
-        read again; a partition added later shuts only the records it may concern.
-        `reached` False: a read still on its way to a partition's end got past every
-        marker appended before these times (`MarkerReader._progress`), which moves the
-        gate as far, but does not count as that partition read once."""
+        read again; a partition added later shuts only the records it may concern."""
         with self._lock:
             if generation != self.generation or self._rewind_to is not None:
                 return
-            if reached:
-                self._unread.difference_update(markers)
             parts, outcome_parts = self._parts, self._outcome_parts
             for partition, ms in markers.items():
                 if ms > parts.get(partition, BLOCKED):
@@ -283,27 +270,22 @@ class MarkerGate:
                 self.through_ms = min(parts.values())
             elif unlisted[0] is not None and unlisted[0] > self.through_ms:
                 self.through_ms = unlisted[0]
-            self._shut = self._shut and (bool(self._unread) or self.through_ms < 0)
+            self._shut = self._shut and self.through_ms < 0
             outcomes_ms = min(outcome_parts.values()) if outcome_parts else unlisted[1]
             if outcomes_ms is not None and outcomes_ms > self.outcomes_through_ms:
                 self.outcomes_through_ms = outcomes_ms
-            ready = self._wakes_due()
+            ready = []
+            waiting = {}
+            for key, (due_ms, wake) in self._wants.items():
+                wanted = key[1]
+                homes = () if wanted is None else self._homes_of(wanted)
+                if due_ms <= self._through(homes):
+                    ready.append(wake)
+                else:
+                    waiting[key] = (due_ms, wake)
+            self._wants = waiting
         for wake in ready:
             wake()
-
-    def _wakes_due(self) -> list[Callable[[], None]]:
-        """Under the lock: take out the wishes the gate now passes, and their wakes."""
-        ready = []
-        waiting = {}
-        for key, (due_ms, wake) in self._wants.items():
-            wanted = key[1]
-            homes = () if wanted is None else self._homes_of(wanted)
-            if due_ms <= self._through(homes):
-                ready.append(wake)
-            else:
-                waiting[key] = (due_ms, wake)
-        self._wants = waiting
-        return ready
 
     def read_parts(self, markers: list[int], outcomes: list[int]) -> None:
         """The partitions the reader reads now: each one new is shut until read."""
@@ -311,8 +293,6 @@ class MarkerGate:
             for partition in markers:
                 if self._parts.setdefault(partition, BLOCKED) < 0:
                     self.through_ms = BLOCKED
-                    if self._shut:
-                        self._unread.add(partition)
             for partition in outcomes:
                 if self._outcome_parts.setdefault(partition, BLOCKED) < 0:
                     self.outcomes_through_ms = BLOCKED

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import (
-    TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaException,
     Message,
@@ -64,7 +63,7 @@ from delayservice.kafka.client_errors import STARTING_CODES, error_of, raised_by
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.level.marker_book import REFUSED, MarkerBook
-from delayservice.level.marker_gate import BLOCKED, MarkerGate
+from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.log_throttle import Throttle
 from delayservice.markers.level_ids import level_place, tail_partition
@@ -212,10 +211,7 @@ class MarkerReader:
         self._throttle = Throttle()
         self._starting = GraceStreaks()
         self._assigned: list[TopicPartition] = []
-        self._read_to, self._read_past = dict[TP, int](), dict[int, int]()
-        # `_read_past`: markers partition -> the append time of the last marker read from
-        # it: every marker on it appended before then was read (LogAppendTime only grows
-        # along a partition), though its target may be far ahead (`_progress`).
+        self._read_to: dict[TP, int] = {}
         self._counts: dict[str, int] = {}
         """Per topic read, the most partitions it was seen with (a growth is told once)."""
         self._next_metadata = 0.0
@@ -415,7 +411,6 @@ class MarkerReader:
         )
         self._next_pass = 0  # at once
         self._targets = {}  # positions start over: so do the targets
-        self._read_past = {}
         self._markers_paused = False
         return consumer
 
@@ -581,29 +576,12 @@ class MarkerReader:
             (markers if tp[0] == markers_topic else outcomes)[tp[1]] = target.began_ms
         for generation, (markers, outcomes) in reached.items():
             self._gate.advance_parts(markers, outcomes, generation)
-        self._progress()
         if not reached:
             return
         now = time.monotonic()
         if not self._markers_pending() or now >= self._nudged_at + FLOOD_NUDGE_S:
             self._nudged_at = now
             self._on_pass()
-
-    def _progress(self) -> None:
-        """Move the gate of each markers partition still on its way to its target as far
-        as its markers were read (by append time, never past the target's time): a
-        backlog growing while it is read (a flood) then holds back only the records due
-        after the markers read so far, not every record due before the end noted."""
-        read_past, markers_topic = self._read_past, self._markers_topic
-        moved: dict[int, dict[int, int]] = {}
-        for tp, target in self._targets.items():
-            if tp[0] != markers_topic:
-                continue
-            at = min(read_past.get(tp[1], BLOCKED), target.began_ms)
-            if at > self._gate.part_through(tp[1]):
-                moved.setdefault(target.generation, {})[tp[1]] = at
-        for generation, markers in moved.items():
-            self._gate.advance_parts(markers, {}, generation, reached=False)
 
     def _book_full(self, consumer: Any) -> bool:
         """Whether the book is at its share: then the markers partitions are paused,
@@ -721,9 +699,6 @@ class MarkerReader:
             self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
             try:
                 if key[0] == self._markers_topic:
-                    kind, appended = message.timestamp()
-                    if kind == TIMESTAMP_LOG_APPEND_TIME:
-                        self._read_past[key[1]] = appended
                     self._file(message, consumer, batch)
                 else:
                     self._answer(message)

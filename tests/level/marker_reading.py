@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL
@@ -93,7 +93,7 @@ def cancel_on(reading: Reading, partition: int, names: int = 0) -> str:
         reading.clock.ms(),
         topic=reading.markers,
         headers=[(H_CANCEL, mid.encode())],
-        timestamp_type=TIMESTAMP_LOG_APPEND_TIME,  # as `topics create` makes it
+        timestamp_type=TIMESTAMP_CREATE_TIME,
     )
     reading.fake.append(tp, record)
     return mid

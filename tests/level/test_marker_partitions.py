@@ -49,32 +49,6 @@ def test_a_partition_read_through_opens_only_the_records_whose_markers_go_there(
     assert [gate.through_for(p) for p in range(6)] == [1_000, 5_000, 2_000] * 2
 
 
-def test_a_partition_read_part_of_the_way_moves_its_gate_but_keeps_a_start_shut():
-    """A partition on its way to its end moves its gate as far as its markers were
-    read; while any partition was never read to an end since the start, that is all
-    it does: every record waits for every partition (a marker may be anywhere), by
-    the least read of them."""
-    gate = _gate()
-    gate.advance_parts({1: 2_000, 2: 2_000}, {0: 2_000}, gate.generation)
-    gate.advance_parts({0: 700}, {}, gate.generation, reached=False)
-    assert [gate.through_for(p) for p in range(3)] == [700] * 3, "still shut"
-    gate.advance_parts({0: 1_500}, {}, gate.generation, reached=False)
-    assert [gate.through_for(p) for p in range(3)] == [1_500] * 3
-    gate.advance_parts({0: 1_800}, {}, gate.generation)  # read to its end once
-    assert [gate.through_for(p) for p in range(3)] == [1_800, 2_000, 2_000]
-    gate.advance_parts({0: 2_600}, {}, gate.generation, reached=False)
-    assert [gate.through_for(p) for p in range(3)] == [2_600, 2_000, 2_000]
-    gate.need(("t", 0), 0)  # a rewind: shut again until every partition is read again
-    gate.take_rewind()
-    gate.advance_parts({0: 3_000, 1: 3_000, 2: 3_000}, {0: 3_000}, gate.generation, reached=False)
-    assert [gate.through_for(p) for p in range(3)] == [3_000] * 3, "through, by the least"
-    gate.advance_parts({0: 3_000, 1: 3_000}, {0: 3_000}, gate.generation)
-    gate.advance_parts({2: 3_500}, {}, gate.generation, reached=False)
-    assert gate.through_for(0) == 3_000, "partition 2 not read to an end since the rewind"
-    gate.advance_parts({2: 4_000}, {}, gate.generation)
-    assert [gate.through_for(p) for p in range(3)] == [3_000, 3_000, 4_000]
-
-
 def test_a_wish_for_one_partition_is_woken_by_that_partition_alone():
     gate = _gate()
     gate.advance(1_000, 1_000, gate.generation)

@@ -88,33 +88,3 @@ def test_readiness_says_so_while_the_gate_stands_still(reading: Reading) -> None
     reading.fake.paused_tps.clear()
     reading.one_pass()
     assert reader.health(5.0) == (True, "markers: read")
-
-
-def test_a_flood_being_read_lets_go_the_records_due_before_the_markers_read_so_far(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A markers partition's gate moves as far as its markers were read (by append
-    time), not only once a pass reaches the end noted when it began: records due
-    before the markers read so far go while the rest of a flood is read. It used to
-    stay where the last reached target left it until the whole backlog was read."""
-    reading = reading_rig(monkeypatch, markers_partitions=2)
-    monkeypatch.setattr(marker_reader, "BATCH", 10)
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 1.5)
-    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a pass reads a batch or two
-    start = reading.clock.ms()
-    for _ in range(200):  # 2 s of markers on markers partition 0, 10 ms apart
-        cancel_on(reading, 0)
-        reading.clock.advance(0.01)
-    before = reading.gate.through_for(0)
-    reading.one_pass()
-    target = reading.reader._targets[(reading.markers, 0)]
-    read_to = reading.reader._read_to[(reading.markers, 0)]
-    assert 0 < read_to < 200, "the pass was meant to stop part of the way through"
-    last_read = reading.fake.logs[(reading.markers, 0)][read_to - 1].timestamp()[1]
-    assert reading.gate.through_for(0) == last_read
-    assert before <= start < last_read < target.began_ms
-    assert reading.gate.through_for(1) == target.began_ms, "the other partition read through"
-    for _ in range(40):
-        reading.one_pass()
-    assert (reading.markers, 0) not in reading.reader._targets
-    assert reading.gate.through_for(0) > start + 2_000

@@ -37,7 +37,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+from confluent_kafka import TIMESTAMP_CREATE_TIME
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
@@ -385,7 +385,7 @@ class LevelWorkerSimulation(Simulation):
             self.clock.ms(),
             topic=MARKERS,
             headers=headers,
-            timestamp_type=TIMESTAMP_LOG_APPEND_TIME,  # as `topics create` makes it
+            timestamp_type=TIMESTAMP_CREATE_TIME,
         )
         log.append(record)
 
