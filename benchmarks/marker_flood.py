@@ -34,20 +34,22 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from delayservice.envelope import H_CANCEL, H_VERSION, VERSION
 from delayservice.kafka import topics
-from delayservice.markers.level_ids import level_id, level_place, marker_partition
+from delayservice.markers.level_ids import level_place
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings, load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parents[1]))
 from daemon_process import running_daemon
 from forwarding import LOG_APPEND, broker, topic_ends
 from steady_lateness import percentile, read_all
+
+from tests.faults.flood import Flood
 
 TARGET_PARTITIONS = 3
 
@@ -55,36 +57,7 @@ TARGET_PARTITIONS = 3
 def flood(settings: Settings, count: int, only: int | None) -> float:
     """Write `count` cancel markers for ids of no message (of level partition `only`, or
     of every one in turn); returns the seconds it took."""
-    producer = Producer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "linger.ms": 20,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 1_000_000,
-        }
-    )
-    meta = producer.list_topics(settings.markers_topic, timeout=10)
-    markers = len(meta.topics[settings.markers_topic].partitions)
-    levels = list(settings.level_set())
-    start = time.monotonic()
-    for n in range(count):
-        level = levels[n % len(levels)]
-        message_id = level_id(level.index, n % settings.partitions if only is None else only)
-        headers: list[tuple[str, str | bytes | None]] = [
-            (H_VERSION, str(VERSION).encode()),
-            (H_CANCEL, message_id.encode()),
-        ]
-        partition = marker_partition(message_id, markers)
-        while True:
-            try:
-                producer.produce(settings.markers_topic, None, None, partition, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if n % 10_000 == 0:
-            producer.poll(0)
-    producer.flush(300)
-    return time.monotonic() - start
+    return Flood(settings, count, only).run()
 
 
 def application(settings: Settings, target: str, count: int, share: float) -> str:
