@@ -5,9 +5,10 @@ A client writes well-formed cancels for messages that do not exist (`flood`), ev
 of them on the markers partition of level partition 0, while an application sends
 1,000 level messages over every partition, cancels a tenth and moves a twentieth. The
 daemon is killed while the flood is still coming and started again: it reads the
-flood again from the start of its window (nothing of the markers is committed). Whatever the flood does, every promise holds:
-0 lost, 0 early, 0 cancels leaked, 0 at a replaced time, exactly-once 0 duplicates, and
-every real marker answered as the broker's record of it calls for. The lateness of the
+flood again from the start of its window (nothing of the markers is committed).
+Whatever the flood does, every promise holds: 0 lost, 0 early, 0 cancels leaked, 0 at
+a replaced time, exactly-once 0 duplicates, and every real marker answered as the
+broker's record of it calls for. The lateness of the
 messages behind the flood and of the others is reported apart (not judged: it is a
 benchmark's figure, `benchmarks/marker_flood.py`).
 """
