@@ -182,3 +182,30 @@ def test_a_level_cancel_within_the_lead_raced_and_one_before_it_must_hold() -> N
     assert report.duplicates == 1
     strict = Topology({LEVEL: 1000}, DLQ, {TARGET: 3}, 3, markers="mk")
     assert len(evaluate("unit", reader, strict, _sent(*sources)).cancels_leaked) == 3
+
+
+def test_a_move_to_the_millisecond_it_replaced_is_not_a_superseded_delivery() -> None:
+    """A level message due at 11,000 moved by a marker to 11,000 exactly (a CI run of
+    row 31 drew one), and delivered for it: on time, not at a replaced time. One
+    marker read twice acts once. A delivery for the time the move replaced, when the
+    move asked for another, stays superseded."""
+    topology = Topology({LEVEL: 1000}, DLQ, {TARGET: 3}, 3, markers="mk")
+    same = _rec(LEVEL, 0, 10_000, _envelope("same"))
+    other = _rec(LEVEL, 1, 10_000, _envelope("other"))
+    move_same = [("delay-v", b"1"), ("delay-reschedule", b"same"), ("delay-due-ms", b"11000")]
+    move_other = [("delay-v", b"1"), ("delay-reschedule", b"other"), ("delay-due-ms", b"12000")]
+    reader = _Reader(
+        same,
+        other,
+        _rec("mk", 0, 10_200, move_same),
+        _rec("mk", 0, 10_200, move_same),  # the same record, read again
+        _rec("mk", 1, 10_200, move_other),
+        _forwarded("same", 11_000, 11_000, 0),
+        _forwarded("other", 11_000, 11_000, 1),
+    )
+    report = evaluate("unit", reader, topology, _sent(same, other))
+    assert len(report.superseded) == 1
+    assert "(other) delivered for 11000, moved to 12000" in report.superseded[0]
+    moved = {s.expect.id: s for s in report.moved}
+    assert moved["same"].due_ms == 11_000
+    assert moved["same"].replaced == (11_000,), "the marker read twice acted twice"
