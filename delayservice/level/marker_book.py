@@ -75,16 +75,18 @@ class Action:
     copies: list[tuple[str, TP]] = field(default_factory=list)
 
 
-SLOT_BITS: Final = 40
+SLOT_BITS: Final = 64
+"""Wider than any slot number (they number on across compactions), so one never spills
+into the append time and a straggler is never taken for another slot."""
 SLOT_MASK: Final = (1 << SLOT_BITS) - 1
 STRAGGLER_BYTES: Final = 48
-"""A straggler's place in its heap: a pointer and one int of three digits."""
+"""A straggler's place in its heap: a pointer and one int of four digits."""
 
 
 def _straggler(appended_ms: int, slot: int) -> int:
     """One int that orders by append time: an entry of the stragglers' heap costs
     48 bytes, where a tuple of two cost 120."""
-    return (appended_ms << SLOT_BITS) | (slot & SLOT_MASK)
+    return (appended_ms << SLOT_BITS) | slot
 
 
 def _split_key(key: bytes) -> tuple[str, int, int] | None:

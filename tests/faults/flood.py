@@ -20,7 +20,8 @@ class Flood:
     """Writes `count` cancel markers with ids that name real level partitions (level
     partition `only`, or each in turn) and a current send time, but no message. Each
     lands on the markers partition the SDK would choose for its id. `written` counts
-    the markers handed to the client so far; `stop` ends a flood early."""
+    the markers handed to the client so far; `error`, what stopped a flood run on its
+    own thread (`start`)."""
 
     def __init__(self, settings: Any, count: int, only: int | None = None) -> None:
         self.settings = settings
@@ -28,10 +29,7 @@ class Flood:
         self.only = only
         self.written = 0
         self.seconds = float("nan")
-        self._stop = threading.Event()
-
-    def stop(self) -> None:
-        self._stop.set()
+        self.error: BaseException | None = None
 
     def run(self) -> float:
         """Writes the flood and waits until the broker has it; returns the seconds."""
@@ -49,8 +47,6 @@ class Flood:
         levels = list(settings.level_set())
         start = time.monotonic()
         for n in range(self.count):
-            if self._stop.is_set():
-                break
             level = levels[n % len(levels)]
             partition = n % settings.partitions if self.only is None else self.only
             message_id = level_id(level.index, partition)
@@ -75,7 +71,13 @@ class Flood:
         return self.seconds
 
     def start(self) -> threading.Thread:
-        """The flood on a thread of its own (joined by the caller)."""
-        thread = threading.Thread(target=self.run, name="marker-flood", daemon=True)
+        """The flood on a thread of its own (joined by the caller, who checks `error`)."""
+        thread = threading.Thread(target=self._run_noting, name="marker-flood", daemon=True)
         thread.start()
         return thread
+
+    def _run_noting(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # the caller's thread reports it
+            self.error = exc

@@ -87,6 +87,7 @@ def test_a_flood_of_markers_with_a_kill_9_mid_flood_breaks_no_promise(
     ready_s = time.monotonic() - respawned
     writer.join(600)
     assert not writer.is_alive(), "the flood was not written in 600 s"
+    assert flooding.error is None, f"the flood writer failed: {flooding.error!r}"
     assert flooding.written == flood
     scenario = f"31. level markers: kill -9 in a flood of {flood:,}"
     # A million markers on one partition take minutes to read after the restart, and
