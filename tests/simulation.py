@@ -22,7 +22,13 @@ how follows librdkafka and confluent-kafka 2.16:
 - a timeout, each call its own way: flush() returns with reports left, poll() and
   consume() return nothing, commit_transaction() and abort_transaction() time out while
   the operation goes on (`commit_timeouts`, `abort_timeouts`), committed() times out as
-  it does while a transaction holds the offsets; others raise `_TIMED_OUT`.
+  it does while a transaction holds the offsets; others raise `_TIMED_OUT`;
+- a stall: a call that waits on the broker returns seconds past its own timeout (a
+  coordinator or leader that answers late, librdkafka #5456). Its work is done when it
+  starts, so its answer is as old as the stall when it returns, while the world goes on
+  (`Faults.during_stall`: the application appends markers meanwhile). A stall longer
+  than `transaction.timeout.ms` with a transaction open lets the coordinator abort that
+  transaction, and the producer finds it abortable (librdkafka bumps the epoch).
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ from confluent_kafka import KafkaError, KafkaException
 from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from tests.level.fakes import TP, FakeConsumer, FakeProducer, raise_bare_kafka_error
+from delayservice.kafka.client_config import TRANSACTION_TIMEOUT_MS
+from tests.level.fakes import TP, FakeClock, FakeConsumer, FakeProducer, raise_bare_kafka_error
 
 SHAPES: Final = (
     "retriable",
@@ -48,7 +55,12 @@ SHAPES: Final = (
     "lost_error",
     "queue_full",
     "timeout",
+    "stall",
 )
+
+STALLS_S: Final = (2.0, 12.0, 40.0)
+"""How long a stalled call takes: past a pass's timeouts, past `transaction.timeout.ms`
+(10 s), past every record's due time in an example."""
 
 PRODUCER_CALLS: Final = (
     "produce",
@@ -96,6 +108,8 @@ SERVING: Final = frozenset(
 )
 """The calls that serve callbacks or wait on the broker: where confluent-kafka was seen
 to leave a bare `KafkaError` or lose its exception."""
+ASKING: Final = frozenset({"get_watermark_offsets", "list_topics", "offsets_for_times"})
+"""The calls that ask the broker a question and wait for its answer (they can stall)."""
 
 
 def can_fail(call: str, shape: str) -> bool:
@@ -104,6 +118,8 @@ def can_fail(call: str, shape: str) -> bool:
         return call in SERVING
     if shape == "queue_full":
         return call == "produce"
+    if shape == "stall":
+        return call in SERVING or call in ASKING
     return True
 
 
@@ -129,21 +145,28 @@ class Broker:
 class Faults:
     """Faults armed on the fake clients of one process; `log` keeps what fired."""
 
-    def __init__(self) -> None:
-        self.armed: dict[str, deque[tuple[str, str | None]]] = {
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        """What a stall moves on."""
+        self.during_stall: Callable[[str], None] | None = None
+        """What the world does halfway through a stall of a client (the simulation's)."""
+        self.armed: dict[str, deque[tuple[str, str | None, float]]] = {
             "consumer": deque(),
             "producer": deque(),
             "reader": deque(),
         }
-        """Per client, (shape, the call it waits for, or None for the next that can fail)."""
+        """Per client, (shape, the call it waits for, or None for the next that can fail,
+        how long a stall takes)."""
         self.log: list[str] = []
         self._full: set[int] = set()
         self._depth = 0
         self.after_full: deque[str] = deque()
         """Armed on the producer the moment a full queue fires (`arm_after_full`)."""
 
-    def arm(self, client: str, shape: str, call: str | None = None) -> None:
-        self.armed[client].append((shape, call))
+    def arm(
+        self, client: str, shape: str, call: str | None = None, stall_s: float = STALLS_S[0]
+    ) -> None:
+        self.armed[client].append((shape, call, stall_s))
 
     def arm_after_full(self, shape: str) -> None:
         """Arm `shape` on the producer the moment its queue is next full: the next call
@@ -189,6 +212,9 @@ class Faults:
                 armed.remove(chosen)
                 shape = chosen[0]
                 self.log.append(f"{client}.{name}: {shape}")
+                if shape == "stall":
+                    run = lambda: original(*args, **kwargs)  # noqa: E731
+                    return self._stalled(client, target, run, chosen[2])
                 done, value = self._fail(target, name, shape)
                 if done:
                     return value
@@ -199,6 +225,27 @@ class Faults:
                 self._depth -= 1
 
         return call
+
+    def _stalled(self, client: str, target: Any, call: Callable[[], Any], seconds: float) -> Any:
+        """Run `call` at once, and return its answer (or raise its error) `seconds`
+        later, with the world acting halfway."""
+        self._depth += 1
+        try:
+            return call()
+        finally:
+            self._depth -= 1
+            self.clock.advance(seconds / 2)
+            if self.during_stall is not None:
+                self.during_stall(client)
+            self.clock.advance(seconds / 2)
+            timed_out = seconds * 1000 > TRANSACTION_TIMEOUT_MS
+            producer = target if isinstance(target, FakeProducer) else None
+            # The coordinator's timer runs once the transaction holds something.
+            if timed_out and producer and producer.txn_open and producer.has_txn_content():
+                producer.abortable = producer.abortable or KafkaError(
+                    KafkaError.INVALID_PRODUCER_EPOCH,
+                    "sim: the coordinator aborted the transaction (transaction.timeout.ms)",
+                )
 
     def _fail(self, target: Any, name: str, shape: str) -> tuple[bool, Any]:
         """Fail the call `name` of `target` with `shape`: raise, or return (True, what
@@ -234,7 +281,9 @@ class Faults:
             )
         if shape == "queue_full":
             self._full.add(id(target))
-            self.armed["producer"].extendleft((then, None) for then in reversed(self.after_full))
+            self.armed["producer"].extendleft(
+                (then, None, STALLS_S[0]) for then in reversed(self.after_full)
+            )
             self.after_full.clear()
             raise BufferError("Local: Queue full")
         assert shape == "timeout", shape

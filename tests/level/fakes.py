@@ -700,6 +700,11 @@ class FakeProducer:
                 self.fatal_after = None
                 self.go_fatal()
 
+    def has_txn_content(self) -> bool:
+        """Whether the open transaction holds records or offsets (the coordinator has
+        added a partition to it, and its timeout runs)."""
+        return bool(self.txn_sent or self.txn_offsets)
+
     def go_fatal(self, code: int = KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER) -> None:
         """librdkafka raising a fatal error (an idempotence or transaction failure)."""
         with self._cond:

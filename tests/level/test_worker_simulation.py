@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import pytest
@@ -75,6 +75,7 @@ from tests.simulation import (
     PRODUCER_CALLS,
     READER_CALLS,
     SHAPES,
+    STALLS_S,
     Broker,
     Faults,
     Simulation,
@@ -149,9 +150,14 @@ class LevelWorkerSimulation(Simulation):
         self.assignment: set[tuple[str, int]] = set()
         self.slow_markers: set[tuple[str, int]] = set()
         """Markers partitions whose records do not reach the reader for now."""
+        self.in_flight: set[tuple[str, int]] = set()
+        """Of those, the ones slow only until the reader's pass ends: a marker was
+        appended there while a fetch was out (`_world_during_stall`)."""
         self.processes = 0
         self.fatal_reports: list[str] = []
         self.shapes: list[str] = list(SHAPES)
+        self.stall_world: deque[str | None] = deque()
+        """What the application does during each stall armed (`_stall_drawn`)."""
         self.rig: LevelRig
         self.faults: Faults
         self._start(assign=set(self.partitions))
@@ -171,7 +177,8 @@ class LevelWorkerSimulation(Simulation):
     # -- a process ---------------------------------------------------------------------
     def _start(self, assign: set[tuple[str, int]]) -> None:
         """A new process: a worker on fresh clients over what the broker holds."""
-        self.faults = Faults()
+        self.faults = Faults(self.clock)
+        self.faults.during_stall = self._world_during_stall
         rig = make_level_rig(
             clock=self.clock,
             exactly_once=self.exactly_once,
@@ -316,15 +323,18 @@ class LevelWorkerSimulation(Simulation):
     @rule(
         data=st.data(),
         count=st.integers(1, 3),
-        due_in_ms=st.sampled_from([0, 0, 50, 400, 1_500, 4_000]),
+        due_in_ms=st.sampled_from([0, 0, 50, 400, 1_500, 4_000, 9_000]),
         key=st.sampled_from(KEYS),
     )
     def records_arrive(self, data: st.DataObject, count: int, due_in_ms: int, key: bytes) -> None:
+        """Records due in `due_in_ms`, appended a level's delay before that to a level
+        whose delay holds it."""
         # Half the time the newest partition: a producer sends there once it has grown.
-        sent_to = [tp for tp in self.partitions if tp[0] != C]
+        sent_to = [tp for tp in self.partitions if tp[0] != C and DELAYS[tp[0]] >= due_in_ms]
         newest = data.draw(st.booleans(), label="newest partition")
         tp = sent_to[-1] if newest else data.draw(st.sampled_from(sent_to))
-        stamp = self.clock.ms() - DELAYS[tp[0]] + due_in_ms
+        delay_ms = DELAYS[tp[0]]
+        stamp = self.clock.ms() - delay_ms + due_in_ms
         log = self.broker.logs.setdefault(tp, [])
         for _ in range(count):
             offset = len(log)
@@ -332,12 +342,12 @@ class LevelWorkerSimulation(Simulation):
             self.ids[message_id] = (tp, offset)
             self.records[message_id] = [(tp, offset)]
             self.id_at[(tp, offset)] = message_id
-            headers = envelope_headers(message_id=message_id, delay_ms=DELAYS[tp[0]])
+            headers = envelope_headers(message_id=message_id, delay_ms=delay_ms)
             record = message(
                 tp[1], offset, stamp, topic=tp[0], key=key, value=b"v%d" % offset, headers=headers
             )
             log.append(record)
-            self.broker.due_ms[(tp, offset)] = stamp + DELAYS[tp[0]]
+            self.broker.due_ms[(tp, offset)] = stamp + delay_ms
 
     @precondition(lambda self: bool(self.ids))
     @rule(data=st.data())
@@ -351,8 +361,11 @@ class LevelWorkerSimulation(Simulation):
             message_id = pending[-1]
         else:
             message_id = data.draw(st.sampled_from(sorted(pending or self.ids)), label="cancelled")
+        self._cancel(message_id)
+
+    def _cancel(self, message_id: str) -> None:
         self._marker(message_id, [(H_CANCEL, message_id.encode())])
-        self.cancels.append((message_id, now))
+        self.cancels.append((message_id, self.clock.ms()))
 
     @precondition(lambda self: bool(self.ids))
     @rule(data=st.data(), ahead_ms=st.sampled_from(RESCHEDULE_IN_MS))
@@ -370,10 +383,43 @@ class LevelWorkerSimulation(Simulation):
             message_id = pending[-1]
         else:
             message_id = data.draw(st.sampled_from(pending), label="moved")
+        self._reschedule(message_id, ahead_ms)
+
+    def _reschedule(self, message_id: str, ahead_ms: int) -> None:
+        now = self.clock.ms()
         asked = now + ahead_ms
         headers = [(H_RESCHEDULE, message_id.encode()), (H_DUE_MS, str(asked).encode())]
         self._marker(message_id, headers)
         self.reschedules.append((message_id, now, asked))
+
+    def _world_during_stall(self, client: str) -> None:
+        """Halfway through a stalled call, the application does what the rule that
+        armed the stall drew: it cancels, or moves, the message due soonest that a
+        marker appended now must still reach (due more than `cancel_lead` ahead), the
+        hardest case for a pass whose answers were fixed before the stall."""
+        if not self.stall_world:
+            return
+        action = self.stall_world.popleft()
+        now = self.clock.ms()
+        moved = {message_id for message_id, _, _ in self.reschedules}
+        cancelled = {message_id for message_id, _ in self.cancels}
+        waiting = sorted(
+            (self.broker.due_ms[spot], message_id)
+            for message_id, spot in self.ids.items()
+            if self.broker.due_ms[spot] > now + LEAD_MS and message_id not in moved | cancelled
+        )
+        if action is None or not waiting:
+            return
+        message_id = waiting[0][1]
+        if action == "cancel":
+            self._cancel(message_id)
+        else:
+            self._reschedule(message_id, RESCHEDULE_IN_MS[1])
+        # The reader's fetch was out when it was appended: it comes with the next.
+        tp = (MARKERS, marker_partition(message_id, self.counts[MARKERS]))
+        if client == "reader" and tp not in self.slow_markers:
+            self.slow_markers.add(tp)
+            self.in_flight.add(tp)
 
     def _marker(self, message_id: str, headers: list[tuple[str, bytes]]) -> None:
         """Append a marker now, to the markers partition the SDK picks for its id."""
@@ -407,6 +453,7 @@ class LevelWorkerSimulation(Simulation):
     @rule()
     def markers_partitions_catch_up(self) -> None:
         self.slow_markers.clear()
+        self.in_flight.clear()
 
     @precondition(lambda self: self.reader_alive)
     @rule()
@@ -421,6 +468,8 @@ class LevelWorkerSimulation(Simulation):
         self.reader._next_pass = 0  # a pass now, not a wait for one
         kept: list[Any] = []
         raised = raised_by(lambda: kept.append(self.reader._turn(self.reader_consumer)))
+        self.slow_markers.difference_update(self.in_flight)  # the next fetch brings them
+        self.in_flight.clear()
         if raised is not None:
             self.reader_alive = False
             self.reader_death = repr(raised)
@@ -436,7 +485,25 @@ class LevelWorkerSimulation(Simulation):
         if not calls:
             return
         call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
-        self.faults.arm("reader", shape, call)
+        self.faults.arm("reader", shape, call, self._stall_drawn(shape, data))
+
+    @precondition(lambda self: self.running and "stall" in self.shapes)
+    @rule(
+        call=st.sampled_from(["get_watermark_offsets", "list_topics", "consume"]),
+        world=st.sampled_from(["cancel", "reschedule"]),
+        stall_s=st.sampled_from(STALLS_S),
+    )
+    def a_reader_call_stalls_while_markers_arrive(
+        self, call: str, world: str, stall_s: float
+    ) -> None:
+        """Weighted: the reader's next call of `call` (asking where the topics end, or
+        reading) answers `stall_s` late, and meanwhile the application cancels or
+        moves a message; then a reader pass and the threads. A pass whose ends were
+        fixed before the marker must not open the gate past it."""
+        self.faults.arm("reader", "stall", call, stall_s)
+        self.stall_world.append(world)
+        self.reader_pass()
+        self.threads_run(["consumer", "forwarder", "consumer"])
 
     @rule(data=st.data())
     def topic_grows(self, data: st.DataObject) -> None:
@@ -541,7 +608,15 @@ class LevelWorkerSimulation(Simulation):
         calls = [c for c in (CONSUMER_CALLS if client == "consumer" else PRODUCER_CALLS)]
         calls = [c for c in calls if can_fail(c, shape)]
         call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
-        self.faults.arm(client, shape, call)
+        self.faults.arm(client, shape, call, self._stall_drawn(shape, data))
+
+    def _stall_drawn(self, shape: str, data: st.DataObject) -> float:
+        """For a stall: how long it takes, and what the application does meanwhile."""
+        if shape != "stall":
+            return STALLS_S[0]
+        world = st.sampled_from([None, "cancel", "reschedule"])
+        self.stall_world.append(data.draw(world, label="meanwhile"))
+        return float(data.draw(st.sampled_from(STALLS_S), label="stall_s"))
 
     @precondition(lambda self: self.running and "queue_full" in self.shapes)
     @rule(data=st.data())
@@ -868,5 +943,28 @@ def test_written_a_lost_error_while_a_cancel_is_answered_leaves_its_message_with
         _time_passes(machine, 4)
         assert "producer.poll: lost_error" in machine.faults.log
         assert machine._forwards() == []
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize("call", ["consume", "get_watermark_offsets"])
+def test_written_a_cancel_appended_while_a_reader_call_stalls_is_honoured(call: str) -> None:
+    """The reader's `call` answers 12 s late, and halfway through the application
+    cancels a message due 4 s later: the pass whose ends were noted before the cancel
+    must not let the message go without it."""
+    machine = _machine(exactly_once=False)
+    machine.faults_of_this_run([False] * (len(SHAPES) - 1) + [True])
+    try:
+        machine.reader_pass()
+        machine.time_passes(0.05, reader=True)
+        machine.records_arrive(_Drawn(False, (B, 0)), 1, 9_000, b"k0")
+        (message_id,) = machine.ids
+        machine.time_passes(0.05, reader=True)
+        machine.a_reader_call_stalls_while_markers_arrive(call, "cancel", 12.0)
+        assert machine.cancels, machine.faults.log
+        assert machine.cancels[-1][0] == message_id
+        machine.promises_hold()
+        _time_passes(machine, 8)
+        assert message_id not in {forwarded for forwarded, _ in machine._forwards()}
     finally:
         machine.teardown()

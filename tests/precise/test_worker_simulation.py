@@ -68,7 +68,15 @@ from tests.level.fakes import (
     message,
 )
 from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
-from tests.simulation import EXAMPLES, SHAPES, Broker, Faults, Simulation, run_guarantee
+from tests.simulation import (
+    EXAMPLES,
+    SHAPES,
+    STALLS_S,
+    Broker,
+    Faults,
+    Simulation,
+    run_guarantee,
+)
 
 TOPIC = "timers"
 """The precise topic (ids `id-timers-P-O`: `_source_of` finds each forward's record)."""
@@ -146,7 +154,7 @@ class PreciseWorkerSimulation(Simulation):
         self.fatal_reports: list[str] = []
         self.shapes: list[str] = list(SHAPES)
         self.worker: PreciseWorker | None = None
-        self.faults = Faults()
+        self.faults = Faults(self.clock)
         self.fatal: list[str] = []
         self.keeper: ConsumerKeeper | None = None
         self._start()
@@ -191,7 +199,7 @@ class PreciseWorkerSimulation(Simulation):
             for log in (self.worker.delivery, self.worker.copies_log):
                 if log is not None:
                     log.close()
-        self.faults = Faults()
+        self.faults = Faults(self.clock)
         self.fatal = []
         settings = self._settings()
         self.topics = {
@@ -340,7 +348,8 @@ class PreciseWorkerSimulation(Simulation):
         shape = data.draw(st.sampled_from(self.shapes), label="shape")
         if client == "consumer" and shape == "queue_full":
             shape = "timeout"
-        self.faults.arm(client, shape)
+        stall_s = data.draw(st.sampled_from(STALLS_S), label="stall_s") if shape == "stall" else 0
+        self.faults.arm(client, shape, stall_s=stall_s)
 
     @precondition(lambda self: self.running and "queue_full" in self.shapes)
     @rule(data=st.data())
