@@ -105,6 +105,10 @@ MARKERS_GROWN = 3
 KEYS = (b"k0", b"k1", b"k2")
 RESCHEDULE_IN_MS = (1_500, 3_000, 6_000, 12_000)
 """How far ahead a reschedule asks for: its copy goes to the 1 s, 5 s or 20 s level."""
+SETTLE_ROUNDS = 20
+"""`faults_stop_and_time_passes`: rounds of 3 s (past the forwarder's backoff and give-up)."""
+SETTLE_SLACK_MS = 5_000
+"""How long after its due time a message may still be on its way when the minute ends."""
 LAYOUTS = ("shared", "per-level")
 """The worker layouts' consumer groups (`level_workers`): a change of layout starts the
 new process in the other group, from the later of its offsets and the other's."""
@@ -201,6 +205,7 @@ class LevelWorkerSimulation(Simulation):
             ServiceMetrics(CollectorRegistry()),
             self.clock.ms,
             self._reader_consumer,
+            on_pass=lambda: self.rig.markers.nudge() if self.rig.markers else None,
         )
         self.reader_consumer: Any = None
         self.reader_alive = True
@@ -642,6 +647,46 @@ class LevelWorkerSimulation(Simulation):
         else:
             self.assignment -= chosen
         self.rig.consumer.queue_rebalance(kind, *sorted(chosen))
+
+    @precondition(lambda self: self.running)
+    @rule()
+    def faults_stop_and_time_passes(self) -> None:
+        """Nothing more fails, every markers partition is read again, the group gives
+        this member every partition, and a minute passes with the reader and the threads
+        running: every message due by then went (or was dead-lettered), unless a cancel
+        of it was appended (one appended after its due time may still withdraw it).
+        What the safety invariants cannot see, a record that waits for ever, shows
+        here."""
+        self.faults.disarm()
+        self.stall_world.clear()
+        self.markers_partitions_catch_up()
+        unassigned = set(self.partitions) - self.assignment
+        if unassigned:
+            self.assignment |= unassigned
+            self.rig.consumer.queue_rebalance("assign", *sorted(unassigned))
+        for _ in range(SETTLE_ROUNDS):
+            self.time_passes(3.0, reader=True)
+            if not self.running:
+                return  # a failure reported: the invariants start a new process
+        now_ms = self.clock.ms()
+        forwarded = {message_id for message_id, _ in self._forwards()}
+        cancelled = {message_id for message_id, _ in self.cancels}
+        held = sorted(
+            message_id
+            for message_id, spots in self.records.items()
+            if message_id not in forwarded | cancelled
+            and max(self.broker.due_ms[spot] for spot in spots) <= now_ms - SETTLE_SLACK_MS
+            and all(
+                asked <= now_ms - SETTLE_SLACK_MS
+                for i, _, asked in self.reschedules
+                if i == message_id
+            )
+        )
+        self._check(
+            not held,
+            f"HELD: {[(i, self.records[i]) for i in held]} were due and did not go after a "
+            f"minute without faults (faults fired before: {self.faults.log})",
+        )
 
     @precondition(lambda self: self.processes <= RESTARTS)
     @rule(layout_changed=st.booleans(), data=st.data())
