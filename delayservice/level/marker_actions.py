@@ -445,6 +445,14 @@ class WorkerMarkers:
         found = self.book.verdict_for(message_id, cursor_of(record), due)
         if found.action == CLOSED or (found.action == MOVE and due <= now):
             return  # moved already; or due now, and taking it decides the same at once
+        marker = found.marker
+        if (
+            found.action == MOVE
+            and marker is not None
+            and not self.gate.read_before(tp[1], marker.appended_ms, marker.partition)
+        ):
+            self._scanned.pop(tp, None)  # searched for again on the next pass
+            return  # a cancel before it may still be on another markers partition
         action = Action()
         copy = None
         if found.action == MOVE and found.marker is not None:

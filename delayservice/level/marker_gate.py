@@ -129,6 +129,23 @@ class MarkerGate:
                 low = at
         return low
 
+    def read_before(self, partition: int, appended_ms: int, on: int) -> bool:
+        """Whether every marker of level partition `partition`'s messages that can come
+        before one appended at `appended_ms` on markers partition `on` has been read.
+        `on` is read in order; its other homes (an earlier count's, a misplaced one's)
+        must be read past that time. A move waits for this: carried out before a cancel
+        that came first on another partition, it leaves the cancel only the withdrawn
+        original, and the copy goes."""
+        homes = self._cached_homes(partition)
+        if self._shut or not homes:
+            return self.through_ms > appended_ms
+        parts = self._parts
+        return all(
+            parts.get(home, BLOCKED) >= min(appended_ms + 1, until)
+            for home, until in homes
+            if home != on
+        )
+
     def _homes_of(self, partition: int) -> Homes:
         """Under the lock."""
         homes: dict[int, int] = {}

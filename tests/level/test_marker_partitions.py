@@ -77,6 +77,26 @@ def test_an_earlier_count_holds_for_the_markers_of_producers_not_told_yet():
     assert gate.through_for(0) == until  # its own home under the count now
 
 
+def test_a_move_waits_until_its_messages_other_markers_partitions_are_read_past_it():
+    """A reschedule read on one home may be preceded by a cancel on another (the topic
+    grown, an older SDK): it is carried out once those are read past its time."""
+    gate = _gate(counts=(1, 3))  # grown from 1 to 3 at GREW_MS: partition 4 -> 1, was 0
+    gate.advance_parts({0: 1_000, 1: 9_000, 2: 9_000}, {0: 9_000}, gate.generation)
+    assert not gate.read_before(4, 5_000, on=1), "a cancel may wait on partition 0"
+    assert gate.read_before(4, 999, on=1)
+    gate.advance_parts({0: 5_000}, {}, gate.generation)
+    assert not gate.read_before(4, 5_000, on=1), "a marker of that millisecond may be there"
+    gate.advance_parts({0: 5_001}, {}, gate.generation)
+    assert gate.read_before(4, 5_000, on=1)
+    assert gate.read_before(1, 5_000, on=1), "one home: read in order"
+    assert not gate.read_before(4, 9_500, on=0), "read on the old home: the new one too"
+    until = GREW_MS + OLD_COUNT_MS
+    gate.advance_parts({0: until}, {}, gate.generation)
+    assert gate.read_before(4, until + 5_000, on=1), "past when old producers could write"
+    gate.need(("delay_topic_2", 4), -10_000)  # a rewind: shut
+    assert not gate.read_before(4, 100, on=1)
+
+
 def test_a_misplaced_marker_adds_its_partition_to_the_homes():
     gate = _gate()
     gate.misplaced(4, 2)  # an older SDK put one of partition 4's markers on 2

@@ -1013,3 +1013,33 @@ def test_written_a_cancel_appended_while_a_reader_call_stalls_is_honoured(call: 
         assert message_id not in {forwarded for forwarded, _ in machine._forwards()}
     finally:
         machine.teardown()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_written_a_cancel_on_a_slow_partition_wins_over_a_later_move_on_an_added_one(
+    exactly_once: bool,
+) -> None:
+    """Found by the random search (seed 4701, example 515 of 1,000): a cancel lands on
+    a markers partition the reader is slow to fetch, the markers topic grows, and a
+    reschedule of the same message lands on the added partition. The cancel came first
+    and wins; the move must not be carried out before the partition holding it is read
+    past the reschedule's time, or the cancel reaches only the withdrawn original and
+    the copy goes."""
+    machine = _machine(exactly_once=exactly_once)
+    machine.faults_of_this_run([False] * len(SHAPES))
+    try:
+        machine.topic_grows(_Drawn(B))
+        machine.reader_pass()
+        machine.records_arrive(_Drawn(False, (B, 1)), 1, 20_000, b"k0")
+        (message_id,) = machine.ids
+        machine.markers_partition_slows(_Drawn((B, 1)), 0)
+        machine.cancel_sent(_Drawn(True))
+        machine.topic_grows(_Drawn(MARKERS))
+        machine.reschedule_sent(_Drawn(True), RESCHEDULE_IN_MS[0])
+        assert machine.cancels[-1][0] == machine.reschedules[-1][0] == message_id
+        _time_passes(machine, 3)
+        machine.markers_partitions_catch_up()
+        _time_passes(machine, 25)
+        assert message_id not in {forwarded for forwarded, _ in machine._forwards()}
+    finally:
+        machine.teardown()
