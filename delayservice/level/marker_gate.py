@@ -135,9 +135,11 @@ class MarkerGate:
         `on` is read in order; its other homes (an earlier count's, a misplaced one's)
         must be read past that time. A move waits for this: carried out before a cancel
         that came first on another partition, it leaves the cancel only the withdrawn
-        original, and the copy goes."""
+        original, and the copy goes. Only the homes known count: after a start, a move
+        does not wait for every partition to be read once (a marker an older SDK put
+        elsewhere, not found yet, is not waited for)."""
         homes = self._cached_homes(partition)
-        if self._shut or not homes:
+        if not homes:
             return self.through_ms > appended_ms
         parts = self._parts
         return all(
