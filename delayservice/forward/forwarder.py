@@ -722,8 +722,7 @@ class Forwarder:
             self._waiting_changed()
         offsets = interval.committable()
         if self._ledger is not None:
-            self._ledger.write(self._producer, interval.runs)
-            if not self._commit_transaction({}):
+            if not (self._ledger_written() and self._commit_transaction({})):
                 return False
             self._ledger.committed()
         elif self.transactional:
@@ -795,6 +794,29 @@ class Forwarder:
                     self.levels[topic].name, [(max(0, ms) / 1000, n) for ms, n in pairs]
                 )
         self._m_commits.inc()
+
+    def _ledger_written(self) -> bool:
+        """The delivery record goes into the transaction. One the broker made abortable
+        meanwhile (its coordinator's timeout, after a stall) refuses it with `_STATE`:
+        raised past the commit point, no abort ever came and the interval stayed unsent
+        for good. It is aborted and sent again, as a failed commit is."""
+        assert self._ledger is not None
+        try:
+            self._ledger.write(self._producer, self.interval.runs)
+        except KafkaException as exc:
+            error = error_of(exc)
+            if not self.transactional or error is None or error.code() != KafkaError._STATE:
+                raise
+            self._m_commit_failures.inc()
+            log.warning(
+                "%s: the transaction was refused its delivery record (%s); sending it again",
+                self.name,
+                error.str(),
+            )
+            self._txn.abort()
+            self.interval.requeue({})
+            return False
+        return True
 
     def _commit_transaction(self, offsets: dict[TP, int]) -> bool:
         try:

@@ -499,3 +499,25 @@ def test_a_transaction_turned_abortable_in_the_queue_full_wait_does_not_hold_the
         sim.faults_stop_and_time_passes()  # fails: HELD
     finally:
         sim.teardown()
+
+
+def test_a_transaction_the_coordinator_aborted_during_a_stall_does_not_hold_the_record() -> None:
+    """Exactly-once: the poll after a send stalls 12 s, past `transaction.timeout.ms`,
+    and the coordinator aborts the open transaction. Found by the simulation (seed
+    4712, example 240 of 1,000): the commit point's delivery record was refused with
+    `_STATE`, the error left the commit point before any abort, and every later commit
+    point met the same refusal: the record stayed due and unsent until a restart."""
+
+    class Run(PreciseWorkerSimulation):
+        exactly_once = True
+
+    sim = Run()
+    try:
+        sim.faults_stop_and_time_passes()  # started, caught up, learned
+        sim.faults.arm("producer", "stall", stall_s=12.0)
+        sim.records_arrive(0, 1, 0, True)
+        sim.time_passes(0.01)
+        assert sim.faults.log == ["producer.poll: stall"]
+        sim.faults_stop_and_time_passes()  # failed: HELD
+    finally:
+        sim.teardown()
