@@ -575,14 +575,29 @@ class ConsumerLoop(ConsumerThread):
         return out
 
     def _resume_fresh(self) -> None:
+        """Resume what was just assigned: librdkafka keeps a partition's pause across
+        re-assignment. Forgotten only once the resume went through: a resume that
+        raised was tried again at no later turn, and the partition, paused by flow
+        control before it was lost and assigned again, was never read again. A failed
+        one waits for the next turn without holding up this one's batch."""
         tps = [
             TopicPartition(*tp)
             for tp in self._to_resume_on_assign
             if tp in self.owned_partitions and tp not in self.paused
         ]
-        self._to_resume_on_assign.clear()
         if tps:
-            self._consumer.resume(tps)
+            consumer = self._consumer
+            failed = raised_by(lambda: consumer.resume(tps))  # a bare KafkaError too
+            if failed is not None:
+                self._m_loop_errors.inc()
+                log.warning(
+                    "%s: resuming %s failed (%s); trying again at the next turn",
+                    self.name,
+                    _named(map(tp_of, tps)),
+                    failed,
+                )
+                return
+        self._to_resume_on_assign.clear()
 
     def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         gone = {tp_of(tp) for tp in partitions}

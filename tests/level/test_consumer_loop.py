@@ -11,6 +11,7 @@ conditions.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
@@ -392,14 +393,20 @@ def test_a_lost_partition_is_dropped_without_a_commit(rig, clock):
     assert [p for offsets in async_commits(rig) for p, _o in offsets] == [1]
 
 
-def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause(clock):
+def _paused_then_gone(clock: Any, how: str) -> LevelRig:
+    """Partition 0 filled to its mark and paused, then taken away (`how`: revoke, lost)."""
     rig = subscribed(make_level_rig(clock=clock, high_water=2, low_water=0))
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 4, age_ms=0)
     step(rig)
     assert rig.consumer.paused == {0}
-    rig.consumer.queue_rebalance("revoke", 0)
+    rig.consumer.queue_rebalance(how, 0)
     step(rig)
+    return rig
+
+
+def test_a_reassigned_partition_is_resumed_though_the_client_remembers_its_pause(clock):
+    rig = _paused_then_gone(clock, "revoke")
     assert rig.loop.paused == set()
     assert rig.consumer.paused == {0}  # librdkafka keeps the pause across re-assignment
     rig.consumer.queue_rebalance("assign", 0)
@@ -614,6 +621,21 @@ def surviving_step(rig: LevelRig) -> None:
             rig.loop._stopping.clear()
 
 
+class _FailingFirst:
+    """A client call whose first use raises `code`; it counts its uses (`made`)."""
+
+    def __init__(self, call: Any, code: int) -> None:
+        self.call = call
+        self.code = code
+        self.made = 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.made += 1
+        if self.made == 1:
+            raise KafkaException(kafka_error(self.code))
+        return self.call(*args)
+
+
 @pytest.mark.parametrize("where", ["admit", "resume"])
 def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it(rig, where):
     """consume() has moved the client past every record it returned: when the iteration
@@ -634,13 +656,9 @@ def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it
             add(*args, **kwargs)
 
         rig.group.add = add_failing_second
-    else:
+    else:  # caught where it is called: the batch is admitted, the resume tried again
         rig.loop._to_resume_on_assign.append(tp(0))
-
-        def resume_fails(_tps):
-            raise RuntimeError("broken resume")
-
-        rig.consumer.resume = resume_fails
+        rig.consumer.resume = _FailingFirst(rig.consumer.resume, KafkaError._TRANSPORT)
     surviving_step(rig)
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 1
     append(rig, 0, 1)
@@ -652,20 +670,30 @@ def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it
     assert rig.consumer.committed_offsets == {0: 4, 1: 4}
 
 
+def test_a_resume_that_fails_after_a_re_assignment_is_tried_again(clock):
+    """A partition paused by flow control is lost and assigned again; librdkafka keeps
+    its pause, and the resume of the fresh assignment raises once. It is resumed at a
+    later turn, not left paused for good (found by the level simulation: its records
+    were held past a minute without faults)."""
+    rig = _paused_then_gone(clock, "lost")
+    calls = rig.consumer.resume = _FailingFirst(rig.consumer.resume, KafkaError._TRANSPORT)
+    rig.consumer.queue_rebalance("assign", 0)
+    step(rig)
+    assert calls.made == 1
+    assert rig.consumer.paused == {0}
+    assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 1
+    step(rig)
+    assert calls.made == 2
+    assert [0] in rig.consumer.resumes
+    step(rig)
+    assert rig.group.counts[tp(0)] == 2  # read again from the start, up to the mark
+
+
 def test_a_seek_that_fails_keeps_every_rewind_for_the_next_iteration(rig):
     rig.consumer.queue_rebalance("assign", 0, 1)
     step(rig)
     rig.loop._rewind.update({tp(0): 0, tp(1): 0})
-    seek = rig.consumer.seek
-    calls = {"n": 0}
-
-    def seek_failing_first(tp):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise KafkaException(kafka_error(KafkaError._STATE))
-        seek(tp)
-
-    rig.consumer.seek = seek_failing_first
+    rig.consumer.seek = _FailingFirst(rig.consumer.seek, KafkaError._STATE)
     with pytest.raises(KafkaException):
         rig.loop._apply_rewinds()
     assert set(rig.loop._rewind) == {tp(0), tp(1)}  # the failed one and the one after it
