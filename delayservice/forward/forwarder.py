@@ -726,6 +726,7 @@ class Forwarder:
                 return False
             self._ledger.committed()
         elif self.transactional:
+            offsets = interval.fenced(offsets)
             if not self._commit_transaction(offsets):
                 return False
         else:

@@ -37,6 +37,11 @@ class Listener(Protocol):
         """All of them (no argument), or those about `spots` or `tps`, will not commit."""
         ...
 
+    def decided_on(self) -> dict[TP, int | None]:
+        """The partitions it holds decisions about, each with the offset of the first
+        record still queued there (None: none is)."""
+        ...
+
 
 Waiting = dict[TP, dict[int, tuple[int, Any]]]
 """At-least-once: partition -> offset -> (not before, epoch ms; record), for records that
@@ -121,6 +126,33 @@ class OpenInterval:
             (until for held in self.waiting.values() for until, _ in held.values()),
             default=None,
         )
+
+    def fenced(self, offsets: dict[TP, int]) -> dict[TP, int]:
+        """`offsets`, with every partition the listener decided about in this interval
+        where it stands (the offset after the last record sent, else its first record
+        still queued).
+
+        Exactly-once: the group coordinator takes a transaction's offsets only from the
+        member of the group's current generation, and a read_committed member newly
+        assigned a partition starts only once no open transaction holds offsets of it.
+        A move made ahead of its message (a copy; the original stays queued) is a
+        decision with no record sent, and its transaction held no offset of the
+        partition: a member whose session expired under it (a starved or frozen host)
+        committed the copy after the partition's next owner had read which moves were
+        made, and both made the copy. With the offset, one of the two waits for the
+        other, or the late one is refused."""
+        listener = self.listener
+        if listener is None:
+            return offsets
+        out = offsets
+        for tp, first_queued in listener.decided_on().items():
+            if tp in offsets:
+                continue
+            at = self.sent_through.get(tp, first_queued)
+            if at is not None:
+                out = dict(out) if out is offsets else out
+                out[tp] = at
+        return out
 
     def committable(self) -> dict[TP, int]:
         """Per partition, the offset after the last record sent, but never past a record

@@ -536,6 +536,14 @@ class WorkerMarkers:
             written = Action(answers=[a for a in action.answers if a[0] == key])
             self._open.append((None, tp_of[id(action)], written))
 
+    def decided_on(self) -> dict[TP, int | None]:
+        out: dict[TP, int | None] = {}
+        for _, tp, _ in self._open:
+            if tp not in out:
+                queue = self.queue_of(tp)
+                out[tp] = offset_of(queue[0]) if queue else None
+        return out
+
     def _labels(self, entry: Entry | None) -> tuple[str, str]:
         if entry is None:
             return "-", "-"

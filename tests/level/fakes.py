@@ -234,6 +234,11 @@ class FakeConsumer:
         librdkafka's does outside a rebalance."""
         self.read_in: dict[tuple[TP, int], int] = {}  # (partition, offset) -> read under
         self._generations = 0
+        self.group_generation = 0
+        """The group's generation: every rebalance this member takes part in moves it, and
+        the metadata `consumer_group_metadata` gives carries it. A transaction's offsets
+        sent with an older one are refused, as the group coordinator refuses a
+        TxnOffsetCommit of a past generation (KIP-447)."""
         self._events: deque[tuple[str, list[TP]]] = deque()
         self._reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
         self._cond = threading.Condition()
@@ -295,6 +300,18 @@ class FakeConsumer:
         """Fire on_assign / on_revoke / on_lost from inside the next consume()."""
         with self._cond:
             self._events.append((kind, [self.tp(p) for p in partitions]))
+            self._cond.notify_all()
+
+    def expire(self, *partitions: int | TP) -> None:
+        """The member's session expired (a process starved or frozen past it): the group
+        has moved on and given `partitions` to another member, and this one learns it
+        only from a later consume(), as librdkafka does (`on_lost`). Until then its
+        threads go on, and what they commit of those partitions is a zombie's."""
+        with self._cond:
+            self.group_generation += 1
+            for partition in partitions:
+                self.generation.pop(self.tp(partition), None)
+            self._events.append(("lost", [self.tp(p) for p in partitions]))
             self._cond.notify_all()
 
     # -- ConsumerClient ----------------------------------------------------------------
@@ -456,7 +473,7 @@ class FakeConsumer:
             return out
 
     def consumer_group_metadata(self) -> Any:
-        return ("group-metadata", self.topic)
+        return ("group-metadata", self.topic, self.group_generation)
 
     def close(self) -> None:
         self.closed = True
@@ -485,6 +502,7 @@ class FakeConsumer:
                 if not self._events:
                     return
                 kind, tps = self._events.popleft()
+                self.group_generation += 1
                 if kind == "assign":
                     for tp in tps:
                         self.assigned_tps.add(tp)
@@ -639,6 +657,9 @@ class FakeProducer:
         """The level's consumer: a committed transaction's offsets reach its group, and
         every commit is checked against what it owns (`violations`)."""
         self.violations: list[str] = []
+        self.source_of: Callable[[Sent], tuple[TP, int] | None] = _source_of
+        """The level record a send came from, for the ownership check (a test that
+        knows more, such as which record a move copied, gives its own)."""
         self.abortable: KafkaError | None = None
         """Set by a failed delivery inside a transaction: produce() is refused until the
         abort, and commit_transaction raises it."""
@@ -756,6 +777,14 @@ class FakeProducer:
             raise KafkaException(self._abortable_error())
         if self.send_offsets_raises is not None:
             raise self.send_offsets_raises
+        owner = self.owner
+        if owner is not None and metadata[2:] and metadata[2] != owner.group_generation:
+            # rd_kafka_txn_handle_TxnOffsetCommit: ILLEGAL_GENERATION is permanent, and
+            # the transaction abortable.
+            self.abortable = KafkaError(
+                KafkaError.ILLEGAL_GENERATION, "The generation of the group is not current"
+            )
+            raise KafkaException(self._abortable_error())
         self.txn_offsets = [((tp.topic, tp.partition), tp.offset) for tp in offsets]
 
     def _abortable_error(self) -> KafkaError:
@@ -805,7 +834,7 @@ class FakeProducer:
             if tp not in owner.assigned_tps:
                 self.violations.append(f"offset {offset} of unowned partition {tp}")
         for sent in self.txn_sent:
-            source = _source_of(sent)
+            source = self.source_of(sent)
             if source is None:
                 continue
             tp, offset = source
