@@ -30,9 +30,9 @@ from typing import Any, Final
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
+from delayservice.clock import Clock
 from delayservice.kafka.client_errors import raised_by
 from delayservice.log_throttle import Throttle
-from delayservice.timers.base import Clock
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Final
 
+from delayservice.clock import Clock
 from delayservice.forward.buffer import NEVER, TP, Alarm, Runs
 from delayservice.precise.slot_record import SlotRecord
-from delayservice.timers.base import Clock
 
 _FIRE: Final = itemgetter(1)
 

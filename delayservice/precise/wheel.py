@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
+from delayservice.clock import Clock
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.placement import Placement
@@ -46,7 +47,6 @@ from delayservice.precise.span_splitting import SpanSplitting
 from delayservice.precise.storage_fault import StorageError
 from delayservice.precise.tiers import DEFAULT_HORIZON_S
 from delayservice.precise.wheel_state import UNBOUNDED, Coverage, Delivered, Outcomes, Takeover
-from delayservice.timers.base import Clock
 
 __all__ = ["READ_AGAIN", "Reschedule", "Wheel"]  # move_many's request and outcome
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol
 
+from delayservice.clock import Clock
 from delayservice.precise.cancel_log import CancelLog
 from delayservice.precise.held_bytes import HeldBytes
 from delayservice.precise.placement import Placement, Role
@@ -29,7 +30,6 @@ from delayservice.precise.slot_ledger import SlotTracker
 from delayservice.precise.slot_record import SlotRecord
 from delayservice.precise.slot_store import Key, SlotStore
 from delayservice.precise.tiers import Tiers
-from delayservice.timers.base import Clock
 
 RECENTLY_FORWARDED: Final = 100_000
 """Ids of records lately sent, and of those lately called off, kept (at least the last

@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from delayservice.clock import Clock
+
 T = TypeVar("T")
-Clock = Callable[[], float]
-"""Seconds as a float. `time.monotonic` by default; inject `time.time` when due times
-come from a wall clock (a broker's append time)."""
 
 DEFAULT_CLOCK: Clock = time.monotonic
 

@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from delayservice.timers.base import DEFAULT_CLOCK, Clock
+from delayservice.clock import Clock
+from delayservice.timers.base import DEFAULT_CLOCK
 
 T = TypeVar("T")
 

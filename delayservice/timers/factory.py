@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Literal, TypeVar, cast
 
-from delayservice.timers.base import Clock, Scheduler
+from delayservice.clock import Clock
+from delayservice.timers.base import Scheduler
 from delayservice.timers.delay_queue import DelayQueue
 from delayservice.timers.wheel_scheduler import WheelScheduler
 

@@ -23,7 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 
-from delayservice.timers.base import DEFAULT_CLOCK, Clock
+from delayservice.clock import Clock
+from delayservice.timers.base import DEFAULT_CLOCK
 from delayservice.timers.errors import TimerClosedError, TimerRejectedError, TimerStateError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from delayservice.timers.base import DEFAULT_CLOCK, Clock, TimerHandle
+from delayservice.clock import Clock
+from delayservice.timers.base import DEFAULT_CLOCK, TimerHandle
 from delayservice.timers.delay_queue import DelayEntry, DelayQueue
 from delayservice.timers.errors import TimerClosedError
 from delayservice.timers.hashed_wheel import HashedWheelTimeout, HashedWheelTimer

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from math import ceil
 from typing import Any, Generic, TypeVar, cast
 
-from delayservice.timers.base import Clock, TimerHandle
+from delayservice.clock import Clock
+from delayservice.timers.base import TimerHandle
 from delayservice.timers.errors import TimerClosedError
 from delayservice.timers.timing_wheel import (
     NO_EXPIRATION,
