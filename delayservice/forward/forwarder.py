@@ -814,8 +814,7 @@ class Forwarder:
                 self.name,
                 error.str(),
             )
-            self._txn.abort()
-            self.interval.requeue({})
+            self._end_transaction()
             return False
         return True
 
@@ -835,11 +834,11 @@ class Forwarder:
                 error.str() if error is not None else exc,
                 "reading again from the committed offsets" if group_moved else "sending it again",
             )
-            self._txn.abort()
             if group_moved:
+                self._txn.abort()
                 self._reset()
             else:
-                self.interval.requeue({})
+                self._end_transaction()
             return False
 
     def _place_reports(self) -> tuple[set[Key], int]:

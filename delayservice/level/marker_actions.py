@@ -455,13 +455,13 @@ class WorkerMarkers:
             return  # a cancel before it may still be on another markers partition
         action = Action()
         copy = None
-        if found.action == MOVE and found.marker is not None:
+        if found.action == MOVE and marker is not None:
             envelope = sender.envelope_of(record_of(tp, record))
             if envelope is None:
                 return  # no envelope to move it by: the full path dead-letters it when due
             failed = functools.partial(self._copy_failed, action)
-            copy = self._copy(tp, record, envelope, found.marker, now, sender, failed)
-            action.executed.append(found.marker.key)
+            copy = self._copy(tp, record, envelope, marker, now, sender, failed)
+            action.executed.append(marker.key)
             action.copies.append((message_id, copy))
         self._answer_all(found, action, sender, copy)
         self._note(None, tp, action)
