@@ -285,20 +285,30 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
 
 
 STILL_S = 6.0
+PAST_TIMEOUT_S = 15.0
+"""Longer than the daemon's transaction timeout (10 s): the coordinator aborts the open
+transaction while the daemon stands still, and the thawed producer finds it abortable."""
 STILL_MESSAGES = 40
 
 
 @pytest.mark.parametrize(
-    "guarantee", [pytest.param("at-least-once", marks=pytest.mark.long), "exactly-once"]
+    ("guarantee", "still_s"),
+    [
+        pytest.param("at-least-once", STILL_S, marks=pytest.mark.long),
+        ("exactly-once", STILL_S),
+        pytest.param("exactly-once", PAST_TIMEOUT_S, marks=pytest.mark.long),
+    ],
 )
 def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_meanwhile(
-    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee
+    fault_run, kafka_bootstrap, fault_summary, tmp_path, testbed, guarantee, still_s
 ):
     """A lone daemon is frozen (SIGSTOP) with messages in memory that fall due while it
     stands still, and half of them are cancelled meanwhile, each at least a second
     before its due time. Thawed, its forwarder finds them overdue at once, while the
     cancels still wait unread in the precise topic: none may go out before the intake
-    has read them (`precise/read_through.py`)."""
+    has read them (`precise/read_through.py`). Frozen past the transaction timeout
+    under exactly-once, the transaction it held was aborted by the coordinator: it is
+    sent again, once (`Forwarder._ledger_written`)."""
     rng = random.Random(SEED + 30)
     run = _precise_run(
         fault_run,
@@ -315,7 +325,7 @@ def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_m
     run.traffic([target], rate=100, seed=SEED + 30, precision="exact")
     canceller = Canceller(run)
     time.sleep(2)
-    dues = [rng.uniform(2.5, STILL_S - 1) for _ in range(STILL_MESSAGES)]
+    dues = [rng.uniform(2.5, still_s - 1) for _ in range(STILL_MESSAGES)]
     ids = canceller.send(target, dues, rng)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGSTOP)
@@ -323,13 +333,13 @@ def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_m
     try:
         canceller.cancel(ids[::2])
         assert time.monotonic() - frozen_at < 1.5, "the cancels came too close to the due times"
-        time.sleep(max(0.0, frozen_at + STILL_S - time.monotonic()))
+        time.sleep(max(0.0, frozen_at + still_s - time.monotonic()))
     finally:
         daemon.process.send_signal(signal.SIGCONT)
     canceller.wait_past_due()
     report = run.drain(
         scenario_name(
-            f"30. precise: daemon frozen {STILL_S:g} s past due times, cancels meanwhile",
+            f"30. precise: daemon frozen {still_s:g} s past due times, cancels meanwhile",
             guarantee,
         ),
         timeout=60,
