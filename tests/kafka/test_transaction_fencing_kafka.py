@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from tests.conftest import Testbed, wait_for
+from tests.conftest import wait_for
+
+if TYPE_CHECKING:  # a class named Test* at module level is one pytest tries to collect
+    from tests.conftest import Testbed
 
 pytestmark = pytest.mark.kafka
 
