@@ -16,7 +16,9 @@ re-published, dead letters, lateness, failed deliveries), `Failures` reads them.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+from confluent_kafka import KafkaError
 
 from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.failures import Doom, Key, Report
@@ -42,6 +44,9 @@ class Listener(Protocol):
         record still queued there (None: none is)."""
         ...
 
+
+PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+"""What librdkafka reports for a record an abort (or a fatal error) took back."""
 
 Waiting = dict[TP, dict[int, tuple[int, Any]]]
 """At-least-once: partition -> offset -> (not before, epoch ms; record), for records that
@@ -226,6 +231,10 @@ class OpenInterval:
                 del notes[spot]
 
     def _notes_dropped(self) -> None:
+        # An abort serves a purge report for every record librdkafka still held; those
+        # records go again with the interval (or are read again), so the reports name no
+        # failure. Kept, they cost the next transaction an abort and a backoff.
+        self.reports = [r for r in self.reports if r[0].code() not in PURGED]
         self.taken_from = {tp: i for tp, i in self.taken_from.items() if tp in self.waiting}
         self.rerouted.clear()
         self.dead_sent.clear()

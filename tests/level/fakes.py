@@ -12,7 +12,9 @@ outcome a test decides. Either fake can raise on demand (BufferError for a full 
 KafkaException, anything unexpected). Like librdkafka (rdkafka_msg.c
 `rd_kafka_check_produce`, rdkafka_txnmgr.c) and confluent-kafka 2.16 over it, the fake
 producer refuses `produce()` with `_STATE` once a failed delivery has made its
-transaction abortable, until the abort; never reports a delivery as fatal; and, once a
+transaction abortable, until the abort; serves, from `abort_transaction`, a
+`_PURGE_QUEUE` report for every record still queued (tests/kafka/test_transaction_purge.py);
+never reports a delivery as fatal; and, once a
 test makes it fatal (`go_fatal`), purges its queue (`_PURGE_QUEUE` reports), raises the
 fatal error once from the next `poll()`/`flush()` (confluent-kafka raises a fatal error
 event there instead of calling `error_cb`), refuses every `produce()` with `_FATAL`
@@ -852,7 +854,9 @@ class FakeProducer:
                 KafkaError(KafkaError._CONFLICT, "a commit is in progress: cannot abort")
             )
         with self._cond:
-            self._pending.clear()
+            purged = list(self._pending)
+        for sent in purged:  # librdkafka purges them at once (`rd_kafka_purge`)
+            sent.purged = True
         if self.abort_timeouts > 0:
             self.abort_timeouts -= 1
             self._abort_in_flight = True
@@ -864,6 +868,7 @@ class FakeProducer:
                 )
             )
         self._abort_in_flight = False
+        self._serve(None)  # and waits for them: their `_PURGE_QUEUE` reports come here
         self.aborted.extend(self.txn_sent)
         self.txn_sent, self.txn_offsets, self.txn_open = [], [], False
         self.abortable = None

@@ -497,3 +497,30 @@ def test_6_a_bare_kafka_error_while_fetching_the_start_asks_again(clock, monkeyp
     assert rig.consumer.explicit_starts[-1:] == [(0, OFFSET_BEGINNING)]
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
     assert violations(rig.producer, second) == []
+
+
+@pytest.mark.parametrize("ends", ["revoke", "lost"])
+def test_an_abort_s_purge_reports_cost_the_next_transaction_nothing(clock, ends):
+    """librdkafka's abort purges what is still queued and serves a `_PURGE_QUEUE` report
+    for each record (tests/kafka/test_transaction_purge.py). Those records go again from
+    the queues anyway: their reports are no failure of the next transaction, which
+    must commit at its first commit point, with no second abort, no backoff and no
+    forward error counted."""
+    rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    append(rig, 0, 2)
+    append(rig, 1, 1)
+    step(rig)
+    rig.producer.hold_reports = True  # still queued in librdkafka at the abort
+    forward(rig)
+    rig.consumer.queue_rebalance(ends, 0)
+    step(rig)
+    assert rig.loop.owned() == [1]
+    assert len(rig.producer.aborted) == 3
+    rig.producer.hold_reports = False
+    forward(rig)
+    forward(rig, commit=True)
+    assert seen(rig.producer) == ["id-1-0"]
+    assert len(rig.producer.aborted) == 3
+    assert rig.metric("delayservice_forward_errors_total", error="_PURGE_QUEUE") == 0
+    assert violations(rig.producer) == []

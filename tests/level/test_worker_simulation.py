@@ -784,6 +784,7 @@ class LevelWorkerSimulation(Simulation):
         self.every_reschedule_in_time_honoured(forwards)
         self.exactly_once_forwards_each_message_once(forwards)
         self.no_wake_up_lost()
+        self.no_purge_taken_for_a_failure()
         self.every_thread_alive_or_reported()
 
     def _forwards(self) -> list[tuple[str, float]]:
@@ -891,6 +892,19 @@ class LevelWorkerSimulation(Simulation):
             f"LOST WAKE-UP: the forwarder sleeps until {self.sleeper.until} (now "
             f"{self.clock.time():.3f}) while it may take {missed}",
         )
+
+    def no_purge_taken_for_a_failure(self) -> None:
+        """A purge report names a record an abort or a fatal error took back, which goes
+        again with its interval: counted as a failed forward, it costs the next
+        transaction an abort and a backoff, and in time a `retries_exhausted` dead letter."""
+        counted = sum(
+            sample.value
+            for family in self.rig.registry.collect()
+            for sample in family.samples
+            if sample.name == "delayservice_forward_errors_total"
+            and sample.labels.get("error") in ("_PURGE_QUEUE", "_PURGE_INFLIGHT")
+        )
+        self._check(not counted, f"PURGE TAKEN FOR A FAILURE: {counted:.0f} forward errors")
 
     def every_thread_alive_or_reported(self) -> None:
         self._check(
