@@ -31,10 +31,10 @@ from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.data_dir import check_data_dir, check_not_in_use
-from delayservice.precise.held_bytes import HeldBytes
-from delayservice.precise.member_lease import MemberLease
+from delayservice.precise.delivery.member_lease import MemberLease
 from delayservice.precise.precise_worker import PreciseWorker
+from delayservice.precise.storage.data_dir import check_data_dir, check_not_in_use
+from delayservice.precise.wheel.held_bytes import HeldBytes
 from delayservice.settings import Settings
 
 log = logging.getLogger(__name__)

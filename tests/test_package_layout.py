@@ -60,6 +60,29 @@ def test_the_modes_stand_side_by_side_over_the_markers_and_the_forward_path(
     assert not wrong, "\n".join(wrong)
 
 
+P = "delayservice.precise."
+
+
+@pytest.mark.parametrize(
+    ("room", "forbidden"),
+    [
+        ("precise/storage", (P + "wheel", P + "intake", P + "delivery", P + "precise_worker")),
+        ("precise/wheel", (P + "intake", P + "delivery", P + "precise_worker")),
+        ("precise/intake", (P + "delivery", P + "precise_worker")),
+        ("precise/delivery", (P + "intake", P + "precise_worker")),
+    ],
+)
+def test_precise_mode_s_rooms_stand_on_their_floors(room: str, forbidden: tuple[str, ...]) -> None:
+    """Storage below all; the wheel above it; intake and delivery side by side above
+    the wheel; precise_worker wires them."""
+    wrong = [
+        f"{name_of} imports {name}"
+        for name_of, name in _arrows(room)
+        if any(_under(name, package) for package in forbidden)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def _test_timer(name: str) -> bool:
     return _under(name, "delayservice.timers") and not _under(name, "delayservice.timers.base")
 
@@ -83,8 +106,10 @@ def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
     source.write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from delayservice.precise.wheel import Wheel\n"
+        "    from delayservice.precise.wheel.wheel import Wheel\n"
         "def f():\n"
         "    import delayservice.kafka.local_broker\n"
     )
-    assert {"delayservice.precise.wheel", "delayservice.kafka.local_broker"} <= _imports(source)
+    assert {"delayservice.precise.wheel.wheel", "delayservice.kafka.local_broker"} <= _imports(
+        source
+    )

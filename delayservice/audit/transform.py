@@ -6,7 +6,7 @@ the test. The rules:
 - accepted: a delay-topic record with a valid version-1 envelope that is not a marker
   (a record carrying `delay-cancel` or `delay-reschedule` is one whatever else it
   carries, as the precise intake reads it). Its due time follows the daemon's rule
-  (`forward/sender.py`, `precise/admission.py`), recomputed here rather than trusted from
+  (`forward/sender.py`, `precise/intake/admission.py`), recomputed here rather than trusted from
   the daemon, from the record's timestamp (LogAppendTime, the broker's clock): on a
   level topic, append time + max(level delay, `delay-ms`), and never before
   `delay-due-ms` when the envelope carries one, since the envelope only ever asks for

@@ -17,8 +17,8 @@ from delayservice.cli.common import (
     friendly_errors,
     local_endpoint,
 )
-from delayservice.precise import due_buckets
-from delayservice.precise.census import count_files
+from delayservice.precise.storage import due_buckets
+from delayservice.precise.storage.census import count_files
 from delayservice.settings import load_settings
 from delayservice.status.pending_report import PendingRow, level_rows, precise_row
 

@@ -38,21 +38,21 @@ from delayservice.levels import Level
 from delayservice.markers.replies import MarkerReplies
 from delayservice.metrics.heartbeat import STUCK_S
 from delayservice.metrics.service_metrics import DONE_DROP_REASONS, ServiceMetrics
-from delayservice.precise.admission import Admission
-from delayservice.precise.census_export import CensusExport
-from delayservice.precise.data_dir import DataDir
-from delayservice.precise.delivery_log import DeliveryLog, delivered_position_path
-from delayservice.precise.held_bytes import HeldBytes
-from delayservice.precise.intake import Intake
-from delayservice.precise.offset_ledger import LevelLedger, PartitionLedger
+from delayservice.precise.delivery.delivery_log import DeliveryLog, delivered_position_path
+from delayservice.precise.delivery.progress import Progress
+from delayservice.precise.delivery.takeover import Takeover, replicated_owner
+from delayservice.precise.intake.admission import Admission
+from delayservice.precise.intake.intake import Intake
+from delayservice.precise.intake.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.progress import Progress
-from delayservice.precise.read_through import ReadThrough, ReadThroughRounds
-from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.storage_fault import StorageError
-from delayservice.precise.takeover import Takeover, replicated_owner
-from delayservice.precise.wheel import Wheel
+from delayservice.precise.storage.census_export import CensusExport
+from delayservice.precise.storage.data_dir import DataDir
+from delayservice.precise.storage.storage_fault import StorageError
+from delayservice.precise.wheel.held_bytes import HeldBytes
+from delayservice.precise.wheel.read_through import ReadThrough, ReadThroughRounds
+from delayservice.precise.wheel.slot_buffer import SlotBuffer
+from delayservice.precise.wheel.slot_ledger import SlotTracker
+from delayservice.precise.wheel.wheel import Wheel
 from delayservice.settings import Settings
 
 log = logging.getLogger(__name__)

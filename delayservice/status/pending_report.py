@@ -23,10 +23,10 @@ from delayservice.envelope import H_DELAY_MS, H_DUE_MS
 from delayservice.kafka import client_config
 from delayservice.level.layout import group_ids
 from delayservice.levels import Level
-from delayservice.precise.cancel_log import pending_cancels
-from delayservice.precise.census import Census, take_census
-from delayservice.precise.data_dir import cancel_log_path
 from delayservice.precise.precise_worker import FAR_LEVEL_NAME, LEVEL_NAME, precise_group_id
+from delayservice.precise.storage.cancel_log import pending_cancels
+from delayservice.precise.storage.census import Census, take_census
+from delayservice.precise.storage.data_dir import cancel_log_path
 from delayservice.settings import Settings
 from delayservice.status.kafka_backlog import Head, PartitionBacklog, backlog
 

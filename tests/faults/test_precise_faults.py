@@ -247,7 +247,7 @@ def test_precise_owner_frozen_past_the_takeover_delay_then_back_loses_nothing(
     for _ in range(3):  # due after the thaw
         canceller.cancel(canceller.send(target, [rng.uniform(FROZEN_S + 2, FROZEN_S + 4)], rng))
     # Due while the owner stands still, cancelled once it does: thawed, it must read the
-    # cancels before it sends them (`precise/read_through.py`).
+    # cancels before it sends them (`precise/wheel/read_through.py`).
     still = canceller.send(target, [rng.uniform(2.5, FROZEN_S - 1) for _ in range(3)], rng)
     assert owner.process is not None
     owner.process.send_signal(signal.SIGSTOP)
@@ -306,7 +306,7 @@ def test_precise_daemon_frozen_past_due_times_honours_the_cancels_acknowledged_m
     stands still, and half of them are cancelled meanwhile, each at least a second
     before its due time. Thawed, its forwarder finds them overdue at once, while the
     cancels still wait unread in the precise topic: none may go out before the intake
-    has read them (`precise/read_through.py`). Frozen past the transaction timeout
+    has read them (`precise/wheel/read_through.py`). Frozen past the transaction timeout
     under exactly-once, the transaction it held was aborted by the coordinator: it is
     sent again, once (`Forwarder._ledger_written`)."""
     rng = random.Random(SEED + 30)

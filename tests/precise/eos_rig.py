@@ -18,24 +18,24 @@ from delayservice.forward.buffer import Runs
 from delayservice.forward.build import build_forwarder
 from delayservice.forward.forwarder import Forwarder
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.cancel_log import CancelLog
-from delayservice.precise.delivery_log import DeliveryLog
-from delayservice.precise.offset_ledger import LevelLedger
+from delayservice.precise.delivery.delivery_log import DeliveryLog
+from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import (
     PreciseLevel,
     precise_routes,
     settle_delivered,
 )
-from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.slot_file import StoredRecord, encode
-from delayservice.precise.slot_record import SlotRecord
-from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.wheel import Wheel
+from delayservice.precise.storage.cancel_log import CancelLog
+from delayservice.precise.storage.reschedule_log import RescheduleLog
+from delayservice.precise.storage.slot_file import StoredRecord, encode
+from delayservice.precise.storage.slot_record import SlotRecord
+from delayservice.precise.storage.slot_store import SlotStore
+from delayservice.precise.wheel.wheel import Wheel
 from delayservice.settings import Settings, load_settings
 from tests.level.fakes import DLQ, TARGET, FakeClock, Sent
-from tests.precise.test_wheel import Outcomes
 from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
+from tests.precise.wheel.test_wheel import Outcomes
 
 PRECISE_TOPIC = "timers"
 DONE_TOPIC = f"{PRECISE_TOPIC}_done"

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry
 from delayservice.forward.build import build_forwarder
 from delayservice.forward.forwarder import Forwarder
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.admission import Admission
-from delayservice.precise.offset_ledger import LevelLedger
+from delayservice.precise.intake.admission import Admission
+from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.precise_worker import (
     LEVEL_NAME,
     PreciseLevel,
@@ -24,9 +24,9 @@ from delayservice.precise.precise_worker import (
     precise_routes,
     settle_durable,
 )
-from delayservice.precise.slot_buffer import SlotBuffer
-from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.storage.slot_record import SlotRecord
+from delayservice.precise.wheel.slot_buffer import SlotBuffer
+from delayservice.precise.wheel.slot_ledger import SlotTracker
 from delayservice.settings import Settings, load_settings
 from tests.level.fakes import (
     DLQ,

@@ -15,18 +15,18 @@ from prometheus_client import CollectorRegistry
 from delayservice.envelope import H_CANCEL, H_DELAY_MS, H_DUE_MS, H_RESCHEDULE, H_VERSION, Envelope
 from delayservice.markers.replies import Answered
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.admission import Admission
-from delayservice.precise.cancel_log import CancelLog
-from delayservice.precise.data_dir import DataDirWatch
-from delayservice.precise.intake import Intake
-from delayservice.precise.intake_offsets import IntakeOffsets
-from delayservice.precise.offset_ledger import LevelLedger
+from delayservice.precise.intake.admission import Admission
+from delayservice.precise.intake.intake import Intake
+from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
 from delayservice.precise.precise_worker import PreciseLevel
-from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.slot_record import SlotRecord
-from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.wheel import Wheel
+from delayservice.precise.storage.cancel_log import CancelLog
+from delayservice.precise.storage.data_dir import DataDirWatch
+from delayservice.precise.storage.intake_offsets import IntakeOffsets
+from delayservice.precise.storage.reschedule_log import RescheduleLog
+from delayservice.precise.storage.slot_record import SlotRecord
+from delayservice.precise.storage.slot_store import SlotStore
+from delayservice.precise.wheel.wheel import Wheel
 from tests.level.fakes import message
 
 TOPIC = "precise"

@@ -16,18 +16,18 @@ from delayservice.envelope import Envelope
 from delayservice.forward.build import build_forwarder
 from delayservice.forward.forwarder import Forwarder, SharedId
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.cancel_log import CancelLog
-from delayservice.precise.delivery_log import DeliveryLog
-from delayservice.precise.offset_ledger import LevelLedger
+from delayservice.precise.delivery.delivery_log import DeliveryLog
+from delayservice.precise.delivery.progress import Progress
+from delayservice.precise.delivery.takeover import Takeover, replicated_owner
+from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.precise_worker import precise_routes, settle_delivered
-from delayservice.precise.progress import Progress
-from delayservice.precise.reschedule_log import RescheduleLog
-from delayservice.precise.slot_file import StoredRecord, encode
-from delayservice.precise.slot_record import SlotRecord
-from delayservice.precise.slot_store import SlotStore
-from delayservice.precise.takeover import Takeover, replicated_owner
-from delayservice.precise.wheel import Wheel
+from delayservice.precise.storage.cancel_log import CancelLog
+from delayservice.precise.storage.reschedule_log import RescheduleLog
+from delayservice.precise.storage.slot_file import StoredRecord, encode
+from delayservice.precise.storage.slot_record import SlotRecord
+from delayservice.precise.storage.slot_store import SlotStore
+from delayservice.precise.wheel.wheel import Wheel
 from tests.level.fakes import TARGET, FakeClock, Sent
 from tests.precise.eos_rig import (
     DONE_TOPIC,
@@ -37,8 +37,8 @@ from tests.precise.eos_rig import (
     FakeClients,
     eos_settings,
 )
-from tests.precise.test_wheel import Outcomes
 from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
+from tests.precise.wheel.test_wheel import Outcomes
 
 TAKEOVER_S = 3.0
 PARTITION = 0

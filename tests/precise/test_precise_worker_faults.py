@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise import slot_store
 from delayservice.precise.precise_worker import PreciseWorker
-from delayservice.precise.slot_file import StoredRecord
-from delayservice.precise.slot_ledger import SlotTracker
-from delayservice.precise.slot_record import SlotRecord
+from delayservice.precise.storage import slot_store
+from delayservice.precise.storage.slot_file import StoredRecord
+from delayservice.precise.storage.slot_record import SlotRecord
+from delayservice.precise.wheel.slot_ledger import SlotTracker
 from delayservice.settings import load_settings
 from tests.level.fakes import TARGET, FakeProducer, wait_for
 

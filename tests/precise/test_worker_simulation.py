@@ -49,14 +49,14 @@ from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise import admission as admission_module
-from delayservice.precise import delivery_log as delivery_log_module
-from delayservice.precise import intake as intake_module
 from delayservice.precise import precise_worker as precise_worker_module
-from delayservice.precise import read_through as read_through_module
-from delayservice.precise import slot_loading as slot_loading_module
+from delayservice.precise.delivery import delivery_log as delivery_log_module
+from delayservice.precise.intake import admission as admission_module
+from delayservice.precise.intake import intake as intake_module
 from delayservice.precise.precise_worker import PreciseWorker
-from delayservice.precise.slot_file import decode
+from delayservice.precise.storage.slot_file import decode
+from delayservice.precise.wheel import read_through as read_through_module
+from delayservice.precise.wheel import slot_loading as slot_loading_module
 from delayservice.settings import Settings, load_settings
 from tests.level.fakes import (
     DLQ,

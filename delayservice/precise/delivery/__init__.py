@@ -1,0 +1,1 @@
+"""What was delivered, exactly-once: the delivery log, replicas' progress, the takeover."""

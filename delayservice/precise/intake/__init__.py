@@ -1,0 +1,1 @@
+"""From the precise topic to the slot files: records and markers read, offsets committed."""

@@ -1,0 +1,1 @@
+"""The timing wheel: slots in memory, loaded from disk and taken when due."""
