@@ -31,6 +31,7 @@ from typing import Final, TypeVar
 
 from delayservice.forward.buffer import TP
 from delayservice.level import marker_store as st
+from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
 from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
@@ -47,21 +48,6 @@ LOOSE_BYTES: Final = 200
 RESUME_RATIO: Final = 0.9
 """A full book takes markers again once below this share of `max_bytes`."""
 _T = TypeVar("_T")
-
-
-@dataclass(slots=True)
-class Entry:
-    """A marker and who answers it: the owner of `tp` (the partition its id names, or
-    for a marker that names none, of the first level's partition 0)."""
-
-    marker: LevelMarker
-    tp: TP
-    refusal: tuple[str, str] | None = None
-    """(outcome, reason) decided on reading: a marker that asks nothing a daemon can do."""
-    sent_ms: int | None = None
-    """When the id says its message was sent (the producer's clock)."""
-    delay_ms: int = 0
-    """The delay of the level the id names."""
 
 
 @dataclass
@@ -809,6 +795,34 @@ class MarkerBook:
             return False
         count = self.partitions.get(levels[place.level - 1].topic)
         return count is not None and place.partition >= count
+
+    # -- what the views show (`marker_views`) -----------------------------------------
+    def watched(self, tp: TP) -> bool:
+        """Whether a marker kept names a message on `tp`."""
+        t = self._tps.get(tp)
+        return t is not None and bool(self._watch_n.get(t))
+
+    def watch_dict(self) -> dict[TP, set[bytes]]:
+        with self._lock:
+            out: dict[TP, set[bytes]] = {}
+            for slot in self.live_slots():
+                if self._cols.refusal[slot - self._cols.base] < 0:
+                    entry = self._entry_of(slot)
+                    out.setdefault(entry.tp, set()).add(entry.marker.message_id.encode())
+            return out
+
+    def entry(self, key: bytes) -> Entry | None:
+        """The entry of the marker answered under `key`, if kept."""
+        with self._lock:
+            slot = self._slot(key)
+            return None if slot < 0 else self._entry_of(slot)
+
+    def all_entries(self) -> list[Entry]:
+        with self._lock:
+            return [self._entry_of(s) for s in self.live_slots()]
+
+    def kept_count(self) -> int:
+        return sum(self._kept.values())
 
     def live_slots(self) -> Iterator[int]:
         cols = self._cols

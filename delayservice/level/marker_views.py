@@ -1,39 +1,42 @@
 """What the marker book shows of its slots as the containers it used to keep (the
 forwarders' screen, the entries by answer key, the moves carried out, the final states),
-made when asked for: nothing here holds a marker."""
+made when asked for: nothing here holds a marker. The views know the book only by the
+calls below (`Book`), so the book can import them and they need not import it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from delayservice.forward.buffer import TP
+from delayservice.level.marker_entry import Entry
 
-if TYPE_CHECKING:
-    from delayservice.level.marker_book import Entry, MarkerBook
+
+class Book(Protocol):
+    """The calls of `marker_book.MarkerBook` the views are made of."""
+
+    def watched(self, tp: TP) -> bool: ...
+    def watch_dict(self) -> dict[TP, set[bytes]]: ...
+    def names(self, raw_id: bytes, tp: TP) -> bool: ...
+    def named(self, tp: TP, raw_ids: list[bytes]) -> list[int]: ...
+    def entry(self, key: bytes) -> Entry | None: ...
+    def all_entries(self) -> list[Entry]: ...
+    def kept_count(self) -> int: ...
+    def is_executed(self, key: bytes) -> bool: ...
+    def final_of(self, message_id: str) -> str | None: ...
 
 
 class Watch:
     """Level partition -> the ids (as records carry them) a marker kept names there:
     `watch.get(tp)` is None when none does, else a container to screen records with."""
 
-    def __init__(self, book: MarkerBook) -> None:
+    def __init__(self, book: Book) -> None:
         self._book = book
 
     def get(self, tp: TP) -> Watching | None:
-        t = self._book._tps.get(tp)
-        if t is None or not self._book._watch_n.get(t):
-            return None
-        return Watching(self._book, tp)
+        return Watching(self._book, tp) if self._book.watched(tp) else None
 
     def as_dict(self) -> dict[TP, set[bytes]]:
-        book = self._book
-        with book._lock:
-            out: dict[TP, set[bytes]] = {}
-            for slot in book.live_slots():
-                if book._cols.refusal[slot - book._cols.base] < 0:
-                    entry = book._entry_of(slot)
-                    out.setdefault(entry.tp, set()).add(entry.marker.message_id.encode())
-            return out
+        return self._book.watch_dict()
 
     def __eq__(self, other: object) -> bool:
         return self.as_dict() == other
@@ -44,7 +47,7 @@ class Watch:
 class Watching:
     __slots__ = ("_book", "_tp")
 
-    def __init__(self, book: MarkerBook, tp: TP) -> None:
+    def __init__(self, book: Book, tp: TP) -> None:
         self._book = book
         self._tp = tp
 
@@ -61,29 +64,26 @@ class Watching:
 class Keys:
     """Answer key -> the marker's entry (made when asked for)."""
 
-    def __init__(self, book: MarkerBook) -> None:
+    def __init__(self, book: Book) -> None:
         self._book = book
 
     def get(self, key: bytes) -> Entry | None:
-        with self._book._lock:
-            slot = self._book._slot(key)
-            return None if slot < 0 else self._book._entry_of(slot)
+        return self._book.entry(key)
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, bytes) and self.get(key) is not None
 
     def __len__(self) -> int:
-        return sum(self._book._kept.values())
+        return self._book.kept_count()
 
     def values(self) -> list[Entry]:
-        with self._book._lock:
-            return [self._book._entry_of(s) for s in self._book.live_slots()]
+        return self._book.all_entries()
 
 
 class Executed:
     """The answer keys of the reschedules carried out (their copy exists)."""
 
-    def __init__(self, book: MarkerBook) -> None:
+    def __init__(self, book: Book) -> None:
         self._book = book
 
     def __contains__(self, key: object) -> bool:
@@ -93,7 +93,7 @@ class Executed:
 class FinalStates:
     """Id -> its message's final state (cancelled, forwarded), if done for good."""
 
-    def __init__(self, book: MarkerBook) -> None:
+    def __init__(self, book: Book) -> None:
         self._book = book
 
     def get(self, message_id: str) -> str | None:
