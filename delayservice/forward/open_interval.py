@@ -146,16 +146,11 @@ class OpenInterval:
         committed the copy after the partition's next owner had read which moves were
         made, and both made the copy. With the offset, one of the two waits for the
         other, or the late one is refused."""
-        listener = self.listener
-        if listener is None:
-            return offsets
-        out = offsets
-        for tp, first_queued in listener.decided_on().items():
-            if tp in offsets:
-                continue
+        decided = self.listener.decided_on() if self.listener is not None else {}
+        out = dict(offsets)
+        for tp, first_queued in decided.items():
             at = self.sent_through.get(tp, first_queued)
-            if at is not None:
-                out = dict(out) if out is offsets else out
+            if tp not in out and at is not None:
                 out[tp] = at
         return out
 
