@@ -155,6 +155,7 @@ class LevelWorkerSimulation(Simulation):
         """Sends (by `id`) already appended to the broker's logs (`_publish`)."""
         self.assignment: set[tuple[str, int]] = set()
         self.slow_markers: set[tuple[str, int]] = set()
+        self.acks_stalled = False
         """Markers partitions whose records do not reach the reader for now."""
         self.in_flight: set[tuple[str, int]] = set()
         """Of those, the ones slow only until the reader's pass ends: a marker was
@@ -218,8 +219,11 @@ class LevelWorkerSimulation(Simulation):
         config = rig.producer.config
         self._counted(rig.producer)
 
+        rig.producer.hold_reports = self.acks_stalled
+
         def new_producer() -> FakeProducer:
             producer = FakeProducer(dict(rig.producer.topics), self.clock, config)
+            producer.hold_reports = self.acks_stalled
             self._counted(producer)
             producer.owner = self.rig.consumer
             fakes.PRODUCERS.append(producer)
@@ -476,6 +480,20 @@ class LevelWorkerSimulation(Simulation):
         self.slow_markers.clear()
         self.in_flight.clear()
 
+    @rule()
+    def acks_stall(self) -> None:
+        """The brokers stop acknowledging (a slow leader, a network pause): what was
+        sent stays queued in librdkafka, a flush runs out of time, and an abort purges
+        it."""
+        self.acks_stalled = True
+        self.rig.forwarder._producer.hold_reports = True
+
+    @precondition(lambda self: self.acks_stalled)
+    @rule()
+    def acks_resume(self) -> None:
+        self.acks_stalled = False
+        self.rig.forwarder._producer.hold_reports = False
+
     @precondition(lambda self: self.reader_alive)
     @rule()
     def reader_pass(self) -> None:
@@ -657,6 +675,9 @@ class LevelWorkerSimulation(Simulation):
         which = data.draw(st.sets(st.sampled_from(self.partitions), min_size=1), label="which")
         chosen = which - self.assignment if kind == "assign" else which & self.assignment
         if not chosen:
+            # Another member joined or left: the group's generation moves all the same,
+            # and the cooperative protocol calls on_assign with nothing new.
+            self.rig.consumer.queue_rebalance("assign")
             return
         if kind == "assign":
             self.assignment |= chosen
@@ -725,6 +746,7 @@ class LevelWorkerSimulation(Simulation):
         self.faults.disarm()
         self.stall_world.clear()
         self.markers_partitions_catch_up()
+        self.acks_resume()
         unassigned = set(self.partitions) - self.assignment
         if unassigned:
             self.assignment |= unassigned
