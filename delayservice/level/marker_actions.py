@@ -141,6 +141,8 @@ class WorkerMarkers:
         self._failed_actions: list[Action] = []
         self._sender: Any = None
         self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
+        self._arrivals: dict[TP, int] = {}
+        """Per partition with parked markers: the last offset looked at for their messages."""
         """Partition -> (offset through which its queue was searched, for which ids)."""
         self._read: dict[TP, tuple[int, int]] = {}
         """Partition -> (the latest append time of a run handed over since it was
@@ -179,17 +181,23 @@ class WorkerMarkers:
 
     def assigned(self, tp: TP) -> None:
         self.owned[tp] = self._now_ms()
-        self._scanned.pop(tp, None)
-        self._read.pop(tp, None)
+        self._forget_reading(tp)
         self.book.touch()
 
     def released(self, tps: Iterable[TP]) -> None:
         tps = set(tps)
         for tp in tps:
             self.owned.pop(tp, None)
-            self._scanned.pop(tp, None)
-            self._read.pop(tp, None)
+            self._forget_reading(tp)
         self.gate.release(tps)
+
+    def _forget_reading(self, tp: TP) -> None:
+        """The partition's queue starts over: what was searched of it, and the markers
+        parked because their messages were not in it, are looked at afresh."""
+        self._scanned.pop(tp, None)
+        self._read.pop(tp, None)
+        self._arrivals.pop(tp, None)
+        self.book.unpark_all(tp)
 
     # -- the sender's side ---------------------------------------------------------------
     def screen(self, tp: TP, records: list[Any]) -> list[int] | None:
@@ -389,7 +397,8 @@ class WorkerMarkers:
         for tp in list(self.owned):
             if not self._outcomes_known(tp):
                 continue
-            entries = self.book.entries(tp, SERVE_BATCH)
+            self._unpark_arrivals(tp)
+            entries = self.book.entries(tp, SERVE_BATCH, now)
             copies = self.book.copies_on(tp)
             if not entries and not copies:
                 self._scanned.pop(tp, None)
@@ -401,9 +410,39 @@ class WorkerMarkers:
             found = self._search(tp, [e for e in entries if e.refusal is None], copies)
             for message_id, record in found.items():
                 self._early(tp, message_id, record, now, sender)
+            parked = []
             for entry in entries:
                 if entry.refusal is None and entry.marker.message_id not in found:
-                    self._not_found(tp, entry, now, sender)
+                    until = self._not_found(tp, entry, now, sender)
+                    if until is not None:
+                        parked.append((entry.marker.key, until))
+            if parked:
+                self._arrivals.setdefault(tp, self._scanned.get(tp, (-1, set()))[0])
+                self.book.park(tp, parked)
+
+    def _unpark_arrivals(self, tp: TP) -> None:
+        """Records read on `tp` since its markers were parked bring theirs back (a
+        parked marker's message was not queued when it was searched for)."""
+        if not self.book.parked_on(tp):
+            self._arrivals.pop(tp, None)
+            return
+        through = self._arrivals.get(tp)
+        queue = self.queue_of(tp)
+        if through is None or not queue:
+            return
+        raw_ids = []
+        last = through
+        for record in reversed(queue):
+            offset = offset_of(record)
+            if offset <= through:
+                break
+            last = max(last, offset)
+            message_id = id_of(record)
+            if message_id is not None:
+                raw_ids.append(message_id.encode())
+        if raw_ids:
+            self.book.unpark_named(tp, raw_ids)
+        self._arrivals[tp] = last
 
     def _serve_one(
         self, entry: Entry, outcome: str, sender: Any, reason: str | None = None
@@ -467,31 +506,36 @@ class WorkerMarkers:
         self._answer_all(found, action, sender, copy)
         self._note(None, tp, action)
 
-    def _not_found(self, tp: TP, entry: Entry, now: int, sender: Any) -> None:
-        """The message of a marker is not queued here: answer once it cannot come."""
+    def _not_found(self, tp: TP, entry: Entry, now: int, sender: Any) -> int | None:
+        """The message of a marker is not queued here: answer once it cannot come.
+        Returns the time before which nothing can be decided, if that is all that
+        holds it back (the marker is parked until then: `MarkerBook.park`)."""
         marker = entry.marker
         message_id = marker.message_id
         if self.book.is_answered(marker.key) or message_id in self.book.copies:
-            return  # its copy's holder answers
+            return None  # its copy's holder answers
         final = self.book.final.get(message_id)
         if final is not None:
             self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
-            return
+            return None
         if entry.sent_ms is None:
-            return
+            return None
         bound = entry.sent_ms + entry.delay_ms + LEAD_MS + SKEW_MS
         if marker.appended_ms >= bound and not self.book.has_reschedule(message_id):
             reason = "its message was due before the marker arrived: sent already"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
-            return
-        if now < bound or not self._passed(tp, bound, entry.delay_ms, now):
-            return
+            return None
+        if now < bound:
+            return bound
+        if not self._passed(tp, bound, entry.delay_ms, now):
+            return None
         if marker.appended_ms < entry.sent_ms + entry.delay_ms - SKEW_MS:
             reason = f"no message with this id reached {tp[0]} partition {tp[1]}"
             self._serve_one(entry, UNMATCHED, sender, reason=reason)
         else:
             reason = "no message with this id was waiting: most likely sent before the marker"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
+        return None
 
     def _passed(self, tp: TP, bound: int, delay_ms: int, now: int) -> bool:
         """Whether the partition's reading is past `bound` (a due time): its head is due

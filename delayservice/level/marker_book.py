@@ -150,6 +150,9 @@ class MarkerBook:
         looked through on every pass of the reader made the reading quadratic."""
         self._latest_ms = 0
         self._first_live = cols.base
+        self._parked: dict[int, dict[int, array[int]]] = {}
+        """Level partition -> second -> its slots parked until then (8 bytes each)."""
+        self._parked_n: dict[int, int] = {}
 
     # -- small tables ----------------------------------------------------------------
     @staticmethod
@@ -315,7 +318,7 @@ class MarkerBook:
                 old.source[i],
                 old.tp[i],
                 old.refusal[i],
-                old.flags[i],
+                old.flags[i] & ~st.PARKED,  # slots renumber: parking starts over
                 old.raw_id(slot),
             )
             rows.append((row, old.answer[i], self._asked.get(slot)))
@@ -424,6 +427,7 @@ class MarkerBook:
         i = slot - cols.base
         if cols.answer[i] == 0:
             self._unresolved_n[cols.tp[i]] -= 1
+        self._unpark(slot, requeue=False)
         cols.answer[i] = self._outcome(outcome)
 
     def _unanswered(self, slot: int, key: bytes) -> None:
@@ -453,6 +457,9 @@ class MarkerBook:
             return
         off = st.FINAL_CANCELLED | st.FINAL_OTHER
         self._set_flags(head, on=0 if state is None else _final_flag(state), off=off)
+        if state is not None:  # its markers can be answered now
+            for slot in self._chain(head):
+                self._unpark(slot)
 
     def final_of(self, message_id: str) -> str | None:
         with self._lock:
@@ -519,20 +526,23 @@ class MarkerBook:
             markers = [self._marker(s) for s in self._chain(self._head(message_id))]
             return verdict(markers, after, due_ms, self.executed)
 
-    def entries(self, tp: TP, limit: int | None = None) -> list[Entry]:
+    def entries(self, tp: TP, limit: int | None = None, now_ms: int | None = None) -> list[Entry]:
         """The markers the owner of `tp` has yet to answer; at most `limit` of them, the
         next ones each time (a flood is served a batch at a time, round the partition's
-        markers, not all on every pass of the forwarder)."""
+        markers, not all on every pass of the forwarder). Parked ones (`park`) are left
+        out until `now_ms` reaches their time."""
         with self._lock:
             t = self._tps.get(tp)
-            n = 0 if t is None else self._unresolved_n.get(t, 0)
+            if t is not None and now_ms is not None:
+                self._unpark_due(t, now_ms)
+            n = 0 if t is None else self._unresolved_n.get(t, 0) - self._parked_n.get(t, 0)
             if t is None or not n:
-                if t is not None:
+                if t is not None and not self._parked_n.get(t):
                     self._unresolved.pop(t, None)
                     self._cursors.pop(t, None)
                 return []
             slots = self._unresolved.get(t, array_q())
-            if len(slots) > 2 * n + 64:  # mostly answered or forgotten since: drop those
+            if len(slots) > 2 * n + 64:  # mostly answered, forgotten or parked: drop those
                 slots = self._unresolved[t] = array_q(self._pending(slots))
                 self._cursors.pop(t, None)
             if limit is None or limit >= n:
@@ -546,7 +556,7 @@ class MarkerBook:
                 at = (at + 1) % size
                 if slot >= cols.base and slot not in picked:
                     i = slot - cols.base
-                    if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
+                    if cols.flags[i] & (st.LIVE | st.PARKED) == st.LIVE and cols.answer[i] == 0:
                         picked[slot] = None
                         if len(picked) >= limit:
                             break
@@ -562,9 +572,81 @@ class MarkerBook:
             if slot in seen or slot < base:
                 continue
             i = slot - base
-            if cols.flags[i] & st.LIVE and cols.answer[i] == 0:
+            if cols.flags[i] & (st.LIVE | st.PARKED) == st.LIVE and cols.answer[i] == 0:
                 seen.add(slot)
                 yield slot
+
+    def park(self, tp: TP, until: list[tuple[bytes, int]]) -> None:
+        """Nothing can be decided about these markers (answer key, time) before their
+        time (their messages are not queued and not due yet): `entries` leaves them out
+        until then, or until `unpark_named` or a final state of their message brings
+        them back, so a flood of markers of no message is looked at once, not on every
+        pass."""
+        with self._lock:
+            t = self._tps.get(tp)
+            if t is None:
+                return
+            buckets = self._parked.setdefault(t, {})
+            for key, until_ms in until:
+                slot = self._slot(key)
+                if slot < 0 or self._flags(slot) & st.PARKED:
+                    continue
+                if (
+                    self._cols.answer[slot - self._cols.base]
+                    or self._cols.tp[slot - self._cols.base] != t
+                ):
+                    continue
+                self._set_flags(slot, on=st.PARKED)
+                self._parked_n[t] = self._parked_n.get(t, 0) + 1
+                second = -(-until_ms // 1000)  # rounded up: never back early
+                buckets.setdefault(second, array_q()).append(slot)
+
+    def parked_on(self, tp: TP) -> int:
+        t = self._tps.get(tp)
+        return 0 if t is None else self._parked_n.get(t, 0)
+
+    def unpark_named(self, tp: TP, raw_ids: list[bytes]) -> None:
+        """Records of these ids (as records carry them) were read on `tp`: their parked
+        markers come back at once."""
+        with self._lock:
+            t = self._tps.get(tp)
+            if t is None or not self._parked_n.get(t):
+                return
+            cols = self._cols
+            for raw_id in raw_ids:
+                for slot in self._chain(self._ids.head(raw_id)):
+                    if cols.tp[slot - cols.base] == t:
+                        self._unpark(slot)
+
+    def unpark_all(self, tp: TP) -> None:
+        """Every parked marker of `tp` comes back (its queue starts over)."""
+        with self._lock:
+            t = self._tps.get(tp)
+            if t is not None and self._parked_n.get(t):
+                for slots in self._parked.pop(t, {}).values():
+                    for slot in slots:
+                        self._unpark(slot)
+
+    def _unpark_due(self, t: int, now_ms: int) -> None:
+        buckets = self._parked.get(t)
+        if buckets is None:
+            return
+        for second in [s for s in buckets if s * 1000 <= now_ms]:
+            for slot in buckets.pop(second):
+                self._unpark(slot)
+        if not buckets:
+            del self._parked[t]
+
+    def _unpark(self, slot: int, *, requeue: bool = True) -> None:
+        """`slot` back in its partition's turn (`requeue`), if it is still parked; its
+        entry in a second's bucket, if any, is passed over when that second comes."""
+        if slot < self._cols.base or not self._flags(slot) & st.PARKED:
+            return
+        self._set_flags(slot, off=st.PARKED)
+        t = self._cols.tp[slot - self._cols.base]
+        self._parked_n[t] -= 1
+        if requeue:
+            self._unresolved.setdefault(t, array_q()).append(slot)
 
     def has_unresolved(self, tp: TP) -> bool:
         t = self._tps.get(tp)
@@ -677,8 +759,10 @@ class MarkerBook:
         cols = self._cols
         i = slot - cols.base
         flags = cols.flags[i]
-        cols.flags[i] = flags & ~st.LIVE
         tp = cols.tp[i]
+        if flags & st.PARKED:
+            self._parked_n[tp] -= 1
+        cols.flags[i] = flags & ~(st.LIVE | st.PARKED)
         if cols.answer[i] == 0:
             self._unresolved_n[tp] -= 1
         kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
@@ -740,6 +824,7 @@ class MarkerBook:
                 + sum(source.nbytes() for source in self._by_source)
                 + sum(len(a) * 8 for a in self._unresolved.values())
                 + STRAGGLER_BYTES * len(self._stragglers)
+                + sum(len(a) * 8 for b in self._parked.values() for a in b.values())
                 + sum(len(reason) + 100 for _, reason in self._refusal_names)
                 + LOOSE_BYTES * loose
             )

@@ -40,6 +40,9 @@ FINAL_CANCELLED: Final = 32
 FINAL_OTHER: Final = 64
 """The id's message is done for good (on the first slot of the id's chain)."""
 RESCHEDULE_KIND: Final = 128
+PARKED: Final = 256
+"""Nothing can be decided about it before a time (its message not queued, and not due
+yet): `entries` leaves it out until then, or until its message is read."""
 
 _EMPTY: Final = -1
 _GONE: Final = -2
@@ -81,7 +84,7 @@ class Columns:
         """Index of (outcome, reason) in the book's table; -1: none."""
         self.answer = array("B")
         """Index of the outcome answered in the book's table; 0: not answered."""
-        self.flags = array("B")
+        self.flags = array("H")
         self.next = array("q")
         """The next slot of the same id (-1: none)."""
         self.id_end = array("q")
