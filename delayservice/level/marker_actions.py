@@ -415,7 +415,7 @@ class WorkerMarkers:
                 if entry.refusal is None and entry.marker.message_id not in found:
                     until = self._not_found(tp, entry, now, sender)
                     if until is not None:
-                        parked.append((entry.marker.key, until))
+                        parked.append((entry, until))
             if parked:
                 self._arrivals.setdefault(tp, self._scanned.get(tp, (-1, set()))[0])
                 self.book.park(tp, parked)

@@ -231,14 +231,14 @@ class MarkerBook:
         code = cols.refusal[i]
         refusal = None if code < 0 else self._refusal_names[code]
         if not cols.flags[i] & st.PLACED:
-            return Entry(marker, tp, refusal)
+            return Entry(marker, tp, refusal, slot=slot)
         if cols.flags[i] & st.PACKED:  # the send time is the id's first 12 hex digits
             sent: int | None = int.from_bytes(self._cols.raw_id(slot)[:6], "big")
         else:
             place = level_place(marker.message_id)
             sent = None if place is None else place.sent_ms
         level = self._levels.by_topic(tp[0])
-        return Entry(marker, tp, refusal, sent, 0 if level is None else level.delay_ms)
+        return Entry(marker, tp, refusal, sent, 0 if level is None else level.delay_ms, slot)
 
     # -- filing (the reader) -------------------------------------------------------
     def file(self, marker: LevelMarker, refusal: tuple[str, str] | None = None) -> Entry | None:
@@ -576,30 +576,32 @@ class MarkerBook:
                 seen.add(slot)
                 yield slot
 
-    def park(self, tp: TP, until: list[tuple[bytes, int]]) -> None:
-        """Nothing can be decided about these markers (answer key, time) before their
-        time (their messages are not queued and not due yet): `entries` leaves them out
-        until then, or until `unpark_named` or a final state of their message brings
-        them back, so a flood of markers of no message is looked at once, not on every
-        pass."""
+    def park(self, tp: TP, until: list[tuple[Entry, int]]) -> None:
+        """Nothing can be decided about these markers (entry, time) before their time
+        (their messages are not queued and not due yet): `entries` leaves them out until
+        then, or until `unpark_named` or a final state of their message brings them
+        back, so a flood of markers of no message is looked at once, not on every pass.
+        An entry made before the book compacted names a slot that is gone: passed over."""
         with self._lock:
             t = self._tps.get(tp)
             if t is None:
                 return
+            cols = self._cols
             buckets = self._parked.setdefault(t, {})
-            for key, until_ms in until:
-                slot = self._slot(key)
-                if slot < 0 or self._flags(slot) & st.PARKED:
-                    continue
+            for entry, until_ms in until:
+                i = entry.slot - cols.base
                 if (
-                    self._cols.answer[slot - self._cols.base]
-                    or self._cols.tp[slot - self._cols.base] != t
+                    i < 0
+                    or i >= len(cols)
+                    or cols.flags[i] & (st.LIVE | st.PARKED) != st.LIVE
+                    or cols.answer[i]
+                    or cols.tp[i] != t
                 ):
                     continue
-                self._set_flags(slot, on=st.PARKED)
+                cols.flags[i] |= st.PARKED
                 self._parked_n[t] = self._parked_n.get(t, 0) + 1
                 second = -(-until_ms // 1000)  # rounded up: never back early
-                buckets.setdefault(second, array_q()).append(slot)
+                buckets.setdefault(second, array_q()).append(entry.slot)
 
     def parked_on(self, tp: TP) -> int:
         t = self._tps.get(tp)

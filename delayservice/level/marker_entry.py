@@ -22,3 +22,5 @@ class Entry:
     """When the id says its message was sent (the producer's clock)."""
     delay_ms: int = 0
     """The delay of the level the id names."""
+    slot: int = -1
+    """Where the book keeps it, when the entry was made (`MarkerBook.park` takes it)."""

@@ -51,9 +51,16 @@ def _keys(book: MarkerBook, now: int) -> list[bytes]:
     return sorted(e.marker.key for e in book.entries(TP0, None, now))
 
 
+def _park(book: MarkerBook, markers: list[LevelMarker], until_ms: int) -> None:
+    """Park `markers` as their owner does: by the entries the book gave it."""
+    keys = {m.key for m in markers}
+    book.park(TP0, [(e, until_ms) for e in book.entries(TP0) if e.marker.key in keys])
+
+
 def test_a_parked_marker_is_left_out_until_its_time() -> None:
     book, filed = _book(4, 1_000)
-    book.park(TP0, [(filed[0].key, 5_000), (filed[1].key, 9_000)])
+    _park(book, [filed[0]], 5_000)
+    _park(book, [filed[1]], 9_000)
     assert book.parked_on(TP0) == 2
     assert _keys(book, 4_999) == sorted(m.key for m in filed[2:])
     assert book.has_unresolved(TP0), "a parked marker is still to be answered"
@@ -64,7 +71,7 @@ def test_a_parked_marker_is_left_out_until_its_time() -> None:
 
 def test_a_parked_marker_comes_back_when_its_message_is_read_or_done() -> None:
     book, filed = _book(3, 1_000)
-    book.park(TP0, [(m.key, 60_000) for m in filed])
+    _park(book, filed, 60_000)
     assert _keys(book, 2_000) == []
     book.unpark_named(TP0, [filed[1].message_id.encode()])
     assert _keys(book, 2_000) == [filed[1].key]
@@ -76,7 +83,7 @@ def test_a_parked_marker_comes_back_when_its_message_is_read_or_done() -> None:
 
 def test_a_parked_marker_answered_or_forgotten_stays_out() -> None:
     book, filed = _book(3, 1_000)
-    book.park(TP0, [(m.key, 5_000) for m in filed])
+    _park(book, filed, 5_000)
     book.apply(Action(answers=[(filed[0].key, "unmatched")]))
     assert book.parked_on(TP0) == 2
     book.expire(before_ms=1_002)  # the second is forgotten with the first
@@ -97,7 +104,7 @@ def test_parking_starts_over_when_the_book_compacts() -> None:
         )
         book.file(filed[-1])
     kept = filed[1::2]
-    book.park(TP0, [(m.key, 60_000) for m in kept])
+    _park(book, kept, 60_000)
     book.expire(before_ms=5_000)
     assert book.parked_on(TP0) == 0
     assert _keys(book, 20_000) == sorted(m.key for m in kept)
