@@ -141,9 +141,9 @@ class WorkerMarkers:
         self._failed_actions: list[Action] = []
         self._sender: Any = None
         self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
+        """Partition -> (offset through which its queue was searched, for which ids)."""
         self._arrivals: dict[TP, int] = {}
         """Per partition with parked markers: the last offset looked at for their messages."""
-        """Partition -> (offset through which its queue was searched, for which ids)."""
         self._read: dict[TP, tuple[int, int]] = {}
         """Partition -> (the latest append time of a run handed over since it was
         assigned, when that run was handed over): how far its reading got."""
