@@ -95,9 +95,7 @@ def _row(number: int, what: str, guarantee: str) -> str:
     return scenario_name(f"{number}. full load: {what}", guarantee)
 
 
-@pytest.mark.parametrize(
-    "guarantee", [pytest.param(ALO, marks=pytest.mark.long), pytest.param(EOS)]
-)
+@pytest.mark.parametrize("guarantee", BOTH)  # CI runs kill -9 at a lighter load (row 2)
 def test_full_load_kill_9_then_restart(fault_run, kafka_bootstrap, fault_summary, guarantee):
     run = fault_run(kafka_bootstrap, guarantee=guarantee)
     load = FullLoad(run, "fl-kill", session_timeout_s=45)
