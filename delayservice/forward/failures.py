@@ -55,6 +55,8 @@ _PERMANENT: Final[dict[int, str]] = {
     KafkaError._INVALID_ARG: dl.REASON_REJECTED,
 }
 UNKNOWN_TARGET: Final = {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC}
+PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+"""What librdkafka reports for a record an abort (or a fatal error) took back."""
 
 Key = tuple[str, int, int]
 """(topic, partition, offset) of a record on a delay topic."""

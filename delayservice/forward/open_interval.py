@@ -16,12 +16,10 @@ re-published, dead letters, lateness, failed deliveries), `Failures` reads them.
 from __future__ import annotations
 
 from collections.abc import Container
-from typing import Any, Final, Protocol
-
-from confluent_kafka import KafkaError
+from typing import Any, Protocol
 
 from delayservice.forward.buffer import TP, Buffer, Runs
-from delayservice.forward.failures import Doom, Key, Report
+from delayservice.forward.failures import PURGED, Doom, Key, Report
 from delayservice.forward.held_record import offset_of
 
 
@@ -44,9 +42,6 @@ class Listener(Protocol):
         record still queued there (None: none is)."""
         ...
 
-
-PURGED: Final = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
-"""What librdkafka reports for a record an abort (or a fatal error) took back."""
 
 Waiting = dict[TP, dict[int, tuple[int, Any]]]
 """At-least-once: partition -> offset -> (not before, epoch ms; record), for records that
