@@ -176,8 +176,9 @@ class MarkerBook:
         return self._cols.flags[slot - self._cols.base]
 
     def _set_flags(self, slot: int, on: int = 0, off: int = 0) -> None:
+        """Clear `off`, then set `on` (so `on` wins where they meet)."""
         i = slot - self._cols.base
-        self._cols.flags[i] = (self._cols.flags[i] | on) & ~off
+        self._cols.flags[i] = (self._cols.flags[i] & ~off) | on
 
     def _live(self, slot: int) -> bool:
         return slot >= self._cols.base and bool(self._flags(slot) & st.LIVE)

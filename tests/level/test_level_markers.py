@@ -20,7 +20,7 @@ from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
 from delayservice.level.marker_actions import CHECK_MS, EMPTY_GRACE_MS, SERVE_GAP_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
-from delayservice.markers.replies import CANCEL, RESCHEDULE
+from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE
 from tests.level.fakes import (
     LEVEL,
     LEVELS,
@@ -167,6 +167,33 @@ def test_a_cancel_appended_before_the_due_time_withdraws_the_message(clock, exac
     assert (reply["kind"], reply["id"], reply["outcome"]) == (CANCEL, gone, "cancelled")
     assert rig.metric("delayservice_level_markers_total", kind=CANCEL, outcome="cancelled") == 1
     assert rig.metric("delayservice_forwarded_total") == 2
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_second_cancel_of_a_cancelled_message_is_answered_cancelled_at_once(clock, exactly_once):
+    """The book remembers that a message was cancelled for good: a cancel sent again
+    (a client's retry) before the due time is told so at once. The flag was set and
+    cleared in one step, so the retry waited out its message's time and was then told
+    no such message was waiting."""
+    rig = rig_for(clock, exactly_once)
+    now = clock.ms()
+    due = now + 2_000
+    mid = send(rig, 0, 0, due - LEVEL.delay_ms)
+    first = marker(rig, CANCEL, mid, now - 100, offset=0)
+    read_through(rig)
+    cycle(rig)
+    clock.advance(3.0)  # past its due time: withdrawn
+    read_through(rig)
+    cycle(rig)
+    assert answers(rig)[first.key]["outcome"] == "cancelled"
+    assert delivered(rig) == []
+    assert rig.markers is not None
+    assert rig.markers.book.final_of(mid) == CANCELLED
+    again = marker(rig, CANCEL, mid, due - 500, offset=1)  # asked before the due time
+    clock.advance(0.2)
+    read_through(rig)
+    cycle(rig)
+    assert answers(rig)[again.key]["outcome"] == "cancelled"
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
