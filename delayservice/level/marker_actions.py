@@ -418,7 +418,8 @@ class WorkerMarkers:
                         parked.append((entry, until))
             if parked:
                 self._arrivals.setdefault(tp, self._scanned.get(tp, (-1, set()))[0])
-                self.book.park(tp, parked)
+                for entry, final in self.book.park(tp, parked):
+                    self._serve_final(entry, final, sender)
 
     def _unpark_arrivals(self, tp: TP) -> None:
         """Records read on `tp` since its markers were parked bring theirs back (a
@@ -512,15 +513,22 @@ class WorkerMarkers:
         holds it back (the marker is parked until then: `MarkerBook.park`)."""
         marker = entry.marker
         message_id = marker.message_id
-        if self.book.is_answered(marker.key) or message_id in self.book.copies:
+        if message_id in self.book.copies:
             return None  # its copy's holder answers
+        sent = entry.sent_ms
+        bound = None if sent is None else sent + entry.delay_ms + LEAD_MS + SKEW_MS
+        if bound is not None and marker.appended_ms < bound and now < bound:
+            # A flood's marker: parked at one hold of the lock for all of them, which
+            # passes over the answered and hands back those whose message is done.
+            return bound
+        if self.book.is_answered(marker.key):
+            return None
         final = self.book.final.get(message_id)
         if final is not None:
-            self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
+            self._serve_final(entry, final, sender)
             return None
-        if entry.sent_ms is None:
+        if sent is None or bound is None:
             return None
-        bound = entry.sent_ms + entry.delay_ms + LEAD_MS + SKEW_MS
         if marker.appended_ms >= bound and not self.book.has_reschedule(message_id):
             reason = "its message was due before the marker arrived: sent already"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
@@ -529,13 +537,17 @@ class WorkerMarkers:
             return bound
         if not self._passed(tp, bound, entry.delay_ms, now):
             return None
-        if marker.appended_ms < entry.sent_ms + entry.delay_ms - SKEW_MS:
+        if marker.appended_ms < sent + entry.delay_ms - SKEW_MS:
             reason = f"no message with this id reached {tp[0]} partition {tp[1]}"
             self._serve_one(entry, UNMATCHED, sender, reason=reason)
         else:
             reason = "no message with this id was waiting: most likely sent before the marker"
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
         return None
+
+    def _serve_final(self, entry: Entry, final: str, sender: Any) -> None:
+        """The marker's message is done for good: cancelled, or gone on without it."""
+        self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
 
     def _passed(self, tp: TP, bound: int, delay_ms: int, now: int) -> bool:
         """Whether the partition's reading is past `bound` (a due time): its head is due

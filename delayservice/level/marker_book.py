@@ -67,6 +67,9 @@ into the append time and a straggler is never taken for another slot."""
 SLOT_MASK: Final = (1 << SLOT_BITS) - 1
 STRAGGLER_BYTES: Final = 48
 """A straggler's place in its heap: a pointer and one int of four digits."""
+FILE_SLICE: Final = 64
+"""Markers filed per hold of the lock (`file_run`): about a millisecond of a
+forwarder's wait."""
 
 
 def _straggler(appended_ms: int, slot: int) -> int:
@@ -246,34 +249,66 @@ class MarkerBook:
         """Keep a marker read from the markers topic (again after a rewind: kept once).
         Returns its entry when it is new."""
         with self._lock:
-            key = marker.key
-            if self._find(marker.topic, marker.partition, marker.offset) >= 0:
-                return None
-            entry = self._entry(marker, refusal)
-            raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
-            flags = st.LIVE | (st.PACKED if packed else 0)
-            if marker.kind == RESCHEDULE:
-                flags |= st.RESCHEDULE_KIND
-            if entry.sent_ms is not None:
-                flags |= st.PLACED
-            source = self._code(self._sources, self._source_names, (marker.topic, marker.partition))
-            if source == len(self._by_source):
-                self._by_source.append(st.Source())
-            tp = self._code(self._tps, self._tp_names, entry.tp)
-            code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
-            self._orphans.pop(key, None)
-            orphan = self._orphan_answers.pop(key, None)
-            if key in self._orphan_executed:
-                self._orphan_executed.discard(key)
-                flags |= st.EXECUTED
-            answer = 0 if orphan is None else self._outcome(orphan[0])
-            if orphan is not None and orphan[1:] == (marker.message_id, marker.kind):
-                flags |= st.READ_BACK
-            row = (marker.appended_ms, marker.offset, source, tp, code, flags, raw)
-            self._add(row, answer, marker.asked_due_ms, marker.message_id)
-            self.total_bytes += 80 + len(raw)
-            self.touch()
+            entry = self._file_one(marker, refusal)
+            if entry is not None:
+                self.version += 1
             return entry
+
+    def file_run(
+        self, read: list[tuple[LevelMarker, tuple[str, str] | None]]
+    ) -> list[tuple[LevelMarker, Exception]]:
+        """`file` each of a run of markers read, under the lock a slice at a time: a
+        flood is filed at a lock and a version step per slice, not per marker, and the
+        forwarders are kept out no longer than a slice takes. Returns the markers that
+        could not be filed, each with why (the others are kept all the same)."""
+        failed: list[tuple[LevelMarker, Exception]] = []
+        for start in range(0, len(read), FILE_SLICE):
+            with self._lock:
+                for marker, refusal in read[start : start + FILE_SLICE]:
+                    try:
+                        self._file_one(marker, refusal)
+                    except Exception as exc:  # one marker never costs the others
+                        failed.append((marker, exc))
+                self.version += 1
+        return failed
+
+    def _file_one(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry | None:
+        key = marker.key
+        if self._find(marker.topic, marker.partition, marker.offset) >= 0:
+            return None
+        entry = self._entry(marker, refusal)
+        raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
+        flags = st.LIVE | (st.PACKED if packed else 0)
+        if marker.kind == RESCHEDULE:
+            flags |= st.RESCHEDULE_KIND
+        if entry.sent_ms is not None:
+            flags |= st.PLACED
+        source = self._code(self._sources, self._source_names, (marker.topic, marker.partition))
+        if source == len(self._by_source):
+            self._by_source.append(st.Source())
+        tp = self._code(self._tps, self._tp_names, entry.tp)
+        code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
+        answer = flags_read = 0
+        if self._orphans or self._orphan_answers or self._orphan_executed:
+            answer, flags_read = self._orphan_of(key, marker)
+        row = (marker.appended_ms, marker.offset, source, tp, code, flags | flags_read, raw)
+        self._add(row, answer, marker.asked_due_ms, marker.message_id)
+        self.total_bytes += 80 + len(raw)
+        return entry
+
+    def _orphan_of(self, key: bytes, marker: LevelMarker) -> tuple[int, int]:
+        """What was read back of a marker before the marker itself: (its answer's code,
+        its flags)."""
+        flags = 0
+        self._orphans.pop(key, None)
+        orphan = self._orphan_answers.pop(key, None)
+        if key in self._orphan_executed:
+            self._orphan_executed.discard(key)
+            flags |= st.EXECUTED
+        answer = 0 if orphan is None else self._outcome(orphan[0])
+        if orphan is not None and orphan[1:] == (marker.message_id, marker.kind):
+            flags |= st.READ_BACK
+        return answer, flags
 
     def _add(
         self,
@@ -577,16 +612,19 @@ class MarkerBook:
                 seen.add(slot)
                 yield slot
 
-    def park(self, tp: TP, until: list[tuple[Entry, int]]) -> None:
+    def park(self, tp: TP, until: list[tuple[Entry, int]]) -> list[tuple[Entry, str]]:
         """Nothing can be decided about these markers (entry, time) before their time
         (their messages are not queued and not due yet): `entries` leaves them out until
         then, or until `unpark_named` or a final state of their message brings them
         back, so a flood of markers of no message is looked at once, not on every pass.
-        An entry made before the book compacted names a slot that is gone: passed over."""
+        An entry made before the book compacted names a slot that is gone, and one
+        answered since is done: both are passed over. Returns those whose message is
+        done for good, with its final state, to be answered now instead."""
+        done: list[tuple[Entry, str]] = []
         with self._lock:
             t = self._tps.get(tp)
             if t is None:
-                return
+                return done
             cols = self._cols
             buckets = self._parked.setdefault(t, {})
             for entry, until_ms in until:
@@ -599,10 +637,15 @@ class MarkerBook:
                     or cols.tp[i] != t
                 ):
                     continue
+                final = self.final_of(entry.marker.message_id)
+                if final is not None:
+                    done.append((entry, final))
+                    continue
                 cols.flags[i] |= st.PARKED
                 self._parked_n[t] = self._parked_n.get(t, 0) + 1
                 second = -(-until_ms // 1000)  # rounded up: never back early
                 buckets.setdefault(second, array_q()).append(entry.slot)
+        return done
 
     def parked_on(self, tp: TP) -> int:
         t = self._tps.get(tp)

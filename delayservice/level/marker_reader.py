@@ -692,24 +692,49 @@ class MarkerReader:
     def _read(self, consumer: Any, messages: list[Message]) -> None:
         self._batches += 1
         batch = self._batches  # every marker in it was appended before it was returned
-        for message in messages:
-            if message.error() is not None:
-                continue
-            key = (message.topic() or "", message.partition() or 0)
-            self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
-            try:
-                if key[0] == self._markers_topic:
-                    self._file(message, consumer, batch)
-                else:
-                    self._answer(message)
-            except _CountsUnreadError:
-                raise
-            except Exception:  # one record never stops the reader
-                self._m_errors.inc()
-                log.exception("markers: a record at %s@%d could not be read", key, message.offset())
+        run: list[tuple[LevelMarker, tuple[str, str] | None]] = []
+        try:
+            for message in messages:
+                if message.error() is not None:
+                    continue
+                key = (message.topic() or "", message.partition() or 0)
+                self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
+                try:
+                    if key[0] == self._markers_topic:
+                        read = self._marker_read(message, consumer, batch)
+                        if read is not None:
+                            run.append(read)
+                    else:
+                        if run:  # filed first: an answer meets the markers read before it
+                            self._file(run)
+                            run = []
+                        self._answer(message)
+                except _CountsUnreadError:
+                    raise
+                except Exception:  # one record never stops the reader
+                    self._m_errors.inc()
+                    log.exception(
+                        "markers: a record at %s@%d could not be read", key, message.offset()
+                    )
+        finally:
+            if run:
+                self._file(run)
 
-    def _file(self, message: Message, consumer: Any, batch: int) -> None:
-        """`batch`: the number of the batch holding `message` (`_batches`)."""
+    def _file(self, run: list[tuple[LevelMarker, tuple[str, str] | None]]) -> None:
+        for marker, exc in self._book.file_run(run):
+            self._m_errors.inc()
+            log.error(
+                "markers: a record at %s@%d could not be read",
+                (marker.topic, marker.partition),
+                marker.offset,
+                exc_info=exc,
+            )
+
+    def _marker_read(
+        self, message: Message, consumer: Any, batch: int
+    ) -> tuple[LevelMarker, tuple[str, str] | None] | None:
+        """The marker `message` holds, with its refusal, to be filed (None: it is no
+        marker). `batch`: the number of the batch holding `message` (`_batches`)."""
         read = marker_of(message)
         if read is None:
             self._metrics.level_markers.labels("-", "none", REFUSED).inc()
@@ -720,7 +745,7 @@ class MarkerReader:
                     H_CANCEL,
                     H_RESCHEDULE,
                 )
-            return
+            return None
         marker, refusal = read
         stale = self._counts_after < batch
         if refusal is None and stale and self._book.beyond_count(marker.message_id):
@@ -731,7 +756,7 @@ class MarkerReader:
                 raise _CountsUnreadError(f"{marker.message_id}: {exc!r}") from exc
         if refusal is None:
             self._place(marker.message_id, message.partition() or 0)
-        self._book.file(marker, refusal)
+        return read
 
     def _place(self, message_id: str, partition: int) -> None:
         """A marker found on a markers partition other than its level partition's (an

@@ -110,6 +110,37 @@ def test_parking_starts_over_when_the_book_compacts() -> None:
     assert _keys(book, 20_000) == sorted(m.key for m in kept)
 
 
+def test_an_entry_made_before_the_book_compacted_is_passed_over_by_park() -> None:
+    """The owner looks, the reader's forgetting compacts, then the owner parks what it
+    looked at: the slots its entries name are gone, and nothing is hidden by them."""
+    book = MarkerBook(LEVELS)
+    book.partition_count(LEVEL.topic, 3)
+    filed = []
+    for n in range(600):
+        appended = 1_000 + (n % 2) * 10_000
+        filed.append(
+            LevelMarker(CANCEL, level_id(LEVEL.index, 0, appended), appended, MARKERS, 0, n)
+        )
+        book.file(filed[-1])
+    looked = book.entries(TP0)
+    book.expire(before_ms=5_000)
+    assert book.park(TP0, [(e, 60_000) for e in looked]) == []
+    assert book.parked_on(TP0) == 0
+    assert _keys(book, 20_000) == sorted(m.key for m in filed[1::2])
+
+
+def test_a_marker_whose_message_is_done_is_handed_back_by_park_not_parked() -> None:
+    """A final state noted between the owner's look and its park: answered now, not
+    hidden until its time."""
+    book, filed = _book(3, 1_000)
+    looked = book.entries(TP0)
+    book.apply(Action(final=[(filed[1].message_id, CANCELLED)]))
+    handed = book.park(TP0, [(e, 60_000) for e in looked])
+    assert [(e.marker.key, final) for e, final in handed] == [(filed[1].key, CANCELLED)]
+    assert book.parked_on(TP0) == 2
+    assert _keys(book, 2_000) == [filed[1].key]
+
+
 def _not_found_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     original = marker_actions.WorkerMarkers._not_found
