@@ -9,7 +9,7 @@ copies of what was reported (cleaned) and forwards, after the takeover delay, wh
 not (took over).
 
 What a `_done` record is entitled to change, from the code (`progress.Progress._take`
-and `covers`, `wheel.Wheel._keep`):
+and `covers`, `slot_taking.SlotTaking._keep`):
 - A record that is not a well-formed report (any bytes, any JSON that is not an object
   with five integers, a tombstone, any headers) changes nothing.
 - A report from a member that does not hold the partition changes nothing. With two

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
+from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.copy_finder import find_copies
 from delayservice.precise.storage.reschedule_log import Move
 from delayservice.precise.storage.slot_file import StoredRecord, encode
@@ -46,7 +47,12 @@ def _moved_meanwhile(before: list[tuple[Key, int]], now: list[tuple[Key, int]]) 
     return bool(current - old) or any(key[2] != 1 for key in old - current)
 
 
-class RescheduleMoves(WheelState):
+class RescheduleMoves:
+    def __init__(self, state: WheelState, cancels: CancelLog, takeover_s: float) -> None:
+        self._state = state
+        self._cancels = cancels
+        self._takeover_s = takeover_s
+
     def move_many(self, requests: list[Reschedule]) -> list[tuple[str, SlotRecord | None]]:
         """Move pending messages to new due times: per request, its outcome ("moved",
         "too_late", "unmatched", "cancelled", "refused", or `READ_AGAIN` for a marker
@@ -65,6 +71,7 @@ class RescheduleMoves(WheelState):
 
         Holding the lock across the syncs delays the forwarder by one sync per batch
         that holds reschedules; a reschedule is rare next to what it moves."""
+        state = self._state
         wanted: dict[int, set[str]] = {}
         for request in requests:
             wanted.setdefault(request.partition, set()).add(request.message_id)
@@ -82,13 +89,13 @@ class RescheduleMoves(WheelState):
                         held = SlotRecord.stored(stored, request.partition, tracker)
                 out.append((outcome, held))
             if moves:
-                self._store.sync()  # the copies first: an entry must never name a lost copy
+                state.store.sync()  # the copies first: an entry must never name a lost copy
                 for message_id, move in moves.items():
-                    self._reschedules.move(message_id, move)
-                self._reschedules.sync()
+                    state.reschedules.move(message_id, move)
+                state.reschedules.sync()
             return out
         finally:
-            self._lock.release()
+            state.lock.release()
 
     def _find_locked_after(
         self, wanted: dict[int, set[str]]
@@ -98,25 +105,26 @@ class RescheduleMoves(WheelState):
         search repeated if a file appeared or a span went meanwhile (a split moved
         records into finer files); after `FIND_TRIES` such tries, it searches holding
         the lock. Slots that went are harmless: every record in them was settled."""
+        state = self._state
         for attempt in range(FIND_TRIES + 1):
             last = attempt == FIND_TRIES
             if last:
-                self._lock.acquire()
-            snapshot = {partition: self._store.files(partition) for partition in wanted}
+                state.lock.acquire()
+            snapshot = {partition: state.store.files(partition) for partition in wanted}
             found: dict[tuple[int, str], list[StoredRecord]] = {}
             for partition, ids in wanted.items():
-                copies = find_copies(snapshot[partition], self._store.read_at, ids)
+                copies = find_copies(snapshot[partition], state.store.read_at, ids)
                 for message_id, stored in copies.items():
                     found[(partition, message_id)] = stored
             if last:
                 return found
-            self._lock.acquire()
+            state.lock.acquire()
             if not any(
-                _moved_meanwhile(snapshot[partition], self._store.files(partition))
+                _moved_meanwhile(snapshot[partition], state.store.files(partition))
                 for partition in wanted
             ):
                 return found
-            self._lock.release()
+            state.lock.release()
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _move_locked(
@@ -125,12 +133,13 @@ class RescheduleMoves(WheelState):
         """One move's decision and its copy's write (lock held): the outcome, the copy
         as stored and its slot's tracker when the slot is in memory. The log entry
         goes into `moves`, to be written once the copies are durable."""
+        state = self._state
         message_id = request.message_id
-        if message_id in self._cancels or message_id in self._called_off:
+        if message_id in self._cancels or message_id in state.called_off:
             return "cancelled", None, None
-        if message_id in self._recent:
+        if message_id in state.recent:
             return "too_late", None, None
-        current = moves.get(message_id) or self._reschedules.current(message_id)
+        current = moves.get(message_id) or state.reschedules.current(message_id)
         if current is not None and current.version >= request.version:
             return READ_AGAIN, None, None  # after a restart: this marker, or a later one, moved it
         # The live copy: the entry's, else the message as first stored. Its settled
@@ -142,13 +151,13 @@ class RescheduleMoves(WheelState):
         ]
         if not live:
             return "unmatched", None, None
-        if not self._reschedules.has_room(message_id):
+        if not state.reschedules.has_room(message_id):
             return "refused", None, None
         stored = live[0]._replace(
             offset=request.version, due_ms=request.due_ms, replica=request.replica, copy=True
         )
-        (tracker,) = self._append_locked([(request.partition, request.fire_ms, encode(stored))])
-        takeover_ms = int(self._takeover * 1000)
+        (tracker,) = state.append_locked([(request.partition, request.fire_ms, encode(stored))])
+        takeover_ms = int(self._takeover_s * 1000)
         hold_ms = max(
             request.fire_ms,
             current.hold_ms if current is not None else 0,

@@ -16,11 +16,17 @@ import logging
 import time
 from typing import Final
 
+from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.slot_file import StoredRecord
 from delayservice.precise.storage.slot_index import SlotIndex
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.wheel.slot_ledger import FileOffsets, SlotTracker
-from delayservice.precise.wheel.wheel_state import RECORD_OVERHEAD, UNBOUNDED, WheelState
+from delayservice.precise.wheel.wheel_state import (
+    RECORD_OVERHEAD,
+    UNBOUNDED,
+    Outcomes,
+    WheelState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,37 +44,47 @@ FILL_SLICE_S: Final = 0.1
 """At most this long reading records in at a time, so settled marks keep being written."""
 
 
-class SlotLoading(WheelState):
+class SlotLoading:
+    def __init__(
+        self, state: WheelState, cancels: CancelLog, outcomes: Outcomes, takeover_s: float
+    ) -> None:
+        self._state = state
+        self._cancels = cancels
+        self._outcomes = outcomes
+        self._takeover_s = takeover_s
+
     def _next_to_load(self) -> tuple[int, int] | float | None:
         """The slot to load now, else seconds until one is due to be (None: none on
         disk). A slot loads `lookahead` before its second, and earlier by its size, but
         not while a span that may hold more of its records waits to be split."""
-        now = self._clock()
-        horizon = now + self._lookahead
-        while self._unloaded and self._unloaded[0][0] <= horizon + MAX_LEAD_S:
-            self._near.append(heapq.heappop(self._unloaded))
+        state = self._state
+        now = state.clock()
+        horizon = now + state.lookahead_s
+        while state.unloaded and state.unloaded[0][0] <= horizon + MAX_LEAD_S:
+            state.near.append(heapq.heappop(state.unloaded))
         wait: float | None = None
-        for index, (second, partition) in enumerate(self._near):
-            if second >= self._span_floor.get(partition, UNBOUNDED):
+        for index, (second, partition) in enumerate(state.near):
+            if second >= state.span_floor.get(partition, UNBOUNDED):
                 wait = MARKS_EVERY_S if wait is None else min(wait, MARKS_EVERY_S)
                 continue  # its span is being split: asked again shortly
-            size = self._store.size(partition, second) or 0
-            start = second - self._lookahead - min(MAX_LEAD_S, size / LOAD_BYTES_PER_S)
+            size = state.store.size(partition, second) or 0
+            start = second - state.lookahead_s - min(MAX_LEAD_S, size / LOAD_BYTES_PER_S)
             if start <= now:
-                return self._near.pop(index)
+                return state.near.pop(index)
             wait = start - now if wait is None else min(wait, start - now)
-        if self._unloaded:
-            head = self._unloaded[0][0] - horizon - MAX_LEAD_S
+        if state.unloaded:
+            head = state.unloaded[0][0] - horizon - MAX_LEAD_S
             wait = head if wait is None else min(wait, head)
         return wait
 
-    def _load_due_slots(self) -> float | None:
+    def load_due_slots(self) -> float | None:
         """Index every slot that is due to be loaded, and bring records of the slots
         being loaded into memory while the budget allows; seconds until the next slot
         is due to be (None: none on disk)."""
+        state = self._state
         wait: float | None = None
-        while not self._stopping.is_set():
-            with self._lock:
+        while not state.stopping.is_set():
+            with state.lock:
                 chosen = self._next_to_load()
                 if not isinstance(chosen, tuple):
                     wait = chosen
@@ -77,43 +93,44 @@ class SlotLoading(WheelState):
                 # From here on appends to the slot go to memory by the intake; the
                 # file's size now marks what the index below covers.
                 tracker = SlotTracker(partition, second, FileOffsets())
-                self._trackers[(partition, second)] = tracker
+                state.trackers[(partition, second)] = tracker
                 tracker.loading = True
-                size = self._store.size(partition, second) or 0
+                size = state.store.size(partition, second) or 0
             index = SlotIndex(
-                functools.partial(self._store.read_at, (partition, second, 1)),
+                functools.partial(state.store.read_at, (partition, second, 1)),
                 size,
                 second,
-                int(self._takeover * 1000),
+                int(self._takeover_s * 1000),
             )
             offsets = index.offsets()
-            with self._lock:
+            with state.lock:
                 assert tracker.on_file is not None
                 index.drop(tracker.on_file.indexed(offsets))  # held already: not again
-                self._cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
-                self._loading[tracker] = index
-                self._held += index.memory + tracker.on_file.memory
-        return 0.0 if self._fill() else wait
+                state.cost[tracker] = index.frame_bytes + RECORD_OVERHEAD
+                state.loading[tracker] = index
+                state.held += index.memory + tracker.on_file.memory
+        return 0.0 if self.fill() else wait
 
-    def _fill(self) -> bool:
+    def fill(self) -> bool:
         """Bring records of the slots being loaded into memory, earliest slot first and
         in due order within it, while the records held stay under the budget; records
         already due are read even above it when the forwarder is about to run dry, so
         the wheel never stalls on its own memory (records in flight to their targets
         count until acknowledged). True: stopped after `FILL_SLICE_S` with more to read
         now."""
+        state = self._state
         until = time.monotonic() + FILL_SLICE_S
-        while self._loading and not self._stopping.is_set():
+        while state.loading and not state.stopping.is_set():
             if time.monotonic() >= until:
                 return True
-            tracker = min(self._loading, key=lambda t: t.second)
-            index = self._loading[tracker]
+            tracker = min(state.loading, key=lambda t: t.second)
+            index = state.loading[tracker]
             millisecond = index.next_millisecond()
-            room = self._shared.room()
-            cost = self._cost.get(tracker, RECORD_OVERHEAD)
+            room = state.shared.room()
+            cost = state.cost.get(tracker, RECORD_OVERHEAD)
             if millisecond is not None and room < cost:
-                due = tracker.second * 1000 + millisecond <= self._clock() * 1000
-                if not due or self._buffered() >= LOAD_AT_MOST:
+                due = tracker.second * 1000 + millisecond <= state.clock() * 1000
+                if not due or state.buffered() >= LOAD_AT_MOST:
                     return False  # over budget: wait for records to leave
                 room = cost * LOAD_AT_MOST // 10  # the forwarder would run dry
             count = min(LOAD_AT_MOST, max(1, room // cost))
@@ -122,7 +139,7 @@ class SlotLoading(WheelState):
             if cancelled:
                 self._outcomes.cancelled("cancelled", cancelled)
             if records:
-                self._schedule(records)
+                state.schedule(records)
         return False
 
     def _admit_loaded(
@@ -130,8 +147,9 @@ class SlotLoading(WheelState):
     ) -> tuple[list[tuple[SlotRecord, float]], int]:
         """Records read from a slot, as the forwarder's buffer takes them; drops the
         cancelled (a settled mark each). With the last of the slot, it stops loading."""
+        state = self._state
         partition, second = tracker.partition, tracker.second
-        takeover = self._takeover
+        takeover = self._takeover_s
         # Built outside the lock, which the forwarder takes before every send.
         out = [
             (
@@ -141,8 +159,8 @@ class SlotLoading(WheelState):
             for item in stored
         ]
         cancelled = 0
-        with self._lock:
-            stale = self._reschedules.superseded(
+        with state.lock:
+            stale = state.reschedules.superseded(
                 (item.message_id, item.offset, item.copy) for item in stored
             )
             if stale:  # moved: settled unsent, and no cancel of theirs is matched by it
@@ -150,7 +168,7 @@ class SlotLoading(WheelState):
                 kept_stored = []
                 for item, held in zip(stored, out, strict=True):
                     if (item.message_id, item.offset) in stale:
-                        self._marks.setdefault(tracker, []).append(item.offset)
+                        state.marks.setdefault(tracker, []).append(item.offset)
                     else:
                         kept.append(held)
                         kept_stored.append(item)
@@ -160,22 +178,22 @@ class SlotLoading(WheelState):
                 kept = []
                 for item, held in zip(stored, out, strict=True):
                     if item.message_id in called_off:
-                        self._matches.setdefault(tracker, []).append(item.message_id)
-                        self._marks.setdefault(tracker, []).append(item.offset)
+                        state.matches.setdefault(tracker, []).append(item.message_id)
+                        state.marks.setdefault(tracker, []).append(item.offset)
                         cancelled += 1
                     else:
                         kept.append(held)
                 out = kept
-            self._in_memory.update(record.envelope.id for record, _ in out if record.envelope)
-            cost = self._cost.get(tracker, RECORD_OVERHEAD)
+            state.in_memory.update(record.envelope.id for record, _ in out if record.envelope)
+            cost = state.cost.get(tracker, RECORD_OVERHEAD)
             tracker.outstanding += len(out)
-            self._held += cost * len(out)
+            state.held += cost * len(out)
             if finished:
-                index = self._loading.pop(tracker, None)
+                index = state.loading.pop(tracker, None)
                 if index is not None:
-                    self._held -= index.memory
+                    state.held -= index.memory
                 tracker.loading = False
-                if self._finished(tracker):
-                    self._delete(tracker)
+                if state.finished(tracker):
+                    state.delete(tracker)
                 log.debug("loaded slot %d of partition %d", second, partition)
         return out, cancelled

@@ -12,18 +12,42 @@ from __future__ import annotations
 
 from typing import Final
 
-from delayservice.precise.placement import Role
+from delayservice.precise.placement import Placement, Role
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.storage_fault import StorageError
 from delayservice.precise.wheel.slot_ledger import SlotTracker
-from delayservice.precise.wheel.wheel_state import Coverage, Delivered, WheelState
+from delayservice.precise.wheel.wheel_state import (
+    Coverage,
+    Delivered,
+    Outcomes,
+    Takeover,
+    WheelState,
+)
 
 NOT_READY_RETRY_S: Final = 0.5
 """How soon a copy waiting for the other holder's reports to be read is looked at again."""
 
 
-class SlotTaking(WheelState):
-    def _keep_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
+class SlotTaking:
+    def __init__(
+        self,
+        state: WheelState,
+        placement: Placement,
+        outcomes: Outcomes,
+        takeover_s: float,
+        coverage: Coverage | None,
+        delivered: Delivered | None,
+        takeover_by: Takeover | None,
+    ) -> None:
+        self._state = state
+        self._placement = placement
+        self._outcomes = outcomes
+        self._takeover_s = takeover_s
+        self._coverage = coverage
+        self._delivered = delivered
+        self._takeover_by = takeover_by
+
+    def keep_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
         """`_keep`, on the forwarder's thread: a fault of the disk (reported through
         `on_fault`, the daemon is stopping) sends nothing; the records stay on disk."""
         try:
@@ -31,8 +55,8 @@ class SlotTaking(WheelState):
         except StorageError:
             return []
 
-    def _keep_copies_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
-        """`_keep_copies`, as `_keep_or_stop`."""
+    def keep_copies_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
+        """`_keep_copies`, as `keep_or_stop`."""
         try:
             return self._keep_copies(records)
         except StorageError:
@@ -49,14 +73,14 @@ class SlotTaking(WheelState):
         settled: list[tuple[SlotTracker, int]] = []
         deferred: list[tuple[SlotRecord, float]] = []
         cancelled = 0
-        now_ms = self._clock() * 1000
+        now_ms = self._state.clock() * 1000
         replicas: dict[int, bool] = {}  # partition -> this member holds its replica
         sent: list[str] = []
         # An owner's record due before this may have been taken over meanwhile.
-        overdue_before_ms, coverage = now_ms - self._takeover * 1000, self._coverage
-        with self._lock:
-            in_memory, cancelled_in_memory = self._in_memory, self._cancelled_in_memory
-            stale = self._moved_away(records)
+        overdue_before_ms, coverage = now_ms - self._takeover_s * 1000, self._coverage
+        with self._state.lock:
+            in_memory, cancelled_in_memory = self._state.in_memory, self._state.cancelled_in_memory
+            stale = self._state.moved_away(records)
             for record in records:
                 envelope = record.envelope
                 tracker = record.slot
@@ -93,7 +117,7 @@ class SlotTaking(WheelState):
                 if replica:
                     self._outcomes.took_over()
                 sent.append(message_id)
-            self._recent.add_all(sent)
+            self._state.recent.add_all(sent)
         self._kept(cancelled, settled, deferred)
         return out
 
@@ -140,22 +164,24 @@ class SlotTaking(WheelState):
 
     def _hold_copies(self, records: list[SlotRecord], wait_s: float) -> None:
         """Copies looked at and not sent: back into the takeover buffer, for `wait_s`."""
-        with self._lock:
+        state = self._state
+        with state.lock:
             for record in records:
                 if record.envelope is not None:
-                    self._in_memory.add(record.envelope.id)
-        buffer = self.takeover_buffer
+                    state.in_memory.add(record.envelope.id)
+        buffer = state.takeover_buffer
         assert buffer is not None
-        fire = self._clock() + wait_s
+        fire = state.clock() + wait_s
         buffer.schedule_many([(record, fire) for record in records])
 
     def _cancelled_now(self, message_id: str, tracker: SlotTracker, offset: int) -> None:
         """A record cancelled since it was loaded is settled unsent (lock held). Match and
         mark under one hold of the lock, so no write of marks in between can retire the
         cancel before its message's mark."""
-        self._cancelled_in_memory.discard(message_id)
-        self._matches.setdefault(tracker, []).append(message_id)
-        self._settle_locked(tracker, offset)
+        state = self._state
+        state.cancelled_in_memory.discard(message_id)
+        state.matches.setdefault(tracker, []).append(message_id)
+        state.settle_locked(tracker, offset)
 
     def _sent_before(
         self,
@@ -170,7 +196,7 @@ class SlotTaking(WheelState):
         if not delivered.sent(record.partition(), record.offset()):
             return False
         assert record.envelope is not None
-        self._cancelled_in_memory.discard(record.envelope.id)
+        self._state.cancelled_in_memory.discard(record.envelope.id)
         settled.append((record.slot, record.offset()))
         sent.append(record.envelope.id)
         return True
@@ -183,8 +209,9 @@ class SlotTaking(WheelState):
     ) -> None:
         """What `_keep` held back: count the cancelled, settle the covered and hold the
         deferred again (outside the lock)."""
+        state = self._state
         if cancelled:
             self._outcomes.cancelled("cancelled", cancelled)
-        self.settle_many(settled)
+        state.settle_many(settled)
         if deferred:
-            self._schedule(deferred)
+            state.schedule(deferred)

@@ -24,15 +24,20 @@ TRIM_BELOW: Final = 32 * 1024 * 1024
 are being forwarded, pages given back would only be faulted in again."""
 
 
-class SpanSplitting(WheelState):
-    def _run_splits(self) -> None:
+class SpanSplitting:
+    def __init__(self, state: WheelState, takeover_s: float) -> None:
+        self._state = state
+        self._takeover_s = takeover_s
+
+    def run_splits(self) -> None:
         """Splits spans as they come near; now and then, while little is held, gives
         freed heap back."""
+        state = self._state
         next_trim = 0.0
-        while not self._stopping.is_set():
+        while not state.stopping.is_set():
             try:
                 self.split_due_spans()
-                if time.monotonic() >= next_trim and self._shared.total < TRIM_BELOW:
+                if time.monotonic() >= next_trim and state.shared.total < TRIM_BELOW:
                     next_trim = time.monotonic() + TRIM_EVERY_S
                     release_free_heap()
             except StorageError as fault:  # reported by the store: the daemon is stopping
@@ -40,44 +45,46 @@ class SpanSplitting(WheelState):
                 return
             except Exception:
                 log.exception("precise splitter: unexpected error; continuing")
-            self._stopping.wait(SPLIT_EVERY_S)
+            state.stopping.wait(SPLIT_EVERY_S)
 
     def split_due_spans(self) -> int:
         """Move the boundaries to now, and split every span they have passed, earliest
         first, into finer files. Returns the spans split."""
+        state = self._state
         done = 0
-        while not self._stopping.is_set():
-            with self._lock:
-                bounds = self._tiers.boundaries(self._clock())
-                self._bounds = tuple(map(max, self._bounds, bounds))
+        while not state.stopping.is_set():
+            with state.lock:
+                bounds = state.tiers.boundaries(state.clock())
+                state.bounds = tuple(map(max, state.bounds, bounds))
                 due = [
                     span
-                    for span in self._store.spans()
-                    if self._tiers.due_for_split(span[1], span[2], self._bounds)
+                    for span in state.store.spans()
+                    if state.tiers.due_for_split(span[1], span[2], state.bounds)
                 ]
                 if not due:
                     return done
                 span = min(due, key=lambda key: (key[1], key[2]))
-                size = self._store.size(*span) or 0  # nothing more is appended to it
-            copied = split(self._store, span, size, int(self._takeover * 1000), self._place)
-            with self._lock:
-                self._span_floor.pop(span[0], None)
-                for partition, start, _ in self._store.spans():
+                size = state.store.size(*span) or 0  # nothing more is appended to it
+            copied = split(state.store, span, size, int(self._takeover_s * 1000), self._place)
+            with state.lock:
+                state.span_floor.pop(span[0], None)
+                for partition, start, _ in state.store.spans():
                     if partition == span[0]:
-                        floor = self._span_floor.get(partition, UNBOUNDED)
-                        self._span_floor[partition] = min(floor, start)
+                        floor = state.span_floor.get(partition, UNBOUNDED)
+                        state.span_floor[partition] = min(floor, start)
             log.debug("split span %s: %d records into finer files", span, copied)
             done += 1
-            self._wake.set()  # its slots may be loadable now
+            state.wake.set()  # its slots may be loadable now
         return done
 
     def _place(self, span: Key, by_second: dict[int, list[bytes]]) -> None:
         """Write one chunk of a span into the files the boundaries give now."""
+        state = self._state
         partition = span[0]
         writes: dict[Key, list[bytes]] = {}
-        with self._lock:
-            place, bounds = self._tiers.place, self._bounds
+        with state.lock:
+            place, bounds = state.tiers.place, state.bounds
             for second, frames in by_second.items():
                 start, width = place(second, bounds)
                 writes.setdefault((partition, start, width), []).extend(frames)
-            self._write(writes)
+            state.write(writes)

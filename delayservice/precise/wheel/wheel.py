@@ -18,8 +18,9 @@ Threads: the intake thread appends and moves (`reschedule_moves`), the loader th
 (here) reads slots in (`slot_loading`), retires cancels and expires them, the marks
 writer (here) writes the settled marks a commit point gathered as soon as it has, the
 splitter thread splits spans (`span_splitting`), the forwarder takes due records
-(`slot_taking`); their shared state and its one lock are `wheel_state`. No file is
-written on the forwarder's thread between two takes but a slot's deletion.
+(`slot_taking`); each part is given their shared state and its one lock,
+`wheel_state`. No file is written on the forwarder's thread between two takes but a
+slot's deletion.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from delayservice.clock import Clock
 from delayservice.precise.placement import Placement
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog
+from delayservice.precise.storage.slot_index import SlotIndex
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.slot_store import SlotStore
 from delayservice.precise.storage.storage_fault import StorageError
@@ -52,6 +54,7 @@ from delayservice.precise.wheel.wheel_state import (
     Delivered,
     Outcomes,
     Takeover,
+    WheelState,
 )
 
 __all__ = ["READ_AGAIN", "Reschedule", "Wheel"]  # move_many's request and outcome
@@ -61,7 +64,7 @@ log = logging.getLogger(__name__)
 EXPIRE_EVERY_S: Final = 60.0
 
 
-class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
+class Wheel:
     def __init__(
         self,
         store: SlotStore,
@@ -96,63 +99,59 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         forwarder, under the owner's transactional id (`takeover_buffer`). `level_name`
         ends its threads' names (`exact`, `exact-far`), as the forwarders' do: the near
         and far workers' log lines and thread dumps tell them apart."""
-        super().__init__(
-            store,
-            cancels,
-            reschedules,
-            placement,
-            outcomes,
-            lookahead_s,
-            takeover_s,
-            coverage,
-            clock,
-            horizon_s,
-            held if held is not None else HeldBytes(max_buffered_bytes),
+        cap = held if held is not None else HeldBytes(max_buffered_bytes)
+        state = self._state = WheelState(
+            store, reschedules, placement, clock, lookahead_s, horizon_s, cap, unread
         )
-        self._unread.update(unread)
-        self._delivered = delivered
-        self._takeover_by = takeover
-        self.buffer = SlotBuffer(clock, keep=self._keep_or_stop, topic=topic)
-        """What the forwarder takes from; its taker drops what must not go out."""
-        self.takeover_buffer = (
-            SlotBuffer(clock, keep=self._keep_copies_or_stop, topic=topic)
+        self._cancels = cancels
+        self._outcomes = outcomes
+        self._loader = SlotLoading(state, cancels, outcomes, takeover_s)
+        self._splitting = SpanSplitting(state, takeover_s)
+        self._taking = SlotTaking(
+            state, placement, outcomes, takeover_s, coverage, delivered, takeover
+        )
+        self._moves = RescheduleMoves(state, cancels, takeover_s)
+        state.buffer = SlotBuffer(clock, keep=self._taking.keep_or_stop, topic=topic)
+        state.takeover_buffer = (
+            SlotBuffer(clock, keep=self._taking.keep_copies_or_stop, topic=topic)
             if takeover is not None
             else None
         )
-        self._thread = threading.Thread(
+        self._loader_thread = threading.Thread(
             target=self._run, name=f"precise-loader-{level_name}", daemon=True
         )
-        self._splitter = threading.Thread(
-            target=self._run_splits, name=f"precise-splitter-{level_name}", daemon=True
+        self._splitter_thread = threading.Thread(
+            target=self._splitting.run_splits, name=f"precise-splitter-{level_name}", daemon=True
         )
-        self._marks_writer = threading.Thread(
+        state.marks_writer = threading.Thread(
             target=self._run_marks, name=f"precise-marks-{level_name}", daemon=True
         )
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
-        self._splitter.start()
-        assert self._marks_writer is not None
-        self._marks_writer.start()
+        self._loader_thread.start()
+        self._splitter_thread.start()
+        assert self._state.marks_writer is not None
+        self._state.marks_writer.start()
 
     def stop(self, timeout: float) -> None:
         """The loader's last pass writes what the marks writer left."""
-        self._stopping.set()
-        self._marks_wanted.set()
-        self._wake.set()
+        state = self._state
+        state.stopping.set()
+        state.marks_wanted.set()
+        state.wake.set()
         deadline = time.monotonic() + timeout
-        assert self._marks_writer is not None
-        if self._marks_writer.is_alive():
-            self._marks_writer.join(timeout)
-        self._thread.join(max(0.1, deadline - time.monotonic()))
-        if self._splitter.is_alive():
-            self._splitter.join(max(0.1, deadline - time.monotonic()))
+        assert state.marks_writer is not None
+        if state.marks_writer.is_alive():
+            state.marks_writer.join(timeout)
+        self._loader_thread.join(max(0.1, deadline - time.monotonic()))
+        if self._splitter_thread.is_alive():
+            self._splitter_thread.join(max(0.1, deadline - time.monotonic()))
 
     def is_alive(self) -> bool:
-        writer = self._marks_writer
+        writer = self._state.marks_writer
         alive = writer is not None and writer.is_alive()
-        return alive and self._thread.is_alive() and self._splitter.is_alive()
+        return alive and self._loader_thread.is_alive() and self._splitter_thread.is_alive()
 
     def hold_until(self, gate: threading.Event) -> None:
         """Hand the forwarders nothing until `gate` is set, then `wake_takers`. After a
@@ -177,18 +176,28 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         return [b for b in (self.buffer, self.takeover_buffer) if b is not None]
 
     @property
+    def buffer(self) -> SlotBuffer:
+        """What the forwarder takes from; its taker drops what must not go out."""
+        return self._state.buffer
+
+    @property
+    def takeover_buffer(self) -> SlotBuffer | None:
+        """Two copies, exactly-once: the replica's copies, for the takeover forwarder."""
+        return self._state.takeover_buffer
+
+    @property
     def loaded_slots(self) -> int:
-        return len(self._trackers)
+        return len(self._state.trackers)
 
     @property
     def disk_slots(self) -> int:
         """Files on disk, slots and spans."""
-        return self._store.file_count()
+        return self._state.store.file_count()
 
     @property
     def held_bytes(self) -> int:
         """Estimated bytes of the records this wheel holds in memory."""
-        return self._held
+        return self._state.held
 
     # -- intake side ---------------------------------------------------------------
     def append(self, partition: int, fire_ms: int, frame: bytes) -> SlotTracker | None:
@@ -201,35 +210,37 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         tracker when the slot is in memory: the caller then buffers the record itself
         once the write is durable. None: it stays on disk until its slot is loaded, or
         its slot holds it already (a record read again after a crash)."""
-        with self._lock:
-            return self._append_locked(records, once=True)
+        with self._state.lock:
+            return self._state.append_locked(records, once=True)
 
     def read_again(self, partition: int) -> None:
         """The intake has read again the batch `partition` had in flight at the last
         stop: its finished slots may go. Until then a slot loaded and sent stays in
         memory, so the copy read again finds it and is dropped (`FileOffsets`); had
         it gone, that copy would be sent once more from a new slot."""
-        with self._lock:
-            self._unread.discard(partition)
+        state = self._state
+        with state.lock:
+            state.unread.discard(partition)
             finished = [
                 tracker
-                for (held, _), tracker in self._trackers.items()
-                if held == partition and self._finished(tracker)
+                for (held, _), tracker in state.trackers.items()
+                if held == partition and state.finished(tracker)
             ]
             for tracker in finished:
-                self._delete(tracker)
+                state.delete(tracker)
 
     def admit(self, records: list[tuple[SlotRecord, float]]) -> None:
         """Buffer records of in-memory slots, once their writes are durable; a record
         read again whose message was moved since is settled instead."""
-        with self._lock:
-            stale = self._moved_away(record for record, _ in records)
+        state = self._state
+        with state.lock:
+            stale = state.moved_away(record for record, _ in records)
             if stale:
                 kept = []
                 for item in records:
                     record = item[0]
                     if record.envelope and (record.envelope.id, record.offset()) in stale:
-                        self._settle_locked(record.slot, record.offset())
+                        state.settle_locked(record.slot, record.offset())
                     else:
                         kept.append(item)
                 records = kept
@@ -237,10 +248,10 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
                 if record.envelope is None:
                     continue
                 message_id = record.envelope.id
-                self._in_memory.add(message_id)
+                state.in_memory.add(message_id)
                 if message_id in self._cancels:  # cancelled while its write became durable
-                    self._cancelled_in_memory.add(message_id)
-        self._schedule(records)
+                    state.cancelled_in_memory.add(message_id)
+        state.schedule(records)
 
     def cancel(self, message_id: str, expires_ms: int) -> str:
         """Call off a message wherever it sits; returns what happened to the cancel.
@@ -248,13 +259,14 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         The cancel is written to the durable cancel log in every case but "too late",
         so a restart before the message's slot is deleted cannot bring it back.
         """
-        with self._lock:
-            if message_id in self._recent:
+        state = self._state
+        with state.lock:
+            if message_id in state.recent:
                 return "too_late"
             if not self._cancels.add(message_id, expires_ms):
                 return "refused"
-            if message_id in self._in_memory:
-                self._cancelled_in_memory.add(message_id)
+            if message_id in state.in_memory:
+                state.cancelled_in_memory.add(message_id)
             return "pending"
 
     # -- settling ------------------------------------------------------------------
@@ -263,9 +275,10 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         they were settled: records called off as they loaded, stale copies), one write
         per slot; then retire the cancels whose messages those marks (or deletions)
         settled."""
-        self.flush_marks()
-        with self._lock:
-            retire, self._matches_durable = self._matches_durable, []
+        state = self._state
+        state.flush_marks()
+        with state.lock:
+            retire, state.matches_durable = state.matches_durable, []
         if retire:
             self._retire(retire)
 
@@ -273,29 +286,47 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
         """Drop matched cancels from the log once the marks or deletions that settled
         their messages are durable. A failed sync keeps them: a kept cancel only waits
         for its expiry, a dropped one could let its message out after a restart."""
+        state = self._state
         try:
-            self._store.sync()
+            state.store.sync()
         except Exception:
-            with self._lock:
-                self._matches_durable.extend(message_ids)
+            with state.lock:
+                state.matches_durable.extend(message_ids)
             raise
         self.retire_cancels(message_ids)
 
     def retire_cancels(self, message_ids: list[str]) -> None:
         """Drop cancels whose messages are gone for good, remembering the ids for a
         while so that a reschedule after them is told the message was cancelled."""
-        with self._lock:
-            self._called_off.add_all(message_ids)
+        state = self._state
+        with state.lock:
+            state.called_off.add_all(message_ids)
         for message_id in message_ids:
             self._cancels.matched(message_id)
+
+    def settled(self, tracker: SlotTracker, offset: int) -> None:
+        self._state.settled(tracker, offset)
+
+    def settle_many(
+        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
+    ) -> None:
+        self._state.settle_many(done, then)
+
+    # -- reschedules and spans -----------------------------------------------------------
+    def move_many(self, requests: list[Reschedule]) -> list[tuple[str, SlotRecord | None]]:
+        return self._moves.move_many(requests)
+
+    def split_due_spans(self) -> int:
+        return self._splitting.split_due_spans()
 
     # -- the marks writer --------------------------------------------------------------
     def _run_marks(self) -> None:
         """Write the settled marks as soon as a commit point (or a take) gathers them."""
+        state = self._state
         while True:
-            self._marks_wanted.wait()
-            self._marks_wanted.clear()
-            if self._stopping.is_set() or not self._survived("marks writer", self.flush_marks):
+            state.marks_wanted.wait()
+            state.marks_wanted.clear()
+            if state.stopping.is_set() or not self._survived("marks writer", state.flush_marks):
                 return  # stopping: the loader's last pass writes the rest
 
     def _survived(self, thread: str, step: Callable[[], None]) -> bool:
@@ -308,24 +339,25 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             return False
         except Exception:
             log.exception("precise %s: unexpected error; continuing", thread)
-            self._stopping.wait(1.0)
+            self._state.stopping.wait(1.0)
         return True
 
     # -- the loader thread ------------------------------------------------------------
     def _run(self) -> None:
+        state = self._state
         next_expiry = 0.0
 
         def step() -> None:
             nonlocal next_expiry
-            wait = self._load_due_slots()
+            wait = self._loader.load_due_slots()
             self.write_marks()
             if time.monotonic() >= next_expiry:
                 next_expiry = time.monotonic() + EXPIRE_EVERY_S
                 self._expire_cancels()
-            self._wake.wait(min(wait, MARKS_EVERY_S) if wait is not None else MARKS_EVERY_S)
-            self._wake.clear()
+            state.wake.wait(min(wait, MARKS_EVERY_S) if wait is not None else MARKS_EVERY_S)
+            state.wake.clear()
 
-        while not self._stopping.is_set():
+        while not state.stopping.is_set():
             if not self._survived("loader", step):
                 return
         try:
@@ -334,8 +366,52 @@ class Wheel(SlotLoading, SpanSplitting, SlotTaking, RescheduleMoves):
             log.debug("precise loader: last settled marks not written: %s", fault)
 
     def _expire_cancels(self) -> None:
-        expired = self._cancels.expire(int(self._clock() * 1000))
+        state = self._state
+        expired = self._cancels.expire(int(state.clock() * 1000))
         if expired:
             self._outcomes.cancelled("unmatched", len(expired))
-        with self._lock:  # no copy is written while the files are looked at
-            self._reschedules.expire(self._store.earliest())
+        with state.lock:  # no copy is written while the files are looked at
+            state.reschedules.expire(state.store.earliest())
+
+    # -- the loader's steps and the state's tables, read through the wheel ---------
+    def _load_due_slots(self) -> float | None:
+        return self._loader.load_due_slots()
+
+    def _fill(self) -> bool:
+        return self._loader.fill()
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._state.lock
+
+    @property
+    def _flush_lock(self) -> threading.Lock:
+        return self._state.flush_lock
+
+    @property
+    def _marks_writer(self) -> threading.Thread | None:
+        return self._state.marks_writer
+
+    @property
+    def _trackers(self) -> dict[tuple[int, int], SlotTracker]:
+        return self._state.trackers
+
+    @property
+    def _loading(self) -> dict[SlotTracker, SlotIndex]:
+        return self._state.loading
+
+    @property
+    def _unloaded(self) -> list[tuple[int, int]]:
+        return self._state.unloaded
+
+    @property
+    def _near(self) -> list[tuple[int, int]]:
+        return self._state.near
+
+    @property
+    def _marks(self) -> dict[SlotTracker, list[int]]:
+        return self._state.marks
+
+    @property
+    def _cancelled_in_memory(self) -> set[str]:
+        return self._state.cancelled_in_memory

@@ -19,7 +19,6 @@ from typing import Final, Protocol
 
 from delayservice.clock import Clock
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog
 from delayservice.precise.storage.slot_file import encode_settled, frame_offset
 from delayservice.precise.storage.slot_index import SlotIndex
@@ -93,7 +92,9 @@ class Outcomes(Protocol):
 
 
 class WheelState:
-    """The shared state; set up by `Wheel.__init__` (see there for the arguments)."""
+    """Built once, by `Wheel.__init__` (the arguments are described there), and handed
+    to each part of the wheel, so what a part may touch shows in its constructor. It
+    holds what the operations below use; a part is given the rest it needs itself."""
 
     buffer: SlotBuffer
     takeover_buffer: SlotBuffer | None
@@ -102,73 +103,64 @@ class WheelState:
     def __init__(
         self,
         store: SlotStore,
-        cancels: CancelLog,
         reschedules: RescheduleLog,
         placement: Placement,
-        outcomes: Outcomes,
-        lookahead_s: float,
-        takeover_s: float,
-        coverage: Coverage | None,
         clock: Clock,
+        lookahead_s: float,
         horizon_s: int,
         held: HeldBytes,
+        unread: Iterable[int],
     ) -> None:
-        self._store = store
-        self._cancels = cancels
-        self._reschedules = reschedules
-        self._placement = placement
-        self._outcomes = outcomes
-        self._lookahead = lookahead_s
-        self._takeover = takeover_s
-        self._coverage = coverage
-        self._delivered: Delivered | None = None
-        self._takeover_by: Takeover | None = None
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._tiers = Tiers.for_horizon(horizon_s)
-        self._bounds = self._tiers.boundaries(clock())
-        self._shared = held
-        self._held = 0  # estimated bytes of records this wheel holds in memory
-        held.add_holder(lambda: self._held)
-        self._cost: dict[SlotTracker, int] = {}  # estimated bytes per record, by slot
-        self._loading: dict[SlotTracker, SlotIndex] = {}  # slots partly in memory
-        self._trackers: dict[tuple[int, int], SlotTracker] = {}
-        self._unloaded = store.slots()  # heap of (second, partition) on disk only
-        heapq.heapify(self._unloaded)
-        self._near: list[tuple[int, int]] = []  # unloaded, taken off the heap: due soon
+        self.store = store
+        self.reschedules = reschedules
+        self.placement = placement
+        self.clock = clock
+        self.lookahead_s = lookahead_s
+        self.lock = threading.Lock()
+        self.tiers = Tiers.for_horizon(horizon_s)
+        self.bounds = self.tiers.boundaries(clock())
+        self.shared = held  # the byte cap, maybe shared with the other wheel
+        self.held = 0  # estimated bytes of records this wheel holds in memory
+        held.add_holder(lambda: self.held)
+        self.cost: dict[SlotTracker, int] = {}  # estimated bytes per record, by slot
+        self.loading: dict[SlotTracker, SlotIndex] = {}  # slots partly in memory
+        self.trackers: dict[tuple[int, int], SlotTracker] = {}
+        self.unloaded = store.slots()  # heap of (second, partition) on disk only
+        heapq.heapify(self.unloaded)
+        self.near: list[tuple[int, int]] = []  # unloaded, taken off the heap: due soon
         # Per partition, the first second of its earliest span: slots from there on
         # wait until that span is split, so a loaded slot never gains records on disk.
-        self._span_floor: dict[int, int] = {}
+        self.span_floor: dict[int, int] = {}
         for partition, start, _ in store.spans():
-            self._span_floor[partition] = min(start, self._span_floor.get(partition, start))
-        self._unread: set[int] = set()
+            self.span_floor[partition] = min(start, self.span_floor.get(partition, start))
+        self.unread: set[int] = set(unread)
         """Partitions whose slots stay, even when finished, until the intake has read a
         batch again (`Wheel.read_again`)."""
-        self._marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
-        self._after_marks: list[Callable[[], None]] = []  # to run once they are
-        self._flush_lock = threading.Lock()  # one `flush_marks` at a time
-        self._marks_wanted = threading.Event()  # wakes the marks writer
-        self._marks_writer: threading.Thread | None = None  # while it runs
+        self.marks: dict[SlotTracker, list[int]] = {}  # settled, not yet written
+        self.after_marks: list[Callable[[], None]] = []  # to run once they are
+        self.flush_lock = threading.Lock()  # one `flush_marks` at a time
+        self.marks_wanted = threading.Event()  # wakes the marks writer
+        self.marks_writer: threading.Thread | None = None  # while it runs
         # Cancels that removed their message, by the slot that held it: a cancel leaves
         # the cancel log only once the message's settled mark (or the slot's deletion)
         # is durable, so no crash can find the message on disk and its cancel gone.
-        self._matches: dict[SlotTracker, list[str]] = {}
-        self._matches_durable: list[str] = []  # marked or deleted, awaiting a sync
-        self._in_memory: set[str] = set()  # ids loaded and not yet taken
-        self._cancelled_in_memory: set[str] = set()
-        self._recent = RecentIds(RECENTLY_FORWARDED)  # sent: later markers are too late
-        self._called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
+        self.matches: dict[SlotTracker, list[str]] = {}
+        self.matches_durable: list[str] = []  # marked or deleted, awaiting a sync
+        self.in_memory: set[str] = set()  # ids loaded and not yet taken
+        self.cancelled_in_memory: set[str] = set()
+        self.recent = RecentIds(RECENTLY_FORWARDED)  # sent: later markers are too late
+        self.called_off = RecentIds(RECENTLY_FORWARDED)  # removed by their cancel
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
 
-    def _schedule(self, items: list[tuple[SlotRecord, float]]) -> None:
+    def schedule(self, items: list[tuple[SlotRecord, float]]) -> None:
         """Hand records to the buffer of the forwarder that sends them: a replica's
         copies go to the takeover forwarder's when there is one."""
         takeover = self.takeover_buffer
         if takeover is None or not items:
             self.buffer.schedule_many(items)
             return
-        role = self._placement.role
+        role = self.placement.role
         replica: dict[int, bool] = {}
         mine: list[tuple[SlotRecord, float]] = []
         copies: list[tuple[SlotRecord, float]] = []
@@ -181,16 +173,16 @@ class WheelState:
         self.buffer.schedule_many(mine)
         takeover.schedule_many(copies)
 
-    def _buffered(self) -> int:
+    def buffered(self) -> int:
         """Records in the forwarders' buffers."""
         takeover = self.takeover_buffer
         return len(self.buffer) + (len(takeover) if takeover is not None else 0)
 
-    def _horizon(self) -> int:
+    def horizon(self) -> int:
         """The last slot second that belongs in memory now."""
-        return int((self._clock() + self._lookahead) // 1)
+        return int((self.clock() + self.lookahead_s) // 1)
 
-    def _append_locked(
+    def append_locked(
         self, records: list[tuple[int, int, bytes]], *, once: bool = False
     ) -> list[SlotTracker | None]:
         """Write framed records, (partition, fire_ms, frame) each; per record its slot's
@@ -200,7 +192,7 @@ class WheelState:
         out: list[SlotTracker | None] = []
         writes: dict[Key, list[bytes]] = {}
         new: set[tuple[int, int]] = set()
-        place, bounds, trackers = self._tiers.place, self._bounds, self._trackers
+        place, bounds, trackers = self.tiers.place, self.bounds, self.trackers
         for partition, fire_ms, frame in records:
             second = fire_ms // 1000
             start, width = place(second, bounds)
@@ -214,7 +206,7 @@ class WheelState:
                     continue  # held already: read again after a crash
                 out.append(self._slot_for(partition, second, frame, new, tracker))
             writes.setdefault((partition, start, width), []).append(frame)
-        self._write(writes)
+        self.write(writes)
         return out
 
     def _slot_for(
@@ -228,59 +220,59 @@ class WheelState:
         """The tracker a record of a slot joins, if its slot is in memory (lock held);
         `tracker` is the slot's now, if any."""
         key = (partition, second)
-        if tracker is None and key not in new and self._store.size(partition, second) is None:
+        if tracker is None and key not in new and self.store.size(partition, second) is None:
             new.add(key)  # a new file: in memory at once if near and no span covers it
-            if second <= self._horizon() and second < self._span_floor.get(partition, UNBOUNDED):
-                tracker = self._trackers[key] = SlotTracker(partition, second)
-                self._cost[tracker] = len(frame) + RECORD_OVERHEAD
+            if second <= self.horizon() and second < self.span_floor.get(partition, UNBOUNDED):
+                tracker = self.trackers[key] = SlotTracker(partition, second)
+                self.cost[tracker] = len(frame) + RECORD_OVERHEAD
         if tracker is not None:
             tracker.outstanding += 1
-            self._held += self._cost.get(tracker, RECORD_OVERHEAD)
+            self.held += self.cost.get(tracker, RECORD_OVERHEAD)
         return tracker
 
-    def _write(self, writes: dict[Key, list[bytes]]) -> None:
+    def write(self, writes: dict[Key, list[bytes]]) -> None:
         """Append grouped frames; note the files this creates (lock held)."""
-        for partition, start, width in self._store.append_many(writes):
+        for partition, start, width in self.store.append_many(writes):
             if width != 1:
-                floor = self._span_floor.get(partition, UNBOUNDED)
-                self._span_floor[partition] = min(floor, start)
-            elif (partition, start) not in self._trackers:
-                heapq.heappush(self._unloaded, (start, partition))
-                if self._unloaded[0] == (start, partition):
-                    self._wake.set()  # a new earliest slot: the loader may sleep less
+                floor = self.span_floor.get(partition, UNBOUNDED)
+                self.span_floor[partition] = min(floor, start)
+            elif (partition, start) not in self.trackers:
+                heapq.heappush(self.unloaded, (start, partition))
+                if self.unloaded[0] == (start, partition):
+                    self.wake.set()  # a new earliest slot: the loader may sleep less
 
-    def _settle_locked(self, tracker: SlotTracker, offset: int) -> None:
+    def settle_locked(self, tracker: SlotTracker, offset: int) -> None:
         tracker.outstanding -= 1
-        self._held -= self._cost.get(tracker, RECORD_OVERHEAD)
+        self.held -= self.cost.get(tracker, RECORD_OVERHEAD)
         if tracker.deleted:
             return
-        if self._finished(tracker):
-            self._delete(tracker)
+        if self.finished(tracker):
+            self.delete(tracker)
         else:
-            self._marks.setdefault(tracker, []).append(offset)
+            self.marks.setdefault(tracker, []).append(offset)
 
-    def _finished(self, tracker: SlotTracker) -> bool:
+    def finished(self, tracker: SlotTracker) -> bool:
         """Whether a slot's file may go: nothing outstanding, not being read, and no
         record of it still to be read again by the intake (`Wheel.read_again`)."""
         return (
             tracker.outstanding <= 0
             and not tracker.loading
-            and tracker.partition not in self._unread
+            and tracker.partition not in self.unread
         )
 
-    def _delete(self, tracker: SlotTracker) -> None:
+    def delete(self, tracker: SlotTracker) -> None:
         tracker.deleted = True
         if tracker.on_file is not None:
-            self._held -= tracker.on_file.memory
-        self._marks.pop(tracker, None)
-        self._matches_durable.extend(self._matches.pop(tracker, ()))
-        self._trackers.pop((tracker.partition, tracker.second), None)
-        self._cost.pop(tracker, None)
-        self._store.delete(tracker.partition, tracker.second)
+            self.held -= tracker.on_file.memory
+        self.marks.pop(tracker, None)
+        self.matches_durable.extend(self.matches.pop(tracker, ()))
+        self.trackers.pop((tracker.partition, tracker.second), None)
+        self.cost.pop(tracker, None)
+        self.store.delete(tracker.partition, tracker.second)
 
-    def _moved_away(self, records: Iterable[SlotRecord]) -> set[tuple[str, int]]:
+    def moved_away(self, records: Iterable[SlotRecord]) -> set[tuple[str, int]]:
         """(id, offset) of the records a reschedule has made stale: another copy is live."""
-        return self._reschedules.superseded(
+        return self.reschedules.superseded(
             (record.envelope.id, record.offset(), False) for record in records if record.envelope
         )
 
@@ -299,14 +291,14 @@ class WheelState:
         up no forward. `then` runs once they are written (never if they could not
         be). With no marks writer running (not started, or stopped), they are written
         before this returns."""
-        with self._lock:
+        with self.lock:
             for tracker, offset in done:
-                self._settle_locked(tracker, offset)
+                self.settle_locked(tracker, offset)
             if then is not None:
-                self._after_marks.append(then)
-        writer = self._marks_writer
+                self.after_marks.append(then)
+        writer = self.marks_writer
         if writer is not None and writer.is_alive():
-            self._marks_wanted.set()
+            self.marks_wanted.set()
         else:
             self.flush_marks()
 
@@ -317,23 +309,23 @@ class WheelState:
         waited for them; the cancels those marks settle wait for a sync before they
         leave the cancel log (`Wheel.write_marks`). A write that fails raises (the
         store reports it; the daemon stops) and what waited for it never runs."""
-        with self._flush_lock:
+        with self.flush_lock:
             writes: list[tuple[SlotTracker, int | None, list[int], list[str]]] = []
-            with self._lock:
-                marks, self._marks = self._marks, {}
-                after, self._after_marks = self._after_marks, []
+            with self.lock:
+                marks, self.marks = self.marks, {}
+                after, self.after_marks = self.after_marks, []
                 for tracker, offsets in marks.items():
-                    matches = self._matches.pop(tracker, [])
-                    file_id = self._store.file_id(tracker.partition, tracker.second)
+                    matches = self.matches.pop(tracker, [])
+                    file_id = self.store.file_id(tracker.partition, tracker.second)
                     writes.append((tracker, file_id, offsets, matches))
             written: list[str] = []
             for tracker, file_id, offsets, matches in writes:
                 if file_id is not None:
                     frames = b"".join(map(encode_settled, offsets))
-                    self._store.append_to(tracker.partition, tracker.second, file_id, frames)
+                    self.store.append_to(tracker.partition, tracker.second, file_id, frames)
                 written.extend(matches)
             if written:
-                with self._lock:
-                    self._matches_durable.extend(written)
+                with self.lock:
+                    self.matches_durable.extend(written)
             for callback in after:
                 callback()

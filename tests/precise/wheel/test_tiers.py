@@ -92,7 +92,7 @@ def test_a_split_killed_half_way_leaves_no_loss_and_no_duplicate(tmp_path, monke
     rig.store.sync()
     assert {w for _, _, w in spans(rig)} == {60}
     monkeypatch.setattr(splitter, "CHUNK", 4000)  # many chunks per span
-    real_place = rig.wheel._place
+    real_place = rig.wheel._splitting._place
     calls = 0
 
     def dies_after_two_chunks(span, by_second):
@@ -102,7 +102,7 @@ def test_a_split_killed_half_way_leaves_no_loss_and_no_duplicate(tmp_path, monke
             raise RuntimeError("killed")
         real_place(span, by_second)
 
-    monkeypatch.setattr(rig.wheel, "_place", dies_after_two_chunks)
+    monkeypatch.setattr(rig.wheel._splitting, "_place", dies_after_two_chunks)
     rig.clock.now = base - 50
     with pytest.raises(RuntimeError):
         rig.wheel.split_due_spans()
