@@ -171,7 +171,7 @@ class Process(FakeClients):
 
     def load(self) -> None:
         """The loader's pass: slots now in reach come into memory."""
-        self.wheel._load_due_slots()
+        self.wheel._loader.load_due_slots()
 
     def step(self, passes: int = 1) -> None:
         for _ in range(passes):

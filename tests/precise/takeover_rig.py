@@ -175,7 +175,7 @@ class Holder(FakeClients):
         self.progress.report()
 
     def load(self) -> None:
-        self.wheel._load_due_slots()
+        self.wheel._loader.load_due_slots()
         self.wheel.write_marks()
 
     def slot_files(self) -> int:

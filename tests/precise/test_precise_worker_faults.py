@@ -74,8 +74,8 @@ def test_a_settled_mark_that_cannot_be_written_stops_the_daemon(worker, monkeypa
     worker.store.append(0, 100, b"frame")
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 2
-    worker.wheel._trackers[(0, 100)] = tracker
-    writer = worker.wheel._marks_writer
+    worker.wheel._state.trackers[(0, 100)] = tracker
+    writer = worker.wheel._state.marks_writer
     if marks_writer:
         writer.start()
     monkeypatch.setattr(slot_store, "_write_all", _full)
@@ -95,7 +95,7 @@ def test_a_slot_that_cannot_be_deleted_stops_the_daemon_without_raising_into_the
     worker.store.append(0, 100, b"frame")
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 1
-    worker.wheel._trackers[(0, 100)] = tracker
+    worker.wheel._state.trackers[(0, 100)] = tracker
     monkeypatch.setattr(Path, "unlink", _full)
     _forward(worker, 7, tracker)  # the commit point settles it: must not raise
     assert len(worker.fatal) == 1
@@ -109,8 +109,8 @@ def test_a_fault_while_taking_records_stops_the_daemon_and_sends_nothing(worker,
     worker.store.append(0, 100, b"frame")
     tracker = SlotTracker(0, 100)
     tracker.outstanding = 1
-    worker.wheel._trackers[(0, 100)] = tracker
-    worker.wheel._cancelled_in_memory.add("gone")
+    worker.wheel._state.trackers[(0, 100)] = tracker
+    worker.wheel._state.cancelled_in_memory.add("gone")
     worker.wheel.buffer.schedule_many([(_record(7, tracker, "gone"), 0.0)])
     monkeypatch.setattr(Path, "unlink", _full)
     assert worker.wheel.buffer.take(10) == []  # what the forwarder gets: nothing

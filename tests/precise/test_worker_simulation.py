@@ -322,7 +322,7 @@ class PreciseWorkerSimulation(Simulation):
         wheel = self.worker.wheel  # type: ignore[union-attr]
 
         def step() -> None:
-            wheel._load_due_slots()
+            wheel._loader.load_due_slots()
             wheel.write_marks()
 
         if not wheel._survived("loader", step):

@@ -35,7 +35,6 @@ from delayservice.clock import Clock
 from delayservice.precise.placement import Placement
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog
-from delayservice.precise.storage.slot_index import SlotIndex
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.slot_store import SlotStore
 from delayservice.precise.storage.storage_fault import StorageError
@@ -372,46 +371,3 @@ class Wheel:
             self._outcomes.cancelled("unmatched", len(expired))
         with state.lock:  # no copy is written while the files are looked at
             state.reschedules.expire(state.store.earliest())
-
-    # -- the loader's steps and the state's tables, read through the wheel ---------
-    def _load_due_slots(self) -> float | None:
-        return self._loader.load_due_slots()
-
-    def _fill(self) -> bool:
-        return self._loader.fill()
-
-    @property
-    def _lock(self) -> threading.Lock:
-        return self._state.lock
-
-    @property
-    def _flush_lock(self) -> threading.Lock:
-        return self._state.flush_lock
-
-    @property
-    def _marks_writer(self) -> threading.Thread | None:
-        return self._state.marks_writer
-
-    @property
-    def _trackers(self) -> dict[tuple[int, int], SlotTracker]:
-        return self._state.trackers
-
-    @property
-    def _loading(self) -> dict[SlotTracker, SlotIndex]:
-        return self._state.loading
-
-    @property
-    def _unloaded(self) -> list[tuple[int, int]]:
-        return self._state.unloaded
-
-    @property
-    def _near(self) -> list[tuple[int, int]]:
-        return self._state.near
-
-    @property
-    def _marks(self) -> dict[SlotTracker, list[int]]:
-        return self._state.marks
-
-    @property
-    def _cancelled_in_memory(self) -> set[str]:
-        return self._state.cancelled_in_memory

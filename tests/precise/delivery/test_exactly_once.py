@@ -136,7 +136,7 @@ def test_a_kill_while_a_commits_marks_are_still_being_written_sends_nothing_twic
     first.hold(1, 0.2)
     first.hold(9, 0.5)  # keeps the slot: 0 and 1 settle with marks
     disk = SlowDisk(monkeypatch)
-    writer = first.wheel._marks_writer
+    writer = first.wheel._state.marks_writer
     assert writer is not None
     writer.start()
     disk.armed = True
@@ -148,7 +148,7 @@ def test_a_kill_while_a_commits_marks_are_still_being_written_sends_nothing_twic
     assert decode_sent(latest.value) == {(0, clock.ms() // 1000): {0, 1}}
     disk.killed = True  # kill -9: the mark never lands
     disk.release.set()
-    wait_for(lambda: not first.wheel._flush_lock.locked(), "the write to end")
+    wait_for(lambda: not first.wheel._state.flush_lock.locked(), "the write to end")
     first.die()
     disk.armed = False
 

@@ -112,7 +112,7 @@ def test_a_cancel_read_in_a_batch_a_kill_left_uncommitted_still_calls_its_messag
             clock=lambda: (NOW_MS + FAR_MS) / 1000,
         )
         wheel.split_due_spans()
-        wheel._load_due_slots()
+        wheel._loader.load_due_slots()
         loaded = [r.envelope.id for _, records in wheel.buffer.take(100) for r in records]
         assert loaded == ["id-0-2"]  # not id-0-0, cancelled
     finally:

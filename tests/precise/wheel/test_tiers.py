@@ -29,7 +29,7 @@ def step_to(rig: Rig, now: float, step: float = 1.0) -> None:
     while rig.clock.now < now:
         rig.clock.now = min(now, rig.clock.now + step)
         rig.wheel.split_due_spans()
-        rig.wheel._load_due_slots()
+        rig.wheel._loader.load_due_slots()
 
 
 @pytest.fixture
@@ -153,8 +153,8 @@ def test_files_and_memory_stay_bounded_however_far_out_records_are(tmp_path):
         assert rig.store.file_count() <= 3 * (48 + 64 + 13)
         assert rig.wheel.loaded_slots == 0
         assert len(rig.wheel.buffer) == 0
-        assert rig.wheel._unloaded == []
-        assert rig.wheel._trackers == {}
+        assert rig.wheel._state.unloaded == []
+        assert rig.wheel._state.trackers == {}
         sizes[name] = rig.store.file_count()
         # A restart scans exactly those files, whatever they hold.
         rig.store.close()
@@ -191,14 +191,14 @@ def test_a_slot_bigger_than_the_budget_leaves_in_due_order_under_it(tmp_path):
         rig.append(offset, dues[offset], sync=False)
     rig.append(order[0], dues[order[0]], sync=True)  # written twice: sent once
     rig.clock.now = NOW + 25
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     assert len(rig.wheel.buffer) <= 3000  # the slot is indexed, not read whole
     assert rig.wheel.held_bytes <= budget
     sent: list[int] = []
     peak = 0
     while rig.clock.now < NOW + 32:
         rig.clock.now += 0.05
-        rig.wheel._load_due_slots()
+        rig.wheel._loader.load_due_slots()
         peak = max(peak, rig.wheel.held_bytes)
         sent.extend(rig.take())
     assert sorted(sent) == sorted(order)  # all, once

@@ -161,7 +161,7 @@ def test_far_slots_stay_on_disk_until_the_pointer_comes_near(rig):
     assert rig.wheel.loaded_slots == 1
     rig.clock.now = NOW + 56
     # The loader's step: loads the slot now in reach, says when the next one is.
-    assert rig.wheel._load_due_slots() == pytest.approx(29.0, abs=0.01)
+    assert rig.wheel._loader.load_due_slots() == pytest.approx(29.0, abs=0.01)
     assert len(rig.wheel.buffer) == 2
 
 
@@ -184,7 +184,7 @@ def test_a_slot_read_back_after_a_restart_drops_offsets_written_twice(rig, tmp_p
     rig.cancels.close()
     again = Rig(tmp_path)
     again.clock.now = NOW + 30
-    again.wheel._load_due_slots()
+    again.wheel._loader.load_due_slots()
     assert again.take() == [1, 2, 3]
     assert again.files() == 0
 
@@ -200,7 +200,7 @@ def test_a_restart_does_not_resend_what_a_half_forwarded_slot_already_sent(rig, 
     rig.cancels.close()
     again = Rig(tmp_path)
     again.clock.now = NOW + 2
-    again.wheel._load_due_slots()
+    again.wheel._loader.load_due_slots()
     assert again.take() == [3]
     assert again.files() == 0
 
@@ -212,10 +212,10 @@ def test_a_big_slot_loads_earlier_by_its_size(rig):
     size = rig.store.size(1, int(ms(40) // 1000))
     lead = size / 10_000_000
     rig.clock.now = NOW + 40 - 5 - lead - 0.001
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     assert rig.wheel.loaded_slots == 1  # the small one at 38 s is in reach, the big one not yet
     rig.clock.now = NOW + 40 - 5 - lead + 0.001
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     assert rig.wheel.loaded_slots == 2
 
 
@@ -244,7 +244,7 @@ def test_a_cancel_of_a_record_on_disk_applies_when_its_slot_loads(rig):
     rig.append(2, ms(60))
     assert rig.wheel.cancel("id-1", ms(1000)) == "pending"
     rig.clock.now = NOW + 60
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     assert rig.take() == [2]
     assert rig.outcomes.counts["cancelled"] == 1
 
@@ -255,7 +255,7 @@ def _restart(rig: Rig, tmp_path: Path, now: float) -> Rig:
     rig.cancels.close()
     again = Rig(tmp_path)
     again.clock.now = now
-    again.wheel._load_due_slots()
+    again.wheel._loader.load_due_slots()
     return again
 
 
@@ -332,7 +332,7 @@ def test_a_slow_mark_write_holds_up_neither_the_commit_point_nor_the_next_take(
     finally:
         disk.release.set()
         rig.wheel.stop(5)  # its last pass writes what is left
-    assert not rig.wheel._marks
+    assert not rig.wheel._state.marks
     again = _restart(rig, tmp_path, NOW + 2)
     assert again.take() == [3]  # 1 and 2 were marked, by the writer
 
@@ -361,9 +361,9 @@ def test_the_marks_writer_writes_at_once_while_the_loader_reads_a_slot_in(
         assert indexing.wait(5)  # the loader is busy reading a slot in
         assert _settle_taken(rig) == [1]
         deadline = time.monotonic() + 5
-        while rig.wheel._marks and time.monotonic() < deadline:
+        while rig.wheel._state.marks and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert not rig.wheel._marks  # written while the loader still indexes
+        assert not rig.wheel._state.marks  # written while the loader still indexes
         assert not done.is_set()
     finally:
         done.set()
@@ -379,7 +379,7 @@ def test_a_cancel_matched_as_its_slot_loads_survives_a_kill(rig, tmp_path, marks
     assert rig.wheel.cancel("id-2", ms(1000)) == "pending"
     rig.cancels.sync()
     rig.clock.now = NOW + 56
-    rig.wheel._load_due_slots()  # matched in memory; the slot still waits for 1 and 3
+    rig.wheel._loader.load_due_slots()  # matched in memory; the slot still waits for 1 and 3
     if marks_written:
         rig.wheel.write_marks()
         assert "id-2" not in rig.cancels  # the mark is durable: the cancel may go
@@ -439,7 +439,7 @@ def test_an_owner_sends_overdue_records_only_if_its_replica_has_not_reported_the
     rig.append(3, ms(9))
     rig.coverage.done.update({1, 3})  # the replica took 1 over; 3 is its own business
     rig.clock.now = NOW + 5  # back after an outage: 1 and 2 are overdue past the takeover
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     assert rig.take() == [2]
     assert rig.outcomes.counts == Counter({"cleaned": 1})
     rig.clock.now = NOW + 9
@@ -464,13 +464,13 @@ def test_copies_that_need_the_other_holders_word_wait_until_it_is_read(tmp_path)
 def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig):
     rig.append(1, ms(30))
     rig.clock.now = NOW + 20
-    rig.wheel._load_due_slots()  # not in reach yet, but near: off the heap
+    rig.wheel._loader.load_due_slots()  # not in reach yet, but near: off the heap
     rig.clock.now = NOW + 28
     # The loader has claimed the slot (size snapshot) when the intake appends to it.
-    with rig.wheel._lock:
+    with rig.wheel._state.lock:
         key = (0, int(ms(30) // 1000))
-        rig.wheel._near.remove((key[1], key[0]))
-        tracker = rig.wheel._trackers[key] = SlotTracker(*key)
+        rig.wheel._state.near.remove((key[1], key[0]))
+        tracker = rig.wheel._state.trackers[key] = SlotTracker(*key)
         tracker.loading = True
         size = rig.store.size(*key)
     rig.append(2, ms(29.5))  # same slot second, goes to memory
@@ -478,8 +478,8 @@ def test_a_slot_being_loaded_is_not_deleted_by_settles_of_its_newer_records(rig)
     assert rig.take() == [2]
     assert rig.files() == 1  # the older record is still on disk, not yet in memory
     read_at = functools.partial(rig.store.read_at, (*key, 1))
-    rig.wheel._loading[tracker] = SlotIndex(read_at, size or 0, key[1], 3000)
-    rig.wheel._fill()
+    rig.wheel._state.loading[tracker] = SlotIndex(read_at, size or 0, key[1], 3000)
+    rig.wheel._loader.fill()
     rig.clock.now = NOW + 30
     assert rig.take() == [1]
     assert rig.files() == 0

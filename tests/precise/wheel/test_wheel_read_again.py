@@ -28,7 +28,7 @@ def test_a_record_read_again_into_a_loaded_slot_is_held_once(rig, tmp_path):
     rig.append(1, ms(60))
     rig.append(2, ms(60.5))
     again = _killed(rig, tmp_path, NOW + 57)
-    again.wheel._load_due_slots()  # the slot is in memory, from its file
+    again.wheel._loader.load_due_slots()  # the slot is in memory, from its file
     again.append(1, ms(60))  # the intake reads record 1 again: its commit was lost
     again.clock.now = NOW + 61
     assert again.take() == [1, 2]
@@ -47,7 +47,7 @@ def test_a_record_read_again_while_its_slot_is_indexed_is_held_once(rig, tmp_pat
         return SlotIndex(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(slot_loading, "SlotIndex", indexing)
-    again.wheel._load_due_slots()
+    again.wheel._loader.load_due_slots()
     again.clock.now = NOW + 61
     assert again.take() == [1, 2]
     assert again.files() == 0
@@ -63,7 +63,7 @@ def test_a_slot_sent_before_the_batch_in_flight_at_a_kill_is_read_again_stays_un
     rig.wheel.append_many([(0, ms(1), frame)])  # written, never buffered: killed first
     rig.store.sync()
     again = _killed(rig, tmp_path, NOW + 3, unread=(0,))
-    again.wheel._load_due_slots()
+    again.wheel._loader.load_due_slots()
     assert again.take() == [1]  # not held back by the batch to read again
     assert again.files() == 1
     again.append(1, ms(1))  # read again: its slot holds it already

@@ -39,7 +39,7 @@ def sent(rig: Rig, at: float) -> list[tuple[str, int, int]]:
     rig.clock.now = at
     while rig.wheel.split_due_spans():  # spans this time has reached become slots
         pass
-    rig.wheel._load_due_slots()
+    rig.wheel._loader.load_due_slots()
     records = [r for _, run in rig.wheel.buffer.take(TAKE) for r in run]
     out = []
     for record in records:
