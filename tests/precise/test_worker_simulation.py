@@ -8,17 +8,22 @@ out: docs/simulation.md.
 
 The rules: records arrive on the precise topic (due now or up to 12 s out, beyond the
 wheel's lookahead, so some wait in slot files; now and then one without a valid
-envelope, for the intake's dead letters); time passes; one turn of the intake, one pass
-of the wheel's loader or one pass of the forwarder runs (each as its thread runs it,
-errors handled as its loop handles them); the next call of the intake's consumer or of
-the forwarder's producer fails with one error shape; the process is killed and a new
-one starts from what the fake broker and the data directory hold.
+envelope, for the intake's dead letters); a cancel of one of them arrives on its
+partition, in time or not (while the intake waits for the transaction carrying its
+answer, the forwarder runs: `_WhileTheIntakeWaits`); time passes; one turn of the
+intake, one pass of the wheel's loader or one pass of the forwarder runs (each as its
+thread runs it, errors handled as its loop handles them); the next call of the
+intake's consumer or of the forwarder's producer fails with one error shape; the
+process is killed and a new one starts from what the fake broker and the data
+directory hold.
 
 The invariants, after every step:
 - no committed intake offset is above a record that is neither forwarded or
   dead-lettered (as a reader of the targets sees them, read_committed in exactly-once)
   nor held unsettled in a slot file of the data directory;
 - nothing is forwarded before it is due;
+- a record whose cancel was appended at least `cancel_lead` before its due time is never
+  forwarded;
 - exactly-once: no record is in two committed transactions;
 - each thread is alive, or its failure was reported (`on_fatal`: the simulation then
   starts a new process, as the service manager would).
@@ -31,6 +36,7 @@ import tempfile
 import threading
 from collections import Counter
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -41,7 +47,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from delayservice.envelope import Envelope
+from delayservice.envelope import H_CANCEL, H_VERSION, VERSION, Envelope
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
@@ -128,6 +134,24 @@ class FakeAdmin:
         return out
 
 
+class _WhileTheIntakeWaits(threading.Event):
+    """The intake's wait for the transaction carrying its marker replies
+    (`DeliveryLog.answer`), stepped: the forwarder's thread runs a pass meanwhile, and
+    the clock moves by the wait. Without it the wait, made from the one thread that
+    steps them all, would never end."""
+
+    def __init__(self, simulation: PreciseWorkerSimulation) -> None:
+        super().__init__()
+        self._simulation = simulation
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set() and timeout:
+            self._simulation.clock.advance(timeout)
+            if self._simulation.forwarder_alive:
+                self._simulation._forwarder_pass()
+        return self.is_set()
+
+
 class PreciseWorkerSimulation(Simulation):
     def __init__(self) -> None:
         super().__init__()
@@ -144,6 +168,13 @@ class PreciseWorkerSimulation(Simulation):
         ):
             self._patch(module, "time", self.clock)
         self._patch(precise_worker_module, "Consumer", self._new_consumer)
+        simulation = self
+
+        @dataclass
+        class SteppedReplies(delivery_log_module._Replies):
+            done: threading.Event = field(default_factory=lambda: _WhileTheIntakeWaits(simulation))
+
+        self._patch(delivery_log_module, "_Replies", SteppedReplies)
         self._patch(precise_worker_module, "AdminClient", lambda _config: FakeAdmin(self.broker))
         self.thread_deaths: list[str] = []
         self._excepthook = threading.excepthook
@@ -154,6 +185,10 @@ class PreciseWorkerSimulation(Simulation):
         self.fatal_reports: list[str] = []
         self.shapes: list[str] = list(SHAPES)
         self.worker: PreciseWorker | None = None
+        self.cancelled: dict[tuple[tuple[str, int], int], int] = {}
+        """Record -> when a cancel of it was appended (epoch ms)."""
+        self.markers: set[tuple[tuple[str, int], int]] = set()
+        """Where the cancel markers are: records of the precise topic, never forwarded."""
         self.faults = Faults(self.clock)
         self.fatal: list[str] = []
         self.keeper: ConsumerKeeper | None = None
@@ -273,6 +308,28 @@ class PreciseWorkerSimulation(Simulation):
             )
             self.broker.due_ms[(tp, offset)] = stamp + delay_ms
 
+    @rule(data=st.data())
+    def a_cancel_arrives(self, data: st.DataObject) -> None:
+        """A cancel of a record appended before, as `DelayProducer.cancel` writes it: on
+        the partition its id is on. Drawn among the records not cancelled yet, due or
+        not: some come in time (at least `cancel_lead` before the due time), some
+        close to it or after it."""
+        choices = sorted(spot for spot in self.broker.due_ms if spot not in self.cancelled)
+        if not choices:
+            return
+        spot = data.draw(st.sampled_from(choices), label="cancelled")
+        tp, offset = spot
+        log = self.broker.logs[tp]
+        headers = [
+            (H_VERSION, str(VERSION).encode()),
+            (H_CANCEL, f"id-{TOPIC}-{tp[1]}-{offset}".encode()),
+        ]
+        stamp = self.clock.ms()
+        marker = message(tp[1], len(log), stamp, topic=TOPIC, headers=headers, key=None, value=None)
+        self.markers.add((tp, len(log)))
+        log.append(marker)
+        self.cancelled[spot] = stamp
+
     @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]))
     def time_passes(self, seconds: float) -> None:
         """Time passes while the threads run: an intake turn, a loader pass, a forwarder
@@ -379,7 +436,9 @@ class PreciseWorkerSimulation(Simulation):
         now_ms = self.clock.ms()
         seen = {(tp, offset) for tp, offset, _, _ in self._seen()}
         held = sorted(
-            spot for spot, due in self.broker.due_ms.items() if due <= now_ms and spot not in seen
+            spot
+            for spot, due in self.broker.due_ms.items()
+            if due <= now_ms and spot not in seen and spot not in self.cancelled
         )
         self._check(
             not held,
@@ -398,6 +457,7 @@ class PreciseWorkerSimulation(Simulation):
     def promises_hold(self) -> None:
         self.nothing_committed_past_a_record_not_held()
         self.nothing_forwarded_early()
+        self.a_cancel_in_time_is_honoured()
         self.exactly_once_forwards_each_record_once()
         self.every_thread_alive_or_reported()
 
@@ -424,7 +484,13 @@ class PreciseWorkerSimulation(Simulation):
     def nothing_committed_past_a_record_not_held(self) -> None:
         seen = {(tp, offset) for tp, offset, _, _ in self._seen()}
         for tp, upto in sorted(self.broker.committed.items()):
-            missing = [o for o in range(upto) if (tp, o) not in seen]
+            missing = [
+                o
+                for o in range(upto)
+                if (tp, o) not in seen
+                and (tp, o) not in self.markers
+                and (tp, o) not in self.cancelled
+            ]
             if not missing:
                 continue
             on_disk = self._on_disk(tp[1])
@@ -442,6 +508,21 @@ class PreciseWorkerSimulation(Simulation):
                 continue
             due = self.broker.due_ms[(tp, offset)]
             self._check(at * 1000 >= due - 0.001, f"EARLY: {tp}@{offset} sent at {at}, due {due}")
+
+    def a_cancel_in_time_is_honoured(self) -> None:
+        """A cancel appended at least `cancel_lead` before its record's due time: the
+        record is never forwarded, whatever failed (closer to the due time it may go
+        either way)."""
+        lead_ms = self._settings().cancel_lead_ms
+        forwarded = {(tp, offset) for tp, offset, topic, _ in self._seen() if topic == TARGET}
+        for spot, at in self.cancelled.items():
+            ahead_ms = self.broker.due_ms[spot] - at
+            if ahead_ms >= lead_ms:
+                self._check(
+                    spot not in forwarded,
+                    f"LEAKED: {spot} was forwarded though its cancel came {ahead_ms} ms before"
+                    f" its due time (faults fired: {self.faults.log})",
+                )
 
     def exactly_once_forwards_each_record_once(self) -> None:
         if not self.exactly_once:
