@@ -23,7 +23,7 @@ The invariants, after every step:
   nor held unsettled in a slot file of the data directory;
 - nothing is forwarded before it is due;
 - a record whose cancel was appended at least `cancel_lead` before its due time is never
-  forwarded;
+  forwarded (and after a quiet minute every cancel is answered, in time `accepted`);
 - exactly-once: no record is in two committed transactions;
 - each thread is alive, or its failure was reported (`on_fatal`: the simulation then
   starts a new process, as the service manager would).
@@ -31,6 +31,7 @@ The invariants, after every step:
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -54,6 +55,7 @@ from delayservice.forward.sender import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
+from delayservice.markers.replies import reply_key
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise import precise_worker as precise_worker_module
 from delayservice.precise.delivery import delivery_log as delivery_log_module
@@ -185,10 +187,12 @@ class PreciseWorkerSimulation(Simulation):
         self.fatal_reports: list[str] = []
         self.shapes: list[str] = list(SHAPES)
         self.worker: PreciseWorker | None = None
+        self.answer_producers: list[FakeProducer] = []
         self.cancelled: dict[tuple[tuple[str, int], int], int] = {}
         """Record -> when a cancel of it was appended (epoch ms)."""
-        self.markers: set[tuple[tuple[str, int], int]] = set()
-        """Where the cancel markers are: records of the precise topic, never forwarded."""
+        self.markers: dict[tuple[tuple[str, int], int], tuple[tuple[str, int], int]] = {}
+        """Where each cancel marker is (a record of the precise topic, never forwarded)
+        -> the record it cancels."""
         self.faults = Faults(self.clock)
         self.fatal: list[str] = []
         self.keeper: ConsumerKeeper | None = None
@@ -243,10 +247,12 @@ class PreciseWorkerSimulation(Simulation):
             settings.precise_done_topic: 1,
             settings.precise_outcomes_topic: 1,
         }
+        answers = FakeProducer(dict(self.topics), self.clock)  # at-least-once's replies
+        self.answer_producers.append(answers)
         self.worker = PreciseWorker(
             settings,
             ServiceMetrics(CollectorRegistry()),
-            FakeProducer(dict(self.topics), self.clock),
+            answers,
             self.fatal.append,
             make_producer=self._new_producer,
             clock=self.clock,
@@ -326,7 +332,7 @@ class PreciseWorkerSimulation(Simulation):
         ]
         stamp = self.clock.ms()
         marker = message(tp[1], len(log), stamp, topic=TOPIC, headers=headers, key=None, value=None)
-        self.markers.add((tp, len(log)))
+        self.markers[(tp, len(log))] = spot
         log.append(marker)
         self.cancelled[spot] = stamp
 
@@ -445,6 +451,7 @@ class PreciseWorkerSimulation(Simulation):
             f"HELD: records {held} were due and not forwarded after a minute without faults "
             f"(faults fired before: {self.faults.log})",
         )
+        self.every_cancel_answered()
 
     @precondition(lambda self: self.processes <= RESTARTS)
     @rule()
@@ -508,6 +515,31 @@ class PreciseWorkerSimulation(Simulation):
                 continue
             due = self.broker.due_ms[(tp, offset)]
             self._check(at * 1000 >= due - 0.001, f"EARLY: {tp}@{offset} sent at {at}, due {due}")
+
+    def every_cancel_answered(self) -> None:
+        """After a quiet minute every cancel has its answer on the outcomes topic (as a
+        read_committed reader sees it in exactly-once), and one that came in time says
+        `accepted`."""
+        outcomes = self._settings().precise_outcomes_topic
+        answered: dict[bytes, str] = {}
+        for producer in [*self.broker.producers, *self.answer_producers]:
+            for sent in producer.visible():
+                if sent.topic == outcomes and sent.key is not None:
+                    answered[sent.key] = json.loads(sent.value)["outcome"]
+        lead_ms = self._settings().cancel_lead_ms
+        for (tp, offset), spot in sorted(self.markers.items()):
+            outcome = answered.get(reply_key(tp[0], tp[1], offset))
+            self._check(
+                outcome is not None,
+                f"UNANSWERED: the cancel at {tp}@{offset} of {spot} has no answer after a "
+                f"minute without faults (faults fired before: {self.faults.log})",
+            )
+            if self.broker.due_ms[spot] - self.cancelled[spot] >= lead_ms:
+                self._check(
+                    outcome == "accepted",
+                    f"the cancel at {tp}@{offset} came in time for {spot} and was answered "
+                    f"{outcome!r}",
+                )
 
     def a_cancel_in_time_is_honoured(self) -> None:
         """A cancel appended at least `cancel_lead` before its record's due time: the
