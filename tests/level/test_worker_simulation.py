@@ -485,14 +485,20 @@ class LevelWorkerSimulation(Simulation):
         """The brokers stop acknowledging (a slow leader, a network pause): what was
         sent stays queued in librdkafka, a flush runs out of time, and an abort purges
         it."""
-        self.acks_stalled = True
-        self.rig.forwarder._producer.hold_reports = True
+        self._acks(stalled=True)
 
     @precondition(lambda self: self.acks_stalled)
     @rule()
     def acks_resume(self) -> None:
-        self.acks_stalled = False
-        self.rig.forwarder._producer.hold_reports = False
+        self._acks(stalled=False)
+
+    def _acks(self, *, stalled: bool) -> None:
+        """Every producer the broker knows holds its reports back (or serves them):
+        the one the forwarder sends with now, and those it made before, which send
+        nothing more; a producer made later starts as `acks_stalled` says."""
+        self.acks_stalled = stalled
+        for producer in self.broker.producers:
+            producer.hold_reports = stalled
 
     @precondition(lambda self: self.reader_alive)
     @rule()
