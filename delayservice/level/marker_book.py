@@ -264,12 +264,14 @@ class MarkerBook:
         failed: list[tuple[LevelMarker, Exception]] = []
         for start in range(0, len(read), FILE_SLICE):
             with self._lock:
+                filed = False
                 for marker, refusal in read[start : start + FILE_SLICE]:
                     try:
-                        self._file_one(marker, refusal)
+                        filed = self._file_one(marker, refusal) is not None or filed
                     except Exception as exc:  # one marker never costs the others
                         failed.append((marker, exc))
-                self.version += 1
+                if filed:  # a slice read again, all kept before, asks the owners nothing
+                    self.version += 1
         return failed
 
     def _file_one(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry | None:

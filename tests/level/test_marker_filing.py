@@ -65,6 +65,9 @@ def test_a_run_keeps_what_filing_one_by_one_keeps() -> None:
     assert run.total_bytes == one_by_one.total_bytes
     assert run.watch_dict() == one_by_one.watch_dict()
     assert run.version == -(-len(read) // FILE_SLICE), "one version step per slice"
+    assert run.file_run(read[:FILE_SLICE]) == []
+    assert run.version == -(-len(read) // FILE_SLICE), "nothing new: the owners not asked"
+    assert _kept(run) == _kept(one_by_one)
 
 
 def test_a_marker_that_cannot_be_filed_costs_the_others_nothing(
