@@ -10,7 +10,8 @@ The rules: records arrive on the precise topic (due now or up to 12 s out, beyon
 wheel's lookahead, so some wait in slot files; now and then one without a valid
 envelope, for the intake's dead letters); a cancel of one of them arrives on its
 partition, in time or not (while the intake waits for the transaction carrying its
-answer, the forwarder runs: `_WhileTheIntakeWaits`); time passes; one turn of the
+answer, the forwarder runs: `_WhileTheIntakeWaits`); a reschedule of one arrives there,
+sooner or later, in time or not; time passes; one turn of the
 intake, one pass of the wheel's loader or one pass of the forwarder runs (each as its
 thread runs it, errors handled as its loop handles them); the next call of the
 intake's consumer or of the forwarder's producer fails with one error shape; the
@@ -21,9 +22,11 @@ The invariants, after every step:
 - no committed intake offset is above a record that is neither forwarded or
   dead-lettered (as a reader of the targets sees them, read_committed in exactly-once)
   nor held unsettled in a slot file of the data directory;
-- nothing is forwarded before it is due;
+- nothing is forwarded before it is due (before its new time, when a reschedule came at
+  least `cancel_lead` before its due time);
 - a record whose cancel was appended at least `cancel_lead` before its due time is never
-  forwarded (and after a quiet minute every cancel is answered, in time `accepted`);
+  forwarded, nor a copy of it (and after a quiet minute every cancel and reschedule is
+  answered: in time, `accepted` and `moved`);
 - exactly-once: no record is in two committed transactions;
 - each thread is alive, or its failure was reported (`on_fatal`: the simulation then
   starts a new process, as the service manager would).
@@ -48,7 +51,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from delayservice.envelope import H_CANCEL, H_VERSION, VERSION, Envelope
+from delayservice.envelope import (
+    H_CANCEL,
+    H_DELAY_MS,
+    H_DUE_MS,
+    H_RESCHEDULE,
+    H_VERSION,
+    VERSION,
+    Envelope,
+)
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
@@ -193,6 +204,15 @@ class PreciseWorkerSimulation(Simulation):
         self.markers: dict[tuple[tuple[str, int], int], tuple[tuple[str, int], int]] = {}
         """Where each cancel marker is (a record of the precise topic, never forwarded)
         -> the record it cancels."""
+        self.moved: dict[tuple[tuple[str, int], int], tuple[int, int]] = {}
+        """Record -> (when a reschedule of it was appended, the new due time), epoch ms."""
+        self.moves: dict[tuple[tuple[str, int], int], tuple[tuple[str, int], int]] = {}
+        """Where each reschedule marker is -> the record it moves."""
+        self.order: dict[tuple[str, tuple[tuple[str, int], int]], int] = {}
+        """(kind, record) -> the offset of its marker: which of a record's markers came
+        first (two may share a millisecond)."""
+        self.invalid: set[tuple[tuple[str, int], int]] = set()
+        """Records without a valid envelope (dead-lettered: nothing to move)."""
         self.faults = Faults(self.clock)
         self.fatal: list[str] = []
         self.keeper: ConsumerKeeper | None = None
@@ -240,7 +260,8 @@ class PreciseWorkerSimulation(Simulation):
                     log.close()
         self.faults = Faults(self.clock)
         self.fatal = []
-        settings = self._settings()
+        self.settings = settings = self._settings()
+        self._lead_ms = settings.cancel_lead_ms
         self.topics = {
             TARGET: 3,
             DLQ: 1,
@@ -275,7 +296,7 @@ class PreciseWorkerSimulation(Simulation):
         subscribed; a replaced one is a new client on the same broker)."""
         if str(config.get("group.id", "")).endswith("-delivered"):
             reader = ClockedDoneReader(
-                self.coordinator, self._settings().precise_done_topic, self.clock
+                self.coordinator, self.settings.precise_done_topic, self.clock
             )
             reader.isolation = config.get("isolation.level", "read_committed")
             return reader
@@ -313,6 +334,8 @@ class PreciseWorkerSimulation(Simulation):
                 )
             )
             self.broker.due_ms[(tp, offset)] = stamp + delay_ms
+            if not valid:
+                self.invalid.add((tp, offset))
 
     @rule(data=st.data())
     def a_cancel_arrives(self, data: st.DataObject) -> None:
@@ -335,6 +358,62 @@ class PreciseWorkerSimulation(Simulation):
         self.markers[(tp, len(log))] = spot
         log.append(marker)
         self.cancelled[spot] = stamp
+        self.order[("cancel", spot)] = len(log) - 1
+
+    @rule(
+        data=st.data(),
+        shift_ms=st.sampled_from([-4_000, -1_000, 0, 300, 1_500, 4_000, 12_000]),
+        pending=st.sampled_from([True, True, True, False]),
+    )
+    def a_reschedule_arrives(self, data: st.DataObject, shift_ms: int, pending: bool) -> None:
+        """A reschedule of a record appended before, to `shift_ms` from its due time (not
+        before now), as `DelayProducer.reschedule(deliver_at=...)` writes it: on the
+        record's partition. Once per record; cancelled or not (the cancel wins, in either
+        order). Mostly of a record not due within `cancel_lead` (`pending`), so that
+        moves in time, later and sooner, are common; else of any, in time or not."""
+        now_ms = self.clock.ms()
+        choices = sorted(
+            spot
+            for spot, due in self.broker.due_ms.items()
+            if spot not in self.moved and (not pending or due - now_ms >= self._lead_ms)
+        )
+        if not choices:
+            return
+        spot = data.draw(st.sampled_from(choices), label="moved")
+        tp, offset = spot
+        new_due = max(now_ms, self.broker.due_ms[spot] + shift_ms)
+        log = self.broker.logs[tp]
+        headers = [
+            (H_VERSION, str(VERSION).encode()),
+            (H_RESCHEDULE, f"id-{TOPIC}-{tp[1]}-{offset}".encode()),
+            (H_DELAY_MS, str(new_due - now_ms).encode()),
+            (H_DUE_MS, str(new_due).encode()),
+        ]
+        marker = message(
+            tp[1], len(log), now_ms, topic=TOPIC, headers=headers, key=None, value=None
+        )
+        self.moves[(tp, len(log))] = spot
+        log.append(marker)
+        self.moved[spot] = (now_ms, new_due)
+        self.order[("reschedule", spot)] = len(log) - 1
+
+    def _in_time(self, spot: tuple[tuple[str, int], int]) -> bool:
+        """Whether `spot`'s reschedule was appended at least `cancel_lead` before its due."""
+        at, _ = self.moved[spot]
+        return self.broker.due_ms[spot] - at >= self._lead_ms
+
+    def _earliest_ms(self, spot: tuple[tuple[str, int], int]) -> int:
+        """The earliest `spot` may be forwarded: its new time after a reschedule in time;
+        the sooner of the two after one that came late (it may have been read, or not)."""
+        due = self.broker.due_ms[spot]
+        if spot not in self.moved:
+            return due
+        new_due = self.moved[spot][1]
+        return new_due if self._in_time(spot) else min(due, new_due)
+
+    def _latest_ms(self, spot: tuple[tuple[str, int], int]) -> int:
+        """By when `spot` is due whichever of its times holds."""
+        return max(self.broker.due_ms[spot], self.moved.get(spot, (0, 0))[1])
 
     @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]))
     def time_passes(self, seconds: float) -> None:
@@ -443,8 +522,8 @@ class PreciseWorkerSimulation(Simulation):
         seen = {(tp, offset) for tp, offset, _, _ in self._seen()}
         held = sorted(
             spot
-            for spot, due in self.broker.due_ms.items()
-            if due <= now_ms and spot not in seen and spot not in self.cancelled
+            for spot in self.broker.due_ms
+            if self._latest_ms(spot) <= now_ms and spot not in seen and spot not in self.cancelled
         )
         self._check(
             not held,
@@ -480,12 +559,13 @@ class PreciseWorkerSimulation(Simulation):
         return out
 
     def _on_disk(self, partition: int) -> set[int]:
-        """Offsets of `partition` held unsettled in the data directory's files."""
+        """Offsets of `partition` held unsettled in the data directory's files (a
+        reschedule's copy holds the record its id names)."""
         store = self.worker.store  # type: ignore[union-attr]
         held: set[int] = set()
         for key, size in store.files(partition):
             records, _ = decode(store.read_at(key, 0, size))
-            held.update(r.offset for r in records if not r.copy)
+            held.update(int(r.message_id.rsplit("-", 1)[1]) for r in records)
         return held
 
     def nothing_committed_past_a_record_not_held(self) -> None:
@@ -496,6 +576,7 @@ class PreciseWorkerSimulation(Simulation):
                 for o in range(upto)
                 if (tp, o) not in seen
                 and (tp, o) not in self.markers
+                and (tp, o) not in self.moves
                 and (tp, o) not in self.cancelled
             ]
             if not missing:
@@ -513,43 +594,79 @@ class PreciseWorkerSimulation(Simulation):
         for tp, offset, topic, at in self._seen():
             if topic != TARGET:
                 continue
-            due = self.broker.due_ms[(tp, offset)]
-            self._check(at * 1000 >= due - 0.001, f"EARLY: {tp}@{offset} sent at {at}, due {due}")
+            due = self._earliest_ms((tp, offset))
+            moved = self.moved.get((tp, offset))
+            why = f" (rescheduled at {moved[0]} to {moved[1]})" if moved is not None else ""
+            self._check(
+                at * 1000 >= due - 0.001,
+                f"EARLY: {tp}@{offset} sent at {at}, due {due}{why} (faults fired: "
+                f"{self.faults.log})",
+            )
 
     def every_cancel_answered(self) -> None:
-        """After a quiet minute every cancel has its answer on the outcomes topic (as a
-        read_committed reader sees it in exactly-once), and one that came in time says
-        `accepted`."""
-        outcomes = self._settings().precise_outcomes_topic
+        """After a quiet minute every cancel and reschedule has its answer on the
+        outcomes topic (as a read_committed reader sees it in exactly-once). A cancel
+        that came in time says `accepted`; a reschedule that came in time says `moved`,
+        or `cancelled` when a cancel came before it."""
         answered: dict[bytes, str] = {}
         for producer in [*self.broker.producers, *self.answer_producers]:
             for sent in producer.visible():
-                if sent.topic == outcomes and sent.key is not None:
+                if sent.topic == self.settings.precise_outcomes_topic and sent.key is not None:
                     answered[sent.key] = json.loads(sent.value)["outcome"]
-        lead_ms = self._settings().cancel_lead_ms
-        for (tp, offset), spot in sorted(self.markers.items()):
-            outcome = answered.get(reply_key(tp[0], tp[1], offset))
-            self._check(
-                outcome is not None,
-                f"UNANSWERED: the cancel at {tp}@{offset} of {spot} has no answer after a "
-                f"minute without faults (faults fired before: {self.faults.log})",
-            )
-            if self.broker.due_ms[spot] - self.cancelled[spot] >= lead_ms:
+        for kind, markers in (("cancel", self.markers), ("reschedule", self.moves)):
+            for (tp, offset), spot in sorted(markers.items()):
+                outcome = answered.get(reply_key(tp[0], tp[1], offset))
                 self._check(
-                    outcome == "accepted",
-                    f"the cancel at {tp}@{offset} came in time for {spot} and was answered "
-                    f"{outcome!r}",
+                    outcome is not None,
+                    f"UNANSWERED: the {kind} at {tp}@{offset} of {spot} has no answer after"
+                    f" a minute without faults (faults fired before: {self.faults.log})",
                 )
+                wanted = self._answers_in_time(kind, spot)
+                self._check(
+                    wanted is None or outcome in wanted,
+                    f"the {kind} at {tp}@{offset} came in time for {spot} and was answered "
+                    f"{outcome!r}, not one of {sorted(wanted or ())} (faults fired before: "
+                    f"{self.faults.log})",
+                )
+
+    def _answers_in_time(
+        self, kind: str, spot: tuple[tuple[str, int], int]
+    ) -> frozenset[str] | None:
+        """The answers a marker of `spot` that came in time may get (None: it came late,
+        or `spot` has nothing a reschedule could move). A reschedule and a cancel after
+        it read in one batch: the moves of a batch are made after its cancels are kept,
+        so the move finds the message cancelled."""
+        if kind == "cancel":
+            at = self.cancelled[spot]
+            in_time = self._due_for_cancel(spot) - at >= self._lead_ms
+            return frozenset({"accepted"}) if in_time else None
+        if not self._in_time(spot) or spot in self.invalid:
+            return None
+        if spot not in self.cancelled:
+            return frozenset({"moved"})
+        if self._moved_first(spot):
+            return frozenset({"moved", "cancelled"})
+        return frozenset({"cancelled"})
+
+    def _moved_first(self, spot: tuple[tuple[str, int], int]) -> bool:
+        """Whether a reschedule of `spot` came before any cancel of it (in its log)."""
+        moved = self.order.get(("reschedule", spot))
+        cancelled = self.order.get(("cancel", spot))
+        return moved is not None and (cancelled is None or moved < cancelled)
+
+    def _due_for_cancel(self, spot: tuple[tuple[str, int], int]) -> int:
+        """`spot`'s due time as its cancel finds it: moved by a reschedule that came
+        before (to the sooner of its times when the move came late)."""
+        return self._earliest_ms(spot) if self._moved_first(spot) else self.broker.due_ms[spot]
 
     def a_cancel_in_time_is_honoured(self) -> None:
         """A cancel appended at least `cancel_lead` before its record's due time: the
-        record is never forwarded, whatever failed (closer to the due time it may go
-        either way)."""
-        lead_ms = self._settings().cancel_lead_ms
+        record is never forwarded, nor a copy a reschedule made of it, whatever failed
+        (closer to the due time it may go either way)."""
         forwarded = {(tp, offset) for tp, offset, topic, _ in self._seen() if topic == TARGET}
         for spot, at in self.cancelled.items():
-            ahead_ms = self.broker.due_ms[spot] - at
-            if ahead_ms >= lead_ms:
+            ahead_ms = self._due_for_cancel(spot) - at
+            if ahead_ms >= self._lead_ms:
                 self._check(
                     spot not in forwarded,
                     f"LEAKED: {spot} was forwarded though its cancel came {ahead_ms} ms before"
@@ -632,5 +749,46 @@ def test_a_transaction_the_coordinator_aborted_during_a_stall_does_not_hold_the_
         sim.time_passes(0.01)
         assert sim.faults.log == ["producer.poll: stall"]
         sim.faults_stop_and_time_passes()  # failed: HELD
+    finally:
+        sim.teardown()
+
+
+class _Drawn:
+    """A `data` argument for a rule called by hand: every draw gives `value`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def draw(self, _strategy: Any, label: str | None = None) -> Any:
+        return self.value
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one batch", "two batches"])
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_reschedule_after_a_cancel_is_answered_cancelled_and_moves_nothing(
+    exactly_once: bool, together: bool
+) -> None:
+    """The cancel wins, in either order: a reschedule read after its message's cancel
+    (in the cancel's batch or a later one) makes no copy and is answered `cancelled`,
+    and the message is never sent (the invariants check both)."""
+
+    class Run(PreciseWorkerSimulation):
+        pass
+
+    Run.exactly_once = exactly_once
+    sim = Run()
+    try:
+        sim.faults_stop_and_time_passes()  # started, caught up, learned
+        sim.records_arrive(0, 1, 4_000, True)
+        spot = ((TOPIC, 0), 0)
+        sim.a_cancel_arrives(_Drawn(spot))  # type: ignore[arg-type]
+        if not together:
+            sim.threads_run(["intake"])
+        sim.a_reschedule_arrives(_Drawn(spot), shift_ms=8_000, pending=True)  # type: ignore[arg-type]
+        sim.threads_run(["intake", "loader", "forwarder"])
+        sim.promises_hold()
+        sim.faults_stop_and_time_passes()
+        sim.promises_hold()
+        assert sim.moved[spot][1] < sim.clock.ms(), "the new time did not pass"
     finally:
         sim.teardown()
