@@ -205,7 +205,7 @@ def test_cancels_after_the_markers_topic_is_deleted_and_made_again_are_honoured(
 
     from delayservice.kafka import topics
 
-    caplog.set_level(logging.WARNING, logger="delayservice.level.marker_reader")
+    caplog.set_level(logging.WARNING, logger="delayservice.level.marker_topics")
     settings = testbed.settings(levels="12s")  # room for 120 cancels on a loaded host
     testbed.create_delay_topics(settings)
     target = testbed.create_topic(f"again-{testbed.tag}", 3)

@@ -112,7 +112,7 @@ def test_the_reader_counts_a_marker_it_cannot_file_and_reads_on(
     errors = reading.reader._m_errors
     before = errors._value.get()
     through = reading.gate.through_ms
-    with caplog.at_level(logging.ERROR, logger="delayservice.level.marker_reader"):
+    with caplog.at_level(logging.ERROR, logger="delayservice.level.marker_filing"):
         reading.one_pass()
     assert errors._value.get() == before + 1
     assert "could not be read" in caplog.text

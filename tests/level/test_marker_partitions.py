@@ -152,7 +152,7 @@ def test_a_markers_partition_the_reader_cannot_get_through_holds_back_its_record
 def test_a_marker_on_another_partition_than_its_level_partitions_is_told_and_waited_for(
     reading: Reading, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="delayservice.level.marker_reader")
+    caplog.set_level(logging.WARNING, logger="delayservice.level.marker_filing")
     cancel_on(reading, 2, names=1)  # an older SDK: by a hash of the id
     reading.one_pass()
     assert reading.gate.home_of(1) == (1, 2)

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from delayservice.level import marker_reader
+from delayservice.level import marker_filing, marker_topics
 from tests.level.fakes import message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
 
@@ -33,7 +33,7 @@ def _grew(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_marker_on_a_partition_added_while_reading_is_read_before_the_gate_passes_it(
     reading: Reading, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="delayservice.level.marker_reader")
+    caplog.set_level(logging.INFO, logger="delayservice.level.marker_topics")
     reading.grow(reading.markers, 4)
     mid = cancel_on(reading, 3)
     acknowledged = reading.clock.ms()
@@ -62,7 +62,7 @@ def test_a_marker_on_a_partition_added_while_reading_is_read_before_the_gate_pas
 def test_the_outcomes_known_wait_for_an_outcomes_partition_added_while_reading(
     reading: Reading, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="delayservice.level.marker_reader")
+    caplog.set_level(logging.INFO, logger="delayservice.level.marker_topics")
     reading.grow(reading.outcomes, 2)
     tp = (reading.outcomes, 1)
     reading.fake.append(tp, message(1, 0, reading.clock.ms(), topic=reading.outcomes))
@@ -92,8 +92,8 @@ def test_a_markers_topic_made_again_is_read_from_its_start_and_said_once(
     reader, book, gate = reading.reader, reading.book, reading.gate
     reader._thread.is_alive = lambda: True  # type: ignore[method-assign]
     ids = {reading.markers: "m-1", reading.outcomes: "o-1"}
-    reader._topic_ids = lambda names: {name: ids[name] for name in names}
-    reader._ids.update(ids)  # as the reader saw them when it opened
+    reader.topics.topic_ids = lambda names: {name: ids[name] for name in names}
+    reader.topics.ids.update(ids)  # as the reader saw them when it opened
     old = [cancel_on(reading, 0) for _ in range(5)]
     reading.one_pass()
     assert all(book.has(mid) for mid in old)
@@ -102,7 +102,7 @@ def test_a_markers_topic_made_again_is_read_from_its_start_and_said_once(
     reading.fake.logs[(reading.markers, 0)] = []  # deleted, and made again
     ids[reading.markers] = "m-2"
     new = cancel_on(reading, 0)  # offset 0 of the new topic, below where the old was read
-    with pytest.raises(marker_reader._RemadeError):
+    with pytest.raises(marker_topics.TopicRemadeError):
         reading.one_pass()
     assert gate.through_ms == through, "the gate moved past the new topic unread"
     ready, why = reader.health()
@@ -126,7 +126,7 @@ def test_a_cancel_of_a_message_on_a_level_partition_added_since_the_counts_is_ke
     partition and cancels at once, before the reader's next reading of the counts (every
     `METADATA_S`). The cancel was refused as naming a partition the topic does not have,
     and its message delivered; the counts are read again first."""
-    level = reading.reader._level_topics[0]
+    level = reading.reader.filing.level_topics[0]
     assert reading.book.partitions[level] == 3
     reading.fake.partition_counts[level] = 4
     mid = cancel_on(reading, 0, names=3)
@@ -141,7 +141,7 @@ def test_a_cancel_naming_a_partition_the_topic_lacks_is_refused_on_counts_read_a
     reading: Reading,
 ) -> None:
     """The counts are read again for it, once a batch, and it is refused on them."""
-    level = reading.reader._level_topics[0]
+    level = reading.reader.filing.level_topics[0]
     asked: list[str] = []
     lister = reading.reader._lister
     listed = lister.list_topics
@@ -166,7 +166,7 @@ def test_counts_that_cannot_be_read_again_leave_the_marker_to_a_fresh_read(
     and the gate where it was; the reader's loop opens a fresh consumer, which reads it."""
     from confluent_kafka import KafkaError, KafkaException
 
-    level = reading.reader._level_topics[0]
+    level = reading.reader.filing.level_topics[0]
     lister = reading.reader._lister
     listed = lister.list_topics
 
@@ -179,7 +179,7 @@ def test_counts_that_cannot_be_read_again_leave_the_marker_to_a_fresh_read(
     reading.fake.partition_counts[level] = 4
     mid = cancel_on(reading, 0, names=3)
     through = reading.gate.through_ms
-    with pytest.raises(marker_reader._CountsUnreadError):
+    with pytest.raises(marker_filing.CountsUnreadError):
         reading.one_pass()
     assert reading.gate.through_ms == through
     assert not reading.book.has(mid)

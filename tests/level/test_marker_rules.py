@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
 from delayservice.level.marker_book import REFUSED, UNMATCHED, MarkerBook
+from delayservice.level.marker_filing import marker_of
 from delayservice.level.marker_gate import BLOCKED, MarkerGate
-from delayservice.level.marker_reader import marker_of
 from delayservice.level.marker_verdict import (
     CANCEL_IT,
     CLOSED,
