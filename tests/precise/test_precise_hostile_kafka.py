@@ -56,7 +56,7 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayservice.markers.precise_ids import named_partition
-from delayservice.precise.delivery.delivery_log import MAX_NAMED, encode_sent
+from delayservice.precise.delivery.sent_records import MAX_NAMED, encode_sent
 from delayservice.producer import DelayProducer
 from tests.faults.harness import DaemonProcess, Fleet, Reader, wait_until
 

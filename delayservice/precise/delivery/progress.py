@@ -41,7 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.kafka.ready_batch import ready_batch
-from delayservice.precise.delivery.delivery_log import (
+from delayservice.precise.delivery.sent_records import (
     MAX_PARTITION,
     Dropped,
     decode_sent_record,

@@ -17,11 +17,10 @@ from prometheus_client import CollectorRegistry
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.delivery.delivery_log import (
     NOTE_EVERY_S,
-    decode_sent,
-    encode_sent,
     read_position,
     write_position,
 )
+from delayservice.precise.delivery.sent_records import decode_sent, encode_sent
 from delayservice.precise.precise_worker import PreciseWorker
 from tests.level.fakes import DLQ, FakeClock, FakeProducer, Sent, wait_for
 from tests.precise.eos_rig import (

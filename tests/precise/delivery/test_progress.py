@@ -10,20 +10,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delayservice.precise.delivery.delivery_log import (
-    MAX_INFLATED,
-    MAX_NAMED,
-    decode_sent,
-    decode_sent_record,
-    encode_sent,
-    sent_key,
-)
 from delayservice.precise.delivery.progress import (
     FAR_FUTURE_MS,
     Progress,
     Report,
     encode_report,
     parse_report,
+)
+from delayservice.precise.delivery.sent_records import (
+    MAX_INFLATED,
+    MAX_NAMED,
+    decode_sent,
+    decode_sent_record,
+    encode_sent,
+    sent_key,
 )
 from delayservice.precise.placement import Placement, Role
 

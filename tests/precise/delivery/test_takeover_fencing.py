@@ -15,7 +15,7 @@ from confluent_kafka import KafkaError
 
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.log_levels import ExpectedFences
-from delayservice.precise.delivery.delivery_log import decode_sent_record, sent_key
+from delayservice.precise.delivery.sent_records import decode_sent_record, sent_key
 from delayservice.precise.delivery.takeover import CATCH_UP_WAIT_S
 from delayservice.precise.wheel.slot_taking import NOT_READY_RETRY_S
 from tests.level.fakes import TARGET, FakeClock, raise_bare_kafka_error, wait_for
