@@ -38,7 +38,8 @@ from delayservice.levels import Level
 from delayservice.markers.replies import MarkerReplies
 from delayservice.metrics.heartbeat import STUCK_S
 from delayservice.metrics.service_metrics import DONE_DROP_REASONS, ServiceMetrics
-from delayservice.precise.delivery.delivery_log import DeliveryLog, delivered_position_path
+from delayservice.precise.delivery.delivered_position import delivered_position_path
+from delayservice.precise.delivery.delivery_log import DeliveryLog
 from delayservice.precise.delivery.progress import Progress
 from delayservice.precise.delivery.takeover import Takeover, replicated_owner
 from delayservice.precise.intake.admission import Admission

@@ -6,9 +6,10 @@ transaction has none to carry; what must commit with the forward is the word tha
 was delivered. A settled mark in a slot file can only be written once the transaction
 has committed, and a kill -9 in between, or a commit whose outcome is unknown, leaves
 a record delivered and unmarked. So every transaction also writes one record to the
-topic's done topic, key `sent:{member}`: per partition, the offsets of the precise
-records it forwarded or dead-lettered (a copy a reschedule wrote carries its marker's
-offset, so each copy is named apart; the reschedule log says which one is live).
+topic's done topic, key `sent:{member}` (`sent_records`): per partition, the offsets of
+the precise records it forwarded or dead-lettered (a copy a reschedule wrote carries
+its marker's offset, so each copy is named apart; the reschedule log says which one is
+live).
 
 The forwarder writes a transaction's settled marks (to the page cache, which outlives
 the process) before it begins the next one, so at any moment only the records of the
@@ -27,8 +28,8 @@ records to the forwarder); nothing after it was delivered. A restart need not re
 the whole topic (a compacted topic keeps its active segment whole, a record per
 transaction): every `NOTE_EVERY_S`, between two transactions and once the marks of
 every one before are written, the topic's end is noted beside the slot files
-(`{data_dir}/{topic}.delivered`, in the page cache), and a restart reads from there:
-any record it needs is later.
+(`{data_dir}/{topic}.delivered`, in the page cache: `delivered_position`), and a
+restart reads from there: any record it needs is later.
 
 Replies to cancel and reschedule markers go in the same transactions (`answer`): a
 reply is visible to a read_committed reader together with what the forwarder sent
@@ -39,10 +40,8 @@ its reply committed.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from delayservice.forward.buffer import Runs
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.markers.replies import MarkerRepliesError
+from delayservice.precise.delivery.delivered_position import read_position, write_position
 from delayservice.precise.delivery.sent_records import (
     Dropped,
     Slot,
@@ -445,28 +445,3 @@ class DeliveryLog:
         if error is not None:
             self._failed.append(error.str() if hasattr(error, "str") else str(error))
             log.warning("%s: a transaction's record was refused: %s", self._topic, self._failed[-1])
-
-
-def delivered_position_path(data_dir: Path, topic: str) -> Path:
-    return data_dir / f"{topic}.delivered"
-
-
-def write_position(path: Path, offset: int) -> None:
-    """Note `offset` (to the page cache; a machine crash may leave the old one or none,
-    and a restart then reads more)."""
-    spare = path.with_name(path.name + ".new")
-    spare.write_text(f"{offset} {zlib.crc32(str(offset).encode())}\n", encoding="ascii")
-    os.replace(spare, path)
-
-
-def read_position(path: Path | None) -> int | None:
-    """The offset noted, or None when there is none or it does not read back whole."""
-    if path is None:
-        return None
-    try:
-        offset, crc = path.read_text(encoding="ascii").split()
-        if zlib.crc32(offset.encode()) != int(crc):
-            return None
-        return int(offset)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None

@@ -15,11 +15,8 @@ from confluent_kafka import KafkaError, KafkaException
 from prometheus_client import CollectorRegistry
 
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.precise.delivery.delivery_log import (
-    NOTE_EVERY_S,
-    read_position,
-    write_position,
-)
+from delayservice.precise.delivery.delivered_position import read_position, write_position
+from delayservice.precise.delivery.delivery_log import NOTE_EVERY_S
 from delayservice.precise.delivery.sent_records import decode_sent, encode_sent
 from delayservice.precise.precise_worker import PreciseWorker
 from tests.level.fakes import DLQ, FakeClock, FakeProducer, Sent, wait_for
