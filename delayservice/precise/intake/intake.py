@@ -11,9 +11,7 @@ record read twice is written twice and held once (a slot holds each offset once:
 `slot_index` and `slot_ledger.FileOffsets`). Only then do records of in-memory slots
 join the forwarder's buffer.
 
-Placement is static (see `placement`), so the consumer is assigned its partitions
-rather than subscribed: a rebalance would strand the records on this instance's disk.
-Its offsets still live under a group id of its own, one per member.
+Which partitions it reads, and from where, is kept by `partition_reading`.
 
 What a record carries decides its fate, and nothing it carries stops this thread:
 - a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
@@ -35,12 +33,12 @@ not yet synced is read again after the restart.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Final, cast
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.envelope import (
     ByteHeaders,
@@ -63,6 +61,7 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.intake.admission import Admission
 from delayservice.precise.intake.marker_intake import MarkerIntake
 from delayservice.precise.intake.offset_ledger import LevelLedger, PartitionLedger
+from delayservice.precise.intake.partition_reading import PartitionReading
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.intake_offsets import IntakeOffsets
@@ -177,24 +176,31 @@ class Intake(ConsumerThread):
         )
         self._make_consumer = make_consumer
         self._keeper: ConsumerKeeper | None = None  # made on this intake's thread
-        self._reading: set[int] = set()  # partitions assigned to the present client
         self._wheel = wheel
         self._store = store
         self._cancels = cancels
         self._reschedules = reschedules
         self._offsets = intake_offsets
-        self._in_flight = intake_offsets.in_flight()
-        """partition -> end of the batch it was writing at the last stop, until read again."""
         self.ledger = ledger
         self._admission = admission
         self._send_dead_letter = dead_letter
-        self._placement = placement
         self._takeover_ms = takeover_ms
         self.after_batch = after_batch
-        self._on_caught_up = on_caught_up
         self._check_storage = check_storage
         self._answer = answer
         self.roles: dict[int, Role] = {} if roles is None else roles
+        self._partitions = PartitionReading(
+            topic,
+            placement,
+            ledger,
+            store,
+            wheel,
+            self.roles,
+            metrics,
+            intake_offsets=intake_offsets,
+            level_name=level_name,
+            on_caught_up=on_caught_up,
+        )
         self._markers = MarkerIntake(
             topic,
             wheel,
@@ -206,7 +212,6 @@ class Intake(ConsumerThread):
             takeover_ms=takeover_ms,
             max_delay_ms=max_delay_ms,
         )
-        self._origin_checked: set[int] = set()
         self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
         """This batch's records: (partition, fire ms, frame, the record or its fields)."""
         self._unsettled: dict[int, int] | None = None
@@ -215,17 +220,18 @@ class Intake(ConsumerThread):
         self._asked: dict[int, int] = {}  # partition -> offset committed, not yet answered
         self._starting = GraceStreaks()
         self._m_consumed = metrics.consumed.labels(level_name)
-        self._m_assigned = metrics.assigned_partitions.labels(level_name)
         self._m_lag = metrics.consumer_lag.labels(level_name)
-        self.assigned = threading.Event()
-        self.caught_up = threading.Event()
-        """Every record the precise topic held when the intake started (per partition, the
-        end offset at its first assignment) is on disk or in memory: until then, records
-        due soon may still be unread, and the daemon does not say it is ready."""
-        self._catch_up: dict[int, int] = {}  # partition -> end offset to read up to
+        self.assigned = self._partitions.assigned
+        self.caught_up = self._partitions.caught_up
+        """Every record the precise topic held when the intake started is on disk or in
+        memory (`PartitionReading.caught_up`)."""
         self._read_through = read_through
         self._times = _Times()
-        self.records_left = 0
+
+    @property
+    def records_left(self) -> int:
+        """Until `caught_up`, how many records the intake has still to read."""
+        return self._partitions.records_left
 
     # -- lifecycle -----------------------------------------------------------------
     @property
@@ -243,7 +249,7 @@ class Intake(ConsumerThread):
         return self._keeper
 
     def _replaced(self) -> None:
-        self._reading.clear()  # the new client reads from where this left
+        self._partitions.replaced()  # the new client reads from where this left
         self._asked.clear()  # the old client's answers will not come
         self._times.metadata = 0.0
 
@@ -268,8 +274,9 @@ class Intake(ConsumerThread):
         times = self._times
         consumer = self._consumer
         assert consumer is not None  # `_open` ran
+        partitions = self._partitions
         if time.monotonic() >= times.metadata:
-            self._assign()
+            partitions.assign(consumer)
             times.metadata = time.monotonic() + METADATA_EVERY_S
         messages = ready_batch(consumer, BATCH, POLL_TIMEOUT_S)
         if messages:
@@ -277,12 +284,11 @@ class Intake(ConsumerThread):
             self.handle(messages)
         self._commit()
         if self._read_through is not None:
-            self._read_through.step(self._reading, self._read_to)
-        if self._in_flight:
-            self._read_again()
+            self._read_through.step(partitions.reading, partial(partitions.read_to, consumer))
+        partitions.read_again()
         self.after_batch()
         if not self.caught_up.is_set():
-            self._check_caught_up()
+            partitions.check_caught_up(consumer)
         if time.monotonic() >= times.lag:
             times.lag = time.monotonic() + LAG_EVERY_S
             self._m_lag.set(unread_records(consumer, self.topic, list(self.roles)))
@@ -339,152 +345,6 @@ class Intake(ConsumerThread):
             f"storage fault in precise mode ({fault}); records of {self.topic} not yet "
             "on disk stay uncommitted and are read again after a restart"
         )
-
-    def _assign(self) -> None:
-        """Assign this member's partitions to the present client: any the topic has
-        gained since, and all of them to a client that replaced a failed one."""
-        assert self._consumer is not None
-        metadata = self._consumer.list_topics(self.topic, timeout=10.0)
-        topic = metadata.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            raise KafkaException(topic.error if topic is not None else KafkaError._UNKNOWN_TOPIC)
-        roles = self._placement.mine(len(topic.partitions))
-        new = [p for p in roles if p not in self._reading]
-        if new:
-            positions = self._start_positions(new)
-            self._consumer.incremental_assign(positions)
-            self._reading.update(new)
-            self.roles.update(roles)
-            self._m_assigned.set(len(self.roles))
-            log.info(
-                "%s: reading partitions %s",
-                self.topic,
-                ", ".join(f"{p} ({roles[p].value})" for p in sorted(new)),
-            )
-        self.assigned.set()
-
-    def _start_positions(self, partitions: list[int]) -> list[TopicPartition]:
-        """Where to read each partition from: after what this intake has read already
-        (a replaced client: whatever is pending settles as before), else from the
-        committed offset, fetched here rather than left to the client: an offset
-        fetch that failed during a coordinator move left a partition unread for good."""
-        assert self._consumer is not None
-        held = self.ledger.partitions
-        resumed = [
-            TopicPartition(self.topic, p, next_offset)
-            for p in partitions
-            if p in held and (next_offset := held[p].next_offset) is not None
-        ]
-        fresh = [p for p in partitions if p not in {tp.partition for tp in resumed}]
-        if not fresh:
-            return resumed
-        wanted = [TopicPartition(self.topic, p) for p in fresh]
-        positions = self._consumer.committed(wanted, timeout=10.0)
-        for tp in positions:
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-        for tp in positions:
-            ledger = self.ledger.assign(tp.partition)
-            if tp.offset >= 0:
-                # Durable up to here already: progress reports may say so at once.
-                ledger.last_committed = tp.offset
-            start = self._resume_from(tp.partition, tp.offset)
-            if start >= 0:
-                # A fresh data directory holds records from here on.
-                ledger.next_offset = tp.offset = start
-                self._check_origin(tp.partition, start)
-            else:
-                tp.offset = OFFSET_BEGINNING  # nothing committed yet: from the start
-        if not self.caught_up.is_set():
-            for tp in positions:
-                _, end = self._consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, tp.partition), timeout=10.0
-                )
-                if end > max(tp.offset, 0):
-                    self._catch_up[tp.partition] = end
-        return [*resumed, *positions]
-
-    def _resume_from(self, partition: int, committed: int) -> int:
-        """Where to read `partition` from: the offset this data directory's intake last
-        committed, when the broker's committed offset is behind it (a commit that had
-        not landed before a crash), else the broker's. The records in between are on
-        disk already; read again, one whose slot was sent and deleted would go twice.
-        A local offset past the partition's end (the topic was made again) is ignored."""
-        assert self._consumer is not None
-        local = self._offsets.resume(partition)
-        if local is None or local <= committed:
-            return committed
-        _, end = self._consumer.get_watermark_offsets(
-            TopicPartition(self.topic, partition), timeout=10.0
-        )
-        if local > end:
-            log.warning(
-                "%s[%d]: this data directory read up to offset %d, but the partition ends at "
-                "%d (made again?); reading from the committed offset",
-                self.topic,
-                partition,
-                local,
-                end,
-            )
-            return committed
-        log.info(
-            "%s[%d]: resuming at offset %d, where this data directory's intake stopped "
-            "(committed: %s)",
-            self.topic,
-            partition,
-            local,
-            committed if committed >= 0 else "none",
-        )
-        return local
-
-    def _read_again(self) -> None:
-        """Tell the wheel of each partition whose batch in flight at the last stop has
-        been read (and written) again, or will not be read here at all: its finished
-        slots may go (`Wheel.read_again`)."""
-        held = self.ledger.partitions
-        done = [
-            p
-            for p, end in self._in_flight.items()
-            if (p in held and (held[p].next_offset or 0) >= end)
-            or (self.assigned.is_set() and p not in self.roles)
-        ]
-        for partition in done:
-            del self._in_flight[partition]
-            self._wheel.read_again(partition)
-
-    def _read_to(self, partitions: list[int]) -> dict[int, int]:
-        """Per partition, the offset read and handled up to: the consumer's position,
-        which steps over transaction markers, or the ledger's, which a partition has
-        from its assignment on (the position is unknown until a record is read, and
-        again after a seek back to a failed batch)."""
-        assert self._consumer is not None
-        held = self.ledger.partitions
-        out: dict[int, int] = {}
-        for tp in self._consumer.position([TopicPartition(self.topic, p) for p in partitions]):
-            ledger = held.get(tp.partition)
-            known = ledger.next_offset if ledger is not None else None
-            out[tp.partition] = max(tp.offset, -1 if known is None else known)
-        return out
-
-    def _check_caught_up(self) -> None:
-        """Drop the partitions whose position reached the end they had at start (the
-        position moves past transaction markers, which no record shows)."""
-        assert self._consumer is not None
-        if self._catch_up:
-            tps = [TopicPartition(self.topic, p) for p in self._catch_up]
-            left = 0
-            for tp in self._consumer.position(tps):
-                end = self._catch_up[tp.partition]
-                if tp.offset >= end:
-                    del self._catch_up[tp.partition]
-                else:
-                    left += end - max(tp.offset, 0)
-            self.records_left = left
-        if not self._catch_up and self.assigned.is_set():
-            self.records_left = 0
-            self.caught_up.set()
-            self._on_caught_up()
-            log.info("%s: caught up with the records it held at start", self.topic)
 
     def handle(self, messages: list[Message]) -> None:
         """Store a batch durably, commit it, then buffer what belongs in memory.
@@ -592,7 +452,7 @@ class Intake(ConsumerThread):
             offset = message.offset() or 0
             if ledger not in ends:
                 firsts[ledger.partition] = offset
-                self._check_origin(ledger.partition, offset)
+                self._partitions.check_origin(ledger.partition, offset)
             ends[ledger] = offset + 1
             ours.append(message)
             ledgers.append(ledger)
@@ -675,24 +535,6 @@ class Intake(ConsumerThread):
         record.problem = (dl.REASON_INTERNAL, why)
         self._send_dead_letter(record)
         return True
-
-    def _check_origin(self, partition: int, offset: int) -> None:
-        """Remember the first offset this data directory holds for the partition: an
-        owner whose disk was lost reports progress only from there on, so replicas keep
-        what went with the old disk."""
-        if partition in self._origin_checked:
-            return
-        if self._store.origin(partition) is None:
-            self._store.set_origin(partition, offset)
-            if offset > 0:
-                log.warning(
-                    "%s[%d]: this data directory starts at offset %d; records before it "
-                    "were held by an earlier data directory (replicas keep them)",
-                    self.topic,
-                    partition,
-                    offset,
-                )
-        self._origin_checked.add(partition)
 
     def _message_error(self, message: Message) -> None:
         error = message.error()

@@ -10,7 +10,7 @@ this file keeps two offsets per partition:
 
 - `resume`: the last offset the intake committed (every record below it is durable
   here, `offset_ledger`); a restart reads the partition from the later of this and the
-  broker's committed offset (`Intake._start_positions`);
+  broker's committed offset (`PartitionReading._start_positions`);
 - `written`: the end of the last batch the intake began to write. Records from
   `resume` to `written` may sit in slot files without having been committed: a restart
   reads them again, and the partition's slots stay on disk and in memory until it has
