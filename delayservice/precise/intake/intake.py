@@ -11,18 +11,9 @@ record read twice is written twice and held once (a slot holds each offset once:
 `slot_index` and `slot_ledger.FileOffsets`). Only then do records of in-memory slots
 join the forwarder's buffer.
 
-Which partitions it reads, and from where, is kept by `partition_reading`.
-
-What a record carries decides its fate, and nothing it carries stops this thread:
-- a cancel marker (`delay-cancel`) calls off the message it names, unless the id names
-  another partition (`markers.precise_ids`), where alone that message can be;
-- a reschedule marker (`delay-reschedule`) moves the message it names to a new due
-  time, at once if that time has passed (`Wheel.move_many`, after the batch's
-  records are written, so a message and its reschedule may share a batch);
-- a valid envelope is stored, due at append time + max(`delay-ms`, `delay-due-ms`);
-- anything else is dead-lettered with a reason by the partition's owner (a replica
-  leaves that to the owner): it joins the forwarder's buffer at once, and its offset
-  commits once the forwarder's commit point made the dead letter durable.
+Which partitions it reads, and from where, is kept by `partition_reading`; what each
+record carries decides its fate (`record_intake`), and nothing it carries stops this
+thread.
 
 A fault of the disk is not a record's: a full disk, a failed write or fsync, or a data
 directory gone (`storage_fault`) stops this thread and the daemon through `on_fatal`,
@@ -36,23 +27,16 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
-from delayservice.envelope import (
-    ByteHeaders,
-    Envelope,
-    Headers,
-)
-from delayservice.forward import dead_letter as dl
 from delayservice.kafka.client_errors import STARTING_CODES
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.kafka.consumer_keeper import ConsumerKeeper, unread_records
 from delayservice.kafka.consumer_thread import ERROR_PAUSE_S, ConsumerThread
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.kafka.ready_batch import ready_batch
-from delayservice.kafka.record_headers import headers_of_run
 from delayservice.markers.replies import (
     Answered,
     MarkerRepliesError,
@@ -62,12 +46,12 @@ from delayservice.precise.intake.admission import Admission
 from delayservice.precise.intake.marker_intake import MarkerIntake
 from delayservice.precise.intake.offset_ledger import LevelLedger, PartitionLedger
 from delayservice.precise.intake.partition_reading import PartitionReading
+from delayservice.precise.intake.record_intake import RecordIntake
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.intake_offsets import IntakeOffsets
 from delayservice.precise.storage.reschedule_log import RescheduleLog
-from delayservice.precise.storage.slot_file import encode_fields
-from delayservice.precise.storage.slot_record import SlotRecord, stored_headers
+from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.slot_store import SlotStore
 from delayservice.precise.storage.storage_fault import StorageError
 from delayservice.precise.wheel.read_through import ReadThroughRounds
@@ -79,12 +63,6 @@ BATCH: Final = 10_000
 """Records handled at most per sync and commit: a sync waits for the disk, so fewer and
 larger batches keep the intake reading (what is queued is taken at once, so a quiet
 topic's batches stay small and nothing waits for a batch to fill)."""
-_Fields = tuple[
-    int, bytes | None, bytes | None, ByteHeaders, str, int, str, int | None, int, str | None
-]
-"""A stored record's (offset, key, value, user headers, target, delay ms, id,
-`delay-due-ms`, due ms, `delay-partitioner`): its `SlotRecord` is built only if its slot
-is in memory (most records go to disk only)."""
 POLL_TIMEOUT_S: Final = 0.2
 METADATA_EVERY_S: Final = 10.0
 """How often the partition count is read: partitions added to the precise topic are
@@ -182,9 +160,6 @@ class Intake(ConsumerThread):
         self._reschedules = reschedules
         self._offsets = intake_offsets
         self.ledger = ledger
-        self._admission = admission
-        self._send_dead_letter = dead_letter
-        self._takeover_ms = takeover_ms
         self.after_batch = after_batch
         self._check_storage = check_storage
         self._answer = answer
@@ -212,8 +187,17 @@ class Intake(ConsumerThread):
             takeover_ms=takeover_ms,
             max_delay_ms=max_delay_ms,
         )
-        self._to_write: list[tuple[int, int, bytes, SlotRecord | _Fields]] = []
-        """This batch's records: (partition, fire ms, frame, the record or its fields)."""
+        self._records = RecordIntake(
+            topic,
+            wheel,
+            cancels,
+            admission,
+            dead_letter,
+            self._markers,
+            self.roles,
+            intake_offsets=intake_offsets,
+            takeover_ms=takeover_ms,
+        )
         self._unsettled: dict[int, int] | None = None
         """partition -> first offset of the batch being handled, until it is settled."""
         self._batch_ends: dict[PartitionLedger, int] = {}  # the next offset after it
@@ -314,7 +298,7 @@ class Intake(ConsumerThread):
         record on. Reading on past it would leave its records undelivered, and every
         later commit of their partitions held back, until a restart."""
         firsts, self._unsettled = self._unsettled, None
-        self._to_write = []
+        self._records.forget_batch()
         self._markers.forget_from(firsts or {})
         if not firsts or self._consumer is None:
             return
@@ -349,61 +333,16 @@ class Intake(ConsumerThread):
     def handle(self, messages: list[Message]) -> None:
         """Store a batch durably, commit it, then buffer what belongs in memory.
 
-        The common record (`Admission.plain`) is framed in this loop itself: a call and
-        a dozen attribute lookups per record were a tenth of the intake's time. Only
-        the offsets of records not durable at the sync (dead letters on their way) are
+        Each record is decided and framed by `RecordIntake.read_batch`. Only the
+        offsets of records not durable at the sync (dead letters on their way) are
         tracked one by one; the rest of the batch moves each partition's next offset."""
         now_ms = int(time.time() * 1000)
         in_memory: list[tuple[SlotRecord, float]] = []
         ours, ledgers = self._ours(messages)
-        heads = headers_of_run(ours)  # one checked read each: see record_headers
-        pending: dict[PartitionLedger, list[int]] = {}  # dead letters not yet durable
-        plain, cancelled, to_write = self._admission.plain, self._cancels, self._to_write
-        roles, takeover_ms = self.roles, self._takeover_ms
-        for message, ledger, headers in zip(ours, ledgers, heads, strict=True):
-            offset = message.offset() or 0
-            try:
-                found = plain(message, headers)
-                key, value = message.key(), message.value()
-                if found is not None and not isinstance(key, str) and not isinstance(value, str):
-                    due, target, delay_ms, message_id, due_header, user, partitioner = found
-                    if message_id in cancelled:
-                        self._cancelled_first(ledger.partition, offset, message_id)
-                        continue
-                    partition = ledger.partition
-                    replica = roles.get(partition) is Role.REPLICA
-                    frame = encode_fields(
-                        offset, due, replica, message_id, target, None, delay_ms, key, value,
-                        stored_headers(user, partitioner),
-                    )  # fmt: skip
-                    fields = (
-                        offset,
-                        key,
-                        value,
-                        user,
-                        target,
-                        delay_ms,
-                        message_id,
-                        due_header,
-                        due,
-                        partitioner,
-                    )
-                    to_write.append(
-                        (partition, due + takeover_ms if replica else due, frame, fields)
-                    )
-                elif not self._one(message, headers, ledger, offset, now_ms):
-                    pending.setdefault(ledger, []).append(offset)
-            except (StorageError, OSError):
-                raise  # the disk's fault, not the record's: stop, dead-letter nothing
-            except Exception as exc:
-                log.exception(
-                    "%s[%d]@%d: could not store a record", self.topic, ledger.partition, offset
-                )
-                if self._dead_letter(message, ledger, now_ms, f"{type(exc).__name__}: {exc}"):
-                    pending.setdefault(ledger, []).append(offset)
+        pending = self._records.read_batch(ours, ledgers, now_ms)
         if self._batch_ends:  # before any write: a crash from here on reads it again
             self._offsets.wrote([(led.partition, end) for led, end in self._batch_ends.items()])
-        self._write_batch(in_memory)
+        self._records.write_batch(in_memory)
         self._markers.apply_moves(in_memory)
         if ours:
             self._store.sync()
@@ -421,15 +360,6 @@ class Intake(ConsumerThread):
         self._markers.retire_matched()
         if in_memory:
             self._wheel.admit(in_memory)
-
-    def _cancelled_first(self, partition: int, offset: int, message_id: str) -> bool:
-        """A message whose cancel is in the log already; one read again below where this
-        partition's writing had begun may sit in a slot file from that earlier reading
-        (`MarkerIntake.cancelled_first`)."""
-        maybe_stored = offset < self._offsets.written(partition)
-        return self._markers.cancelled_first(
-            partition, offset, message_id, maybe_stored=maybe_stored
-        )
 
     def _ours(self, messages: list[Message]) -> tuple[list[Message], list[PartitionLedger]]:
         """The batch's records of partitions this intake holds, and their ledgers; notes
@@ -460,81 +390,6 @@ class Intake(ConsumerThread):
         self._batch_ends = ends
         self._m_consumed.inc(consumed)
         return ours, ledgers
-
-    def _one(
-        self, message: Message, headers: object, ledger: PartitionLedger, offset: int, now_ms: int
-    ) -> bool:
-        """Handle one record that is not the common case (`handle` frames those): a
-        marker, a dead letter, an envelope only the full parse reads. True when the
-        coming sync makes it durable."""
-        partition = ledger.partition
-        replica = self.roles.get(partition) is Role.REPLICA
-        if self._markers.read(headers if type(headers) is list else [], message, now_ms):
-            return True
-        record = self._admission.hold(message, ledger, now_ms, headers)
-        held = record.envelope
-        if record.problem is not None or held is None:
-            if self.roles.get(partition) is Role.OWNER:
-                self._send_dead_letter(record)  # settles the offset once durable
-                return False
-            return True  # the owner dead-letters it
-        if held.id in self._cancels:
-            return self._cancelled_first(partition, offset, held.id)
-        frame = encode_fields(
-            offset,
-            record.due_ms,
-            replica,
-            held.id,
-            held.target,
-            held.partition,
-            held.delay_ms,
-            record.key(),
-            record.value(),
-            stored_headers(
-                [(n, v.encode() if isinstance(v, str) else v) for n, v in record.user],
-                held.partitioner,
-            ),
-        )
-        fire_ms = record.due_ms + (self._takeover_ms if replica else 0)
-        self._to_write.append((partition, fire_ms, frame, record))
-        return True
-
-    def _write_batch(self, in_memory: list[tuple[SlotRecord, float]]) -> None:
-        """Write the batch's records, one write per file (`Wheel.append_many`); those
-        whose slot is in memory join `in_memory` (built here, only for them)."""
-        batch, self._to_write = self._to_write, []
-        if not batch:
-            return
-        trackers = self._wheel.append_many([(p, fire, frame) for p, fire, frame, _ in batch])
-        for (partition, fire_ms, _, held), tracker in zip(batch, trackers, strict=True):
-            if tracker is None:
-                continue
-            if isinstance(held, SlotRecord):
-                held.slot = tracker
-                record = held
-            else:
-                (offset, key, value, user, target, delay_ms, message_id, due_header, due,
-                 partitioner) = held  # fmt: skip
-                envelope = Envelope(
-                    target, delay_ms, message_id, None, due_header, partitioner=partitioner
-                )
-                record = SlotRecord(
-                    partition, offset, key, value, cast("Headers", user), envelope, due, tracker
-                )
-            in_memory.append((record, fire_ms / 1000))
-
-    def _dead_letter(
-        self, message: Message, ledger: PartitionLedger, now_ms: int, why: str
-    ) -> bool:
-        """A record whose handling raised goes to the dead-letter topic, owner only (a
-        replica leaves it to the owner). True when a dead letter is on its way, to be
-        settled once durable."""
-        if self.roles.get(ledger.partition) is not Role.OWNER:
-            return False
-        record = self._admission.hold(message, ledger, now_ms)
-        record.problem = (dl.REASON_INTERNAL, why)
-        self._send_dead_letter(record)
-        return True
 
     def _message_error(self, message: Message) -> None:
         error = message.error()

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from delayservice.precise.intake import intake
+from delayservice.precise.intake import record_intake
 from delayservice.precise.storage import id_log, slot_store
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.slot_file import SlotFormatError
@@ -114,7 +114,7 @@ def test_a_record_that_cannot_be_framed_is_still_dead_lettered(rig, monkeypatch)
     def unframeable(*fields: Any) -> bytes:
         raise SlotFormatError(f"record {fields[3]!r} cannot be framed")
 
-    monkeypatch.setattr(intake, "encode_fields", unframeable)
+    monkeypatch.setattr(record_intake, "encode_fields", unframeable)
     rig.feed([record(0), record(1)])
     assert wait(lambda: len(rig.dead.submitted) == 2)
     assert rig.intake.is_alive()
