@@ -39,9 +39,10 @@ from delayservice.forward.failures import Key
 from delayservice.forward.held_record import ID, offset_of, record_of
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.record_headers import read_headers
-from delayservice.level.marker_book import FORWARDED, UNMATCHED, Action, MarkerBook
+from delayservice.level.marker_book import FORWARDED, Action, MarkerBook
 from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.marker_placing import UNMATCHED
 from delayservice.level.marker_verdict import (
     CANCEL_IT,
     CLOSED,

@@ -24,22 +24,22 @@ from __future__ import annotations
 
 import heapq
 import threading
-from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from delayservice.forward.buffer import TP
 from delayservice.level import marker_store as st
+from delayservice.level.marker_copies import Copies
 from delayservice.level.marker_entry import Entry
+from delayservice.level.marker_orphans import OrphanAnswers
+from delayservice.level.marker_placing import REFUSED, UNMATCHED, Placing
+from delayservice.level.marker_turns import Turns
 from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
 from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
-from delayservice.markers.level_ids import level_place, tail_partition
 from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
 
-REFUSED: Final = "refused"
-UNMATCHED: Final = "unmatched"
 FORWARDED: Final = "forwarded"
 SHEDDABLE: Final = frozenset({REFUSED, UNMATCHED, TOO_LATE})
 """Committed answers after which a marker decides nothing: no message, or sent already."""
@@ -92,9 +92,11 @@ def _split_key(key: bytes) -> tuple[str, int, int] | None:
 class MarkerBook:
     def __init__(self, levels: LevelSet, max_bytes: int | None = None) -> None:
         """`max_bytes`: the book's share of the memory budget (None: no bound)."""
-        self._levels = levels
         self.max_bytes = max_bytes
-        self.answers_tp: TP = (levels.levels[0].topic, 0)
+        self._placing = Placing(levels)
+        self.answers_tp = self._placing.answers_tp
+        self.partitions = self._placing.partitions
+        """Level topic -> its partition count, as the reader last saw it (`Placing`)."""
         self._lock = threading.RLock()
         self._sources: dict[tuple[str, int], int] = {}
         self._source_names: list[tuple[str, int]] = []
@@ -106,18 +108,10 @@ class MarkerBook:
         self._outcome_codes: dict[str, int] = {}
         self._outcome_names: list[str] = ["<none>"]
         self._slots(st.Columns())
-        self._orphans: dict[bytes, int] = {}
-        """Answers read before their marker (or for one not kept): key -> when written."""
-        self._orphan_answers: dict[bytes, tuple[str, str, str]] = {}
-        """Key -> (outcome, id, kind) of an answer read back before its marker."""
-        self._orphan_executed: set[bytes] = set()
-        self._loose_final: dict[str, tuple[str, int]] = {}
-        """Id with no marker kept -> (its message's final state, when noted)."""
-        self.copies: dict[str, TP] = {}
+        self._orphans = OrphanAnswers()
+        self._copies = Copies()
+        self.copies = self._copies.latest
         """Id -> where its latest copy was written, per the answer of the move."""
-        self._copies_by_tp: dict[TP, set[str]] = {}
-        self.partitions: dict[str, int] = {}
-        """Level topic -> its partition count, as the reader last saw it."""
         self.version = 0
         """Counts markers and answers filed (an owner may have work when it moves)."""
         self.total_bytes = 0
@@ -138,11 +132,7 @@ class MarkerBook:
         self._by_source = [st.Source() for _ in self._by_source]
         self._asked: dict[int, int] = {}
         """Slot -> a reschedule's new due time."""
-        self._unresolved: dict[int, array[int]] = {}
-        """Level partition -> its slots not answered yet (and some answered since)."""
-        self._unresolved_n: dict[int, int] = {}
-        self._cursors: dict[int, int] = {}
-        """Level partition -> where in its unresolved slots `entries` goes on from."""
+        self._turns = Turns(cols)
         self._watch_n: dict[int, int] = {}
         """Level partition -> how many of its markers name a message (not refused)."""
         self._kept = {CANCEL: 0, RESCHEDULE: 0}
@@ -153,9 +143,6 @@ class MarkerBook:
         looked through on every pass of the reader made the reading quadratic."""
         self._latest_ms = 0
         self._first_live = cols.base
-        self._parked: dict[int, dict[int, array[int]]] = {}
-        """Level partition -> second -> its slots parked until then (8 bytes each)."""
-        self._parked_n: dict[int, int] = {}
 
     # -- small tables ----------------------------------------------------------------
     @staticmethod
@@ -236,13 +223,10 @@ class MarkerBook:
         refusal = None if code < 0 else self._refusal_names[code]
         if not cols.flags[i] & st.PLACED:
             return Entry(marker, tp, refusal, slot=slot)
+        sent: int | None = None
         if cols.flags[i] & st.PACKED:  # the send time is the id's first 12 hex digits
-            sent: int | None = int.from_bytes(self._cols.raw_id(slot)[:6], "big")
-        else:
-            place = level_place(marker.message_id)
-            sent = None if place is None else place.sent_ms
-        level = self._levels.by_topic(tp[0])
-        return Entry(marker, tp, refusal, sent, 0 if level is None else level.delay_ms, slot)
+            sent = int.from_bytes(self._cols.raw_id(slot)[:6], "big")
+        return self._placing.placed(marker, tp, refusal, slot, sent)
 
     # -- filing (the reader) -------------------------------------------------------
     def file(self, marker: LevelMarker, refusal: tuple[str, str] | None = None) -> Entry | None:
@@ -278,7 +262,7 @@ class MarkerBook:
         key = marker.key
         if self._find(marker.topic, marker.partition, marker.offset) >= 0:
             return None
-        entry = self._entry(marker, refusal)
+        entry = self._placing.entry(marker, refusal)
         raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
         flags = st.LIVE | (st.PACKED if packed else 0)
         if marker.kind == RESCHEDULE:
@@ -291,26 +275,14 @@ class MarkerBook:
         tp = self._code(self._tps, self._tp_names, entry.tp)
         code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
         answer = flags_read = 0
-        if self._orphans or self._orphan_answers or self._orphan_executed:
-            answer, flags_read = self._orphan_of(key, marker)
+        orphans = self._orphans
+        if orphans.written or orphans.answers or orphans.executed:
+            outcome, flags_read = orphans.take(key, marker.message_id, marker.kind)
+            answer = 0 if outcome is None else self._outcome(outcome)
         row = (marker.appended_ms, marker.offset, source, tp, code, flags | flags_read, raw)
         self._add(row, answer, marker.asked_due_ms, marker.message_id)
         self.total_bytes += 80 + len(raw)
         return entry
-
-    def _orphan_of(self, key: bytes, marker: LevelMarker) -> tuple[int, int]:
-        """What was read back of a marker before the marker itself: (its answer's code,
-        its flags)."""
-        flags = 0
-        self._orphans.pop(key, None)
-        orphan = self._orphan_answers.pop(key, None)
-        if key in self._orphan_executed:
-            self._orphan_executed.discard(key)
-            flags |= st.EXECUTED
-        answer = 0 if orphan is None else self._outcome(orphan[0])
-        if orphan is not None and orphan[1:] == (marker.message_id, marker.kind):
-            flags |= st.READ_BACK
-        return answer, flags
 
     def _add(
         self,
@@ -338,7 +310,7 @@ class MarkerBook:
             self._link(slot, message_id.encode(), message_id)
             self._watch_n[tp] = self._watch_n.get(tp, 0) + 1
         if answer == 0:
-            self._unresolve(slot, tp)
+            self._turns.unresolve(slot, tp)
         return slot
 
     def _compact(self) -> None:
@@ -387,45 +359,9 @@ class MarkerBook:
                 self._set_flags(head, on=final)
                 self._set_flags(slot, off=final)
             return
-        loose = self._loose_final.pop(message_id, None)
+        loose = self._orphans.take_final(message_id)
         if loose is not None:
-            self._set_flags(slot, on=_final_flag(loose[0]))
-
-    def _unresolve(self, slot: int, tp: int) -> None:
-        self._unresolved.setdefault(tp, array_q()).append(slot)
-        self._unresolved_n[tp] = self._unresolved_n.get(tp, 0) + 1
-
-    def _entry(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry:
-        if refusal is not None:
-            return Entry(marker, self.answers_tp, refusal)
-        place = level_place(marker.message_id)
-        if place is None:
-            reason = (
-                "this id names no level and partition (an id from before ids named them, "
-                "or not a level message's): its message cannot be found; level messages "
-                "sent now have ids ending in -l<level>p<partition>"
-            )
-            return Entry(marker, self.answers_tp, (UNMATCHED, reason))
-        levels = self._levels.levels
-        if place.level > len(levels):
-            return Entry(marker, self.answers_tp, (REFUSED, f"no level {place.level} here"))
-        level = levels[place.level - 1]
-        count = self.partitions.get(level.topic)
-        if count is not None and place.partition >= count:
-            reason = f"{level.topic} has no partition {place.partition} (it has {count})"
-            return Entry(marker, self.answers_tp, (REFUSED, reason))
-        tp = (level.topic, place.partition)
-        if (
-            marker.asked_due_ms is not None
-            and marker.asked_due_ms - marker.appended_ms > self._levels.max_delay_ms
-        ):
-            ahead_s = (marker.asked_due_ms - marker.appended_ms) / 1000
-            reason = f"the new time is {ahead_s:g} s ahead, beyond the top level ({self._top()})"
-            return Entry(marker, tp, (REFUSED, reason), place.sent_ms, level.delay_ms)
-        return Entry(marker, tp, None, place.sent_ms, level.delay_ms)
-
-    def _top(self) -> str:
-        return self._levels.levels[-1].name
+            self._set_flags(slot, on=_final_flag(loose))
 
     def answer_read(self, key: bytes, reply: MarkerReply, written_ms: int) -> None:
         """An answer read back from the outcomes topic (committed): never answered again,
@@ -435,7 +371,7 @@ class MarkerBook:
             self._latest_ms = max(self._latest_ms, written_ms)
             slot = self._slot(key)
             if slot < 0:
-                self._orphans[key] = written_ms
+                self._orphans.read(key, written_ms)
             else:
                 marker = self._marker(slot)
                 if marker.message_id != reply.message_id or marker.kind != reply.kind:
@@ -446,7 +382,7 @@ class MarkerBook:
                 self._execute(slot, key)
                 topic, _, partition = reply.copy.rpartition(":")
                 if partition.isdigit():
-                    self._copy(reply.message_id, (topic, int(partition)))
+                    self._copies.note(reply.message_id, (topic, int(partition)))
             elif reply.kind == CANCEL and reply.outcome == CANCELLED:
                 self._set_final(reply.message_id, CANCELLED)
             self.touch()
@@ -457,54 +393,43 @@ class MarkerBook:
         """Note an answer (`reply`: as read back; without one, a forwarder's, of which
         nothing is kept once its marker is forgotten)."""
         if slot < 0:
-            if reply is not None:
-                self._orphan_answers[key] = (outcome, reply.message_id, reply.kind)
-                self._orphans.setdefault(key, self._latest_ms)
+            self._orphans.answered(key, outcome, reply, self._latest_ms)
             return
-        cols = self._cols
-        i = slot - cols.base
-        if cols.answer[i] == 0:
-            self._unresolved_n[cols.tp[i]] -= 1
-        self._unpark(slot, requeue=False)
-        cols.answer[i] = self._outcome(outcome)
+        self._turns.answered(slot)
+        self._cols.answer[slot - self._cols.base] = self._outcome(outcome)
 
     def _unanswered(self, slot: int, key: bytes) -> None:
         if slot < 0:
-            self._orphan_answers.pop(key, None)
+            self._orphans.unanswered(key)
             return
         cols = self._cols
         i = slot - cols.base
         if cols.answer[i] != 0:
             cols.answer[i] = 0
-            self._unresolve(slot, cols.tp[i])
+            self._turns.unresolve(slot, cols.tp[i])
 
     def _execute(self, slot: int, key: bytes) -> None:
         if slot < 0:
-            self._orphan_executed.add(key)
-            self._orphans.setdefault(key, self._latest_ms)
+            self._orphans.execute(key, self._latest_ms)
         else:
             self._set_flags(slot, on=st.EXECUTED)
 
     def _set_final(self, message_id: str, state: str | None) -> None:
         head = self._head(message_id)
         if head < 0:
-            if state is None:
-                self._loose_final.pop(message_id, None)
-            else:
-                self._loose_final[message_id] = (state, self._latest_ms)
+            self._orphans.set_final(message_id, state, self._latest_ms)
             return
         off = st.FINAL_CANCELLED | st.FINAL_OTHER
         self._set_flags(head, on=0 if state is None else _final_flag(state), off=off)
         if state is not None:  # its markers can be answered now
             for slot in self._chain(head):
-                self._unpark(slot)
+                self._turns.unpark(slot)
 
     def final_of(self, message_id: str) -> str | None:
         with self._lock:
             head = self._head(message_id)
             if head < 0:
-                loose = self._loose_final.get(message_id)
-                return None if loose is None else loose[0]
+                return self._orphans.final_of(message_id)
             flags = self._flags(head)
             if flags & st.FINAL_CANCELLED:
                 return CANCELLED
@@ -542,20 +467,7 @@ class MarkerBook:
     def copies_on(self, tp: TP) -> set[str]:
         """Ids whose latest copy was written to `tp` (its owner answers their markers)."""
         with self._lock:
-            return set(self._copies_by_tp.get(tp, ()))
-
-    def _copy(self, message_id: str, where: TP | None) -> None:
-        """Note where an id's latest copy is (None: nowhere known)."""
-        old = self.copies.pop(message_id, None)
-        if old is not None:
-            ids = self._copies_by_tp.get(old)
-            if ids is not None:
-                ids.discard(message_id)
-                if not ids:
-                    del self._copies_by_tp[old]
-        if where is not None:
-            self.copies[message_id] = where
-            self._copies_by_tp.setdefault(where, set()).add(message_id)
+            return self._copies.on(tp)
 
     def verdict_for(
         self, message_id: str, after: tuple[int, int, int] | None, due_ms: int
@@ -571,48 +483,9 @@ class MarkerBook:
         out until `now_ms` reaches their time."""
         with self._lock:
             t = self._tps.get(tp)
-            if t is not None and now_ms is not None:
-                self._unpark_due(t, now_ms)
-            n = 0 if t is None else self._unresolved_n.get(t, 0) - self._parked_n.get(t, 0)
-            if t is None or not n:
-                if t is not None and not self._parked_n.get(t):
-                    self._unresolved.pop(t, None)
-                    self._cursors.pop(t, None)
+            if t is None:
                 return []
-            slots = self._unresolved.get(t, array_q())
-            if len(slots) > 2 * n + 64:  # mostly answered, forgotten or parked: drop those
-                slots = self._unresolved[t] = array_q(self._pending(slots))
-                self._cursors.pop(t, None)
-            if limit is None or limit >= n:
-                return [self._entry_of(slot) for slot in self._pending(slots)]
-            cols = self._cols
-            size = len(slots)
-            at = self._cursors.get(t, 0) % size
-            picked: dict[int, None] = {}
-            for _ in range(size):
-                slot = slots[at]
-                at = (at + 1) % size
-                if slot >= cols.base and slot not in picked:
-                    i = slot - cols.base
-                    if cols.flags[i] & (st.LIVE | st.PARKED) == st.LIVE and cols.answer[i] == 0:
-                        picked[slot] = None
-                        if len(picked) >= limit:
-                            break
-            self._cursors[t] = at
-            return [self._entry_of(slot) for slot in picked]
-
-    def _pending(self, slots: array[int]) -> Iterator[int]:
-        """The live, unanswered slots among `slots`, once each."""
-        cols = self._cols
-        base = cols.base
-        seen: set[int] = set()
-        for slot in slots:
-            if slot in seen or slot < base:
-                continue
-            i = slot - base
-            if cols.flags[i] & (st.LIVE | st.PARKED) == st.LIVE and cols.answer[i] == 0:
-                seen.add(slot)
-                yield slot
+            return [self._entry_of(slot) for slot in self._turns.pick(t, limit, now_ms)]
 
     def park(self, tp: TP, until: list[tuple[Entry, int]]) -> list[tuple[Entry, str]]:
         """Nothing can be decided about these markers (entry, time) before their time
@@ -622,96 +495,53 @@ class MarkerBook:
         An entry made before the book compacted names a slot that is gone, and one
         answered since is done: both are passed over. Returns those whose message is
         done for good, with its final state, to be answered now instead."""
-        done: list[tuple[Entry, str]] = []
         with self._lock:
             t = self._tps.get(tp)
             if t is None:
-                return done
-            cols = self._cols
-            buckets = self._parked.setdefault(t, {})
-            for entry, until_ms in until:
-                i = entry.slot - cols.base
-                if (
-                    i < 0
-                    or i >= len(cols)
-                    or cols.flags[i] & (st.LIVE | st.PARKED) != st.LIVE
-                    or cols.answer[i]
-                    or cols.tp[i] != t
-                ):
-                    continue
-                final = self.final_of(entry.marker.message_id)
-                if final is not None:
-                    done.append((entry, final))
-                    continue
-                cols.flags[i] |= st.PARKED
-                self._parked_n[t] = self._parked_n.get(t, 0) + 1
-                second = -(-until_ms // 1000)  # rounded up: never back early
-                buckets.setdefault(second, array_q()).append(entry.slot)
-        return done
+                return []
+            return self._turns.park(t, until, self.final_of)
 
     def parked_on(self, tp: TP) -> int:
         t = self._tps.get(tp)
-        return 0 if t is None else self._parked_n.get(t, 0)
+        return 0 if t is None else self._turns.parked_on(t)
 
     def unpark_named(self, tp: TP, raw_ids: list[bytes]) -> None:
         """Records of these ids (as records carry them) were read on `tp`: their parked
         markers come back at once."""
         with self._lock:
             t = self._tps.get(tp)
-            if t is None or not self._parked_n.get(t):
+            if t is None or not self._turns.parked_on(t):
                 return
             cols = self._cols
+            turns = self._turns
             for raw_id in raw_ids:
                 for slot in self._chain(self._ids.head(raw_id)):
                     if cols.tp[slot - cols.base] == t:
-                        self._unpark(slot)
+                        turns.unpark(slot)
 
     def unpark_all(self, tp: TP) -> None:
         """Every parked marker of `tp` comes back (its queue starts over)."""
         with self._lock:
             t = self._tps.get(tp)
-            if t is not None and self._parked_n.get(t):
-                for slots in self._parked.pop(t, {}).values():
-                    for slot in slots:
-                        self._unpark(slot)
-
-    def _unpark_due(self, t: int, now_ms: int) -> None:
-        buckets = self._parked.get(t)
-        if buckets is None:
-            return
-        for second in [s for s in buckets if s * 1000 <= now_ms]:
-            for slot in buckets.pop(second):
-                self._unpark(slot)
-        if not buckets:
-            del self._parked[t]
-
-    def _unpark(self, slot: int, *, requeue: bool = True) -> None:
-        """`slot` back in its partition's turn (`requeue`), if it is still parked; its
-        entry in a second's bucket, if any, is passed over when that second comes."""
-        if slot < self._cols.base or not self._flags(slot) & st.PARKED:
-            return
-        self._set_flags(slot, off=st.PARKED)
-        t = self._cols.tp[slot - self._cols.base]
-        self._parked_n[t] -= 1
-        if requeue:
-            self._unresolved.setdefault(t, array_q()).append(slot)
+            if t is not None:
+                self._turns.unpark_all(t)
 
     def has_unresolved(self, tp: TP) -> bool:
         t = self._tps.get(tp)
-        return t is not None and self._unresolved_n.get(t, 0) > 0
+        return t is not None and self._turns.has_unresolved(t)
 
     def is_answered(self, key: bytes) -> bool:
         with self._lock:
             slot = self._slot(key)
             if slot < 0:
-                return key in self._orphan_answers
+                return key in self._orphans.answers
             return self._cols.answer[slot - self._cols.base] != 0
 
     def is_executed(self, key: bytes) -> bool:
         with self._lock:
             slot = self._slot(key)
             if slot < 0:
-                return key in self._orphan_executed
+                return key in self._orphans.executed
             return bool(self._flags(slot) & st.EXECUTED)
 
     # -- what a forwarder decided ----------------------------------------------------
@@ -725,7 +555,7 @@ class MarkerBook:
             for message_id, state in action.final:
                 self._set_final(message_id, state)
             for message_id, where in action.copies:
-                self._copy(message_id, where)
+                self._copies.note(message_id, where)
 
     def take_back(self, action: Action) -> None:
         """The interval did not commit: its decisions are made again."""
@@ -735,14 +565,13 @@ class MarkerBook:
             for key in action.executed:
                 slot = self._slot(key)
                 if slot < 0:
-                    self._orphan_executed.discard(key)
+                    self._orphans.unexecute(key)
                 else:
                     self._set_flags(slot, off=st.EXECUTED)
             for message_id, _ in action.final:
                 self._set_final(message_id, None)
             for message_id, where in action.copies:
-                if self.copies.get(message_id) == where:
-                    self._copy(message_id, None)
+                self._copies.take_back(message_id, where)
             self.touch()
 
     # -- forgetting ------------------------------------------------------------------
@@ -767,12 +596,7 @@ class MarkerBook:
                 if straggler >= self._first_live and self._live(straggler):
                     self._forget(straggler)
                     gone += 1
-            for key in [key for key, ms in self._orphans.items() if ms < before_ms]:
-                del self._orphans[key]
-                self._orphan_answers.pop(key, None)
-                self._orphan_executed.discard(key)
-            for message_id in [m for m, (_, ms) in self._loose_final.items() if ms < before_ms]:
-                del self._loose_final[message_id]
+            self._orphans.expire(before_ms)
             self._cut()
             self.measure()
             return gone
@@ -785,9 +609,7 @@ class MarkerBook:
         with self._lock:
             if not self.at_share():
                 return 0
-            for key in [k for k in self._orphan_answers if k not in self._orphan_executed]:
-                del self._orphan_answers[key]
-                self._orphans.pop(key, None)
+            self._orphans.shed()
             cols = self._cols
             sheddable = {self._outcome_codes.get(o) for o in SHEDDABLE} - {None}
             gone = 0
@@ -808,11 +630,8 @@ class MarkerBook:
         i = slot - cols.base
         flags = cols.flags[i]
         tp = cols.tp[i]
-        if flags & st.PARKED:
-            self._parked_n[tp] -= 1
+        self._turns.forgotten(slot)
         cols.flags[i] = flags & ~(st.LIVE | st.PARKED)
-        if cols.answer[i] == 0:
-            self._unresolved_n[tp] -= 1
         kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
         self._kept[kind] -= 1
         self._asked.pop(slot, None)
@@ -828,7 +647,7 @@ class MarkerBook:
             if following >= 0:
                 self._set_flags(following, on=final)
             else:
-                self._copy(raw.decode(), None)
+                self._copies.note(raw.decode(), None)
         else:
             previous = head
             while previous >= 0 and cols.next[previous - cols.base] != slot:
@@ -858,21 +677,13 @@ class MarkerBook:
     def measure(self) -> int:
         """Count what the book holds again (`total_bytes`)."""
         with self._lock:
-            loose = (
-                len(self._orphans)
-                + len(self._orphan_answers)
-                + len(self._orphan_executed)
-                + len(self._loose_final)
-                + len(self.copies)
-                + len(self._asked)
-            )
+            loose = self._orphans.count() + len(self._copies) + len(self._asked)
             self.total_bytes = (
                 self._cols.nbytes()
                 + self._ids.nbytes()
                 + sum(source.nbytes() for source in self._by_source)
-                + sum(len(a) * 8 for a in self._unresolved.values())
+                + self._turns.nbytes()
                 + STRAGGLER_BYTES * len(self._stragglers)
-                + sum(len(a) * 8 for b in self._parked.values() for a in b.values())
                 + sum(len(reason) + 100 for _, reason in self._refusal_names)
                 + LOOSE_BYTES * loose
             )
@@ -911,23 +722,10 @@ class MarkerBook:
             return retired
 
     def partition_count(self, topic: str, count: int) -> None:
-        self.partitions[topic] = count
+        self._placing.partition_count(topic, count)
 
     def beyond_count(self, message_id: str) -> bool:
-        """Whether `message_id` names a partition past its level topic's count as last
-        read: refused on that count, unless the count was read after the marker (the
-        topic may have grown since, and its message be on the new partition)."""
-        named = tail_partition(message_id)
-        if named is None:
-            return False  # not a level id (`level_place` answers it so)
-        if named < min(self.partitions.values(), default=0):
-            return False  # most markers: a partition every level topic has (no parse)
-        place = level_place(message_id)
-        levels = self._levels.levels
-        if place is None or not 0 < place.level <= len(levels):
-            return False
-        count = self.partitions.get(levels[place.level - 1].topic)
-        return count is not None and place.partition >= count
+        return self._placing.beyond_count(message_id)
 
     # -- what the views show (`marker_views`) -----------------------------------------
     def watched(self, tp: TP) -> bool:
@@ -966,7 +764,3 @@ class MarkerBook:
 
 def _final_flag(state: str) -> int:
     return st.FINAL_CANCELLED if state == CANCELLED else st.FINAL_OTHER
-
-
-def array_q(items: Iterable[int] = ()) -> array[int]:
-    return array("q", items)

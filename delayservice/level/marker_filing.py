@@ -23,8 +23,9 @@ from confluent_kafka import Message
 from delayservice.envelope import H_CANCEL, H_RESCHEDULE
 from delayservice.forward.buffer import TP
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
-from delayservice.level.marker_book import REFUSED, MarkerBook
+from delayservice.level.marker_book import MarkerBook
 from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.marker_placing import REFUSED
 from delayservice.level.marker_topics import PASS_TIMEOUT_S
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.log_throttle import Throttle

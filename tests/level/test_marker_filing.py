@@ -14,6 +14,7 @@ import logging
 import pytest
 
 from delayservice.level.marker_book import FILE_SLICE, MarkerBook
+from delayservice.level.marker_placing import Placing
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, RESCHEDULE
@@ -76,14 +77,14 @@ def test_a_marker_that_cannot_be_filed_costs_the_others_nothing(
     read = _mixed()
     bad = read[5][0]
     book = _book()
-    entry_of = MarkerBook._entry
+    entry_of = Placing.entry
 
-    def failing(self: MarkerBook, marker: LevelMarker, refusal: object) -> object:
+    def failing(self: Placing, marker: LevelMarker, refusal: object) -> object:
         if marker is bad:
             raise ValueError("a marker no filing expected")
         return entry_of(self, marker, refusal)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(MarkerBook, "_entry", failing)
+    monkeypatch.setattr(Placing, "entry", failing)
     failed = book.file_run(read)
     assert [(m, type(e)) for m, e in failed] == [(bad, ValueError)]
     monkeypatch.undo()
@@ -101,14 +102,14 @@ def test_the_reader_counts_a_marker_it_cannot_file_and_reads_on(
     reading: Reading, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     ids = [cancel_on(reading, 0, names=n % 3) for n in range(5)]
-    entry_of = MarkerBook._entry
+    entry_of = Placing.entry
 
-    def failing(self: MarkerBook, marker: LevelMarker, refusal: object) -> object:
+    def failing(self: Placing, marker: LevelMarker, refusal: object) -> object:
         if marker.message_id == ids[2]:
             raise ValueError("a marker no filing expected")
         return entry_of(self, marker, refusal)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(MarkerBook, "_entry", failing)
+    monkeypatch.setattr(Placing, "entry", failing)
     errors = reading.reader._m_errors
     before = errors._value.get()
     through = reading.gate.through_ms
