@@ -22,7 +22,6 @@ due since wait: late, never a cancel forgotten.
 
 from __future__ import annotations
 
-import heapq
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from delayservice.level.marker_copies import Copies
 from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_orphans import OrphanAnswers
 from delayservice.level.marker_placing import REFUSED, UNMATCHED, Placing
-from delayservice.level.marker_turns import Turns
+from delayservice.level.marker_slots import Slots, final_flag
 from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
 from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
@@ -61,21 +60,9 @@ class Action:
     copies: list[tuple[str, TP]] = field(default_factory=list)
 
 
-SLOT_BITS: Final = 64
-"""Wider than any slot number (they number on across compactions), so one never spills
-into the append time and a straggler is never taken for another slot."""
-SLOT_MASK: Final = (1 << SLOT_BITS) - 1
-STRAGGLER_BYTES: Final = 48
-"""A straggler's place in its heap: a pointer and one int of four digits."""
 FILE_SLICE: Final = 64
 """Markers filed per hold of the lock (`file_run`): about a millisecond of a
 forwarder's wait."""
-
-
-def _straggler(appended_ms: int, slot: int) -> int:
-    """One int that orders by append time: an entry of the stragglers' heap costs
-    48 bytes, where a tuple of two cost 120."""
-    return (appended_ms << SLOT_BITS) | slot
 
 
 def _split_key(key: bytes) -> tuple[str, int, int] | None:
@@ -100,18 +87,17 @@ class MarkerBook:
         self._lock = threading.RLock()
         self._sources: dict[tuple[str, int], int] = {}
         self._source_names: list[tuple[str, int]] = []
-        self._by_source: list[st.Source] = []
         self._tps: dict[TP, int] = {}
         self._tp_names: list[TP] = []
         self._refusals: dict[tuple[str, str], int] = {}
         self._refusal_names: list[tuple[str, str]] = []
         self._outcome_codes: dict[str, int] = {}
         self._outcome_names: list[str] = ["<none>"]
-        self._slots(st.Columns())
         self._orphans = OrphanAnswers()
         self._copies = Copies()
         self.copies = self._copies.latest
         """Id -> where its latest copy was written, per the answer of the move."""
+        self._use(Slots(st.Columns(), self._sources, self._orphans, self._copies))
         self.version = 0
         """Counts markers and answers filed (an owner may have work when it moves)."""
         self.total_bytes = 0
@@ -125,24 +111,11 @@ class MarkerBook:
         self.executed = Executed(self)
         self.final = FinalStates(self)
 
-    def _slots(self, cols: st.Columns) -> None:
-        """Start the slots and their indexes over, with empty `cols`."""
-        self._cols = cols
-        self._ids = st.IdTable(self._id_bytes)
-        self._by_source = [st.Source() for _ in self._by_source]
-        self._asked: dict[int, int] = {}
-        """Slot -> a reschedule's new due time."""
-        self._turns = Turns(cols)
-        self._watch_n: dict[int, int] = {}
-        """Level partition -> how many of its markers name a message (not refused)."""
-        self._kept = {CANCEL: 0, RESCHEDULE: 0}
-        self._stragglers: list[int] = []
-        """`_straggler(append time, slot)` of the slots filed with an append time before an earlier
-        slot's, as a heap (`expire`): while one partition's backlog is read beside the
-        others (a flood after a restart) nearly every marker of it is one, and a list
-        looked through on every pass of the reader made the reading quadratic."""
-        self._latest_ms = 0
-        self._first_live = cols.base
+    def _use(self, slots: Slots) -> None:
+        """Keep the markers in `slots` from now on (`_cols`, `_ids`: theirs, at hand)."""
+        self._slots = slots
+        self._cols = slots.cols
+        self._ids = slots.ids
 
     # -- small tables ----------------------------------------------------------------
     @staticmethod
@@ -153,40 +126,10 @@ class MarkerBook:
             names.append(value)
         return code
 
-    def _raw(self, slot: int) -> tuple[bytes, bool]:
-        flags = self._cols.flags[slot - self._cols.base]
-        return self._cols.raw_id(slot), bool(flags & st.PACKED)
-
-    def _id_bytes(self, slot: int) -> bytes:
-        """The id of `slot` as records carry it."""
-        raw, packed = self._raw(slot)
-        return raw if not packed else st.unpack_id(raw, packed).encode()
-
-    def _flags(self, slot: int) -> int:
-        return self._cols.flags[slot - self._cols.base]
-
-    def _set_flags(self, slot: int, on: int = 0, off: int = 0) -> None:
-        """Clear `off`, then set `on` (so `on` wins where they meet)."""
-        i = slot - self._cols.base
-        self._cols.flags[i] = (self._cols.flags[i] & ~off) | on
-
-    def _live(self, slot: int) -> bool:
-        return slot >= self._cols.base and bool(self._flags(slot) & st.LIVE)
-
     def _slot(self, key: bytes) -> int:
         """The live slot of the marker answered under `key`; -1 when none is kept."""
         where = _split_key(key)
-        return -1 if where is None else self._find(*where)
-
-    def _find(self, topic: str, partition: int, offset: int) -> int:
-        source = self._sources.get((topic, partition))
-        if source is None:
-            return -1
-        slot = self._by_source[source].find(offset, self._offset_of, self._cols.base)
-        return slot if slot >= 0 and self._live(slot) else -1
-
-    def _offset_of(self, slot: int) -> int:
-        return self._cols.offset[slot - self._cols.base]
+        return -1 if where is None else self._slots.find(*where)
 
     def _head(self, message_id: str) -> int:
         return self._ids.head(message_id.encode())
@@ -201,7 +144,7 @@ class MarkerBook:
     def _marker(self, slot: int) -> LevelMarker:
         cols = self._cols
         i = slot - cols.base
-        raw, packed = self._raw(slot)
+        raw, packed = self._slots.raw(slot)
         topic, partition = self._source_names[cols.source[i]]
         kind = RESCHEDULE if cols.flags[i] & st.RESCHEDULE_KIND else CANCEL
         return LevelMarker(
@@ -211,7 +154,7 @@ class MarkerBook:
             topic,
             partition,
             cols.offset[i],
-            self._asked.get(slot),
+            self._slots.asked.get(slot),
         )
 
     def _entry_of(self, slot: int) -> Entry:
@@ -260,7 +203,8 @@ class MarkerBook:
 
     def _file_one(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry | None:
         key = marker.key
-        if self._find(marker.topic, marker.partition, marker.offset) >= 0:
+        slots = self._slots
+        if slots.find(marker.topic, marker.partition, marker.offset) >= 0:
             return None
         entry = self._placing.entry(marker, refusal)
         raw, packed = st.pack_id(marker.message_id, entry.sent_ms is not None)
@@ -270,8 +214,8 @@ class MarkerBook:
         if entry.sent_ms is not None:
             flags |= st.PLACED
         source = self._code(self._sources, self._source_names, (marker.topic, marker.partition))
-        if source == len(self._by_source):
-            self._by_source.append(st.Source())
+        if source == len(slots.by_source):
+            slots.by_source.append(st.Source())
         tp = self._code(self._tps, self._tp_names, entry.tp)
         code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
         answer = flags_read = 0
@@ -280,65 +224,12 @@ class MarkerBook:
             outcome, flags_read = orphans.take(key, marker.message_id, marker.kind)
             answer = 0 if outcome is None else self._outcome(outcome)
         row = (marker.appended_ms, marker.offset, source, tp, code, flags | flags_read, raw)
-        self._add(row, answer, marker.asked_due_ms, marker.message_id)
+        slots.add(row, answer, marker.asked_due_ms, marker.message_id)
         self.total_bytes += 80 + len(raw)
         return entry
 
-    def _add(
-        self,
-        row: tuple[int, int, int, int, int, int, bytes],
-        answer: int,
-        asked: int | None,
-        message_id: str | None = None,
-    ) -> int:
-        """A new slot, in every index (`message_id`: the id unpacked, if at hand)."""
-        appended, offset, source, tp, refusal, flags, raw = row
-        cols = self._cols
-        slot = cols.add(appended, offset, source, tp, refusal, flags, raw)
-        cols.answer[slot - cols.base] = answer
-        self._by_source[source].add(offset, slot, self._offset_of)
-        if asked is not None:
-            self._asked[slot] = asked
-        if appended < self._latest_ms:
-            heapq.heappush(self._stragglers, _straggler(appended, slot))
-        self._latest_ms = max(self._latest_ms, appended)
-        kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
-        self._kept[kind] += 1
-        if refusal < 0:
-            packed = bool(flags & st.PACKED)
-            message_id = message_id or st.unpack_id(raw, packed)
-            self._link(slot, message_id.encode(), message_id)
-            self._watch_n[tp] = self._watch_n.get(tp, 0) + 1
-        if answer == 0:
-            self._turns.unresolve(slot, tp)
-        return slot
-
     def _compact(self) -> None:
-        """Copy the slots kept to fresh columns, numbered on from the last (so every
-        order holds), and index them again: what `shed` and scattered forgetting free
-        is given back. Costs a pass over what is kept, once the forgotten outweigh it."""
-        old = self._cols
-        live = list(self.live_slots())
-        rows = []
-        for slot in live:
-            i = slot - old.base
-            row = (
-                old.appended[i],
-                old.offset[i],
-                old.source[i],
-                old.tp[i],
-                old.refusal[i],
-                old.flags[i] & ~st.PARKED,  # slots renumber: parking starts over
-                old.raw_id(slot),
-            )
-            rows.append((row, old.answer[i], self._asked.get(slot)))
-        latest = self._latest_ms
-        fresh = st.Columns()
-        fresh.base = fresh.first_start = fresh.arena_base = old.end
-        self._slots(fresh)
-        for row, answer, asked in rows:
-            self._add(row, answer, asked)
-        self._latest_ms = max(self._latest_ms, latest)
+        self._use(self._slots.compacted())
 
     def _refusal_code(self, refusal: tuple[str, str]) -> int:
         if refusal not in self._refusals and len(self._refusal_names) >= 30_000:
@@ -348,27 +239,12 @@ class MarkerBook:
     def _outcome(self, outcome: str) -> int:
         return self._code(self._outcome_codes, self._outcome_names, outcome)
 
-    def _link(self, slot: int, raw: bytes, message_id: str) -> None:
-        head = self._ids.head_or_add(raw, slot)
-        cols = self._cols
-        if head >= 0:
-            cols.next[slot - cols.base] = cols.next[head - cols.base]
-            cols.next[head - cols.base] = slot
-            final = self._flags(slot) & (st.FINAL_CANCELLED | st.FINAL_OTHER)
-            if final:  # kept on the first slot of the id (compacting files them again)
-                self._set_flags(head, on=final)
-                self._set_flags(slot, off=final)
-            return
-        loose = self._orphans.take_final(message_id)
-        if loose is not None:
-            self._set_flags(slot, on=_final_flag(loose))
-
     def answer_read(self, key: bytes, reply: MarkerReply, written_ms: int) -> None:
         """An answer read back from the outcomes topic (committed): never answered again,
         and a move in it was carried out. One that does not fit its marker (anyone who
         may write the topic could write it) changes nothing."""
         with self._lock:
-            self._latest_ms = max(self._latest_ms, written_ms)
+            self._slots.latest_ms = max(self._slots.latest_ms, written_ms)
             slot = self._slot(key)
             if slot < 0:
                 self._orphans.read(key, written_ms)
@@ -376,7 +252,7 @@ class MarkerBook:
                 marker = self._marker(slot)
                 if marker.message_id != reply.message_id or marker.kind != reply.kind:
                     return
-                self._set_flags(slot, on=st.READ_BACK)
+                self._slots.set_flags(slot, on=st.READ_BACK)
             self._answered(slot, key, reply.outcome, reply)
             if reply.kind == RESCHEDULE and reply.outcome == "moved" and reply.copy is not None:
                 self._execute(slot, key)
@@ -393,9 +269,9 @@ class MarkerBook:
         """Note an answer (`reply`: as read back; without one, a forwarder's, of which
         nothing is kept once its marker is forgotten)."""
         if slot < 0:
-            self._orphans.answered(key, outcome, reply, self._latest_ms)
+            self._orphans.answered(key, outcome, reply, self._slots.latest_ms)
             return
-        self._turns.answered(slot)
+        self._slots.turns.answered(slot)
         self._cols.answer[slot - self._cols.base] = self._outcome(outcome)
 
     def _unanswered(self, slot: int, key: bytes) -> None:
@@ -406,31 +282,31 @@ class MarkerBook:
         i = slot - cols.base
         if cols.answer[i] != 0:
             cols.answer[i] = 0
-            self._turns.unresolve(slot, cols.tp[i])
+            self._slots.turns.unresolve(slot, cols.tp[i])
 
     def _execute(self, slot: int, key: bytes) -> None:
         if slot < 0:
-            self._orphans.execute(key, self._latest_ms)
+            self._orphans.execute(key, self._slots.latest_ms)
         else:
-            self._set_flags(slot, on=st.EXECUTED)
+            self._slots.set_flags(slot, on=st.EXECUTED)
 
     def _set_final(self, message_id: str, state: str | None) -> None:
         head = self._head(message_id)
         if head < 0:
-            self._orphans.set_final(message_id, state, self._latest_ms)
+            self._orphans.set_final(message_id, state, self._slots.latest_ms)
             return
         off = st.FINAL_CANCELLED | st.FINAL_OTHER
-        self._set_flags(head, on=0 if state is None else _final_flag(state), off=off)
+        self._slots.set_flags(head, on=0 if state is None else final_flag(state), off=off)
         if state is not None:  # its markers can be answered now
             for slot in self._chain(head):
-                self._turns.unpark(slot)
+                self._slots.turns.unpark(slot)
 
     def final_of(self, message_id: str) -> str | None:
         with self._lock:
             head = self._head(message_id)
             if head < 0:
                 return self._orphans.final_of(message_id)
-            flags = self._flags(head)
+            flags = self._slots.flags(head)
             if flags & st.FINAL_CANCELLED:
                 return CANCELLED
             return FORWARDED if flags & st.FINAL_OTHER else None
@@ -446,9 +322,8 @@ class MarkerBook:
 
     def has_reschedule(self, message_id: str) -> bool:
         with self._lock:
-            return any(
-                self._flags(s) & st.RESCHEDULE_KIND for s in self._chain(self._head(message_id))
-            )
+            flags = self._slots.flags
+            return any(flags(s) & st.RESCHEDULE_KIND for s in self._chain(self._head(message_id)))
 
     def names(self, raw_id: bytes, tp: TP) -> bool:
         """Whether a marker kept names the message `raw_id` (as a record carries it) on
@@ -485,7 +360,7 @@ class MarkerBook:
             t = self._tps.get(tp)
             if t is None:
                 return []
-            return [self._entry_of(slot) for slot in self._turns.pick(t, limit, now_ms)]
+            return [self._entry_of(slot) for slot in self._slots.turns.pick(t, limit, now_ms)]
 
     def park(self, tp: TP, until: list[tuple[Entry, int]]) -> list[tuple[Entry, str]]:
         """Nothing can be decided about these markers (entry, time) before their time
@@ -499,21 +374,21 @@ class MarkerBook:
             t = self._tps.get(tp)
             if t is None:
                 return []
-            return self._turns.park(t, until, self.final_of)
+            return self._slots.turns.park(t, until, self.final_of)
 
     def parked_on(self, tp: TP) -> int:
         t = self._tps.get(tp)
-        return 0 if t is None else self._turns.parked_on(t)
+        return 0 if t is None else self._slots.turns.parked_on(t)
 
     def unpark_named(self, tp: TP, raw_ids: list[bytes]) -> None:
         """Records of these ids (as records carry them) were read on `tp`: their parked
         markers come back at once."""
         with self._lock:
             t = self._tps.get(tp)
-            if t is None or not self._turns.parked_on(t):
+            if t is None or not self._slots.turns.parked_on(t):
                 return
             cols = self._cols
-            turns = self._turns
+            turns = self._slots.turns
             for raw_id in raw_ids:
                 for slot in self._chain(self._ids.head(raw_id)):
                     if cols.tp[slot - cols.base] == t:
@@ -524,11 +399,11 @@ class MarkerBook:
         with self._lock:
             t = self._tps.get(tp)
             if t is not None:
-                self._turns.unpark_all(t)
+                self._slots.turns.unpark_all(t)
 
     def has_unresolved(self, tp: TP) -> bool:
         t = self._tps.get(tp)
-        return t is not None and self._turns.has_unresolved(t)
+        return t is not None and self._slots.turns.has_unresolved(t)
 
     def is_answered(self, key: bytes) -> bool:
         with self._lock:
@@ -542,7 +417,7 @@ class MarkerBook:
             slot = self._slot(key)
             if slot < 0:
                 return key in self._orphans.executed
-            return bool(self._flags(slot) & st.EXECUTED)
+            return bool(self._slots.flags(slot) & st.EXECUTED)
 
     # -- what a forwarder decided ----------------------------------------------------
     def apply(self, action: Action) -> None:
@@ -567,7 +442,7 @@ class MarkerBook:
                 if slot < 0:
                     self._orphans.unexecute(key)
                 else:
-                    self._set_flags(slot, off=st.EXECUTED)
+                    self._slots.set_flags(slot, off=st.EXECUTED)
             for message_id, _ in action.final:
                 self._set_final(message_id, None)
             for message_id, where in action.copies:
@@ -578,24 +453,7 @@ class MarkerBook:
     def expire(self, before_ms: int) -> int:
         """Forget the markers appended before `before_ms`; returns how many went."""
         with self._lock:
-            cols = self._cols
-            gone = 0
-            slot = max(self._first_live, cols.base)
-            while slot < cols.end:
-                i = slot - cols.base
-                if cols.flags[i] & st.LIVE:
-                    if cols.appended[i] >= before_ms:
-                        break  # those filed after it were appended later (stragglers aside)
-                    self._forget(slot)
-                    gone += 1
-                slot += 1
-            self._first_live = slot
-            stragglers = self._stragglers
-            while stragglers and stragglers[0] >> SLOT_BITS < before_ms:
-                straggler = heapq.heappop(stragglers) & SLOT_MASK
-                if straggler >= self._first_live and self._live(straggler):
-                    self._forget(straggler)
-                    gone += 1
+            gone = self._slots.expire(before_ms)
             self._orphans.expire(before_ms)
             self._cut()
             self.measure()
@@ -613,11 +471,11 @@ class MarkerBook:
             cols = self._cols
             sheddable = {self._outcome_codes.get(o) for o in SHEDDABLE} - {None}
             gone = 0
-            for slot in range(max(self._first_live, cols.base), cols.end):
+            for slot in range(max(self._slots.first_live, cols.base), cols.end):
                 i = slot - cols.base
                 flags = cols.flags[i]
                 if flags & st.LIVE and flags & st.READ_BACK and cols.answer[i] in sheddable:
-                    self._forget(slot)
+                    self._slots.forget(slot)
                     gone += 1
             self.shed_count += gone
             if gone:
@@ -625,65 +483,16 @@ class MarkerBook:
             self.measure()
             return gone
 
-    def _forget(self, slot: int) -> None:
-        cols = self._cols
-        i = slot - cols.base
-        flags = cols.flags[i]
-        tp = cols.tp[i]
-        self._turns.forgotten(slot)
-        cols.flags[i] = flags & ~(st.LIVE | st.PARKED)
-        kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
-        self._kept[kind] -= 1
-        self._asked.pop(slot, None)
-        if cols.refusal[i] >= 0:
-            return
-        self._watch_n[tp] -= 1
-        raw = self._id_bytes(slot)
-        head = self._ids.head(raw)
-        final = flags & (st.FINAL_CANCELLED | st.FINAL_OTHER) if head == slot else 0
-        if head == slot:
-            following = cols.next[i]
-            self._ids.set_head(raw, following)
-            if following >= 0:
-                self._set_flags(following, on=final)
-            else:
-                self._copies.note(raw.decode(), None)
-        else:
-            previous = head
-            while previous >= 0 and cols.next[previous - cols.base] != slot:
-                previous = cols.next[previous - cols.base]
-            if previous >= 0:
-                cols.next[previous - cols.base] = cols.next[i]
-        cols.next[i] = -1
-
     def _cut(self) -> None:
-        """Give back what forgotten slots take once they outweigh what is kept: the
-        front by a cut (a copy in C), scattered ones by compacting."""
-        cols = self._cols
-        while self._first_live < cols.end and not self._live(self._first_live):
-            self._first_live += 1
-        kept = sum(self._kept.values())
-        front = self._first_live - cols.base
-        if len(cols) - kept < max(256, kept):
-            return
-        if front < len(cols) - kept:
+        if self._slots.cut():
             self._compact()
-            return
-        cols.cut(self._first_live)
-        for source in self._by_source:
-            source.cut(cols.base)
-        self._ids.renumbered()
 
     def measure(self) -> int:
         """Count what the book holds again (`total_bytes`)."""
         with self._lock:
-            loose = self._orphans.count() + len(self._copies) + len(self._asked)
+            loose = self._orphans.count() + len(self._copies) + len(self._slots.asked)
             self.total_bytes = (
-                self._cols.nbytes()
-                + self._ids.nbytes()
-                + sum(source.nbytes() for source in self._by_source)
-                + self._turns.nbytes()
-                + STRAGGLER_BYTES * len(self._stragglers)
+                self._slots.nbytes()
                 + sum(len(reason) + 100 for _, reason in self._refusal_names)
                 + LOOSE_BYTES * loose
             )
@@ -700,7 +509,7 @@ class MarkerBook:
     def kept(self) -> dict[str, int]:
         """How many markers are kept, by kind."""
         with self._lock:
-            return {kind: n for kind, n in self._kept.items() if n}
+            return {kind: n for kind, n in self._slots.kept.items() if n}
 
     def retire(self, topic: str) -> int:
         """`topic` (the markers topic) was deleted and made again: its new markers reuse
@@ -713,7 +522,7 @@ class MarkerBook:
                 if name != topic:
                     continue
                 del self._sources[(name, partition)]  # a new source from the next marker
-                for slot in self.live_slots():
+                for slot in self._slots.live_slots():
                     i = slot - self._cols.base
                     if self._cols.source[i] == source and self._cols.answer[i] == 0:
                         self._answered(slot, b"", "superseded")
@@ -731,12 +540,12 @@ class MarkerBook:
     def watched(self, tp: TP) -> bool:
         """Whether a marker kept names a message on `tp`."""
         t = self._tps.get(tp)
-        return t is not None and bool(self._watch_n.get(t))
+        return t is not None and bool(self._slots.watch_n.get(t))
 
     def watch_dict(self) -> dict[TP, set[bytes]]:
         with self._lock:
             out: dict[TP, set[bytes]] = {}
-            for slot in self.live_slots():
+            for slot in self._slots.live_slots():
                 if self._cols.refusal[slot - self._cols.base] < 0:
                     entry = self._entry_of(slot)
                     out.setdefault(entry.tp, set()).add(entry.marker.message_id.encode())
@@ -750,17 +559,10 @@ class MarkerBook:
 
     def all_entries(self) -> list[Entry]:
         with self._lock:
-            return [self._entry_of(s) for s in self.live_slots()]
+            return [self._entry_of(s) for s in self._slots.live_slots()]
 
     def kept_count(self) -> int:
-        return sum(self._kept.values())
+        return sum(self._slots.kept.values())
 
     def live_slots(self) -> Iterator[int]:
-        cols = self._cols
-        for slot in range(max(self._first_live, cols.base), cols.end):
-            if cols.flags[slot - cols.base] & st.LIVE:
-                yield slot
-
-
-def _final_flag(state: str) -> int:
-    return st.FINAL_CANCELLED if state == CANCELLED else st.FINAL_OTHER
+        return self._slots.live_slots()
