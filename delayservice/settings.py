@@ -38,6 +38,7 @@ from delayservice.levels import (
     format_duration_ms,
     parse_duration_ms,
 )
+from delayservice.redaction import redacted
 from delayservice.topic_names import invalid_reason
 
 log = logging.getLogger(__name__)
@@ -59,23 +60,11 @@ MAX_CANCEL_LEAD_MS = 60_000
 """A longer lead would let a reader a minute behind forward; past that, a stall is an
 outage (the read-behind alerts fire at 30 s)."""
 _LEGAL_ID = re.compile(r"[a-zA-Z0-9._-]+")
-REDACTED = "<redacted>"
-_SECRET_WORDS = ("password", "secret", "jaas", "token", "key.pem", "ssl.key", "credentials")
 _PRINTABLE_WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
 """A value with no whitespace and no control characters: a host list, a group id."""
 MAX_WAIT_S = 86_400.0
 """The longest timeout a setting may give a wait: threading refuses timeouts beyond
 `threading.TIMEOUT_MAX` with OverflowError, at the first wait rather than at start-up."""
-
-
-def is_secret(key: str) -> bool:
-    """librdkafka keys whose values must never reach a log line, an error or a repr."""
-    lowered = key.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
-
-
-def redacted(config: dict[str, Any]) -> dict[str, Any]:
-    return {k: (REDACTED if is_secret(k) else v) for k, v in config.items()}
 
 
 def _one_line(text: str) -> str:

@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from delayservice.errors import ConfigError
-from delayservice.settings import REDACTED, is_secret, load_settings, redacted
+from delayservice.redaction import REDACTED, is_secret, redacted
+from delayservice.settings import load_settings
 
 SECRET = "hunter2-do-not-print"
 

@@ -26,7 +26,8 @@ from delayservice.cli.common import (
     friendly_errors,
 )
 from delayservice.kafka.client_check import check_clients
-from delayservice.settings import Settings, load_settings, redacted
+from delayservice.redaction import redacted
+from delayservice.settings import Settings, load_settings
 
 MemoryMaxOption = Annotated[
     str | None,
