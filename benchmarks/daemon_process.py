@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from delayservice.ports import free_port
-from delayservice.settings import Settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import settings_env
 
 
 def ready(port: int) -> bool:

@@ -28,7 +28,7 @@ from forwarding import broker
 
 from delayservice.envelope import Envelope, wrap
 from delayservice.kafka import topics
-from delayservice.settings import load_settings, settings_env
+from delayservice.settings_loading import load_settings, settings_env
 
 
 def write(bootstrap: str, topic: str, target: str, count: int) -> str:

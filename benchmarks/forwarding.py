@@ -51,7 +51,7 @@ from delayservice.envelope import H_CANCEL, H_VERSION, Envelope, Headers, wrap
 from delayservice.kafka import topics
 from delayservice.kafka.local_broker import LocalBroker
 from delayservice.markers.level_ids import level_id
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 PARTITIONS = 3
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}

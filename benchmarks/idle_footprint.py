@@ -21,7 +21,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from delayservice.kafka import topics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon_process import running_daemon

@@ -41,7 +41,8 @@ from delayservice.kafka import topics
 from delayservice.markers.level_ids import level_place
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parents[1]))

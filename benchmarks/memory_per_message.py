@@ -37,7 +37,8 @@ from confluent_kafka.admin import AdminClient
 from delayservice.daemon import Daemon
 from delayservice.kafka import client_config, topics
 from delayservice.level.level_worker import LevelWorker
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 from forwarding import broker, fill  # the records of the throughput benchmark

@@ -34,7 +34,8 @@ from steady_lateness import percentile
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID
 from delayservice.kafka import topics
 from delayservice.kafka.record_headers import header_values
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 MiB = 1024 * 1024
 

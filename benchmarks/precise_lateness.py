@@ -70,7 +70,8 @@ from precise_common import (
 from steady_lateness import LiveReader
 
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings, settings_env
 
 TARGET_PARTITIONS = 6
 

@@ -32,7 +32,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from delayservice.kafka import topics
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 from daemon_process import ready

@@ -51,7 +51,8 @@ from delayservice.kafka.record_headers import header_values
 from delayservice.metrics.service_metrics import COMMIT_STEPS
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings, settings_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_hogs import cpu_hogs

@@ -70,7 +70,8 @@ from delayservice.markers.receipt import (
     connection_config,
 )
 from delayservice.markers.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 if TYPE_CHECKING:
     from delayservice.markers.replies import MarkerReply

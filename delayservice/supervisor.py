@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.merged_exposition import MergedCollector
 from delayservice.ports import free_port
-from delayservice.settings import Settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import settings_env
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from delayservice.kafka import topics
 from delayservice.kafka.local_broker import LocalBroker
 from delayservice.kafka.record_headers import header_values
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 LEVELS = "1s,2s,5s,10s"
 DELAYS = [0.5, 1, 1.5, 2, 3, 4.5, 5, 7, 10]

@@ -147,7 +147,7 @@ class Testbed:
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def settings(self, **overrides: Any) -> Any:
-        from delayservice.settings import load_settings
+        from delayservice.settings_loading import load_settings
 
         values: dict[str, Any] = {
             "bootstrap_servers": self.bootstrap,

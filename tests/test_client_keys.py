@@ -12,7 +12,8 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from delayservice.client_keys import CLIENT_SETTINGS, OWNED, owned
 from delayservice.errors import ConfigError
 from delayservice.kafka import client_config
-from delayservice.settings import ENV_PREFIX, load_settings
+from delayservice.settings import ENV_PREFIX
+from delayservice.settings_loading import load_settings
 from tests.settings_environment import only_these_settings
 
 REFUSED = [

@@ -18,7 +18,7 @@ from delayservice.levels import LevelSet
 from delayservice.markers import topic_partitions
 from delayservice.markers.precise_ids import named_partition, precise_partition
 from delayservice.producer import DelayProducer
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 PRECISE = "timers"
 PARTITIONS = 5

@@ -8,7 +8,7 @@ import pytest
 
 from delayservice.errors import ConfigError
 from delayservice.redaction import REDACTED, is_secret, redacted
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 SECRET = "hunter2-do-not-print"
 

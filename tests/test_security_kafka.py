@@ -42,7 +42,8 @@ from confluent_kafka.admin import (
 from delayservice.kafka import topics
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer
-from delayservice.settings import Settings, load_settings, settings_env
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings, settings_env
 from tests.conftest import wait_for
 from tests.kafka.secured_broker import SecuredBroker
 

@@ -6,7 +6,7 @@ import pytest
 
 from delayservice.errors import ConfigError
 from delayservice.levels import DEFAULT_LEVELS
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 def test_defaults_are_valid():
@@ -182,7 +182,7 @@ def test_a_near_miss_of_a_command_variable_is_still_an_error(monkeypatch):
 
 
 def test_settings_env_makes_a_new_process_load_the_same_settings(monkeypatch):
-    from delayservice.settings import settings_env
+    from delayservice.settings_loading import settings_env
 
     monkeypatch.setenv("DELAYSERVICE_LEVELS", "9s")  # the caller's own variables go
     original = load_settings(
@@ -409,7 +409,7 @@ def test_settings_load_without_the_kafka_package():
     import sys
 
     probe = (
-        "import sys, delayservice.settings; "
+        "import sys, delayservice.settings_loading; "
         "print(sorted(m for m in sys.modules if m.startswith('delayservice.kafka')))"
     )
     out = subprocess.run(
@@ -419,7 +419,7 @@ def test_settings_load_without_the_kafka_package():
 
 
 def test_a_new_process_gets_a_deprecated_setting_only_when_it_was_set():
-    from delayservice.settings import settings_env
+    from delayservice.settings_loading import settings_env
 
     assert "DELAYSERVICE_SCHEDULER" not in settings_env(load_settings())
     assert settings_env(load_settings(scheduler="wheel"))["DELAYSERVICE_SCHEDULER"] == "wheel"

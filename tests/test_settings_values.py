@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 
 from delayservice.cli.app import app
 from delayservice.errors import ConfigError
-from delayservice.settings import ENV_PREFIX, Settings, load_settings, settings_env
+from delayservice.settings import ENV_PREFIX, Settings
+from delayservice.settings_loading import load_settings, settings_env
 from tests.settings_environment import only_these_settings
 
 NAMES = sorted(Settings.model_fields)

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from delayservice.ports import free_port
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 pytestmark = pytest.mark.kafka
 

@@ -29,7 +29,7 @@ from delayservice.cli.common import (
     setup_logging,
 )
 from delayservice.levels import format_duration_ms, parse_duration_ms
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 ENV = "DELAYSERVICE_AUDIT_"
 

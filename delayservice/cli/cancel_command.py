@@ -14,7 +14,7 @@ from delayservice.cli.common import (
     friendly_errors,
 )
 from delayservice.cli.marker_command import WaitOption, send_marker
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 @friendly_errors

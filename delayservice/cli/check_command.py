@@ -21,7 +21,7 @@ from delayservice.cli.common import (
     friendly_errors,
     local_endpoint,
 )
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 @friendly_errors

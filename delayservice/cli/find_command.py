@@ -20,7 +20,7 @@ from delayservice.cli.pending_command import when
 from delayservice.forward import dead_letter as dl
 from delayservice.levels import format_duration_ms, parse_duration_ms
 from delayservice.markers.replies import CANCEL, CANCELLED
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from delayservice.status.marker_trail import MOVED, Marker
 from delayservice.status.message_finder import NOT_FOUND, Whereabouts, find
 from delayservice.status.topic_scan import Hit

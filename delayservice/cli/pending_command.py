@@ -19,7 +19,7 @@ from delayservice.cli.common import (
 )
 from delayservice.precise.storage import due_buckets
 from delayservice.precise.storage.census import count_files
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from delayservice.status.pending_report import PendingRow, level_rows, precise_row
 
 PROGRESS_FROM_FILES = 200

@@ -15,7 +15,7 @@ from delayservice.cli.common import (
     setup_logging,
 )
 from delayservice.daemon import Daemon, install_signal_handlers, tune_garbage_collector
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from delayservice.supervisor import Supervisor
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from delayservice.cli.common import (
 from delayservice.envelope import Headers
 from delayservice.kafka import client_config
 from delayservice.producer import DelayProducer
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 SEND_TIMEOUT_MS: Final = 10_000
 

@@ -27,7 +27,8 @@ from delayservice.cli.common import (
 )
 from delayservice.kafka.client_check import check_clients
 from delayservice.redaction import redacted
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 MemoryMaxOption = Annotated[
     str | None,

@@ -14,7 +14,7 @@ from delayservice.cli.common import (
     friendly_errors,
 )
 from delayservice.kafka import client_config, topics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 app = typer.Typer(
     help="Create and check the delay-level and dead-letter topics.", no_args_is_help=True

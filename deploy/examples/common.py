@@ -17,7 +17,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.kafka import client_config
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 
 TOPIC = os.environ.get("EXAMPLE_TOPIC", "orders.reminders")
 SENT_HEADER = "example-sent-ms"

@@ -20,7 +20,7 @@ from delayservice.audit.isolation import (
 from delayservice.audit.transform import collect_summary
 from delayservice.cli.app import app
 from delayservice.errors import ConfigError
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 def test_the_default_is_read_committed() -> None:

@@ -35,7 +35,7 @@ from delayservice.audit.kafka_options import (
 )
 from delayservice.cli.app import app
 from delayservice.errors import ConfigError
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 SECRET = 'pa"ss\\word'  # a password with both characters JAAS quoting must escape
 CERT = "-----BEGIN CERTIFICATE-----\nMIIBcert\n-----END CERTIFICATE-----\n"

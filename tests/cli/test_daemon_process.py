@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_LOG_APPEND_TIME, Consumer, TopicPartition
 
 from delayservice.ports import free_port
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 pytestmark = pytest.mark.kafka
 

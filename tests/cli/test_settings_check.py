@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from delayservice import sizing
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.cli.test_commands import _cli
 from tests.deploy.test_lint import unit_entries
 from tests.deploy.test_sizing import systemd_settings

@@ -13,7 +13,8 @@ import pytest
 from delayservice import sizing
 from delayservice.kafka.local_broker import KAFKA_VERSION
 from delayservice.level.memory_budget import RECORD_OVERHEAD
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 from tests.deploy.test_lint import bind_mounts, unit_entries
 from tests.settings_environment import only_these_settings
 

@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import NewTopic
 
 from delayservice.levels import DEFAULT_LEVELS
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 from tests.docs.markdown import PAGES, blocks
 
 pytestmark = pytest.mark.kafka

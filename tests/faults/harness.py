@@ -27,7 +27,7 @@ from typing import Any
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
 from delayservice.ports import free_port
 from delayservice.producer import DelayProducer, Precision
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 
 def now_ms() -> int:

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from delayservice.kafka import topics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 @pytest.mark.kafka

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.kafka import client_config
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks, watch_unconfirmed
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 IMPLICIT = "t [0] 2 message(s) implicitly acked by subsequent batch success (msgids 5..6)"
 

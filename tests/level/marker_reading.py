@@ -19,7 +19,7 @@ from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_reader import MarkerReader
 from delayservice.markers.level_ids import level_id
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import FakeClock, FakeConsumer, message
 
 

@@ -14,7 +14,7 @@ from confluent_kafka.admin import GroupMember, GroupMetadata
 from delayservice.errors import ConfigError
 from delayservice.kafka import group_members
 from delayservice.level import layout_guard
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 def _settings(layout: str = "shared") -> Any:

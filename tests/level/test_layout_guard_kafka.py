@@ -17,7 +17,7 @@ from confluent_kafka import Consumer
 
 from delayservice.errors import ConfigError
 from delayservice.level import layout
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 pytestmark = pytest.mark.kafka
 

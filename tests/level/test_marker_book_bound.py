@@ -28,7 +28,7 @@ from delayservice.levels import LevelSet
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, reply_key
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
 

@@ -18,7 +18,7 @@ from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_reader import MarkerReader
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import FakeClock, wait_for
 
 GRACE_S = 60.0

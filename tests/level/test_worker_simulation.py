@@ -55,7 +55,7 @@ from delayservice.level import marker_reader as marker_reader_module
 from delayservice.level.marker_reader import MarkerReader
 from delayservice.markers.level_ids import level_id, marker_partition
 from delayservice.metrics.service_metrics import ServiceMetrics
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.level import fakes
 from tests.level.fakes import (
     LEVEL,

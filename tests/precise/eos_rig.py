@@ -32,7 +32,8 @@ from delayservice.precise.storage.slot_file import StoredRecord, encode
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.slot_store import SlotStore
 from delayservice.precise.wheel.wheel import Wheel
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import DLQ, TARGET, FakeClock, Sent
 from tests.precise.txn_fakes import DoneReader, FakeCoordinator, FencingProducer
 from tests.precise.wheel.test_wheel import Outcomes

@@ -27,7 +27,8 @@ from delayservice.precise.precise_worker import (
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.wheel.slot_buffer import SlotBuffer
 from delayservice.precise.wheel.slot_ledger import SlotTracker
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import (
     DLQ,
     OTHER_TARGET,

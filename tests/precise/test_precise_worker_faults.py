@@ -19,7 +19,7 @@ from delayservice.precise.storage import slot_store
 from delayservice.precise.storage.slot_file import StoredRecord
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.wheel.slot_ledger import SlotTracker
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import TARGET, FakeProducer, wait_for
 
 

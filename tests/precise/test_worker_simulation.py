@@ -76,7 +76,8 @@ from delayservice.precise.precise_worker import PreciseWorker
 from delayservice.precise.storage.slot_file import decode
 from delayservice.precise.wheel import read_through as read_through_module
 from delayservice.precise.wheel import slot_loading as slot_loading_module
-from delayservice.settings import Settings, load_settings
+from delayservice.settings import Settings
+from delayservice.settings_loading import load_settings
 from tests.level.fakes import (
     DLQ,
     TARGET,

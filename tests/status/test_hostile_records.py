@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from delayservice.cli.app import app
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 from tests.faults.test_hostile_headers import KINDS
 from tests.kafka.raw_producer import RawProducer
 

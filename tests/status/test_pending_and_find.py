@@ -20,7 +20,7 @@ from delayservice.envelope import H_DELAY_MS, H_RESCHEDULE, H_VERSION
 from delayservice.kafka import client_config
 from delayservice.markers.outcome import ReplyWatch
 from delayservice.markers.precise_ids import named_partition
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 pytestmark = pytest.mark.kafka
 

@@ -12,7 +12,7 @@ import pytest
 from delayservice.errors import ConfigError
 from delayservice.kafka.group_members import Member
 from delayservice.precise.delivery import member_lease
-from delayservice.settings import load_settings
+from delayservice.settings_loading import load_settings
 
 
 def _settings() -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from delayservice.settings import settings_env
+from delayservice.settings_loading import settings_env
 
 pytestmark = pytest.mark.kafka
 
