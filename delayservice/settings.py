@@ -1,14 +1,12 @@
 """The settings shared by the daemon, the producer wrapper and the CLI: each field with
-its default, range and `DELAYSERVICE_*` name, the checks that refuse a bad value with one
-`ConfigError` naming the setting, and what follows from them (the level set, the topic
-names, the commit interval). `settings_loading` reads them from their sources.
+its default, range and `DELAYSERVICE_*` name, its validators (what they check is in
+`settings_checks`), and what follows from the fields (the level set, the topic names,
+the commit interval). `settings_loading` reads them from their sources.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import socket
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -22,31 +20,21 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from delayservice.client_keys import refusal_in
+from delayservice import settings_checks as checks
 from delayservice.errors import ConfigError
 from delayservice.levels import (
     DEFAULT_LEVELS,
     DEFAULT_TOPIC_PREFIX,
     LevelSet,
-    format_duration_ms,
     parse_duration_ms,
 )
 from delayservice.redaction import redacted
-from delayservice.topic_names import invalid_reason
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DELAYSERVICE_"
 
 MiB = 1024 * 1024
-MAX_INSTANCE_ID = 249
-_NUMBER = re.compile(r"-?\d+(\.\d+)?")
-MAX_CANCEL_LEAD_MS = 60_000
-"""A longer lead would let a reader a minute behind forward; past that, a stall is an
-outage (the read-behind alerts fire at 30 s)."""
-_LEGAL_ID = re.compile(r"[a-zA-Z0-9._-]+")
-_PRINTABLE_WORD = re.compile(r"[^\s\x00-\x1f\x7f]+")
-"""A value with no whitespace and no control characters: a host list, a group id."""
 MAX_WAIT_S = 86_400.0
 """The longest timeout a setting may give a wait: threading refuses timeouts beyond
 `threading.TIMEOUT_MAX` with OverflowError, at the first wait rather than at start-up."""
@@ -266,15 +254,7 @@ class Settings(BaseSettings):
     @field_validator("bootstrap_servers")
     @classmethod
     def _servers_listed(cls, value: str) -> str:
-        """librdkafka takes an empty list and then never connects: the daemon would
-        report not-ready forever instead of saying what is wrong."""
-        servers = value.split(",")
-        if not value or not all(_PRINTABLE_WORD.fullmatch(s) for s in servers):
-            raise ConfigError(
-                "bootstrap_servers",
-                f"{value!r} is not a comma-separated list of host:port with no spaces",
-            )
-        return value
+        return checks.servers_listed(value)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -290,91 +270,47 @@ class Settings(BaseSettings):
     @field_validator("group_id")
     @classmethod
     def _group_id_printable(cls, value: str) -> str:
-        if _PRINTABLE_WORD.fullmatch(value) is None:
-            raise ConfigError("group_id", f"{value!r} must be non-empty, with no spaces")
-        return value
+        return checks.group_id_printable(value)
 
     @field_validator("metrics_host")
     @classmethod
     def _metrics_host_printable(cls, value: str) -> str:
-        if value and _PRINTABLE_WORD.fullmatch(value) is None:
-            raise ConfigError("metrics_host", f"{value!r} is not an address")
-        return value
+        return checks.metrics_host_printable(value)
 
     @field_validator("dead_letter_topic")
     @classmethod
     def _dead_letter_topic_legal(cls, value: str) -> str:
-        reason = invalid_reason(value)
-        if reason is not None:
-            raise ConfigError("dead_letter_topic", f"{value!r}: {reason}")
-        return value
+        return checks.dead_letter_topic_legal(value)
 
     @field_validator("data_dir", mode="before")
     @classmethod
     def _data_dir_named(cls, value: Any) -> Any:
-        """`Path("")` is the working directory: an empty setting would put the wheel's
-        files wherever the daemon happens to start."""
-        text = str(value) if isinstance(value, str | os.PathLike) else None
-        if text is not None and (not text.strip() or "\x00" in text):
-            raise ConfigError("data_dir", f"{text!r} is not a directory name")
-        return value
+        return checks.data_dir_named(value)
 
     @field_validator("kafka", "consumer", "producer", mode="before")
     @classmethod
     def _client_keys_not_owned(cls, value: Any, info: ValidationInfo) -> Any:
-        """A key the daemon owns (`client_keys`), in any spelling librdkafka takes, is
-        refused before its type is checked, so a nested `default.topic.config` is named
-        for what it would set."""
-        reason = refusal_in(value)
-        if reason is not None:
-            raise ConfigError(str(info.field_name), reason)
-        return value
+        return checks.client_keys_not_owned(value, str(info.field_name))
 
     @field_validator("kafka", "consumer", "producer")
     @classmethod
     def _client_keys_named(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        bad = [key for key in value if _PRINTABLE_WORD.fullmatch(key) is None]
-        if bad:
-            raise ConfigError(str(info.field_name), f"{bad[0]!r} is not a librdkafka key")
-        return value
+        return checks.client_keys_named(value, str(info.field_name))
 
     @field_validator("max_delay", "precise_far_after")
     @classmethod
     def _duration_parses(cls, value: str, info: ValidationInfo) -> str:
-        name = info.field_name or "duration"
-        try:
-            delay_ms = parse_duration_ms(value)
-        except ValueError as exc:
-            raise ConfigError(name, str(exc)) from None
-        if delay_ms <= 0:
-            raise ConfigError(name, "must be longer than 0")
-        return value
+        return checks.duration_parses(value, info.field_name or "duration")
 
     @field_validator("cancel_lead", mode="before")
     @classmethod
     def _lead_in_seconds(cls, value: object) -> object:
-        """A bare number is seconds, as the SDK reads delays (`cancel_lead = 0`)."""
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            raise ConfigError("cancel_lead", f"{value!r} is not a duration like 1s or 250ms")
-        if isinstance(value, int | float) or _NUMBER.fullmatch(value):
-            seconds = float(value)
-            if seconds < 0:
-                raise ConfigError("cancel_lead", "must not be negative")
-            return format_duration_ms(round(seconds * 1000))
-        return value
+        return checks.lead_in_seconds(value)
 
     @field_validator("cancel_lead")
     @classmethod
     def _lead_parses(cls, value: str) -> str:
-        try:
-            lead_ms = parse_duration_ms(value)
-        except ValueError as exc:
-            raise ConfigError("cancel_lead", str(exc)) from None
-        if lead_ms > MAX_CANCEL_LEAD_MS:
-            raise ConfigError(
-                "cancel_lead", f"{value} is longer than {format_duration_ms(MAX_CANCEL_LEAD_MS)}"
-            )
-        return value
+        return checks.lead_parses(value)
 
     @model_validator(mode="after")
     def _scheduler_deprecated(self) -> Settings:
@@ -390,102 +326,37 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _water_marks(self) -> Settings:
-        if self.pause_low_water >= self.pause_high_water:
-            raise ConfigError("pause_low_water", "must be below pause_high_water")
+        checks.water_marks_in_order(self)
         return self
 
     @model_validator(mode="after")
     def _backoffs_in_order(self) -> Settings:
-        if self.retry_backoff_max_s < self.retry_backoff_s:
-            raise ConfigError(
-                "retry_backoff_max_s",
-                f"is {self.retry_backoff_max_s:g}, below retry_backoff_s "
-                f"({self.retry_backoff_s:g}); the longest retry delay comes after the first",
-            )
+        checks.backoffs_in_order(self)
         return self
 
     @model_validator(mode="after")
     def _level_topics(self) -> Settings:
-        """Every level topic is a name Kafka takes, and none is the dead-letter topic: a
-        dead letter written to a level topic would be read back as a delayed record."""
-        for level in self.level_set():
-            reason = invalid_reason(level.topic)
-            if reason is not None:
-                raise ConfigError("topic_prefix", f"level topic {level.topic!r}: {reason}")
-            if level.topic == self.dead_letter_topic:
-                raise ConfigError(
-                    "dead_letter_topic", f"{level.topic} is also level {level.name}'s topic"
-                )
+        checks.level_topics_legal(self)
         return self
 
     @model_validator(mode="after")
     def _instance_ids(self) -> Settings:
-        """Each level worker joins as `{instance_name}-levels` (`{instance_name}-{level
-        topic}` per level), which the broker takes only as a legal name of at most 249
-        characters: refuse it here, at start-up."""
-        if _LEGAL_ID.fullmatch(self.instance_name) is None:
-            raise ConfigError("instance_name", "use only ASCII letters, digits, '.', '_' and '-'")
-        worker = f"-p{self.processes - 1}" if self.processes > 1 else ""
-        suffix = self.level_set().levels[-1].topic if self.level_workers == "per-level" else ""
-        longest = f"{self.instance_name}{worker}-{max(suffix, 'levels', key=len)}"
-        if len(longest) > MAX_INSTANCE_ID:
-            raise ConfigError(
-                "instance_name",
-                f"with the level topics it makes ids of {len(longest)} characters; "
-                f"Kafka allows {MAX_INSTANCE_ID}",
-            )
+        checks.instance_ids_legal(self)
         return self
 
     @model_validator(mode="after")
     def _precise_topics(self) -> Settings:
-        """Checked even when `precise` is off, because producers send to the precise
-        topic whatever this instance runs. A collision with a level or dead-letter topic
-        would feed one kind of record to a reader that expects the other."""
-        for name in self.precise_topics():
-            reason = invalid_reason(name)
-            if reason is not None:
-                raise ConfigError("precise_topic", f"{name!r}: {reason}")
-        own = {level.topic: f"level {level.name}'s topic" for level in self.level_set()}
-        own[self.dead_letter_topic] = "the dead-letter topic"
-        for name in self.precise_topics():
-            if name in own:
-                raise ConfigError("precise_topic", f"{name} is also {own[name]}")
+        checks.precise_topics_legal(self)
         return self
 
     @model_validator(mode="after")
     def _marker_topics(self) -> Settings:
-        """The level markers topic and its outcomes topic are names Kafka takes, and
-        neither is a topic of another kind: a marker read as a delayed record (or one
-        read as a marker) would be dead-lettered or ignored."""
-        own = {level.topic: f"level {level.name}'s topic" for level in self.level_set()}
-        own[self.dead_letter_topic] = "the dead-letter topic"
-        own.update(dict.fromkeys(self.precise_topics(), "a precise-mode topic"))
-        for name in self.marker_topics():
-            reason = invalid_reason(name)
-            if reason is not None:
-                raise ConfigError("markers_topic", f"{name!r}: {reason}")
-            if name in own:
-                raise ConfigError("markers_topic", f"{name} is also {own[name]}")
+        checks.marker_topics_legal(self)
         return self
 
     @model_validator(mode="after")
     def _precise_membership(self) -> Settings:
-        """A member index outside the group would own no partition, and a second copy
-        on the owner itself would not survive the loss of its disk."""
-        if self.precise_member >= self.precise_members:
-            raise ConfigError(
-                "precise_member",
-                f"is {self.precise_member}, must be below precise_members ({self.precise_members})",
-            )
-        if self.replicas == 2 and self.precise_members < 2:
-            raise ConfigError(
-                "replicas", "2 copies need at least 2 instances: set precise_members >= 2"
-            )
-        if self.precise and self.processes > 1:
-            # Every worker process would be the same member over the same data directory.
-            raise ConfigError(
-                "processes", "precise mode runs in one process: set processes = 1 with precise"
-            )
+        checks.precise_membership_valid(self)
         return self
 
     @property
