@@ -1,7 +1,8 @@
 """The settings shared by the daemon, the producer wrapper and the CLI: each field with
 its default, range and `DELAYSERVICE_*` name, its validators (what they check is in
 `settings_checks`), and what follows from the fields (the level set, the topic names,
-the commit interval). `settings_loading` reads them from their sources.
+the commit interval). `settings_loading` reads them from their sources; the environment
+source is here, with the class that names it.
 """
 
 from __future__ import annotations
