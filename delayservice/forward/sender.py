@@ -43,6 +43,7 @@ from delayservice.forward.failures import (
     permanent_reason,
 )
 from delayservice.forward.held_record import HeldView, record_of
+from delayservice.forward.marker_route import MarkerRoute
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.client_errors import error_of, is_fatal, lost_client_error, raised_by
@@ -81,7 +82,7 @@ class Routes:
     """Precise mode: every delay is the record's own, checked when it was read (and its
     records come with their envelope read), so nothing here is re-published or out of
     range."""
-    markers: Any = None
+    markers: MarkerRoute | None = None
     """Level mode: the worker's side of cancel and reschedule
     (`level.marker_actions.WorkerMarkers`); None where markers are not read."""
 
@@ -644,8 +645,11 @@ class RecordSender:
         """Answer new markers and move their messages now, where they are queued here
         (`begin` runs before the first thing it produces). A failure leaves them for the
         next pass."""
+        markers = self._routes.markers
+        if markers is None:
+            return
         try:
-            self._routes.markers.serve(self, begin)
+            markers.serve(self, begin)
         except (SendLaterError, DelayServiceError, KafkaException) as exc:
             if self._throttle.allow("markers") is not None:
                 log.warning("%s: markers wait: %s", self._worker, exc)

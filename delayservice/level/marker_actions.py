@@ -37,6 +37,7 @@ from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_MOVED_BY, Envelo
 from delayservice.forward.buffer import TP
 from delayservice.forward.failures import Key
 from delayservice.forward.held_record import ID, offset_of, record_of
+from delayservice.forward.marker_route import MarkerSender
 from delayservice.forward.sender import SendLaterError
 from delayservice.kafka.record_headers import read_headers
 from delayservice.level.marker_book import FORWARDED, Action, MarkerBook
@@ -140,7 +141,7 @@ class WorkerMarkers:
         """At-least-once: answers `moved` to write once their copy is durable, with the
         action that made it (answer value, key)."""
         self._failed_actions: list[Action] = []
-        self._sender: Any = None
+        self._sender: MarkerSender | None = None
         self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
         """Partition -> (offset through which its queue was searched, for which ids)."""
         self._arrivals: dict[TP, int] = {}
@@ -213,7 +214,7 @@ class WorkerMarkers:
         return self.book.has(message_id)
 
     def decide(
-        self, tp: TP, record: Any, envelope: Envelope, due_ms: int, sender: Any
+        self, tp: TP, record: Any, envelope: Envelope, due_ms: int, sender: MarkerSender
     ) -> int | None:
         """What to do with a record taken at its due time: None when it is withdrawn or
         moved (done here), else the due time to forward it with. Raises
@@ -258,7 +259,7 @@ class WorkerMarkers:
         envelope: Envelope,
         marker: LevelMarker,
         now: int,
-        sender: Any,
+        sender: MarkerSender,
         on_failure: Callable[[Any, Any], None] | None = None,
     ) -> TP:
         """Re-publish `record` due at the marker's time, to the level that holds what is
@@ -284,7 +285,9 @@ class WorkerMarkers:
         sender.republish(tp, viewed, level.topic, partition, extra, on_failure)
         return (level.topic, partition)
 
-    def _answer_all(self, found: Verdict, action: Action, sender: Any, copy: TP | None) -> None:
+    def _answer_all(
+        self, found: Verdict, action: Action, sender: MarkerSender, copy: TP | None
+    ) -> None:
         """Answer what the verdict settles (a move: each reschedule `moved`, to the time
         of the last one, with where its copy went)."""
         moved_to = found.marker.asked_due_ms if found.marker is not None else None
@@ -305,7 +308,7 @@ class WorkerMarkers:
         marker: LevelMarker,
         outcome: str,
         action: Action,
-        sender: Any,
+        sender: MarkerSender,
         *,
         due_ms: int | None = None,
         reason: str | None = None,
@@ -384,7 +387,7 @@ class WorkerMarkers:
         if self.gate.rewind_asked() or self.gate.through_ms < 0:
             raise SendLaterError("reading the markers of a moved message again")
 
-    def serve(self, sender: Any, begin: Callable[[], None] = lambda: None) -> None:
+    def serve(self, sender: MarkerSender, begin: Callable[[], None] = lambda: None) -> None:
         self._begin = begin
         self._sender = sender
         self._seen_change = self.book.version
@@ -394,7 +397,7 @@ class WorkerMarkers:
         finally:
             self._served_ms = self._now_ms()
 
-    def _serve_owned(self, sender: Any, now: int) -> None:
+    def _serve_owned(self, sender: MarkerSender, now: int) -> None:
         for tp in list(self.owned):
             if not self._outcomes_known(tp):
                 continue
@@ -447,7 +450,7 @@ class WorkerMarkers:
         self._arrivals[tp] = last
 
     def _serve_one(
-        self, entry: Entry, outcome: str, sender: Any, reason: str | None = None
+        self, entry: Entry, outcome: str, sender: MarkerSender, reason: str | None = None
     ) -> None:
         if self.book.is_answered(entry.marker.key):
             return
@@ -480,7 +483,7 @@ class WorkerMarkers:
         self._scanned[tp] = (last, keys)
         return found
 
-    def _early(self, tp: TP, message_id: str, record: Any, now: int, sender: Any) -> None:
+    def _early(self, tp: TP, message_id: str, record: Any, now: int, sender: MarkerSender) -> None:
         """A marker's message is queued here: move it now, or answer what taking it will
         do (a cancel, a delivery after the marker came too late)."""
         due = self.due_of(tp, record)
@@ -508,7 +511,7 @@ class WorkerMarkers:
         self._answer_all(found, action, sender, copy)
         self._note(None, tp, action)
 
-    def _not_found(self, tp: TP, entry: Entry, now: int, sender: Any) -> int | None:
+    def _not_found(self, tp: TP, entry: Entry, now: int, sender: MarkerSender) -> int | None:
         """The message of a marker is not queued here: answer once it cannot come.
         Returns the time before which nothing can be decided, if that is all that
         holds it back (the marker is parked until then: `MarkerBook.park`)."""
@@ -546,7 +549,7 @@ class WorkerMarkers:
             self._serve_one(entry, TOO_LATE, sender, reason=reason)
         return None
 
-    def _serve_final(self, entry: Entry, final: str, sender: Any) -> None:
+    def _serve_final(self, entry: Entry, final: str, sender: MarkerSender) -> None:
         """The marker's message is done for good: cancelled, or gone on without it."""
         self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
 
