@@ -28,7 +28,7 @@ runs, else the smallest level that holds what remains) and its partition moves o
 
 Precise mode forwards through this forwarder too, over its own buffer
 (`forward.buffer.Buffer`): each commit point hands the records it made durable to
-`settle`, which settles them in their slots (`precise_worker.settle_durable`).
+`settle`, which settles them in their slots (`precise.settle.settle_durable`).
 Exactly-once, its transactions carry no consumer offsets but a `ledger`'s record of
 what they delivered (`transaction_ledger`), learned again after every
 init_transactions; an unknown outcome then puts the interval back in the buffer,

@@ -16,7 +16,6 @@ transactional id (`takeover`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -24,7 +23,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
@@ -44,15 +43,15 @@ from delayservice.precise.delivery.progress import Progress
 from delayservice.precise.delivery.takeover import Takeover, replicated_owner
 from delayservice.precise.intake.admission import Admission
 from delayservice.precise.intake.intake import Intake
-from delayservice.precise.intake.offset_ledger import LevelLedger, PartitionLedger
+from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement, Role
+from delayservice.precise.settle import settle_delivered, settle_durable
 from delayservice.precise.storage.census_export import CensusExport
 from delayservice.precise.storage.data_dir import DataDir
 from delayservice.precise.storage.storage_fault import StorageError
 from delayservice.precise.wheel.held_bytes import HeldBytes
 from delayservice.precise.wheel.read_through import ReadThrough, ReadThroughRounds
 from delayservice.precise.wheel.slot_buffer import SlotBuffer
-from delayservice.precise.wheel.slot_ledger import SlotTracker
 from delayservice.precise.wheel.wheel import Wheel
 from delayservice.settings import Settings
 
@@ -125,50 +124,6 @@ def precise_transactional_id(settings: Settings, member: int, *, far: bool = Fal
     """The transactional id member `member` forwards the precise topic (or the far one)
     under: stable, so a restarted member fences its predecessor's open transaction."""
     return f"{precise_group_id(settings, member, far=far)}-forward"
-
-
-class SettlesSlots(Protocol):
-    def settle_many(
-        self, done: list[tuple[SlotTracker, int]], then: Callable[[], None] | None = None
-    ) -> None: ...
-
-
-def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> None:
-    """The settle protocol: `runs` are the records a commit point made durable. A slot's
-    record is settled in its slot (a mark, or the file's deletion with the last one);
-    a dead letter of the intake lets its offset commit. A slot file that cannot be
-    marked or deleted stays on disk for the restart the fault is already causing."""
-    with contextlib.suppress(StorageError):  # reported through `on_fault`
-        wheel.settle_many(_slots_settling(runs, offsets))
-
-
-def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker, int]]:
-    """The slot records among `runs`; the intake's dead letters settle their offsets."""
-    slots: list[tuple[SlotTracker, int]] = []
-    for _, records in runs:
-        for record in records:
-            slot = record.slot
-            if type(slot) is SlotTracker:
-                slots.append((slot, record.offset()))
-            elif isinstance(slot, PartitionLedger):
-                offsets.settle(slot, record.offset(), 0)
-    return slots
-
-
-def settle_delivered(
-    runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger, delivery: DeliveryLog
-) -> None:
-    """`settle_durable` after a transaction committed: once the marks are written (by
-    the wheel's marks writer, off this thread), the delivery log need not carry them
-    into the next transaction."""
-    through = delivery.commits
-    try:
-        wheel.settle_many(
-            _slots_settling(runs, offsets), functools.partial(delivery.marked, through)
-        )
-    except StorageError:  # reported through `on_fault`; the next transaction names them
-        return
-    delivery.note_position()
 
 
 def _nothing() -> None:

@@ -22,8 +22,8 @@ from delayservice.precise.precise_worker import (
     PreciseLevel,
     precise_commit_interval,
     precise_routes,
-    settle_durable,
 )
+from delayservice.precise.settle import settle_durable
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.wheel.slot_buffer import SlotBuffer
 from delayservice.precise.wheel.slot_ledger import SlotTracker

@@ -15,7 +15,7 @@ from delayservice.envelope import Envelope
 from delayservice.forward.forwarder import TAKE
 from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
-from delayservice.precise.precise_worker import settle_durable
+from delayservice.precise.settle import settle_durable
 from delayservice.precise.storage import slot_store
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog
