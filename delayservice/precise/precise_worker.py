@@ -16,7 +16,6 @@ transactional id (`takeover`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -28,9 +27,6 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
-from delayservice.forward.buffer import Runs
-from delayservice.forward.build import build_forwarder
-from delayservice.forward.forwarder import Forwarder, Routes, SharedId
 from delayservice.kafka import client_config
 from delayservice.kafka.client_seam import ConsumerClient, ProducerClient
 from delayservice.levels import Level
@@ -45,7 +41,7 @@ from delayservice.precise.intake.admission import Admission
 from delayservice.precise.intake.intake import Intake
 from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.settle import settle_delivered, settle_durable
+from delayservice.precise.precise_forwarders import PreciseForwarders
 from delayservice.precise.storage.census_export import CensusExport
 from delayservice.precise.storage.data_dir import DataDir
 from delayservice.precise.storage.storage_fault import StorageError
@@ -97,27 +93,6 @@ def precise_group_id(settings: Settings, member: int, *, far: bool = False) -> s
     """The group member `member` commits its intake of the precise topic (or the far
     one) under; placement is static, so the group only keeps offsets."""
     return f"{settings.group_id}-precise{'-far' if far else ''}-{member}"
-
-
-def precise_routes(settings: Settings) -> Routes:
-    """Where a precise record may go: its target, or the dead-letter topic; never back
-    into a level (it is forwarded at its exact time, not re-published)."""
-    return Routes(
-        settings.level_set(),
-        None,
-        settings.dead_letter_topic,
-        settings.internal_topics(),
-        exact=True,
-    )
-
-
-def precise_commit_interval(settings: Settings) -> float:
-    """A second between commit points at-least-once unless set; exactly-once, the
-    levels' interval (0.1 s unless set): read_committed readers wait for it."""
-    if settings.guarantee == "exactly-once":
-        return settings.commit_interval()
-    interval = settings.commit_interval_s
-    return 1.0 if interval is None else interval
 
 
 def precise_transactional_id(settings: Settings, member: int, *, far: bool = False) -> str:
@@ -278,36 +253,20 @@ class PreciseWorker:
             level_name=level_name,
         )
         buffer = self.wheel.buffer
-        settle: Callable[[Runs], None] = functools.partial(
-            settle_durable, wheel=self.wheel, offsets=self.ledger
+        forwarders = PreciseForwarders(
+            self.level, settings, metrics, make_producer, on_fatal, clock, self.wheel, self.ledger
         )
-        if self.delivery is not None:
-            self.delivery.wake = buffer.wake
-            settle = functools.partial(
-                settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=self.delivery
-            )
-        self.forwarder = self._forwarder(
-            self.level.name,
-            buffer,
-            (settings, metrics, make_producer, on_fatal),
+        self.forwarder = forwarders.owner(
+            self.delivery,
             transactional_id=(
                 precise_transactional_id(settings, settings.precise_member, far=far)
                 if self.delivery is not None
                 else None
             ),
-            settle=settle,
-            ledger=self.delivery,
-            shared_id=(
-                SharedId(
-                    f"member {(settings.precise_member + 1) % settings.precise_members} "
-                    "(its replica)"
-                )
-                if takeover is not None
-                else None
-            ),
+            replicated=takeover is not None,
         )
-        self.takeover_forwarder = self._build_takeover(
-            settings, metrics, make_producer, on_fatal, takeover, owner, far=far
+        self.takeover_forwarder = forwarders.takeover(
+            takeover, owner, precise_transactional_id(settings, owner, far=far)
         )
         replies = MarkerReplies(
             settings.precise_outcomes_topic,
@@ -363,72 +322,6 @@ class PreciseWorker:
             settings.precise_members,
             settings.replicas,
             self.wheel.disk_slots,
-        )
-
-    def _build_takeover(
-        self,
-        settings: Settings,
-        metrics: ServiceMetrics,
-        make_producer: Callable[[dict[str, Any]], Any],
-        on_fatal: Callable[[str], None],
-        takeover: Takeover | None,
-        owner: int,
-        *,
-        far: bool,
-    ) -> Forwarder | None:
-        """Two copies, exactly-once: the forwarder of this member's replica copies,
-        under the transactional id of the member it replicates (`takeover`)."""
-        buffer = self.wheel.takeover_buffer
-        if takeover is None or buffer is None:
-            return None
-        copies_log = takeover.delivered
-        copies_log.wake = buffer.wake
-        forwarder = takeover.forwarder = self._forwarder(
-            f"{self.level.name}-takeover",
-            buffer,
-            (settings, metrics, make_producer, on_fatal),
-            transactional_id=precise_transactional_id(settings, owner, far=far),
-            settle=functools.partial(
-                settle_delivered, wheel=self.wheel, offsets=self.ledger, delivery=copies_log
-            ),
-            ledger=copies_log,
-            shared_id=SharedId(
-                f"member {owner} (the owner)", lazy=True, hold_back_s=settings.takeover_delay_s
-            ),
-        )
-        return forwarder
-
-    def _forwarder(
-        self,
-        name: str,
-        buffer: SlotBuffer,
-        wiring: tuple[
-            Settings, ServiceMetrics, Callable[[dict[str, Any]], Any], Callable[[str], None]
-        ],
-        *,
-        transactional_id: str | None,
-        settle: Callable[[Runs], None],
-        ledger: DeliveryLog | None,
-        shared_id: SharedId | None,
-    ) -> Forwarder:
-        """A forwarder of this worker's level from `buffer`: the owner's, or the
-        takeover's; `wiring` is (settings, metrics, make_producer, on_fatal)."""
-        settings, metrics, make_producer, on_fatal = wiring
-        return build_forwarder(
-            [self.level],
-            name,
-            settings,
-            metrics,
-            buffer,
-            precise_routes(settings),
-            make_producer,
-            on_fatal,
-            commit_interval_s=precise_commit_interval(settings),
-            transactional_id=transactional_id,
-            settle=settle,
-            ledger=ledger,
-            shared_id=shared_id,
-            clock=self._clock,
         )
 
     def _export(self, metrics: ServiceMetrics, lookahead_s: float, buffer: SlotBuffer) -> None:

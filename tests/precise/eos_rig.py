@@ -21,7 +21,8 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.delivery.delivery_log import DeliveryLog
 from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement
-from delayservice.precise.precise_worker import PreciseLevel, precise_routes
+from delayservice.precise.precise_forwarders import precise_routes
+from delayservice.precise.precise_worker import PreciseLevel
 from delayservice.precise.settle import settle_delivered
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog

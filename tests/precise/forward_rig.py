@@ -17,12 +17,8 @@ from delayservice.forward.forwarder import Forwarder
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.intake.admission import Admission
 from delayservice.precise.intake.offset_ledger import LevelLedger
-from delayservice.precise.precise_worker import (
-    LEVEL_NAME,
-    PreciseLevel,
-    precise_commit_interval,
-    precise_routes,
-)
+from delayservice.precise.precise_forwarders import precise_commit_interval, precise_routes
+from delayservice.precise.precise_worker import LEVEL_NAME, PreciseLevel
 from delayservice.precise.settle import settle_durable
 from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.wheel.slot_buffer import SlotBuffer

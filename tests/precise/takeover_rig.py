@@ -21,7 +21,7 @@ from delayservice.precise.delivery.progress import Progress
 from delayservice.precise.delivery.takeover import Takeover, replicated_owner
 from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement, Role
-from delayservice.precise.precise_worker import precise_routes
+from delayservice.precise.precise_forwarders import precise_routes
 from delayservice.precise.settle import settle_delivered
 from delayservice.precise.storage.cancel_log import CancelLog
 from delayservice.precise.storage.reschedule_log import RescheduleLog
