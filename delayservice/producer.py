@@ -22,7 +22,7 @@ the partition it was sent to (`ids.precise_id`).
 the daemon did (`MarkerReceipt`). A level message's markers go to the markers topic,
 which every daemon reads whole; an exact message's go to the partition its id names, so
 the instances holding the message read them however many partitions the topic has
-gained since.
+gained since (`marker_sends`).
 
 `produce()` never waits for the broker. The partition counts of the topics the settings
 name are read ahead from construction, and refreshed in the background while sends go
@@ -47,29 +47,15 @@ from confluent_kafka import Producer
 
 from delayservice import partitioners
 from delayservice.delay_timing import Delay, DeliverAt, delay_to_ms, exact_timing
-from delayservice.envelope import (
-    H_CANCEL,
-    H_DELAY_MS,
-    H_DUE_MS,
-    H_RESCHEDULE,
-    H_VERSION,
-    VERSION,
-    Envelope,
-    Headers,
-    new_id,
-    wrap,
-)
+from delayservice.envelope import Envelope, Headers, new_id, wrap
 from delayservice.errors import DelayServiceError
 from delayservice.held_sends import Held, HeldSends
 from delayservice.levels import Level, LevelSet
-from delayservice.markers.level_ids import level_id, level_place, marker_partition
-from delayservice.markers.precise_ids import named_place, precise_id, precise_partition
-from delayservice.markers.receipt import (
-    DeliveryCallback,
-    MarkerReceipt,
-    connection_config,
-)
-from delayservice.markers.topic_partitions import METADATA_TIMEOUT_S, TopicPartitions, servers_of
+from delayservice.marker_sends import MarkerSends
+from delayservice.markers.level_ids import level_id
+from delayservice.markers.precise_ids import precise_id, precise_partition
+from delayservice.markers.receipt import DeliveryCallback, MarkerReceipt
+from delayservice.markers.topic_partitions import TopicPartitions, servers_of
 from delayservice.settings import Settings
 from delayservice.settings_loading import load_settings
 
@@ -88,19 +74,11 @@ __all__ = [
 STICKY_S: Final = 0.01
 """How long messages without a key keep going to one partition of a level (librdkafka's
 `sticky.partitioning.linger.ms`): batches stay whole, and load still spreads."""
-MARKER_FLUSH_S: Final = 30.0
-"""How long a level cancel or reschedule waits for this producer's messages in flight,
-so that its marker never reaches the broker before the message it names."""
 
 Precision = Literal["level", "exact"]
 """`level`: the smallest level at least as long as the delay (the default). `exact`: the
 precise topic, delivered at the requested time."""
 PRECISIONS: Final = ("level", "exact")
-
-
-def _check_id(message_id: object) -> None:
-    if not isinstance(message_id, str) or not message_id:
-        raise ValueError(f"message_id must be a non-empty string, got {message_id!r}")
 
 
 def _checked_precision(precision: str) -> Precision:
@@ -181,7 +159,9 @@ class DelayProducer:
         """The count a delayed send picks its partition over while its topic's is not
         known yet: the one `topics create` gives."""
         self._partitions.read_ahead(self._topics_ahead())
-        self._reply_config = connection_config(config)
+        self._markers = MarkerSends(
+            self, self._partitions, self._held, config, self._exact_settings
+        )
         self._sticky: dict[str, tuple[int, float]] = {}
         """Level topic -> (the partition keyless messages go to, until when)."""
 
@@ -337,10 +317,7 @@ class DelayProducer:
         `reply(timeout)` waits later. `on_delivery` reports where the marker landed, as
         for `produce()`.
         """
-        _check_id(message_id)
-        headers: Headers = [(H_VERSION, str(VERSION).encode()), (H_CANCEL, message_id.encode())]
-        receipt = self._send_marker("cancel", message_id, headers, on_delivery, wait)
-        return receipt if wait is None else receipt.reply(wait)
+        return self._markers.cancel(message_id, wait, on_delivery)
 
     @overload
     def reschedule(
@@ -400,74 +377,7 @@ class DelayProducer:
         new `due_ms`), `too_late` (already sent), `unmatched`, `cancelled` or
         `refused`; without, a `MarkerReceipt`, as `cancel` does.
         """
-        _check_id(message_id)
-        if delay is None and deliver_at is None:
-            raise ValueError("pass delay= or deliver_at=")
-        if self._marker_home(message_id)[2]:
-            timing = exact_timing(delay, deliver_at, self._exact_settings().max_delay_ms)
-        else:
-            timing = exact_timing(delay, deliver_at, self.levels.max_delay_ms, "the top level")
-        delay_ms, due_ms = timing if timing is not None else (0, None)
-        headers: Headers = [
-            (H_VERSION, str(VERSION).encode()),
-            (H_RESCHEDULE, message_id.encode()),
-            (H_DELAY_MS, str(delay_ms).encode()),
-        ]
-        if due_ms is not None:
-            headers.append((H_DUE_MS, str(due_ms).encode()))
-        receipt = self._send_marker("reschedule", message_id, headers, on_delivery, wait)
-        return receipt if wait is None else receipt.reply(wait)
-
-    def _send_marker(
-        self,
-        kind: str,
-        message_id: str,
-        headers: Headers,
-        on_delivery: DeliveryCallback | None,
-        wait: float | None,
-    ) -> MarkerReceipt:
-        """Send a cancel or reschedule marker to where the daemon holding the message
-        reads it (`_marker_home`). A caller who waits for the reply hears that the
-        outcomes topic is missing, or that no broker answers (`BrokerUnavailableError`,
-        within `wait`), before anything is sent."""
-        topic, outcomes, exact = self._marker_home(message_id)
-        asked_s = max(0.1, min(wait or 0.0, METADATA_TIMEOUT_S))
-        if wait is not None and self._partitions.missing(outcomes, asked_s):
-            from delayservice.markers.outcome import unavailable
-
-            raise unavailable(outcomes)
-        place = named_place(message_id)
-        if place is not None:
-            partition = place.partition
-        elif exact:
-            partition = precise_partition(message_id, self._partitions.count(topic))
-        else:
-            partition = marker_partition(message_id, self._partitions.count(topic))
-            if len(self):  # its message may still be on its way: let it land first
-                self.flush(MARKER_FLUSH_S)
-        receipt = MarkerReceipt(
-            kind, message_id, self.poll, self._reply_config, outcomes, on_delivery
-        )
-        # Behind any record still waiting for this topic's count: an exact message's
-        # marker goes to its message's partition, after it.
-        kwargs = {"on_delivery": receipt.on_delivery}
-        self._held.send_after(Held(topic, partition, None, None, headers, kwargs, time.monotonic()))
-        return receipt
-
-    def _marker_home(self, message_id: str) -> tuple[str, str, bool]:
-        """(the topic a marker of `message_id` goes to, where it is answered, whether the
-        message is exact). An exact id names its topic; a level id, and with precise
-        mode off any other id (a level id from before ids named their place: the
-        daemon answers `unmatched`), goes to the markers topic; with precise mode on,
-        an id of no known form goes to the precise topic, as it always did."""
-        settings = self._exact_settings()
-        place = named_place(message_id)
-        if place is not None:
-            topic = settings.precise_far_topic if place.far else settings.precise_topic
-            return topic, settings.precise_outcomes_topic, True
-        if level_place(message_id) is None and settings.precise:
-            return settings.precise_topic, settings.precise_outcomes_topic, True
-        return settings.markers_topic, settings.markers_outcomes_topic, False
+        return self._markers.reschedule(message_id, delay, deliver_at, wait, on_delivery)
 
     def _precise_route(self, delay_ms: int, due_ms: int | None) -> tuple[str, bool]:
         """The precise topic for a message due within `precise_far_after`, else the
