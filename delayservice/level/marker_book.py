@@ -25,7 +25,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final
 
 from delayservice.forward.buffer import TP
 from delayservice.level import marker_store as st
@@ -46,7 +46,6 @@ LOOSE_BYTES: Final = 200
 """What the book counts for each thing kept in a dictionary (orphan answers, copies)."""
 RESUME_RATIO: Final = 0.9
 """A full book takes markers again once below this share of `max_bytes`."""
-_T = TypeVar("_T")
 
 
 @dataclass
@@ -63,17 +62,6 @@ class Action:
 FILE_SLICE: Final = 64
 """Markers filed per hold of the lock (`file_run`): about a millisecond of a
 forwarder's wait."""
-
-
-def _split_key(key: bytes) -> tuple[str, int, int] | None:
-    topic, _, rest = key.rpartition(b":")
-    topic, _, partition = topic.rpartition(b":")
-    if not (rest.isdigit() and partition.isdigit()):
-        return None
-    try:
-        return topic.decode(), int(partition), int(rest)
-    except UnicodeDecodeError:
-        return None
 
 
 class MarkerBook:
@@ -97,7 +85,9 @@ class MarkerBook:
         self._copies = Copies()
         self.copies = self._copies.latest
         """Id -> where its latest copy was written, per the answer of the move."""
-        self._use(Slots(st.Columns(), self._sources, self._orphans, self._copies))
+        self._use(
+            Slots(st.Columns(), self._sources, self._source_names, self._orphans, self._copies)
+        )
         self.version = 0
         """Counts markers and answers filed (an owner may have work when it moves)."""
         self.total_bytes = 0
@@ -112,55 +102,17 @@ class MarkerBook:
         self.final = FinalStates(self)
 
     def _use(self, slots: Slots) -> None:
-        """Keep the markers in `slots` from now on (`_cols`, `_ids`: theirs, at hand)."""
+        """Keep the markers in `slots` from now on (`_cols`, `_ids`, `_chain`: theirs, at
+        hand)."""
         self._slots = slots
         self._cols = slots.cols
         self._ids = slots.ids
-
-    # -- small tables ----------------------------------------------------------------
-    @staticmethod
-    def _code(table: dict[_T, int], names: list[_T], value: _T) -> int:
-        code = table.get(value)
-        if code is None:
-            code = table[value] = len(names)
-            names.append(value)
-        return code
-
-    def _slot(self, key: bytes) -> int:
-        """The live slot of the marker answered under `key`; -1 when none is kept."""
-        where = _split_key(key)
-        return -1 if where is None else self._slots.find(*where)
-
-    def _head(self, message_id: str) -> int:
-        return self._ids.head(message_id.encode())
-
-    def _chain(self, head: int) -> Iterator[int]:
-        cols = self._cols
-        slot = head
-        while slot >= 0:
-            yield slot
-            slot = cols.next[slot - cols.base]
-
-    def _marker(self, slot: int) -> LevelMarker:
-        cols = self._cols
-        i = slot - cols.base
-        raw, packed = self._slots.raw(slot)
-        topic, partition = self._source_names[cols.source[i]]
-        kind = RESCHEDULE if cols.flags[i] & st.RESCHEDULE_KIND else CANCEL
-        return LevelMarker(
-            kind,
-            st.unpack_id(raw, packed),
-            cols.appended[i],
-            topic,
-            partition,
-            cols.offset[i],
-            self._slots.asked.get(slot),
-        )
+        self._chain = slots.chain
 
     def _entry_of(self, slot: int) -> Entry:
         cols = self._cols
         i = slot - cols.base
-        marker = self._marker(slot)
+        marker = self._slots.marker(slot)
         tp = self._tp_names[cols.tp[i]]
         code = cols.refusal[i]
         refusal = None if code < 0 else self._refusal_names[code]
@@ -213,10 +165,10 @@ class MarkerBook:
             flags |= st.RESCHEDULE_KIND
         if entry.sent_ms is not None:
             flags |= st.PLACED
-        source = self._code(self._sources, self._source_names, (marker.topic, marker.partition))
+        source = st.code(self._sources, self._source_names, (marker.topic, marker.partition))
         if source == len(slots.by_source):
             slots.by_source.append(st.Source())
-        tp = self._code(self._tps, self._tp_names, entry.tp)
+        tp = st.code(self._tps, self._tp_names, entry.tp)
         code = -1 if entry.refusal is None else self._refusal_code(entry.refusal)
         answer = flags_read = 0
         orphans = self._orphans
@@ -234,10 +186,10 @@ class MarkerBook:
     def _refusal_code(self, refusal: tuple[str, str]) -> int:
         if refusal not in self._refusals and len(self._refusal_names) >= 30_000:
             refusal = (refusal[0], "refused (one of too many distinct reasons to keep)")
-        return self._code(self._refusals, self._refusal_names, refusal)
+        return st.code(self._refusals, self._refusal_names, refusal)
 
     def _outcome(self, outcome: str) -> int:
-        return self._code(self._outcome_codes, self._outcome_names, outcome)
+        return st.code(self._outcome_codes, self._outcome_names, outcome)
 
     def answer_read(self, key: bytes, reply: MarkerReply, written_ms: int) -> None:
         """An answer read back from the outcomes topic (committed): never answered again,
@@ -245,11 +197,11 @@ class MarkerBook:
         may write the topic could write it) changes nothing."""
         with self._lock:
             self._slots.latest_ms = max(self._slots.latest_ms, written_ms)
-            slot = self._slot(key)
+            slot = self._slots.slot_of(key)
             if slot < 0:
                 self._orphans.read(key, written_ms)
             else:
-                marker = self._marker(slot)
+                marker = self._slots.marker(slot)
                 if marker.message_id != reply.message_id or marker.kind != reply.kind:
                     return
                 self._slots.set_flags(slot, on=st.READ_BACK)
@@ -291,7 +243,7 @@ class MarkerBook:
             self._slots.set_flags(slot, on=st.EXECUTED)
 
     def _set_final(self, message_id: str, state: str | None) -> None:
-        head = self._head(message_id)
+        head = self._slots.head(message_id)
         if head < 0:
             self._orphans.set_final(message_id, state, self._slots.latest_ms)
             return
@@ -303,7 +255,7 @@ class MarkerBook:
 
     def final_of(self, message_id: str) -> str | None:
         with self._lock:
-            head = self._head(message_id)
+            head = self._slots.head(message_id)
             if head < 0:
                 return self._orphans.final_of(message_id)
             flags = self._slots.flags(head)
@@ -318,12 +270,13 @@ class MarkerBook:
     # -- asking (the forwarders) -----------------------------------------------------
     def has(self, message_id: str) -> bool:
         with self._lock:
-            return self._head(message_id) >= 0
+            return self._slots.head(message_id) >= 0
 
     def has_reschedule(self, message_id: str) -> bool:
         with self._lock:
-            flags = self._slots.flags
-            return any(flags(s) & st.RESCHEDULE_KIND for s in self._chain(self._head(message_id)))
+            slots = self._slots
+            flags = slots.flags
+            return any(flags(s) & st.RESCHEDULE_KIND for s in self._chain(slots.head(message_id)))
 
     def names(self, raw_id: bytes, tp: TP) -> bool:
         """Whether a marker kept names the message `raw_id` (as a record carries it) on
@@ -348,7 +301,8 @@ class MarkerBook:
         self, message_id: str, after: tuple[int, int, int] | None, due_ms: int
     ) -> Verdict:
         with self._lock:
-            markers = [self._marker(s) for s in self._chain(self._head(message_id))]
+            slots = self._slots
+            markers = [slots.marker(s) for s in self._chain(slots.head(message_id))]
             return verdict(markers, after, due_ms, self.executed)
 
     def entries(self, tp: TP, limit: int | None = None, now_ms: int | None = None) -> list[Entry]:
@@ -407,14 +361,14 @@ class MarkerBook:
 
     def is_answered(self, key: bytes) -> bool:
         with self._lock:
-            slot = self._slot(key)
+            slot = self._slots.slot_of(key)
             if slot < 0:
                 return key in self._orphans.answers
             return self._cols.answer[slot - self._cols.base] != 0
 
     def is_executed(self, key: bytes) -> bool:
         with self._lock:
-            slot = self._slot(key)
+            slot = self._slots.slot_of(key)
             if slot < 0:
                 return key in self._orphans.executed
             return bool(self._slots.flags(slot) & st.EXECUTED)
@@ -424,9 +378,9 @@ class MarkerBook:
         """Note an interval's decisions at once (they count while it is open)."""
         with self._lock:
             for key, outcome in action.answers:
-                self._answered(self._slot(key), key, outcome)
+                self._answered(self._slots.slot_of(key), key, outcome)
             for key in action.executed:
-                self._execute(self._slot(key), key)
+                self._execute(self._slots.slot_of(key), key)
             for message_id, state in action.final:
                 self._set_final(message_id, state)
             for message_id, where in action.copies:
@@ -436,9 +390,9 @@ class MarkerBook:
         """The interval did not commit: its decisions are made again."""
         with self._lock:
             for key, _ in action.answers:
-                self._unanswered(self._slot(key), key)
+                self._unanswered(self._slots.slot_of(key), key)
             for key in action.executed:
-                slot = self._slot(key)
+                slot = self._slots.slot_of(key)
                 if slot < 0:
                     self._orphans.unexecute(key)
                 else:
@@ -554,7 +508,7 @@ class MarkerBook:
     def entry(self, key: bytes) -> Entry | None:
         """The entry of the marker answered under `key`, if kept."""
         with self._lock:
-            slot = self._slot(key)
+            slot = self._slots.slot_of(key)
             return None if slot < 0 else self._entry_of(slot)
 
     def all_entries(self) -> list[Entry]:

@@ -1,6 +1,7 @@
 """The marker book's slots: one columns object (`marker_store`) and every index over it
 (where each marker landed, each id's chain, the asked due times, the counts the book
-answers from, the append-time order markers are forgotten in, the owners' turns).
+answers from, the append-time order markers are forgotten in, the owners' turns), and
+how a slot is found and read (by answer key, by id, as a `LevelMarker`).
 
 Apart from the book because all of it starts over together: slots renumber when the
 book compacts (`compacted`), and a fresh `Slots` is made with the fresh columns, where
@@ -18,6 +19,7 @@ from delayservice.level import marker_store as st
 from delayservice.level.marker_copies import Copies
 from delayservice.level.marker_orphans import OrphanAnswers
 from delayservice.level.marker_turns import Turns
+from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE
 
 SLOT_BITS: Final = 64
@@ -37,6 +39,17 @@ def _straggler(appended_ms: int, slot: int) -> int:
     return (appended_ms << SLOT_BITS) | slot
 
 
+def _split_key(key: bytes) -> tuple[str, int, int] | None:
+    topic, _, rest = key.rpartition(b":")
+    topic, _, partition = topic.rpartition(b":")
+    if not (rest.isdigit() and partition.isdigit()):
+        return None
+    try:
+        return topic.decode(), int(partition), int(rest)
+    except UnicodeDecodeError:
+        return None
+
+
 def final_flag(state: str) -> int:
     return st.FINAL_CANCELLED if state == CANCELLED else st.FINAL_OTHER
 
@@ -45,6 +58,7 @@ class Slots:
     __slots__ = (
         "_copies",
         "_orphans",
+        "_source_names",
         "_sources",
         "asked",
         "by_source",
@@ -62,13 +76,15 @@ class Slots:
         self,
         cols: st.Columns,
         sources: dict[tuple[str, int], int],
+        source_names: list[tuple[str, int]],
         orphans: OrphanAnswers,
         copies: Copies,
     ) -> None:
         """Empty slots over empty `cols`; `sources`: the book's table of (markers topic,
-        partition) -> its code."""
+        partition) -> its code, and `source_names` the other way."""
         self.cols = cols
         self._sources = sources
+        self._source_names = source_names
         self._orphans = orphans
         self._copies = copies
         self.ids = st.IdTable(self.id_bytes)
@@ -115,6 +131,37 @@ class Slots:
             return -1
         slot = self.by_source[source].find(offset, self.offset_of, self.cols.base)
         return slot if slot >= 0 and self.live(slot) else -1
+
+    def slot_of(self, key: bytes) -> int:
+        """The live slot of the marker answered under `key`; -1 when none is kept."""
+        where = _split_key(key)
+        return -1 if where is None else self.find(*where)
+
+    def head(self, message_id: str) -> int:
+        return self.ids.head(message_id.encode())
+
+    def chain(self, head: int) -> Iterator[int]:
+        cols = self.cols
+        slot = head
+        while slot >= 0:
+            yield slot
+            slot = cols.next[slot - cols.base]
+
+    def marker(self, slot: int) -> LevelMarker:
+        cols = self.cols
+        i = slot - cols.base
+        raw, packed = self.raw(slot)
+        topic, partition = self._source_names[cols.source[i]]
+        kind = RESCHEDULE if cols.flags[i] & st.RESCHEDULE_KIND else CANCEL
+        return LevelMarker(
+            kind,
+            st.unpack_id(raw, packed),
+            cols.appended[i],
+            topic,
+            partition,
+            cols.offset[i],
+            self.asked.get(slot),
+        )
 
     def offset_of(self, slot: int) -> int:
         return self.cols.offset[slot - self.cols.base]
@@ -257,7 +304,7 @@ class Slots:
             rows.append((row, old.answer[i], self.asked.get(slot)))
         fresh = st.Columns()
         fresh.base = fresh.first_start = fresh.arena_base = old.end
-        slots = Slots(fresh, self._sources, self._orphans, self._copies)
+        slots = Slots(fresh, self._sources, self._source_names, self._orphans, self._copies)
         slots.by_source = [st.Source() for _ in self.by_source]
         for row, answer, asked in rows:
             slots.add(row, answer, asked)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from delayservice.markers.level_ids import _LEVEL_ID
 
@@ -51,6 +51,7 @@ _SLOT_BITS: Final = 36
 _SLOT_MASK: Final = (1 << _SLOT_BITS) - 1
 _TAG_MASK: Final = (1 << 27) - 1
 _TAG_BITS: Final = _TAG_MASK << _SLOT_BITS
+_T = TypeVar("_T")
 
 
 def pack_id(message_id: str, level_id: bool | None = None) -> tuple[bytes, bool]:
@@ -67,6 +68,16 @@ def unpack_id(raw: bytes, packed: bool) -> str:
     if packed:
         return raw[:16].hex() + raw[16:].decode()
     return raw.decode()
+
+
+def code(table: dict[_T, int], names: list[_T], value: _T) -> int:
+    """The index of `value` in a small table of distinct values (`names`; `table`: each
+    to its index), added at its end when new: what a column keeps of a text."""
+    code = table.get(value)
+    if code is None:
+        code = table[value] = len(names)
+        names.append(value)
+    return code
 
 
 class Columns:
