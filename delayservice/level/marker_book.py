@@ -24,39 +24,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Final
 
 from delayservice.forward.buffer import TP
 from delayservice.level import marker_store as st
+from delayservice.level.marker_answers import FORWARDED, Action, Answers
 from delayservice.level.marker_copies import Copies
 from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_orphans import OrphanAnswers
 from delayservice.level.marker_placing import REFUSED, UNMATCHED, Placing
-from delayservice.level.marker_slots import Slots, final_flag
+from delayservice.level.marker_slots import Slots
 from delayservice.level.marker_verdict import TOO_LATE, LevelMarker, Verdict, verdict
 from delayservice.level.marker_views import Executed, FinalStates, Keys, Watch
 from delayservice.levels import LevelSet
-from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE, MarkerReply
+from delayservice.markers.replies import RESCHEDULE, MarkerReply
 
-FORWARDED: Final = "forwarded"
+__all__ = ["FILE_SLICE", "FORWARDED", "REFUSED", "UNMATCHED", "Action", "MarkerBook"]
+
 SHEDDABLE: Final = frozenset({REFUSED, UNMATCHED, TOO_LATE})
 """Committed answers after which a marker decides nothing: no message, or sent already."""
 LOOSE_BYTES: Final = 200
 """What the book counts for each thing kept in a dictionary (orphan answers, copies)."""
 RESUME_RATIO: Final = 0.9
 """A full book takes markers again once below this share of `max_bytes`."""
-
-
-@dataclass
-class Action:
-    """What one forwarder decided about markers in its open interval; confirmed when
-    the interval commits, taken back when it does not."""
-
-    answers: list[tuple[bytes, str]] = field(default_factory=list)
-    executed: list[bytes] = field(default_factory=list)
-    final: list[tuple[str, str]] = field(default_factory=list)
-    copies: list[tuple[str, TP]] = field(default_factory=list)
 
 
 FILE_SLICE: Final = 64
@@ -79,15 +69,14 @@ class MarkerBook:
         self._tp_names: list[TP] = []
         self._refusals: dict[tuple[str, str], int] = {}
         self._refusal_names: list[tuple[str, str]] = []
-        self._outcome_codes: dict[str, int] = {}
-        self._outcome_names: list[str] = ["<none>"]
         self._orphans = OrphanAnswers()
         self._copies = Copies()
         self.copies = self._copies.latest
         """Id -> where its latest copy was written, per the answer of the move."""
-        self._use(
-            Slots(st.Columns(), self._sources, self._source_names, self._orphans, self._copies)
-        )
+        slots = Slots(st.Columns(), self._sources, self._source_names, self._orphans, self._copies)
+        self._answers = Answers(slots, self._orphans, self._copies)
+        """What the markers were answered, and what follows (their moves, final states)."""
+        self._use(slots)
         self.version = 0
         """Counts markers and answers filed (an owner may have work when it moves)."""
         self.total_bytes = 0
@@ -108,6 +97,7 @@ class MarkerBook:
         self._cols = slots.cols
         self._ids = slots.ids
         self._chain = slots.chain
+        self._answers.slots = slots
 
     def _entry_of(self, slot: int) -> Entry:
         cols = self._cols
@@ -174,7 +164,7 @@ class MarkerBook:
         orphans = self._orphans
         if orphans.written or orphans.answers or orphans.executed:
             outcome, flags_read = orphans.take(key, marker.message_id, marker.kind)
-            answer = 0 if outcome is None else self._outcome(outcome)
+            answer = 0 if outcome is None else self._answers.outcome(outcome)
         row = (marker.appended_ms, marker.offset, source, tp, code, flags | flags_read, raw)
         slots.add(row, answer, marker.asked_due_ms, marker.message_id)
         self.total_bytes += 80 + len(raw)
@@ -188,80 +178,17 @@ class MarkerBook:
             refusal = (refusal[0], "refused (one of too many distinct reasons to keep)")
         return st.code(self._refusals, self._refusal_names, refusal)
 
-    def _outcome(self, outcome: str) -> int:
-        return st.code(self._outcome_codes, self._outcome_names, outcome)
-
     def answer_read(self, key: bytes, reply: MarkerReply, written_ms: int) -> None:
         """An answer read back from the outcomes topic (committed): never answered again,
         and a move in it was carried out. One that does not fit its marker (anyone who
         may write the topic could write it) changes nothing."""
         with self._lock:
-            self._slots.latest_ms = max(self._slots.latest_ms, written_ms)
-            slot = self._slots.slot_of(key)
-            if slot < 0:
-                self._orphans.read(key, written_ms)
-            else:
-                marker = self._slots.marker(slot)
-                if marker.message_id != reply.message_id or marker.kind != reply.kind:
-                    return
-                self._slots.set_flags(slot, on=st.READ_BACK)
-            self._answered(slot, key, reply.outcome, reply)
-            if reply.kind == RESCHEDULE and reply.outcome == "moved" and reply.copy is not None:
-                self._execute(slot, key)
-                topic, _, partition = reply.copy.rpartition(":")
-                if partition.isdigit():
-                    self._copies.note(reply.message_id, (topic, int(partition)))
-            elif reply.kind == CANCEL and reply.outcome == CANCELLED:
-                self._set_final(reply.message_id, CANCELLED)
-            self.touch()
-
-    def _answered(
-        self, slot: int, key: bytes, outcome: str, reply: MarkerReply | None = None
-    ) -> None:
-        """Note an answer (`reply`: as read back; without one, a forwarder's, of which
-        nothing is kept once its marker is forgotten)."""
-        if slot < 0:
-            self._orphans.answered(key, outcome, reply, self._slots.latest_ms)
-            return
-        self._slots.turns.answered(slot)
-        self._cols.answer[slot - self._cols.base] = self._outcome(outcome)
-
-    def _unanswered(self, slot: int, key: bytes) -> None:
-        if slot < 0:
-            self._orphans.unanswered(key)
-            return
-        cols = self._cols
-        i = slot - cols.base
-        if cols.answer[i] != 0:
-            cols.answer[i] = 0
-            self._slots.turns.unresolve(slot, cols.tp[i])
-
-    def _execute(self, slot: int, key: bytes) -> None:
-        if slot < 0:
-            self._orphans.execute(key, self._slots.latest_ms)
-        else:
-            self._slots.set_flags(slot, on=st.EXECUTED)
-
-    def _set_final(self, message_id: str, state: str | None) -> None:
-        head = self._slots.head(message_id)
-        if head < 0:
-            self._orphans.set_final(message_id, state, self._slots.latest_ms)
-            return
-        off = st.FINAL_CANCELLED | st.FINAL_OTHER
-        self._slots.set_flags(head, on=0 if state is None else final_flag(state), off=off)
-        if state is not None:  # its markers can be answered now
-            for slot in self._chain(head):
-                self._slots.turns.unpark(slot)
+            if self._answers.read(key, reply, written_ms):
+                self.touch()
 
     def final_of(self, message_id: str) -> str | None:
         with self._lock:
-            head = self._slots.head(message_id)
-            if head < 0:
-                return self._orphans.final_of(message_id)
-            flags = self._slots.flags(head)
-            if flags & st.FINAL_CANCELLED:
-                return CANCELLED
-            return FORWARDED if flags & st.FINAL_OTHER else None
+            return self._answers.final_of(message_id)
 
     def touch(self) -> None:
         with self._lock:  # the consumer thread touches too, beside the reader
@@ -361,46 +288,22 @@ class MarkerBook:
 
     def is_answered(self, key: bytes) -> bool:
         with self._lock:
-            slot = self._slots.slot_of(key)
-            if slot < 0:
-                return key in self._orphans.answers
-            return self._cols.answer[slot - self._cols.base] != 0
+            return self._answers.is_answered(key)
 
     def is_executed(self, key: bytes) -> bool:
         with self._lock:
-            slot = self._slots.slot_of(key)
-            if slot < 0:
-                return key in self._orphans.executed
-            return bool(self._slots.flags(slot) & st.EXECUTED)
+            return self._answers.is_executed(key)
 
     # -- what a forwarder decided ----------------------------------------------------
     def apply(self, action: Action) -> None:
         """Note an interval's decisions at once (they count while it is open)."""
         with self._lock:
-            for key, outcome in action.answers:
-                self._answered(self._slots.slot_of(key), key, outcome)
-            for key in action.executed:
-                self._execute(self._slots.slot_of(key), key)
-            for message_id, state in action.final:
-                self._set_final(message_id, state)
-            for message_id, where in action.copies:
-                self._copies.note(message_id, where)
+            self._answers.apply(action)
 
     def take_back(self, action: Action) -> None:
         """The interval did not commit: its decisions are made again."""
         with self._lock:
-            for key, _ in action.answers:
-                self._unanswered(self._slots.slot_of(key), key)
-            for key in action.executed:
-                slot = self._slots.slot_of(key)
-                if slot < 0:
-                    self._orphans.unexecute(key)
-                else:
-                    self._slots.set_flags(slot, off=st.EXECUTED)
-            for message_id, _ in action.final:
-                self._set_final(message_id, None)
-            for message_id, where in action.copies:
-                self._copies.take_back(message_id, where)
+            self._answers.take_back(action)
             self.touch()
 
     # -- forgetting ------------------------------------------------------------------
@@ -423,7 +326,7 @@ class MarkerBook:
                 return 0
             self._orphans.shed()
             cols = self._cols
-            sheddable = {self._outcome_codes.get(o) for o in SHEDDABLE} - {None}
+            sheddable = self._answers.codes(SHEDDABLE)
             gone = 0
             for slot in range(max(self._slots.first_live, cols.base), cols.end):
                 i = slot - cols.base
@@ -479,7 +382,7 @@ class MarkerBook:
                 for slot in self._slots.live_slots():
                     i = slot - self._cols.base
                     if self._cols.source[i] == source and self._cols.answer[i] == 0:
-                        self._answered(slot, b"", "superseded")
+                        self._answers.answered(slot, b"", "superseded")
                         retired += 1
             self.touch()
             return retired

@@ -5,8 +5,9 @@ how a slot is found and read (by answer key, by id, as a `LevelMarker`).
 
 Apart from the book because all of it starts over together: slots renumber when the
 book compacts (`compacted`), and a fresh `Slots` is made with the fresh columns, where
-the book keeps what outlives its columns (the small tables of sources, partitions,
-refusals and outcomes, what has no marker kept, the copies) and the lock.
+the book keeps what outlives its columns (the small tables of sources, partitions and
+refusals, the outcomes' in `marker_answers`, what has no marker kept, the copies) and
+the lock.
 """
 
 from __future__ import annotations
