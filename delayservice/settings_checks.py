@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from delayservice.client_keys import refusal_in
 from delayservice.errors import ConfigError
@@ -14,7 +14,55 @@ from delayservice.levels import format_duration_ms, parse_duration_ms
 from delayservice.topic_names import invalid_reason
 
 if TYPE_CHECKING:
-    from delayservice.settings import Settings
+    from delayservice.levels import LevelSet
+
+
+class SettingsFields(Protocol):
+    """The fields the checks across fields read (`settings.Settings` gives them): named
+    here so this module does not import the class that calls it."""
+
+    @property
+    def dead_letter_topic(self) -> str: ...
+
+    @property
+    def instance_name(self) -> str: ...
+
+    @property
+    def level_workers(self) -> str: ...
+
+    @property
+    def pause_high_water(self) -> int: ...
+
+    @property
+    def pause_low_water(self) -> int: ...
+
+    @property
+    def precise(self) -> bool: ...
+
+    @property
+    def precise_member(self) -> int: ...
+
+    @property
+    def precise_members(self) -> int: ...
+
+    @property
+    def processes(self) -> int: ...
+
+    @property
+    def replicas(self) -> int: ...
+
+    @property
+    def retry_backoff_max_s(self) -> float: ...
+
+    @property
+    def retry_backoff_s(self) -> float: ...
+
+    def level_set(self) -> LevelSet: ...
+
+    def marker_topics(self) -> tuple[str, str]: ...
+
+    def precise_topics(self) -> tuple[str, ...]: ...
+
 
 MAX_INSTANCE_ID = 249
 _NUMBER = re.compile(r"-?\d+(\.\d+)?")
@@ -117,12 +165,12 @@ def lead_parses(value: str) -> str:
     return value
 
 
-def water_marks_in_order(settings: Settings) -> None:
+def water_marks_in_order(settings: SettingsFields) -> None:
     if settings.pause_low_water >= settings.pause_high_water:
         raise ConfigError("pause_low_water", "must be below pause_high_water")
 
 
-def backoffs_in_order(settings: Settings) -> None:
+def backoffs_in_order(settings: SettingsFields) -> None:
     if settings.retry_backoff_max_s < settings.retry_backoff_s:
         raise ConfigError(
             "retry_backoff_max_s",
@@ -131,7 +179,7 @@ def backoffs_in_order(settings: Settings) -> None:
         )
 
 
-def level_topics_legal(settings: Settings) -> None:
+def level_topics_legal(settings: SettingsFields) -> None:
     """Every level topic is a name Kafka takes, and none is the dead-letter topic: a
     dead letter written to a level topic would be read back as a delayed record."""
     for level in settings.level_set():
@@ -144,7 +192,7 @@ def level_topics_legal(settings: Settings) -> None:
             )
 
 
-def instance_ids_legal(settings: Settings) -> None:
+def instance_ids_legal(settings: SettingsFields) -> None:
     """Each level worker joins as `{instance_name}-levels` (`{instance_name}-{level
     topic}` per level), which the broker takes only as a legal name of at most 249
     characters: refuse it here, at start-up."""
@@ -162,7 +210,7 @@ def instance_ids_legal(settings: Settings) -> None:
         )
 
 
-def precise_topics_legal(settings: Settings) -> None:
+def precise_topics_legal(settings: SettingsFields) -> None:
     """Checked even when `precise` is off, because producers send to the precise
     topic whatever this instance runs. A collision with a level or dead-letter topic
     would feed one kind of record to a reader that expects the other."""
@@ -177,7 +225,7 @@ def precise_topics_legal(settings: Settings) -> None:
             raise ConfigError("precise_topic", f"{name} is also {own[name]}")
 
 
-def marker_topics_legal(settings: Settings) -> None:
+def marker_topics_legal(settings: SettingsFields) -> None:
     """The level markers topic and its outcomes topic are names Kafka takes, and
     neither is a topic of another kind: a marker read as a delayed record (or one
     read as a marker) would be dead-lettered or ignored."""
@@ -192,7 +240,7 @@ def marker_topics_legal(settings: Settings) -> None:
             raise ConfigError("markers_topic", f"{name} is also {own[name]}")
 
 
-def precise_membership_valid(settings: Settings) -> None:
+def precise_membership_valid(settings: SettingsFields) -> None:
     """A member index outside the group would own no partition, and a second copy
     on the owner itself would not survive the loss of its disk."""
     if settings.precise_member >= settings.precise_members:
