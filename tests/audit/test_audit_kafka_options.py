@@ -23,15 +23,12 @@ from typer.testing import CliRunner
 
 from delayservice.audit import AuditError, extract, jars, session
 from delayservice.audit.job import AuditOptions
-from delayservice.audit.kafka_options import (
+from delayservice.audit.kafka_options import describe, masked, spark_options, translate
+from delayservice.audit.kafka_security import (
     PLAIN_MODULE,
     SCRAM_MODULE,
     KafkaSettingError,
-    describe,
     jaas_quote,
-    masked,
-    spark_options,
-    translate,
 )
 from delayservice.cli.app import app
 from delayservice.errors import ConfigError
