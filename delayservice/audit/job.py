@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, transform
+from delayservice.audit import EXIT_OK, EXIT_VIOLATIONS, jars, load, session, summary, transform
 from delayservice.audit.extract import (
     NO_OUTCOMES,
     Extracted,
@@ -30,7 +30,7 @@ from delayservice.audit.extract import (
 from delayservice.audit.isolation import DEFAULT, Isolation, refuse_explicit
 from delayservice.audit.isolation import header as isolation_header
 from delayservice.audit.kafka_options import describe, spark_options
-from delayservice.audit.transform import SummaryRow
+from delayservice.audit.summary import SummaryRow
 from delayservice.settings import Settings
 
 if TYPE_CHECKING:
@@ -176,11 +176,11 @@ def audit(
         parquet = load.write_messages(messages, options.out_dir)
         written = spark.read.parquet(str(parquet))
         progress("counting per level and per target")
-        rows = transform.collect_summary(transform.summarize(written))
+        rows = summary.collect_summary(summary.summarize(written))
         unmatched = transform.unmatched(delivered, accepted)
         moved = transform.moved_count(written)
         progress("plotting lateness per level")
-        plot = load.plot_lateness(transform.lateness_histogram(written), rows, options.out_dir)
+        plot = load.plot_lateness(summary.lateness_histogram(written), rows, options.out_dir)
     finally:
         data.delay_records.unpersist()
         data.target_records.unpersist()
@@ -228,7 +228,7 @@ def _document(
 ) -> dict[str, Any]:
     total = next(r for r in rows if r.scope == "total")
     return {
-        "ok": transform.promises_kept(total.counts),
+        "ok": summary.promises_kept(total.counts),
         # Duplicates are what a reader at this level sees: read_uncommitted counts the
         # copies aborted transactions left on the target topics, read_committed does not.
         "isolation": {

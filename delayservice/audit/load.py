@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from delayservice.audit import PRECISE_LEVEL
-from delayservice.audit.transform import BROKEN, COUNTS, SummaryRow
+from delayservice.audit.summary import BROKEN, COUNTS, SummaryRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -1,4 +1,4 @@
-"""Transform: parse both sides, reconcile them by `delay-id`, and count per level and target.
+"""Transform: parse both sides and reconcile them by `delay-id` (`summary` counts the verdicts).
 
 Nothing here talks to Kafka, so every rule can be tested on a handful of rows built in
 the test. The rules:
@@ -68,10 +68,8 @@ the test. The rules:
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from delayservice.audit import H_CANCEL, PRECISE_LEVEL
 from delayservice.envelope import (
@@ -90,19 +88,6 @@ if TYPE_CHECKING:
 
     from pyspark.sql import Column, DataFrame
 
-COUNTS = (
-    "accepted",
-    "delivered",
-    "missing",
-    "duplicated",
-    "early",
-    "superseded",
-    "cancelled",
-    "pending",
-    "leaked",
-)
-BROKEN = ("missing", "early", "superseded", "leaked")
-"""The counts that are broken promises: any one of them fails the audit."""
 REPLY_SCHEMA = (
     "v int, kind string, id string, outcome string, due_ms bigint, member int, role string"
 )
@@ -110,18 +95,10 @@ REPLY_SCHEMA = (
 reads as null (a number where a string is expected reads as its text)."""
 REPLY_KEY = r"^(.+):([0-9]+):([0-9]+)$"
 """`topic:partition:offset` of the marker a reply answers; Kafka topic names hold no colon."""
-PERCENTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
-LATENESS = ("p50_ms", "p95_ms", "p99_ms", "max_ms")
-SCOPES = {0: "level+target", 1: "level", 2: "target", 3: "total"}
-"""Spark's grouping_id for cube(level, target), named."""
 
 
-def promises_kept(counts: Mapping[str, int]) -> bool:
-    """The audit's verdict on one row of counts (the total decides the exit status)."""
-    return all(counts[name] == 0 for name in BROKEN)
-
-
-def _functions() -> ModuleType:
+def spark_functions() -> ModuleType:
+    """`pyspark.sql.functions`, imported on first use (by `summary` too), never at import."""
     from pyspark.sql import functions  # heavy: only when auditing
 
     return functions
@@ -129,14 +106,14 @@ def _functions() -> ModuleType:
 
 def header(name: str) -> Column:
     """The first header called `name` as text, or null when the record has none."""
-    F = _functions()  # noqa: N806  # the PySpark convention
+    F = spark_functions()  # noqa: N806  # the PySpark convention
     found = F.try_element_at(F.filter("headers", lambda h: h["key"] == name), F.lit(1))
     text: Column = found.getField("value").cast("string")
     return text
 
 
 def _millis(column: str) -> Column:
-    millis: Column = _functions().unix_millis(column)
+    millis: Column = spark_functions().unix_millis(column)
     return millis
 
 
@@ -170,7 +147,7 @@ def target_topics(delay_records: DataFrame) -> list[str]:
 
 
 def _valid(parsed: DataFrame) -> DataFrame:
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     return parsed.where(
         F.col("cancel_id").isNull()
         & F.col("reschedule_id").isNull()
@@ -197,7 +174,7 @@ def accepted(
     `precise_topics` (precise mode on) count too, as level `exact`, indexed after the
     last level so tables and plots show it last; its level delay is null.
     """
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     spark = delay_records.sparkSession
     topics: list[tuple[str, int, str, int | None]] = [
         (lv.topic, lv.index, lv.name, lv.delay_ms) for lv in levels
@@ -225,7 +202,7 @@ def cancels(delay_records: DataFrame, precise_topics: Sequence[str] = ()) -> Dat
     """The earliest cancel marker per id and place: `cancel_topic` and `cancel_partition`
     say where a marker on one of `precise_topics` landed, both null for one on a level
     topic (see the module's rules for which place counts for which message)."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     parsed = _parsed_delay_side(delay_records)
     on_precise = F.col("topic").isin(list(precise_topics))
     return (
@@ -243,7 +220,7 @@ def replies(outcome_records: DataFrame) -> DataFrame:
     """Every record of the outcomes topics read as a marker reply: where its marker
     landed (null when the key does not say) and the fields of its JSON value (null when
     the value is not a JSON object, field by field when one has the wrong type)."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     key = F.col("key").cast("string")
     value = F.from_json(F.col("value").cast("string"), REPLY_SCHEMA)
     return (
@@ -263,7 +240,7 @@ def replies(outcome_records: DataFrame) -> DataFrame:
 def moves(outcome_records: DataFrame, precise_topics: Sequence[str]) -> DataFrame:
     """Per message id, the due time its last move gave it (`moved_due_ms`) and the marker
     that decided (`moved_by`, as `topic:partition:offset`); ids never moved are absent."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     moved = replies(outcome_records).where(
         (F.col("v") == VERSION)
         & (F.col("kind") == "reschedule")
@@ -291,7 +268,7 @@ def moves(outcome_records: DataFrame, precise_topics: Sequence[str]) -> DataFram
 
 def deliveries(target_records: DataFrame) -> DataFrame:
     """Every record on a target topic that carries a `delay-id`, one row per copy."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     return target_records.select(
         header(H_ID).alias("id"),
         F.col("topic").alias("delivered_topic"),
@@ -307,7 +284,7 @@ def _deliveries_per_id(delivered: DataFrame, judged: DataFrame) -> DataFrame:
     id's last move replaced (null compares as unknown, and is not counted): for an exact
     message any other than the move's; for a level one, one before it or the original's
     (a level copy is due at its level, at or after the time asked)."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     first = F.min_by(
         F.struct("delivered_topic", "delivered_partition", "delivered_offset", "delivered_due_ms"),
         "forward_ms",
@@ -337,7 +314,7 @@ def _deliveries_per_id(delivered: DataFrame, judged: DataFrame) -> DataFrame:
 def _with_cancels(joined: DataFrame, cancel_marks: DataFrame) -> DataFrame:
     """Each message with the earliest cancel marker from where its holder reads them:
     its own precise-topic partition for an exact message, any level topic otherwise."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     exact = F.col("level") == PRECISE_LEVEL
     keyed = joined.withColumn("cancel_key_topic", F.when(exact, F.col("topic"))).withColumn(
         "cancel_key_partition", F.when(exact, F.col("partition"))
@@ -369,7 +346,7 @@ def reconcile(
     the due time it is judged by: its last move's (`moves`), else its own record's,
     which stays beside it as `original_due_ms`. `cancel_lead_ms`: the daemons'
     `cancel_lead`, within which a cancel before the due time may lose the race."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     judged = (
         accepted_ids.withColumnRenamed("due_ms", "original_due_ms")
         .join(moved, "id", "left")
@@ -385,7 +362,7 @@ def reconcile(
 
 
 def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int, lead_ms: int) -> DataFrame:
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     is_delivered = F.col("deliveries") > 0
     in_time = F.col("cancel_ms") < F.col("due_ms")
     # Both modes promise a cancel acknowledged `cancel_lead` before the due time.
@@ -422,7 +399,7 @@ def _verdicts(m: DataFrame, *, as_of_ms: int, grace_ms: int, lead_ms: int) -> Da
 
 def moved_count(messages: DataFrame) -> int:
     """Messages judged by a due time a reschedule gave them."""
-    F = _functions()  # noqa: N806
+    F = spark_functions()  # noqa: N806
     return int(messages.where(F.col("moved_due_ms").isNotNull()).count())
 
 
@@ -431,119 +408,3 @@ def unmatched(delivered: DataFrame, accepted_ids: DataFrame) -> int:
     return int(
         delivered.select("id").distinct().join(accepted_ids.select("id"), "id", "left_anti").count()
     )
-
-
-def summarize(messages: DataFrame) -> DataFrame:
-    """Counts and lateness percentiles per level, per target, per both, and in total."""
-    F = _functions()  # noqa: N806
-    quantiles = F.percentile("lateness_ms", [q for _, q in PERCENTILES])
-    grouped = messages.withColumn("lv", F.struct("level_index", "level", "level_delay_ms"))
-    return (
-        grouped.cube("lv", "target")
-        .agg(
-            F.grouping_id().alias("gid"),
-            F.count("*").alias("accepted"),
-            *[F.count_if(name).alias(name) for name in COUNTS[1:]],
-            quantiles.alias("q"),
-            F.max("lateness_ms").alias("max_ms"),
-        )
-        .select(
-            "*",
-            "lv.*",
-            *[F.col("q")[i].alias(f"{name}_ms") for i, (name, _) in enumerate(PERCENTILES)],
-        )
-        .drop("lv", "q")
-    )
-
-
-@dataclass(frozen=True)
-class SummaryRow:
-    scope: str
-    level_index: int | None
-    level: str | None
-    level_delay_ms: int | None
-    target: str | None
-    counts: dict[str, int]
-    lateness_ms: dict[str, float | None]
-
-    @property
-    def label(self) -> str:
-        parts = [p for p in (self.level, self.target) if p]
-        return " / ".join(parts) or "total"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "scope": self.scope,
-            "level": self.level,
-            "level_index": self.level_index,
-            "level_delay_ms": self.level_delay_ms,
-            "target": self.target,
-            **self.counts,
-            "lateness_ms": self.lateness_ms,
-        }
-
-
-def collect_summary(summary: DataFrame) -> list[SummaryRow]:
-    """Plain rows, totals last, levels in level order, targets by name."""
-    rows = []
-    for r in summary.collect():
-        lateness = {k: (None if r[k] is None else float(r[k])) for k in LATENESS}
-        rows.append(
-            SummaryRow(
-                scope=SCOPES[int(r["gid"])],
-                level_index=r["level_index"],
-                level=r["level"],
-                level_delay_ms=r["level_delay_ms"],
-                target=r["target"],
-                counts={k: int(r[k]) for k in COUNTS},
-                lateness_ms={k.removesuffix("_ms"): v for k, v in lateness.items()},
-            )
-        )
-    if not any(r.scope == "total" for r in rows):  # cube() yields no rows at all for no input
-        rows.append(
-            SummaryRow(
-                "total",
-                None,
-                None,
-                None,
-                None,
-                dict.fromkeys(COUNTS, 0),
-                {k.removesuffix("_ms"): None for k in LATENESS},
-            )
-        )
-    order = {"level": 0, "target": 1, "level+target": 2, "total": 3}
-    return sorted(rows, key=lambda s: (order[s.scope], s.level_index or 0, s.target or ""))
-
-
-def bin_width(lo: float, hi: float, bins: int) -> int:
-    """A round bin width (1, 2 or 5 times a power of ten, in ms) giving at most `bins` bins."""
-    raw = max(1.0, (hi - lo) / max(1, bins))
-    exponent = 10 ** math.floor(math.log10(raw))
-    for step in (1, 2, 5, 10):
-        if step * exponent >= raw:
-            return int(step * exponent)
-    return int(10 * exponent)  # pragma: no cover  # the loop always returns
-
-
-def lateness_histogram(
-    messages: DataFrame, bins: int = 40
-) -> tuple[int, list[tuple[int, str, int, int]]]:
-    """(bin width, [(level_index, level, bin start ms, count)]) over delivered messages."""
-    F = _functions()  # noqa: N806
-    delivered = messages.where(F.col("lateness_ms").isNotNull())
-    bounds = delivered.agg(
-        F.min("lateness_ms").alias("lo"), F.max("lateness_ms").alias("hi")
-    ).first()
-    if bounds is None or bounds["lo"] is None:
-        return 1, []
-    width = bin_width(float(bounds["lo"]), float(bounds["hi"]), bins)
-    start = F.floor(F.col("lateness_ms") / width) * width
-    rows = (
-        delivered.groupBy("level_index", "level", start.cast("bigint").alias("bin_ms"))
-        .count()
-        .orderBy("level_index", "bin_ms")
-        .collect()
-    )
-    return width, [
-        (int(r["level_index"]), str(r["level"]), int(r["bin_ms"]), int(r["count"])) for r in rows
-    ]

@@ -217,7 +217,7 @@ def audit(
     from delayservice.audit.job import AuditOptions, run
     from delayservice.audit.load import console_table
     from delayservice.audit.session import stderr_is_terminal
-    from delayservice.audit.transform import BROKEN
+    from delayservice.audit.summary import BROKEN
 
     settings = load_settings(config, bootstrap_servers=bootstrap_servers)
     setup_logging(settings.log_level)

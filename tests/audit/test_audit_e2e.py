@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from delayservice.audit import transform
+from delayservice.audit.summary import COUNTS as ALL_COUNTS
 from delayservice.markers.replies import parse_reply
 from delayservice.producer import DelayProducer
 
@@ -97,7 +97,7 @@ class Landed:
         self.keys.append(f"{msg.topic()}:{msg.partition()}:{msg.offset()}")
 
 
-COUNTS = transform.COUNTS[:8]  # all but `leaked` (level cancels: test_audit_level_markers)
+COUNTS = ALL_COUNTS[:8]  # all but `leaked` (level cancels: test_audit_level_markers)
 
 
 def _judge_common(

@@ -17,7 +17,7 @@ from delayservice.audit.isolation import (
     of_daemon,
     refuse_explicit,
 )
-from delayservice.audit.transform import collect_summary
+from delayservice.audit.summary import collect_summary
 from delayservice.cli.app import app
 from delayservice.errors import ConfigError
 from delayservice.settings_loading import load_settings

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from delayservice.audit import transform
+from delayservice.audit import summary, transform
 from tests.audit.test_audit_reschedules import Outcomes
 from tests.audit.test_audit_transform import (
     AS_OF,
@@ -79,7 +79,7 @@ def test_a_level_cancel_in_time_counts_as_cancelled_and_its_delivery_as_broken(b
     )
     assert (l2["status"], l2["cancelled"], l2["leaked"]) == ("delivered", True, True)
     assert (l3["status"], l3["cancelled"], l3["leaked"]) == ("delivered", False, False)
-    assert transform.promises_kept({**dict.fromkeys(transform.COUNTS, 0), "leaked": 1}) is False
+    assert summary.promises_kept({**dict.fromkeys(summary.COUNTS, 0), "leaked": 1}) is False
 
 
 def test_a_moved_level_message_is_judged_by_the_time_asked_and_its_copy_by_its_level(by_id):

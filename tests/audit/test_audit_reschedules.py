@@ -34,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from delayservice.audit import load, transform
+from delayservice.audit import load, summary, transform
 from delayservice.audit.extract import kafka_schema
 from tests.audit.test_audit_transform import (
     AS_OF,
@@ -276,7 +276,7 @@ def test_a_cancel_is_in_time_against_the_moved_due_time(by_id):
 
 
 def test_superseded_is_counted_shown_and_fails_the_audit(messages, tmp_path):
-    rows = transform.collect_summary(transform.summarize(messages))
+    rows = summary.collect_summary(summary.summarize(messages))
     total = next(r for r in rows if r.scope == "total")
     assert total.counts == {
         "accepted": 11,
@@ -289,11 +289,11 @@ def test_superseded_is_counted_shown_and_fails_the_audit(messages, tmp_path):
         "pending": 1,
         "leaked": 0,
     }
-    assert not transform.promises_kept(total.counts)
-    assert transform.promises_kept(total.counts | {"superseded": 0, "duplicated": 7})
+    assert not summary.promises_kept(total.counts)
+    assert summary.promises_kept(total.counts | {"superseded": 0, "duplicated": 7})
     assert transform.moved_count(messages) == 9
     table = load.console_table(rows).splitlines()
     assert table[0].split()[5] == "SUPERSEDED"
     assert table[-1].split()[:7] == ["total", "11", "10", "0", "1", "0", "3"]
-    plot = load.plot_lateness(transform.lateness_histogram(messages), rows, tmp_path)
+    plot = load.plot_lateness(summary.lateness_histogram(messages), rows, tmp_path)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -47,6 +47,7 @@ import pytest
 
 from delayservice.audit import load, transform
 from delayservice.audit.extract import kafka_schema
+from delayservice.audit.summary import collect_summary, lateness_histogram, summarize
 from delayservice.levels import LevelSet
 
 pytestmark = pytest.mark.spark
@@ -134,10 +135,7 @@ def messages(sides, spark):
 
 @pytest.fixture(scope="module")
 def summary(messages):
-    return {
-        (r.scope, r.level, r.target): r
-        for r in transform.collect_summary(transform.summarize(messages))
-    }
+    return {(r.scope, r.level, r.target): r for r in collect_summary(summarize(messages))}
 
 
 def test_each_message_gets_the_verdict_its_story_calls_for(messages):
@@ -271,25 +269,25 @@ def test_no_input_still_gives_a_total_and_a_plot(spark, tmp_path):
         as_of_ms=AS_OF,
         grace_ms=GRACE,
     )
-    (total,) = transform.collect_summary(transform.summarize(messages))
+    (total,) = collect_summary(summarize(messages))
     assert total.scope == "total"
     assert total.counts["accepted"] == 0
-    assert transform.lateness_histogram(messages) == (1, [])
+    assert lateness_histogram(messages) == (1, [])
     assert load.plot_lateness((1, []), [total], tmp_path).stat().st_size > 0
 
 
 def test_histogram_bins_cover_every_delivered_message(messages):
-    width, bins = transform.lateness_histogram(messages, bins=10)
+    width, bins = lateness_histogram(messages, bins=10)
     assert width == 200  # (1000 - -5) / 10 rounded up to a 1-2-5 step
     assert sum(count for *_, count in bins) == 9
     assert {(level, start) for _, level, start, _ in bins} >= {("1s", -200), ("3s", 1000)}
 
 
 def test_outputs_parquet_json_png_and_table(messages, summary, spark, tmp_path):
-    rows = transform.collect_summary(transform.summarize(messages))
+    rows = collect_summary(summarize(messages))
     parquet = load.write_messages(messages, tmp_path)
     assert spark.read.parquet(str(parquet)).count() == 13
-    plot = load.plot_lateness(transform.lateness_histogram(messages), rows, tmp_path)
+    plot = load.plot_lateness(lateness_histogram(messages), rows, tmp_path)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     path = load.write_summary({"total": rows[-1].as_dict()}, tmp_path)
     assert json.loads(path.read_text())["total"]["missing"] == 2
@@ -429,7 +427,7 @@ def test_precise_mode_off_accepts_only_the_levels(spark, precise_sides):
 
 
 def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, tmp_path):
-    rows = transform.collect_summary(transform.summarize(precise_messages))
+    rows = collect_summary(summarize(precise_messages))
     by_level = {r.level: r for r in rows if r.scope == "level"}
     assert list(by_level) == ["1s", "2s", "exact"]
     exact = by_level["exact"]
@@ -452,7 +450,7 @@ def test_exact_is_a_level_in_the_summary_table_json_and_plot(precise_messages, t
     table = load.console_table(rows).splitlines()
     assert [line.split()[0] for line in table[2:5]] == ["1s", "2s", "exact"]
     assert table[4].split()[1:9] == ["9", "5", "1", "0", "1", "0", "3", "1"]
-    histogram = transform.lateness_histogram(precise_messages)
+    histogram = lateness_histogram(precise_messages)
     assert {level for _, level, _, _ in histogram[1]} == {"1s", "2s", "exact"}
     plot = load.plot_lateness(histogram, rows, tmp_path)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

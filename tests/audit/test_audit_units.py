@@ -16,7 +16,7 @@ from delayservice.audit.extract import (
     parse_offsets,
     precise_topics,
 )
-from delayservice.audit.transform import COUNTS, SummaryRow, bin_width, promises_kept
+from delayservice.audit.summary import COUNTS, SummaryRow, bin_width, promises_kept
 from delayservice.cli.app import app
 from delayservice.cli.audit_command import parse_instant
 from delayservice.settings import Settings
