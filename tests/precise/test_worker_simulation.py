@@ -166,6 +166,16 @@ class _WhileTheIntakeWaits(threading.Event):
         return self.is_set()
 
 
+class _Drawn:
+    """A `data` argument for a rule called by hand: every draw gives `value`."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def draw(self, _strategy: Any, label: str | None = None) -> Any:
+        return self.value
+
+
 class PreciseWorkerSimulation(Simulation):
     def __init__(self) -> None:
         super().__init__()
@@ -397,6 +407,26 @@ class PreciseWorkerSimulation(Simulation):
         log.append(marker)
         self.moved[spot] = (now_ms, new_due)
         self.order[("reschedule", spot)] = len(log) - 1
+
+    @rule(data=st.data(), shift_ms=st.sampled_from([-1_000, 1_500, 4_000]))
+    def a_cancel_then_a_reschedule_arrive(self, data: st.DataObject, shift_ms: int) -> None:
+        """Weighted: a record due at least `cancel_lead` from now is cancelled and then
+        moved (two clients, or one that changed its mind): the cancel wins, and the
+        move is answered `cancelled` and makes no copy. The two rules alone draw this
+        order for one record too seldom to reach it."""
+        now_ms = self.clock.ms()
+        choices = sorted(
+            spot
+            for spot, due in self.broker.due_ms.items()
+            if spot not in self.cancelled
+            and spot not in self.moved
+            and due - now_ms >= self._lead_ms
+        )
+        if not choices:
+            return
+        drawn = _Drawn(data.draw(st.sampled_from(choices), label="cancelled, then moved"))
+        self.a_cancel_arrives(drawn)  # type: ignore[arg-type]
+        self.a_reschedule_arrives(drawn, shift_ms, pending=True)  # type: ignore[arg-type]
 
     def _in_time(self, spot: tuple[tuple[str, int], int]) -> bool:
         """Whether `spot`'s reschedule was appended at least `cancel_lead` before its due."""
@@ -752,16 +782,6 @@ def test_a_transaction_the_coordinator_aborted_during_a_stall_does_not_hold_the_
         sim.faults_stop_and_time_passes()  # failed: HELD
     finally:
         sim.teardown()
-
-
-class _Drawn:
-    """A `data` argument for a rule called by hand: every draw gives `value`."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def draw(self, _strategy: Any, label: str | None = None) -> Any:
-        return self.value
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["one batch", "two batches"])
