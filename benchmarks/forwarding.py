@@ -49,9 +49,9 @@ from daemon_process import running_daemon
 
 from delayservice.envelope import H_CANCEL, H_VERSION, Envelope, Headers, wrap
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import LocalBroker
 from delayservice.markers.level_ids import level_id
 from delayservice.settings_loading import load_settings
+from delayservice.testing.local_broker import LocalBroker
 
 PARTITIONS = 3
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}

@@ -24,11 +24,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from delayservice.daemon import Daemon
 from delayservice.kafka import topics
-from delayservice.kafka.local_broker import LocalBroker
 from delayservice.kafka.record_headers import header_values
 from delayservice.producer import DelayProducer
 from delayservice.settings import Settings
 from delayservice.settings_loading import load_settings
+from delayservice.testing.local_broker import LocalBroker
 
 LEVELS = "1s,2s,5s,10s"
 DELAYS = [0.5, 1, 1.5, 2, 3, 4.5, 5, 7, 10]

@@ -36,6 +36,6 @@ if [ "${TEST_TOOLS:-0}" = 1 ] && ! command -v dclint >/dev/null; then
 fi
 
 echo "setup: caching the Kafka broker jars (Maven Central)"
-.venv/bin/python -c "from delayservice.kafka.local_broker import ensure_jars; print(ensure_jars())"
+.venv/bin/python -c "from delayservice.testing.local_broker import ensure_jars; print(ensure_jars())"
 echo "setup: caching the Spark Kafka connector jars (Maven Central)"
 .venv/bin/python -c "from delayservice.audit.jars import connector_jars; print(len(connector_jars()), 'jars')"

@@ -95,7 +95,7 @@ def kafka_bootstrap() -> Iterator[str]:
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from delayservice.kafka.local_broker import LocalBroker
+    from delayservice.testing.local_broker import LocalBroker
 
     if shutil.which("java") is None or shutil.which("mvn") is None:
         _no_broker("neither DELAYSERVICE_TEST_BOOTSTRAP, a Docker engine, nor java+mvn")
@@ -302,7 +302,7 @@ def java_partitions() -> Callable[[list[str], int], dict[str, int]]:
     """The partitions Apache Kafka's own Java client picks, computed by that client."""
     from pathlib import Path
 
-    from delayservice.kafka.local_broker import ensure_jars
+    from delayservice.testing.local_broker import ensure_jars
 
     if shutil.which("java") is None:
         _no_broker("java is needed to compute Java client partitions")

@@ -88,14 +88,14 @@ def _test_timer(name: str) -> bool:
 
 
 def test_the_package_imports_no_test_support() -> None:
-    """The local broker serves the tests, the demo and the benchmarks; the timers
-    library its benchmark. The daemon imports neither (its clock type is
-    `delayservice.clock`)."""
+    """`delayservice.testing` (the local broker) serves the tests, the demo and the
+    benchmarks; the timers library its benchmark. The daemon imports neither (its clock
+    type is `delayservice.clock`)."""
     wrong = [
         f"{room} imports {name}"
         for room, name in _arrows(".")
-        if not room.startswith(("delayservice.kafka.local_broker", "delayservice.timers."))
-        and (_under(name, "delayservice.kafka.local_broker") or _under(name, "delayservice.timers"))
+        if not room.startswith(("delayservice.testing.", "delayservice.timers."))
+        and (_under(name, "delayservice.testing") or _under(name, "delayservice.timers"))
     ]
     assert not wrong, "\n".join(wrong)
 
@@ -108,8 +108,8 @@ def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
         "if TYPE_CHECKING:\n"
         "    from delayservice.precise.wheel.wheel import Wheel\n"
         "def f():\n"
-        "    import delayservice.kafka.local_broker\n"
+        "    import delayservice.testing.local_broker\n"
     )
-    assert {"delayservice.precise.wheel.wheel", "delayservice.kafka.local_broker"} <= _imports(
+    assert {"delayservice.precise.wheel.wheel", "delayservice.testing.local_broker"} <= _imports(
         source
     )

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from delayservice import sizing
-from delayservice.kafka.local_broker import KAFKA_VERSION
 from delayservice.level.memory_budget import RECORD_OVERHEAD
 from delayservice.settings import Settings
 from delayservice.settings_loading import load_settings
+from delayservice.testing.local_broker import KAFKA_VERSION
 from tests.deploy.test_lint import bind_mounts, unit_entries
 from tests.settings_environment import only_these_settings
 

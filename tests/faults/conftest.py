@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from delayservice.kafka.local_broker import LocalBroker
 from delayservice.producer import Precision
+from delayservice.testing.local_broker import LocalBroker
 from tests.faults.harness import Fleet, Reader, SentLog, Traffic, wait_until
 from tests.faults.measure import Report, Source, Topology, evaluate
 from tests.faults.summary_table import ROW_PROPERTY

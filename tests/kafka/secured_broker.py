@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from delayservice.kafka.local_broker import LocalBroker
 from delayservice.ports import free_port
+from delayservice.testing.local_broker import LocalBroker
 
 PASSWORDS: Final = {"admin": "admin-secret", "app": "app-secret", "daemon": "daemon-secret"}
 """The PLAIN users and their passwords (test only)."""

@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from delayservice.kafka.local_broker import LocalBroker
 from delayservice.producer import DelayProducer
+from delayservice.testing.local_broker import LocalBroker
 
 pytestmark = pytest.mark.kafka
 
