@@ -14,26 +14,41 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import threading
-from pathlib import Path
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, overload
 
 from confluent_kafka import KafkaError
 
 from delayservice.delay_timing import Delay, DeliverAt
-from delayservice.envelope import Headers
 from delayservice.errors import DelayServiceError
-from delayservice.levels import LevelSet
 from delayservice.markers.receipt import DeliveryCallback, MarkerReceipt
-from delayservice.producer import DelayProducer, Precision
-from delayservice.settings import Settings
+from delayservice.producer import DelayProducer
 
 if TYPE_CHECKING:
     from delayservice.markers.replies import MarkerReply
 
 POLL_S: Final = 0.1
 """How long the polling thread waits for a report at a time (and so to notice close)."""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _arguments_of(
+    sync: Callable[Concatenate[Any, _P], object],
+) -> Callable[[Callable[..., _R]], Callable[Concatenate[Any, _P], _R]]:
+    """Give a wrapper the arguments of `DelayProducer`'s method, so there is one
+    description of each call: type checkers read it from the sync method, `help()` and
+    `inspect.signature` follow `__wrapped__` to it. (Overloaded methods keep their
+    overloads here: a type checker reads only the first overload through a ParamSpec.)"""
+
+    def borrow(wrapper: Callable[..., _R]) -> Callable[Concatenate[Any, _P], _R]:
+        return functools.wraps(sync, assigned=(), updated=())(wrapper)
+
+    return borrow
 
 
 class AsyncMarkerReceipt:
@@ -56,22 +71,9 @@ class AsyncDelayProducer:
     delay topic, or on `topic` when undelayed): the forward itself happens when due.
     Many sends at once: `asyncio.gather` them; librdkafka batches them as usual."""
 
-    def __init__(
-        self,
-        config: dict[str, Any],
-        *,
-        settings: Settings | None = None,
-        levels: LevelSet | None = None,
-        precision: Precision = "level",
-        config_file: Path | str | None = None,
-    ) -> None:
-        self.producer = DelayProducer(
-            config,
-            settings=settings,
-            levels=levels,
-            precision=precision,
-            config_file=config_file,
-        )
+    @_arguments_of(DelayProducer.__init__)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.producer = DelayProducer(*args, **kwargs)
         self._closed = threading.Event()
         self._poller = threading.Thread(
             target=self._poll_reports, name="delayservice-async-poll", daemon=True
@@ -82,26 +84,16 @@ class AsyncDelayProducer:
         while not self._closed.is_set():
             self.producer.poll(POLL_S)
 
-    async def produce(
-        self,
-        topic: str,
-        value: bytes | str | None = None,
-        key: bytes | str | None = None,
-        partition: int = -1,
-        on_delivery: DeliveryCallback | None = None,
-        timestamp: int = 0,
-        headers: Headers | dict[str, str | bytes | None] | None = None,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        callback: DeliveryCallback | None = None,
-        precision: Precision | None = None,
-    ) -> str:
+    @_arguments_of(DelayProducer.produce)
+    async def produce(self, *args: Any, **kwargs: Any) -> str:
         """`DelayProducer.produce`, awaited until the broker acknowledges the write;
         raises `DelayServiceError` (with the Kafka code) when it refuses it."""
         loop = asyncio.get_running_loop()
         written: asyncio.Future[None] = loop.create_future()
-        user_callback = on_delivery or callback
+        at = _on_delivery_position()
+        positional = len(args) > at
+        callback = kwargs.pop("callback", None)
+        user_callback = (args[at] if positional else kwargs.pop("on_delivery", None)) or callback
 
         def delivered(err: Any, msg: Any) -> None:  # on the polling thread
             try:
@@ -110,18 +102,11 @@ class AsyncDelayProducer:
             finally:
                 loop.call_soon_threadsafe(_settle, written, err)
 
-        message_id = self.producer.produce(
-            topic,
-            value,
-            key,
-            partition,
-            delivered,
-            timestamp,
-            headers,
-            delay=delay,
-            deliver_at=deliver_at,
-            precision=precision,
-        )
+        if positional:
+            args = (*args[:at], delivered, *args[at + 1 :])
+        else:
+            kwargs["on_delivery"] = delivered
+        message_id = self.producer.produce(*args, **kwargs)
         await written
         return message_id
 
@@ -135,19 +120,10 @@ class AsyncDelayProducer:
         self, message_id: str, *, wait: float, on_delivery: DeliveryCallback | None = None
     ) -> MarkerReply: ...
 
-    async def cancel(
-        self,
-        message_id: str,
-        *,
-        wait: float | None = None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> AsyncMarkerReceipt | MarkerReply:
+    async def cancel(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
         """`DelayProducer.cancel`: with `wait`, the daemon's reply; without, a receipt to
         await later."""
-        call = functools.partial(
-            self.producer.cancel, message_id, wait=wait, on_delivery=on_delivery
-        )
-        return _async(await asyncio.to_thread(call))
+        return await _marker(self.producer.cancel, *args, **kwargs)
 
     @overload
     async def reschedule(
@@ -171,26 +147,10 @@ class AsyncDelayProducer:
         on_delivery: DeliveryCallback | None = None,
     ) -> MarkerReply: ...
 
-    async def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: float | None = None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> AsyncMarkerReceipt | MarkerReply:
+    async def reschedule(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
         """`DelayProducer.reschedule`: with `wait`, the daemon's reply; without, a
         receipt to await later."""
-        call = functools.partial(
-            self.producer.reschedule,
-            message_id,
-            delay=delay,
-            deliver_at=deliver_at,
-            wait=wait,
-            on_delivery=on_delivery,
-        )
-        return _async(await asyncio.to_thread(call))
+        return await _marker(self.producer.reschedule, *args, **kwargs)
 
     async def flush(self, timeout: float = -1) -> int:
         return await asyncio.to_thread(self.producer.flush, timeout)
@@ -239,5 +199,16 @@ def _settle(written: asyncio.Future[None], err: Any) -> None:
         written.set_exception(DelayServiceError(f"not delivered: {err}"))
 
 
-def _async(outcome: MarkerReceipt | MarkerReply) -> AsyncMarkerReceipt | MarkerReply:
+async def _marker(
+    send: Callable[..., MarkerReceipt | MarkerReply], *args: Any, **kwargs: Any
+) -> AsyncMarkerReceipt | MarkerReply:
+    """A cancel or reschedule off the event loop (it may wait for the reply)."""
+    outcome = await asyncio.to_thread(send, *args, **kwargs)
     return AsyncMarkerReceipt(outcome) if isinstance(outcome, MarkerReceipt) else outcome
+
+
+@functools.cache
+def _on_delivery_position() -> int:
+    """Where `on_delivery` stands among `produce`'s positional arguments (after self),
+    read once from its signature: binding every call would cost more than the send."""
+    return list(inspect.signature(DelayProducer.produce).parameters).index("on_delivery") - 1
