@@ -13,6 +13,7 @@ import threading
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 
+from delayservice.forward import checkpoint, handovers
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward import transaction as transaction_module
 from tests.level import fakes
@@ -588,7 +589,7 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
     second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
     second.owner = rig.consumer
     fakes.PRODUCERS.append(second)
-    rig.forwarder._make_producer = lambda: second
+    rig.forwarder.rebuild.make = lambda: second
     rig.consumer.queue_rebalance("assign", 0)
     append(rig, 0, 2)
     run(rig, clock)
@@ -600,7 +601,7 @@ def test_a_producer_that_failed_for_good_is_replaced_and_the_interval_goes_again
     else:  # an idempotence failure: the queue is purged, produce() refused with _FATAL
         rig.producer.fatal_after = 1
     run(rig, clock, passes=1)
-    assert rig.forwarder._producer is second
+    assert rig.forwarder.rebuild.producer is second
     run(rig, clock)
     assert rig.fatal == []
     seen = forwarded(rig) + [s.delay_id or "" for s in second.visible(TARGET)]
@@ -643,7 +644,7 @@ def test_at_a_steady_rate_a_caught_up_forwarder_commits_after_the_floor_not_the_
     would commit only at the interval, and a read_committed reader would wait for it."""
     rig = rig_for(clock, exactly_once, commit_interval_s=1.0)
     rig.consumer.queue_rebalance("assign", 0)
-    floor = forwarder_module.commit_floor(1.0)
+    floor = checkpoint.commit_floor(1.0)
     for tick in range(16):  # a record due every 50 ms, each sent when due
         append(rig, 0, age_ms=LEVEL.delay_ms - 50 * tick)
     step(rig)
@@ -749,7 +750,7 @@ def test_a_handover_whose_flush_lost_its_error_is_a_counted_warning_and_sends_ag
     forward(rig)
     lose_the_next_flush_error(rig)
     rig.consumer.queue_rebalance("revoke", 0)
-    with caplog.at_level(logging.WARNING, logger=forwarder_module.__name__):
+    with caplog.at_level(logging.WARNING, logger=handovers.__name__):
         step(rig)
     handing = [r for r in caplog.records if "handing over" in r.getMessage()]
     assert [(r.levelno, r.exc_info) for r in handing] == [(logging.WARNING, None)]

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.forward import forwarder as forwarder_module
+from delayservice.forward import producer_rebuild
 from tests.forward.test_commit_path import GUARANTEES, committed, rig_for, run
 from tests.level import fakes
 from tests.level.fakes import (
@@ -69,7 +70,7 @@ def replaced_by_fresh_producers(
         made.append(producer)
         return producer
 
-    rig.forwarder._make_producer = fresh
+    rig.forwarder.rebuild.make = fresh
     return made
 
 
@@ -171,7 +172,7 @@ def test_a_record_set_aside_whose_send_raises_waits_on_instead_of_vanishing(
     When it goes again, the queue is full and the target is deleted while it waits for
     room: it is not dropped, and its partition never commits past it."""
     rig = rig_for(clock, False, backoff=(0.5, 1.0))
-    rig.forwarder._make_producer = lambda: rig.producer  # replaced by the same fake
+    rig.forwarder.rebuild.make = lambda: rig.producer  # replaced by the same fake
     rig.consumer.queue_rebalance("assign", 0)
     left = {"id-0-1": 1}
 
@@ -293,7 +294,7 @@ def test_a_fence_that_keeps_coming_stops_the_forwarder_with_a_hint(clock: FakeCl
 
     with pytest.raises(forwarder_module.ForwarderFatalError, match="same instance_name"):
         keep_going()
-    assert len(rig.forwarder._rebuilds) == forwarder_module.REBUILDS
+    assert len(rig.forwarder.rebuild.recent) == producer_rebuild.REBUILDS
 
 
 @pytest.mark.parametrize(("exactly_once", "fatal"), [(False, False), (True, False), (False, True)])

@@ -30,7 +30,7 @@ import threading
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
-from delayservice.forward import forwarder as forwarder_module
+from delayservice.forward import handovers
 from delayservice.forward import transaction as transaction_module
 from delayservice.level import consumer_loop as consumer_loop_module
 from delayservice.level.partition_group import PartitionGroup
@@ -52,7 +52,7 @@ def exactly_once_rig(clock: FakeClock) -> tuple[LevelRig, FakeProducer]:
     second = FakeProducer(dict(rig.producer.topics), clock, rig.producer.config)
     second.owner = rig.consumer
     fakes.PRODUCERS.append(second)
-    rig.forwarder._make_producer = lambda: second
+    rig.forwarder.rebuild.make = lambda: second
     return rig, second
 
 
@@ -109,7 +109,7 @@ def test_1_a_fatal_error_during_the_hand_over_still_forgets_the_partition(clock)
     )
     rig.consumer.queue_rebalance("revoke", 0)
     step(rig)
-    assert rig.forwarder._producer is second
+    assert rig.forwarder.rebuild.producer is second
     run(rig)
     assert violations(rig.producer, second) == []
     assert not any(i.startswith("id-0-") for i in seen(rig.producer, second))
@@ -120,7 +120,7 @@ def test_1_a_fatal_error_during_the_hand_over_still_forgets_the_partition(clock)
 def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, monkeypatch):
     """A forwarder thread busy elsewhere: the revoke callback does not return before
     the forwarder has served it, and what it then commits is still owned."""
-    monkeypatch.setattr(forwarder_module, "HANDOVER_WAIT_S", 0.1)
+    monkeypatch.setattr(handovers, "HANDOVER_WAIT_S", 0.1)
     rig = two_partitions_in_a_transaction(clock)
     busy = threading.Event()
     rig.forwarder._thread = threading.Thread(target=busy.wait, daemon=True)
@@ -130,7 +130,7 @@ def test_2_the_hand_over_waits_for_the_forwarder_however_long_it_takes(clock, mo
     consumer.start()
     consumer.join(0.6)  # six times the old give-up time
     still_waiting = consumer.is_alive()
-    rig.forwarder._serve_requests()  # the forwarder comes back to it
+    rig.forwarder.handovers.serve()  # the forwarder comes back to it
     consumer.join(5)
     busy.set()
     assert still_waiting, "the revoke callback returned before the hand-over"
@@ -167,7 +167,7 @@ def test_3_a_forwarder_never_puts_back_what_a_reassigned_partition_had(clock):
     taken_under = rig.forwarder.interval.taken_from[tp]
     rig.group.drop({tp})  # as if revoked and assigned again behind the forwarder's back
     rig.group.assign(tp)
-    rig.forwarder._txn.abort()
+    rig.forwarder.checkpoint.txn.abort()
     rig.forwarder.interval.requeue({})
     assert rig.group.incarnation(tp) != taken_under
     assert rig.group.total_buffered == 0
@@ -181,7 +181,7 @@ def test_4_a_commit_that_times_out_is_retried_as_a_commit_never_aborted(clock):
     rig.producer.commit_timeouts = 3  # goes through on the fourth call
     forward(rig, commit=True)
     run(rig)
-    assert rig.forwarder._producer is rig.producer  # not replaced
+    assert rig.forwarder.rebuild.producer is rig.producer  # not replaced
     assert rig.producer.aborted == []
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
     assert rig.producer.committed_txns[-1][1] == [((LEVEL_TOPIC, 0), 3)]
@@ -196,7 +196,7 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
     step(rig)
     rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
     forward(rig, commit=True)
-    assert rig.forwarder._producer is second
+    assert rig.forwarder.rebuild.producer is second
     assert rig.forwarder.reseek_wanted()
     append(rig, 0, 1)
     run(rig)
@@ -219,7 +219,7 @@ def test_a_re_seek_asked_for_during_a_revoke_waits_for_the_next_iteration(clock)
     rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
     rig.consumer.queue_rebalance("revoke", 0)
     step(rig)  # the revoke's commit point cannot say what it did: the producer goes
-    assert rig.forwarder._producer is second
+    assert rig.forwarder.rebuild.producer is second
     assert rig.loop.owned() == [1]
     assert rig.forwarder.reseek_wanted()
     assert rig.consumer.seeks == []  # nothing sought from inside the callback
@@ -240,7 +240,7 @@ def test_an_abort_that_runs_out_of_time_is_resumed_on_the_same_producer(clock):
     rig.producer.hold_reports = True  # the flush before commit times out: abort
     rig.producer.abort_timeouts = transaction_module.ABORT_ATTEMPTS - 1
     forward(rig, commit=True)
-    assert rig.forwarder._producer is rig.producer  # not replaced
+    assert rig.forwarder.rebuild.producer is rig.producer  # not replaced
     assert not rig.forwarder.reseek_wanted()
     assert rig.producer.abort_timeouts == 0
     assert len(rig.producer.aborted) == 3
@@ -259,7 +259,7 @@ def test_an_abort_that_keeps_running_out_of_time_replaces_the_producer(clock):
     rig.producer.abort_timeouts = transaction_module.ABORT_ATTEMPTS
     forward(rig, commit=True)
     assert rig.producer.abort_timeouts == 0  # every attempt was made
-    assert rig.forwarder._producer is second
+    assert rig.forwarder.rebuild.producer is second
     assert rig.forwarder.reseek_wanted()  # its outcome is unknown: read again
     run(rig)
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
@@ -268,7 +268,7 @@ def test_an_abort_that_keeps_running_out_of_time_replaces_the_producer(clock):
 
 def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock):
     rig = two_partitions_in_a_transaction(clock)
-    original = rig.forwarder._commit_point
+    original = rig.forwarder.checkpoint.commit_point
     calls = []
 
     def commit_point() -> bool:
@@ -277,7 +277,7 @@ def test_5_an_unexpected_error_in_the_hand_over_ends_the_transaction_first(clock
             raise RuntimeError("a bug in the commit point")
         return original()
 
-    rig.forwarder._commit_point = commit_point  # type: ignore[method-assign]
+    rig.forwarder.checkpoint.commit_point = commit_point  # type: ignore[method-assign]
     rig.consumer.queue_rebalance("revoke", 0)
     step(rig)
     assert rig.loop.owned() == [1]
@@ -408,7 +408,7 @@ def group_error_at_commit(rig: LevelRig, _second: FakeProducer) -> None:
 def unknown_outcome_at_commit(rig: LevelRig, second: FakeProducer) -> None:
     rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
     forward(rig, commit=True)
-    assert rig.forwarder._producer is second  # rebuilt
+    assert rig.forwarder.rebuild.producer is second  # rebuilt
 
 
 @pytest.mark.parametrize("reset", [group_error_at_commit, unknown_outcome_at_commit])

@@ -246,7 +246,7 @@ class LevelWorkerSimulation(Simulation):
             return consumer
 
         self.sleeper = SleepingAlarm.install(rig.group)
-        rig.forwarder._make_producer = new_producer
+        rig.forwarder.rebuild.make = new_producer
         rig.loop.keeper._make = new_consumer
         rig.loop._subscribe()
         self.rig = rig

@@ -13,7 +13,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from delayservice.forward import forwarder as forwarder_module
+from delayservice.forward import producer_rebuild
 from delayservice.forward.sender import ForwarderFatalError
 from tests.level.fakes import (
     DLQ,
@@ -504,4 +504,4 @@ def test_a_producer_that_keeps_failing_for_good_stops_the_daemon_with_nothing_se
     with pytest.raises(ForwarderFatalError, match="fake fatal"):
         every_producer_goes_fatal()
     assert rig.settled() == []
-    assert len(rig.producers) == 1 + forwarder_module.REBUILDS
+    assert len(rig.producers) == 1 + producer_rebuild.REBUILDS
