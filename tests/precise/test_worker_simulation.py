@@ -102,6 +102,8 @@ TOPIC = "timers"
 """The precise topic (ids `id-timers-P-O`: `_source_of` finds each forward's record)."""
 PARTITIONS = (0, 1)
 RESTARTS = 2
+MOVES = 3
+"""Reschedules of one record at most: a copy moved again, and again."""
 """Kills per example (a reported failure's restart is not counted)."""
 SEEDS = {False: 4711, True: 4712}
 """The seed of each guarantee's run (at-least-once, exactly-once), unless
@@ -215,13 +217,14 @@ class PreciseWorkerSimulation(Simulation):
         self.markers: dict[tuple[tuple[str, int], int], tuple[tuple[str, int], int]] = {}
         """Where each cancel marker is (a record of the precise topic, never forwarded)
         -> the record it cancels."""
-        self.moved: dict[tuple[tuple[str, int], int], tuple[int, int]] = {}
-        """Record -> (when a reschedule of it was appended, the new due time), epoch ms."""
+        self.moved: dict[tuple[tuple[str, int], int], list[tuple[int, int, int]]] = {}
+        """Record -> its reschedules in log order: (when appended and the new due time,
+        epoch ms; the marker's offset)."""
         self.moves: dict[tuple[tuple[str, int], int], tuple[tuple[str, int], int]] = {}
         """Where each reschedule marker is -> the record it moves."""
         self.order: dict[tuple[str, tuple[tuple[str, int], int]], int] = {}
-        """(kind, record) -> the offset of its marker: which of a record's markers came
-        first (two may share a millisecond)."""
+        """(kind, record) -> the offset of its first marker of that kind: which of a
+        record's markers came first (two may share a millisecond)."""
         self.invalid: set[tuple[tuple[str, int], int]] = set()
         """Records without a valid envelope (dead-lettered: nothing to move)."""
         self.faults = Faults(self.clock)
@@ -377,22 +380,25 @@ class PreciseWorkerSimulation(Simulation):
         pending=st.sampled_from([True, True, True, False]),
     )
     def a_reschedule_arrives(self, data: st.DataObject, shift_ms: int, pending: bool) -> None:
-        """A reschedule of a record appended before, to `shift_ms` from its due time (not
-        before now), as `DelayProducer.reschedule(deliver_at=...)` writes it: on the
-        record's partition. Once per record; cancelled or not (the cancel wins, in either
-        order). Mostly of a record not due within `cancel_lead` (`pending`), so that
-        moves in time, later and sooner, are common; else of any, in time or not."""
+        """A reschedule of a record appended before, to `shift_ms` from the time it was
+        last asked for (not before now), as `DelayProducer.reschedule(deliver_at=...)`
+        writes it: on the record's partition. Up to `MOVES` per record, so a copy is
+        moved again; cancelled or not (the cancel wins, in either order). Mostly of a
+        record not due within `cancel_lead` whichever of its times holds (`pending`), so
+        that moves in time, later and sooner, are common; else of any, in time or not."""
         now_ms = self.clock.ms()
         choices = sorted(
             spot
-            for spot, due in self.broker.due_ms.items()
-            if spot not in self.moved and (not pending or due - now_ms >= self._lead_ms)
+            for spot in self.broker.due_ms
+            if len(self.moved.get(spot, ())) < MOVES
+            and (not pending or min(self._possible_dues(spot)) - now_ms >= self._lead_ms)
         )
         if not choices:
             return
         spot = data.draw(st.sampled_from(choices), label="moved")
         tp, offset = spot
-        new_due = max(now_ms, self.broker.due_ms[spot] + shift_ms)
+        asked_ms = self.moved[spot][-1][1] if spot in self.moved else self.broker.due_ms[spot]
+        new_due = max(now_ms, asked_ms + shift_ms)
         log = self.broker.logs[tp]
         headers = [
             (H_VERSION, str(VERSION).encode()),
@@ -404,9 +410,9 @@ class PreciseWorkerSimulation(Simulation):
             tp[1], len(log), now_ms, topic=TOPIC, headers=headers, key=None, value=None
         )
         self.moves[(tp, len(log))] = spot
+        self.moved.setdefault(spot, []).append((now_ms, new_due, len(log)))
+        self.order.setdefault(("reschedule", spot), len(log))
         log.append(marker)
-        self.moved[spot] = (now_ms, new_due)
-        self.order[("reschedule", spot)] = len(log) - 1
 
     @rule(data=st.data(), shift_ms=st.sampled_from([-1_000, 1_500, 4_000]))
     def a_cancel_then_a_reschedule_arrive(self, data: st.DataObject, shift_ms: int) -> None:
@@ -428,23 +434,35 @@ class PreciseWorkerSimulation(Simulation):
         self.a_cancel_arrives(drawn)  # type: ignore[arg-type]
         self.a_reschedule_arrives(drawn, shift_ms, pending=True)  # type: ignore[arg-type]
 
-    def _in_time(self, spot: tuple[tuple[str, int], int]) -> bool:
-        """Whether `spot`'s reschedule was appended at least `cancel_lead` before its due."""
-        at, _ = self.moved[spot]
-        return self.broker.due_ms[spot] - at >= self._lead_ms
+    def _possible_dues(
+        self, spot: tuple[tuple[str, int], int], before: int | None = None
+    ) -> set[int]:
+        """The times `spot` may be due at, after its reschedules (those at offsets below
+        `before`, if given): a reschedule appended at least `cancel_lead` before a time
+        replaces it; one closer, or after it, may have been read in time or not (the
+        record may even be sent), so it adds its new time beside the old."""
+        dues = {self.broker.due_ms[spot]}
+        for at, new_due, offset in self.moved.get(spot, ()):
+            if before is not None and offset >= before:
+                break
+            late = {due for due in dues if due - at < self._lead_ms}
+            dues = late | {new_due}
+        return dues
+
+    def _move_in_time(self, spot: tuple[tuple[str, int], int], offset: int) -> bool:
+        """Whether the reschedule at `offset` came at least `cancel_lead` before every
+        time its record may have been due at then."""
+        at = next(at for at, _, moved_at in self.moved[spot] if moved_at == offset)
+        return min(self._possible_dues(spot, before=offset)) - at >= self._lead_ms
 
     def _earliest_ms(self, spot: tuple[tuple[str, int], int]) -> int:
-        """The earliest `spot` may be forwarded: its new time after a reschedule in time;
-        the sooner of the two after one that came late (it may have been read, or not)."""
-        due = self.broker.due_ms[spot]
-        if spot not in self.moved:
-            return due
-        new_due = self.moved[spot][1]
-        return new_due if self._in_time(spot) else min(due, new_due)
+        """The earliest `spot` may be forwarded: the last time a reschedule in time
+        asked for; the sooner of the times after one that came late."""
+        return min(self._possible_dues(spot))
 
     def _latest_ms(self, spot: tuple[tuple[str, int], int]) -> int:
         """By when `spot` is due whichever of its times holds."""
-        return max(self.broker.due_ms[spot], self.moved.get(spot, (0, 0))[1])
+        return max(self._possible_dues(spot))
 
     @rule(seconds=st.sampled_from([0.01, 0.05, 0.2, 0.5, 1.0, 3.0]))
     def time_passes(self, seconds: float) -> None:
@@ -626,8 +644,8 @@ class PreciseWorkerSimulation(Simulation):
             if topic != TARGET:
                 continue
             due = self._earliest_ms((tp, offset))
-            moved = self.moved.get((tp, offset))
-            why = f" (rescheduled at {moved[0]} to {moved[1]})" if moved is not None else ""
+            moves = self.moved.get((tp, offset), [])
+            why = "".join(f" (rescheduled at {at} to {to})" for at, to, _ in moves)
             self._check(
                 at * 1000 >= due - 0.001,
                 f"EARLY: {tp}@{offset} sent at {at}, due {due}{why} (faults fired: "
@@ -652,7 +670,7 @@ class PreciseWorkerSimulation(Simulation):
                     f"UNANSWERED: the {kind} at {tp}@{offset} of {spot} has no answer after"
                     f" a minute without faults (faults fired before: {self.faults.log})",
                 )
-                wanted = self._answers_in_time(kind, spot)
+                wanted = self._answers_in_time(kind, spot, offset)
                 self._check(
                     wanted is None or outcome in wanted,
                     f"the {kind} at {tp}@{offset} came in time for {spot} and was answered "
@@ -661,34 +679,29 @@ class PreciseWorkerSimulation(Simulation):
                 )
 
     def _answers_in_time(
-        self, kind: str, spot: tuple[tuple[str, int], int]
+        self, kind: str, spot: tuple[tuple[str, int], int], offset: int
     ) -> frozenset[str] | None:
-        """The answers a marker of `spot` that came in time may get (None: it came late,
-        or `spot` has nothing a reschedule could move). A reschedule and a cancel after
-        it read in one batch: the moves of a batch are made after its cancels are kept,
-        so the move finds the message cancelled."""
+        """The answers the marker at `offset` of `spot` may get when it came in time
+        (None: it came late, or `spot` has nothing a reschedule could move). A
+        reschedule and a cancel after it read in one batch: the moves of a batch are
+        made after its cancels are kept, so the move finds the message cancelled."""
         if kind == "cancel":
             at = self.cancelled[spot]
             in_time = self._due_for_cancel(spot) - at >= self._lead_ms
             return frozenset({"accepted"}) if in_time else None
-        if not self._in_time(spot) or spot in self.invalid:
+        if not self._move_in_time(spot, offset) or spot in self.invalid:
             return None
-        if spot not in self.cancelled:
+        cancelled = self.order.get(("cancel", spot))
+        if cancelled is None:
             return frozenset({"moved"})
-        if self._moved_first(spot):
+        if offset < cancelled:
             return frozenset({"moved", "cancelled"})
         return frozenset({"cancelled"})
 
-    def _moved_first(self, spot: tuple[tuple[str, int], int]) -> bool:
-        """Whether a reschedule of `spot` came before any cancel of it (in its log)."""
-        moved = self.order.get(("reschedule", spot))
-        cancelled = self.order.get(("cancel", spot))
-        return moved is not None and (cancelled is None or moved < cancelled)
-
     def _due_for_cancel(self, spot: tuple[tuple[str, int], int]) -> int:
-        """`spot`'s due time as its cancel finds it: moved by a reschedule that came
-        before (to the sooner of its times when the move came late)."""
-        return self._earliest_ms(spot) if self._moved_first(spot) else self.broker.due_ms[spot]
+        """`spot`'s due time as its cancel finds it: moved by the reschedules that came
+        before (to the soonest of its times when one came late)."""
+        return min(self._possible_dues(spot, before=self.order[("cancel", spot)]))
 
     def a_cancel_in_time_is_honoured(self) -> None:
         """A cancel appended at least `cancel_lead` before its record's due time: the
@@ -810,6 +823,73 @@ def test_a_reschedule_after_a_cancel_is_answered_cancelled_and_moves_nothing(
         sim.promises_hold()
         sim.faults_stop_and_time_passes()
         sim.promises_hold()
-        assert sim.moved[spot][1] < sim.clock.ms(), "the new time did not pass"
+        assert sim.moved[spot][-1][1] < sim.clock.ms(), "the new time did not pass"
+    finally:
+        sim.teardown()
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["one batch", "two batches"])
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_record_moved_again_goes_at_its_last_time_and_every_move_is_answered(
+    exactly_once: bool, together: bool
+) -> None:
+    """The second reschedule moves the copy the first one made: the record goes once,
+    at the second time (sooner than the first asked, later than its own), and both
+    markers are answered `moved` (the invariants check all three)."""
+
+    class Run(PreciseWorkerSimulation):
+        pass
+
+    Run.exactly_once = exactly_once
+    sim = Run()
+    try:
+        sim.faults_stop_and_time_passes()  # started, caught up, learned
+        sim.records_arrive(0, 1, 4_000, True)
+        spot = ((TOPIC, 0), 0)
+        sim.a_reschedule_arrives(_Drawn(spot), shift_ms=12_000, pending=True)  # type: ignore[arg-type]
+        if not together:
+            sim.threads_run(["intake", "loader", "forwarder"])
+        sim.a_reschedule_arrives(_Drawn(spot), shift_ms=-4_000, pending=True)  # type: ignore[arg-type]
+        (_, first, _), (_, second, _) = sim.moved[spot]
+        assert sim.broker.due_ms[spot] < second < first
+        sim.threads_run(["intake", "loader", "forwarder"])
+        sim.promises_hold()
+        sim.faults_stop_and_time_passes()
+        sim.promises_hold()
+        sent = [at for tp, offset, topic, at in sim._seen() if (tp, offset) == spot]
+        assert len(sent) == 1, sent
+        assert second <= sent[0] * 1000 < first, (sent, second, first)
+    finally:
+        sim.teardown()
+
+
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_reschedule_appended_exactly_cancel_lead_before_the_due_time_is_honoured(
+    exactly_once: bool,
+) -> None:
+    """At least `cancel_lead` before the due time includes exactly: found by the
+    simulation (seed 4712, example 200 of 300). A read-through round began at the
+    instant the reschedule was appended, just before it, and its end moved the gate
+    to that instant; the record was handed out at its due time, which the limit
+    reached exactly, and the move was answered `too_late`."""
+
+    class Run(PreciseWorkerSimulation):
+        pass
+
+    Run.exactly_once = exactly_once
+    sim = Run()
+    try:
+        sim.records_arrive(0, 2, 1_500, True)
+        sim.time_passes(0.5)
+        sim.faults.arm("consumer", "timeout")
+        sim.records_arrive(0, 1, 0, True)
+        spot = ((TOPIC, 0), 0)
+        sim.a_reschedule_arrives(_Drawn(spot), shift_ms=-4_000, pending=True)  # type: ignore[arg-type]
+        at, _, _ = sim.moved[spot][0]
+        assert sim.broker.due_ms[spot] - at == sim._lead_ms
+        sim.time_passes(1.0)
+        sim.promises_hold()
+        sim.faults_stop_and_time_passes()  # fails: answered too_late
+        sim.promises_hold()
     finally:
         sim.teardown()

@@ -46,6 +46,11 @@ ASK_TIMEOUT_S: Final = 10.0
 QUIET_FAILURES_S: Final = 30.0
 """Rounds failing for less than this are logged at INFO: a topic just made, a leader
 moving, a broker restarting (the intake says so itself)."""
+TICK_S: Final = 0.001
+"""Append times are whole milliseconds: a marker stamped with the instant a round began
+may have come just after the round asked where its partition ends, so a round vouches
+only for the instants before it began. A marker stamped exactly `lead_s` before its
+message's due time is then read before the message goes, as the promise says."""
 UNREAD: Final = float("-inf")
 """`through_s` before the first round: nothing goes out."""
 
@@ -63,7 +68,10 @@ class ReadThrough:
         self._moved: list[Moved] = []
 
     def limit_s(self) -> float:
-        return self.through_s + self.lead_s
+        return self._limit_s(self.through_s)
+
+    def _limit_s(self, through_s: float) -> float:
+        return through_s + self.lead_s - TICK_S
 
     def on_move(self, moved: Moved) -> None:
         """`moved(old_limit_s, new_limit_s)` after each move, on the intake thread."""
@@ -76,7 +84,7 @@ class ReadThrough:
             return
         self.through_s = began_s
         for moved in self._moved:
-            moved(old + self.lead_s, began_s + self.lead_s)
+            moved(self._limit_s(old), self._limit_s(began_s))
 
     def lag_s(self, now_s: float) -> float:
         """How far behind `now_s` the reading is known complete (inf before a round)."""
