@@ -34,11 +34,13 @@ The invariants, after every step:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -742,6 +744,21 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forwarder_module, "RESEEK_POLL_S", 0.0)
 
 
+@contextlib.contextmanager
+def _simulation(exactly_once: bool) -> Iterator[PreciseWorkerSimulation]:
+    """One simulation stepped by hand, for a written sequence of its rules."""
+
+    class Run(PreciseWorkerSimulation):
+        pass
+
+    Run.exactly_once = exactly_once
+    sim = Run()
+    try:
+        yield sim
+    finally:
+        sim.teardown()
+
+
 @pytest.mark.timeout(300 + EXAMPLES)  # shrinking a failure takes up to five minutes
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
 def test_the_precise_worker_keeps_its_promises_under_every_fault(exactly_once: bool) -> None:
@@ -756,11 +773,7 @@ def test_a_transaction_turned_abortable_in_the_queue_full_wait_does_not_hold_the
     point came to abort the transaction, and the record stayed due and unsent until a
     restart; an open transaction now reaches a commit point even when empty."""
 
-    class Run(PreciseWorkerSimulation):
-        exactly_once = True
-
-    sim = Run()
-    try:
+    with _simulation(exactly_once=True) as sim:
         sim.faults_stop_and_time_passes()  # started, caught up, learned
         sim.faults.arm("producer", "queue_full")
         sim.faults.arm_after_full("txn_requires_abort")
@@ -771,8 +784,6 @@ def test_a_transaction_turned_abortable_in_the_queue_full_wait_does_not_hold_the
             "producer.poll: txn_requires_abort",
         ]
         sim.faults_stop_and_time_passes()  # fails: HELD
-    finally:
-        sim.teardown()
 
 
 def test_a_transaction_the_coordinator_aborted_during_a_stall_does_not_hold_the_record() -> None:
@@ -782,19 +793,13 @@ def test_a_transaction_the_coordinator_aborted_during_a_stall_does_not_hold_the_
     `_STATE`, the error left the commit point before any abort, and every later commit
     point met the same refusal: the record stayed due and unsent until a restart."""
 
-    class Run(PreciseWorkerSimulation):
-        exactly_once = True
-
-    sim = Run()
-    try:
+    with _simulation(exactly_once=True) as sim:
         sim.faults_stop_and_time_passes()  # started, caught up, learned
         sim.faults.arm("producer", "stall", stall_s=12.0)
         sim.records_arrive(0, 1, 0, True)
         sim.time_passes(0.01)
         assert sim.faults.log == ["producer.poll: stall"]
         sim.faults_stop_and_time_passes()  # failed: HELD
-    finally:
-        sim.teardown()
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["one batch", "two batches"])
@@ -806,12 +811,7 @@ def test_a_reschedule_after_a_cancel_is_answered_cancelled_and_moves_nothing(
     (in the cancel's batch or a later one) makes no copy and is answered `cancelled`,
     and the message is never sent (the invariants check both)."""
 
-    class Run(PreciseWorkerSimulation):
-        pass
-
-    Run.exactly_once = exactly_once
-    sim = Run()
-    try:
+    with _simulation(exactly_once) as sim:
         sim.faults_stop_and_time_passes()  # started, caught up, learned
         sim.records_arrive(0, 1, 4_000, True)
         spot = ((TOPIC, 0), 0)
@@ -824,8 +824,6 @@ def test_a_reschedule_after_a_cancel_is_answered_cancelled_and_moves_nothing(
         sim.faults_stop_and_time_passes()
         sim.promises_hold()
         assert sim.moved[spot][-1][1] < sim.clock.ms(), "the new time did not pass"
-    finally:
-        sim.teardown()
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["one batch", "two batches"])
@@ -837,12 +835,7 @@ def test_a_record_moved_again_goes_at_its_last_time_and_every_move_is_answered(
     at the second time (sooner than the first asked, later than its own), and both
     markers are answered `moved` (the invariants check all three)."""
 
-    class Run(PreciseWorkerSimulation):
-        pass
-
-    Run.exactly_once = exactly_once
-    sim = Run()
-    try:
+    with _simulation(exactly_once) as sim:
         sim.faults_stop_and_time_passes()  # started, caught up, learned
         sim.records_arrive(0, 1, 4_000, True)
         spot = ((TOPIC, 0), 0)
@@ -859,8 +852,6 @@ def test_a_record_moved_again_goes_at_its_last_time_and_every_move_is_answered(
         sent = [at for tp, offset, topic, at in sim._seen() if (tp, offset) == spot]
         assert len(sent) == 1, sent
         assert second <= sent[0] * 1000 < first, (sent, second, first)
-    finally:
-        sim.teardown()
 
 
 @pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
@@ -873,12 +864,7 @@ def test_a_reschedule_appended_exactly_cancel_lead_before_the_due_time_is_honour
     to that instant; the record was handed out at its due time, which the limit
     reached exactly, and the move was answered `too_late`."""
 
-    class Run(PreciseWorkerSimulation):
-        pass
-
-    Run.exactly_once = exactly_once
-    sim = Run()
-    try:
+    with _simulation(exactly_once) as sim:
         sim.records_arrive(0, 2, 1_500, True)
         sim.time_passes(0.5)
         sim.faults.arm("consumer", "timeout")
@@ -891,5 +877,3 @@ def test_a_reschedule_appended_exactly_cancel_lead_before_the_due_time_is_honour
         sim.promises_hold()
         sim.faults_stop_and_time_passes()  # fails: answered too_late
         sim.promises_hold()
-    finally:
-        sim.teardown()
