@@ -7,10 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import fast_path as interpreted_fast_path
 from delayservice.forward import speedups
-from delayservice.level import consumer_loop as consumer_loop_module
 from tests.ci import IN_CI
 from tests.level import fakes
 from tests.level.fakes import FakeClock
@@ -28,7 +26,7 @@ def _commits_only_what_is_owned() -> Iterator[None]:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     clock = FakeClock()
-    for module in (dead_letter_module, consumer_loop_module):
+    for module in fakes.CLOCKED_MODULES:
         monkeypatch.setattr(module, "time", clock)
     return clock
 

@@ -49,10 +49,15 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
+from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward.forwarder import Forwarder, Routes
 from delayservice.kafka.broker_clock import MAX_HOLD_BACK_S, BrokerClock
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
+from delayservice.level import consumer_loop as consumer_loop_module
+from delayservice.level import rebalance_callbacks as rebalance_callbacks_module
+from delayservice.level import record_admission as record_admission_module
+from delayservice.level import start_offsets as start_offsets_module
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
@@ -101,6 +106,16 @@ class FakeClock:
         with self._lock:
             self._wall_us += step
             self._mono_us += step
+
+
+CLOCKED_MODULES = (
+    dead_letter_module,
+    consumer_loop_module,
+    record_admission_module,
+    rebalance_callbacks_module,
+    start_offsets_module,
+)
+"""The modules of the level rig that read `time`, which a FakeClock stands in for."""
 
 
 # -- records ------------------------------------------------------------------------

@@ -657,7 +657,7 @@ def test_an_exception_after_consume_reads_the_batch_again_instead_of_skipping_it
 
         rig.group.add = add_failing_second
     else:  # caught where it is called: the batch is admitted, the resume tried again
-        rig.loop._to_resume_on_assign.append(tp(0))
+        rig.loop._reading.to_resume_on_assign.append(tp(0))
         rig.consumer.resume = _FailingFirst(rig.consumer.resume, KafkaError._TRANSPORT)
     surviving_step(rig)
     assert rig.metric("delayservice_loop_errors_total", thread="consumer") == 1
@@ -692,13 +692,13 @@ def test_a_resume_that_fails_after_a_re_assignment_is_tried_again(clock):
 def test_a_seek_that_fails_keeps_every_rewind_for_the_next_iteration(rig):
     rig.consumer.queue_rebalance("assign", 0, 1)
     step(rig)
-    rig.loop._rewind.update({tp(0): 0, tp(1): 0})
+    rig.loop._reading.rewind.update({tp(0): 0, tp(1): 0})
     rig.consumer.seek = _FailingFirst(rig.consumer.seek, KafkaError._STATE)
     with pytest.raises(KafkaException):
-        rig.loop._apply_rewinds()
-    assert set(rig.loop._rewind) == {tp(0), tp(1)}  # the failed one and the one after it
-    rig.loop._apply_rewinds()
-    assert rig.loop._rewind == {}
+        rig.loop._admission.apply_rewinds()
+    assert set(rig.loop._reading.rewind) == {tp(0), tp(1)}  # the failed one and the one after it
+    rig.loop._admission.apply_rewinds()
+    assert rig.loop._reading.rewind == {}
     assert sorted(rig.consumer.seeks) == [(0, 0), (1, 0)]
 
 

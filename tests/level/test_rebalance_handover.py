@@ -32,7 +32,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
 
 from delayservice.forward import handovers
 from delayservice.forward import transaction as transaction_module
-from delayservice.level import consumer_loop as consumer_loop_module
+from delayservice.level import start_offsets as start_offsets_module
 from delayservice.level.partition_group import PartitionGroup
 from tests.level import fakes
 from tests.level.fakes import (
@@ -329,7 +329,7 @@ def test_6_a_partition_never_committed_starts_at_the_beginning(clock):
 def test_6_an_assignment_waits_while_a_dead_members_transaction_holds_the_offsets(
     clock, monkeypatch
 ):
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
     rig.consumer.committed_tps[(LEVEL_TOPIC, 0)] = 2
     rig.consumer.fetch_loses_offsets = True
@@ -348,7 +348,7 @@ def test_6_a_partition_starts_at_the_later_of_its_groups_offset_and_the_other_la
     """After a change of worker layout the other layout's group is the one that moved
     on (and on the way back this group's offsets are the old ones): each partition
     starts at the later of the two, asked again while the other's are unstable."""
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     rig = subscribed(make_level_rig(clock=clock, exactly_once=exactly_once))
     answers: list[dict[tuple[str, int], int] | None] = [
         None,  # a killed member's transaction still holds them
@@ -378,7 +378,7 @@ def test_6_a_fallback_that_raises_is_asked_again_and_the_partitions_are_still_as
     """After a broker restart the admin call for the other layout's offsets can time out
     (a bare TimeoutError, not a KafkaException): the assign callback asks again instead
     of failing, which left the member without its partitions."""
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     rig = subscribed(make_level_rig(clock=clock, exactly_once=True))
     calls = {"n": 0}
 
@@ -445,7 +445,7 @@ def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(
     """The start rule's wait asks again on every error but a fatal one: the client is
     marked failed and nothing more is read from it; the consumer that replaces it starts
     each partition by the same rule, the other layout's offset included."""
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     rig, second = exactly_once_rig(clock)
     rig.loop._fallback = lambda tps: {tp: 5 for tp in tps if tp == (LEVEL_TOPIC, 0)}
     append(rig, 0, 5)  # forwarded and committed by the other layout's group
@@ -478,7 +478,7 @@ def test_6_a_bare_kafka_error_while_fetching_the_start_asks_again(clock, monkeyp
     """`committed()` leaves the `KafkaError` itself as the exception once (see
     `kafka.client_errors`), inside the assign callback: the start is asked for again,
     and the partition is assigned and read, not left out of the assignment."""
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     rig, second = exactly_once_rig(clock)
     answer = rig.consumer.committed
     raised: list[bool] = []

@@ -45,13 +45,12 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL, H_DUE_MS, H_RESCHEDULE
-from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.sender import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
-from delayservice.level import consumer_loop as consumer_loop_module
 from delayservice.level import marker_reader as marker_reader_module
+from delayservice.level import start_offsets as start_offsets_module
 from delayservice.level.marker_reader import MarkerReader
 from delayservice.markers.level_ids import level_id, marker_partition
 from delayservice.metrics.service_metrics import ServiceMetrics
@@ -122,7 +121,7 @@ class LevelWorkerSimulation(Simulation):
         self.clock = FakeClock()
         self._patched = [
             (module, "time", module.time)
-            for module in (dead_letter_module, consumer_loop_module, marker_reader_module)
+            for module in (*fakes.CLOCKED_MODULES, marker_reader_module)
         ]
         for module, name, _ in self._patched:
             setattr(module, name, self.clock)
@@ -960,7 +959,7 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     """The loops' pauses after an error are real waits on an event; a step is one pass."""
     monkeypatch.setattr(consumer_thread_module, "ERROR_PAUSE_S", 0.0)
     monkeypatch.setattr(marker_reader_module, "ERROR_PAUSE_S", 0.0)
-    monkeypatch.setattr(consumer_loop_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
     monkeypatch.setattr(forwarder_module, "RESEEK_POLL_S", 0.0)
 
 
