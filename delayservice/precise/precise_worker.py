@@ -42,6 +42,7 @@ from delayservice.precise.intake.intake import Intake
 from delayservice.precise.intake.offset_ledger import LevelLedger
 from delayservice.precise.placement import Placement, Role
 from delayservice.precise.precise_forwarders import PreciseForwarders
+from delayservice.precise.settle import settle_unsent
 from delayservice.precise.storage.census_export import CensusExport
 from delayservice.precise.storage.data_dir import DataDir
 from delayservice.precise.storage.storage_fault import StorageError
@@ -187,6 +188,7 @@ class PreciseWorker:
                 slot_exists=lambda partition, second: (
                     self.store.size(partition, second) is not None
                 ),
+                committed_past=self._committed_past,
                 members=settings.precise_members,
                 dropped=count_dropped,
             )
@@ -251,6 +253,7 @@ class PreciseWorker:
             delivered=self.delivery,
             takeover=takeover,
             level_name=level_name,
+            settle_unsent=lambda records: settle_unsent(records, self.ledger),
         )
         buffer = self.wheel.buffer
         forwarders = PreciseForwarders(
@@ -339,6 +342,11 @@ class PreciseWorker:
         metrics.precise_read_through_lag.labels(name).set_function(
             lambda: self.read_through.lag_s(self._clock.time())
         )
+
+    def _committed_past(self, partition: int, offset: int) -> bool:
+        """Whether the intake has committed `partition` past `offset`."""
+        committed = self.ledger.last_committed(partition)
+        return committed is not None and committed > offset
 
     def _storage_fault(self, fault: StorageError) -> None:
         """A fault of the disk on any thread stops the daemon (see `storage_fault`)."""

@@ -17,6 +17,7 @@ from typing import Protocol
 from delayservice.forward.buffer import Runs
 from delayservice.precise.delivery.delivery_log import DeliveryLog
 from delayservice.precise.intake.offset_ledger import LevelLedger, PartitionLedger
+from delayservice.precise.storage.slot_record import SlotRecord
 from delayservice.precise.storage.storage_fault import StorageError
 from delayservice.precise.wheel.slot_ledger import SlotTracker
 
@@ -34,6 +35,12 @@ def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> 
     marked or deleted stays on disk for the restart the fault is already causing."""
     with contextlib.suppress(StorageError):  # reported through `on_fault`
         wheel.settle_many(_slots_settling(runs, offsets))
+
+
+def settle_unsent(records: list[SlotRecord], offsets: LevelLedger) -> None:
+    """The intake's dead letters read again that a committed transaction delivered
+    before this producer took over: not sent again, their offsets commit."""
+    _slots_settling([(("", record.partition()), [record]) for record in records], offsets)
 
 
 def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker, int]]:

@@ -877,3 +877,20 @@ def test_a_reschedule_appended_exactly_cancel_lead_before_the_due_time_is_honour
         sim.promises_hold()
         sim.faults_stop_and_time_passes()  # fails: answered too_late
         sim.promises_hold()
+
+
+def test_a_dead_letter_the_last_process_committed_is_not_sent_again_after_a_kill() -> None:
+    """Exactly-once: a record without a valid envelope is dead-lettered in a transaction
+    that commits, and the process is killed before the intake commits the record's
+    offset. Found by the simulation (seed 4712, example 200 of 300): the next process
+    read the record again and dead-lettered it again, a second copy in a committed
+    transaction; the delivery records named only slot records."""
+    with _simulation(exactly_once=True) as sim:
+        sim.faults_stop_and_time_passes()  # started, caught up, learned
+        sim.records_arrive(0, 1, 0, False)
+        sim.threads_run(["intake", "forwarder"])
+        sim.promises_hold()
+        sim.killed_and_restarted()
+        sim.promises_hold()
+        sim.faults_stop_and_time_passes()
+        sim.promises_hold()  # failed: DUPLICATE

@@ -20,6 +20,13 @@ they are settled: those whose marks could not be written (a storage fault), and 
 learned delivered that have not come up yet (a slot still loading after a restart),
 while their slot file is on disk.
 
+The intake's dead letters (records without a valid envelope, never stored) are named
+too, under second `DEAD_LETTERS`. Their "mark" is the intake's commit of their offsets,
+which comes after the transaction, on the intake's thread: until it has come, a kill
+makes the next process read them again. So they are carried into every later record
+until the intake has committed past them, and one read again that a committed
+transaction delivered is settled unsent.
+
 After every init_transactions, which fences the member's previous producer and ends
 its open transaction (committed or aborted), the forwarder `learn`s: it reads the done
 topic read_committed to its end and takes this member's latest record. Records it
@@ -55,6 +62,7 @@ from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.markers.replies import MarkerRepliesError
 from delayservice.precise.delivery.delivered_position import read_position, write_position
 from delayservice.precise.delivery.sent_records import (
+    DEAD_LETTERS,
     Dropped,
     Slot,
     decode_sent_record,
@@ -104,13 +112,16 @@ class DeliveryLog:
         position_file: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         slot_exists: Callable[[int, int], bool] = lambda _partition, _second: True,
+        committed_past: Callable[[int, int], bool] = lambda _partition, _offset: False,
         writer: int | None = None,
         members: int | None = None,
         dropped: Callable[[str], None] | None = None,
     ) -> None:
         """`wake`: wakes the forwarder (replies are waiting for a transaction);
         `position_file`: where the done topic's offset a restart reads from is noted;
-        `slot_exists`: whether a slot's file is still on disk. `member`: whose
+        `slot_exists`: whether a slot's file is still on disk; `committed_past`: whether
+        the intake has committed its offset past a record (partition, offset), so its
+        dead letter need not be named any more. `member`: whose
         transactional id the forwarder commits under; `writer`: who this is, when it is
         that member's replica taking over. `members`: how many precise members there
         are; `dropped`: counts a record under this log's key it does not take, by
@@ -141,6 +152,10 @@ class DeliveryLog:
         the last stable offset, which another member's open transaction holds back
         below this member's own records."""
         self._slot_exists = slot_exists
+        self._committed_past = committed_past
+        self._dead: dict[int, set[int]] = {}
+        """partition -> offsets: the intake's dead letters committed transactions
+        delivered, until the intake commits past them (forwarder's thread only)."""
         self._latest: dict[Slot, set[int]] = {}
         self._known: dict[int, dict[int, int]] = {}
         """partition -> offset -> second: learned delivered by committed transactions,
@@ -233,6 +248,12 @@ class DeliveryLog:
                 slot = record.slot
                 if type(slot) is SlotTracker:
                     delivered.setdefault((slot.partition, slot.second), set()).add(record.offset())
+                elif slot is not None:  # a dead letter of the intake
+                    delivered.setdefault((record.partition(), DEAD_LETTERS), set()).add(
+                        record.offset()
+                    )
+        for partition, offsets in self._dead_uncommitted().items():
+            delivered.setdefault((partition, DEAD_LETTERS), set()).update(offsets)
         for (partition, second), offsets in self._still_known().items():
             delivered.setdefault((partition, second), set()).update(offsets)
         self._in_txn = delivered
@@ -255,17 +276,31 @@ class DeliveryLog:
 
     def _still_known(self) -> dict[Slot, set[int]]:
         """What was learned delivered and has not come up yet, where its slot file is
-        still on disk (a file gone took its records with it)."""
+        still on disk (a file gone took its records with it), or, for a dead letter,
+        while the intake has not committed past it."""
         by_slot: dict[Slot, set[int]] = {}
         for partition, offsets in self._known.items():
-            for offset, second in offsets.items():
+            for offset, second in list(offsets.items()):
+                if second == DEAD_LETTERS and self._committed_past(partition, offset):
+                    del offsets[offset]
+                    continue
                 by_slot.setdefault((partition, second), set()).add(offset)
-        gone = [slot for slot in by_slot if not self._exists(slot)]
+        gone = [slot for slot in by_slot if slot[1] != DEAD_LETTERS and not self._exists(slot)]
         for partition, second in gone:
             known = self._known[partition]
             for offset in by_slot.pop((partition, second)):
                 del known[offset]
         return by_slot
+
+    def _dead_uncommitted(self) -> dict[int, set[int]]:
+        """The dead letters delivered whose offsets the intake has not committed yet."""
+        for partition, offsets in list(self._dead.items()):
+            offsets.difference_update(
+                {offset for offset in offsets if self._committed_past(partition, offset)}
+            )
+            if not offsets:
+                del self._dead[partition]
+        return self._dead
 
     def _exists(self, slot: Slot) -> bool:
         try:
@@ -274,6 +309,9 @@ class DeliveryLog:
             return True
 
     def committed(self) -> None:
+        for (partition, second), offsets in self._in_txn.items():
+            if second == DEAD_LETTERS:
+                self._dead.setdefault(partition, set()).update(offsets)
         with self._lock:
             self._commits += 1
             if self._in_txn:
@@ -309,7 +347,7 @@ class DeliveryLog:
         the marks of every transaction committed so far are written."""
         if self._position_file is None or self._clock() - self._noted_at < NOTE_EVERY_S:
             return
-        if any(self._known.values()):
+        if any(self._known.values()) or self._dead_uncommitted():
             return  # records still carried: a restart must find the record naming them
         self._noted_at = self._clock()
         ends = self._ends

@@ -50,6 +50,11 @@ def sent_key(member: int, writer: int | None = None) -> bytes:
 
 Slot = tuple[int, int]
 """(partition, second): a slot file, and the records of it a transaction delivered."""
+DEAD_LETTERS: Final = 0
+"""The second that names, per partition, the intake's dead letters a transaction
+delivered: records no slot file holds, whose offsets the intake commits only after the
+transaction. No slot file is at second 0, so a reader that does not know this finds
+none and lets them go."""
 
 
 def encode_sent(

@@ -1,7 +1,8 @@
 """Taking due records for the forwarder: the last look before a record is sent.
 
 What must not go out any more is held back here, under the wheel's lock: a record a
-committed transaction delivered before this producer took over (exactly-once), one
+committed transaction delivered before this producer took over (exactly-once: a slot
+record, or a dead letter of the intake read again, whose offset then commits), one
 cancelled since it was loaded, a copy a reschedule has replaced, a replica's copy the
 owner reported done (or, just after a start, one whose fate waits for the other
 holder's reports). What goes out is remembered, so a cancel or reschedule that comes
@@ -10,6 +11,7 @@ later is told it is too late.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 from delayservice.precise.placement import Placement, Role
@@ -38,7 +40,10 @@ class SlotTaking:
         coverage: Coverage | None,
         delivered: Delivered | None,
         takeover_by: Takeover | None,
+        settle_unsent: Callable[[list[SlotRecord]], None] = lambda _records: None,
     ) -> None:
+        """`settle_unsent`: lets the intake commit the offsets of its dead letters that
+        a committed transaction delivered before this producer took over."""
         self._state = state
         self._placement = placement
         self._outcomes = outcomes
@@ -46,6 +51,7 @@ class SlotTaking:
         self._coverage = coverage
         self._delivered = delivered
         self._takeover_by = takeover_by
+        self._settle_unsent = settle_unsent
 
     def keep_or_stop(self, records: list[SlotRecord]) -> list[SlotRecord]:
         """`_keep`, on the forwarder's thread: a fault of the disk (reported through
@@ -67,7 +73,7 @@ class SlotTaking:
     ) -> list[SlotRecord]:
         """Runs on the taking thread, just before the records are sent. Not `final`:
         a first look, and the records kept are not yet counted as sent."""
-        if not records:
+        if not (records := self._without_dead_letters_sent_before(records, delivered)):
             return records
         out: list[SlotRecord] = []
         settled: list[tuple[SlotTracker, int]] = []
@@ -120,6 +126,25 @@ class SlotTaking:
             self._state.recent.add_all(sent)
         self._kept(cancelled, settled, deferred)
         return out
+
+    def _without_dead_letters_sent_before(
+        self, records: list[SlotRecord], delivered: Delivered | None
+    ) -> list[SlotRecord]:
+        """`records` less the intake's dead letters a committed transaction delivered
+        before this producer took over (read again after a kill, before the intake
+        committed their offsets): not sent again, their offsets commit."""
+        if delivered is None:
+            return records
+        unsent = {
+            id(record)
+            for record in records
+            if not isinstance(record.slot, SlotTracker)
+            and delivered.sent(record.partition(), record.offset())
+        }
+        if not unsent:
+            return records
+        self._settle_unsent([record for record in records if id(record) in unsent])
+        return [record for record in records if id(record) not in unsent]
 
     def _covered(
         self,

@@ -84,6 +84,7 @@ class Wheel:
         delivered: Delivered | None = None,
         takeover: Takeover | None = None,
         level_name: str = "exact",
+        settle_unsent: Callable[[list[SlotRecord]], None] = lambda _records: None,
     ) -> None:
         """`max_buffered_bytes` bounds what loading slots brings into memory (records
         the intake hands straight in come on top), unless `held` is given: a cap shared
@@ -93,7 +94,8 @@ class Wheel:
         usual but stay on disk, finished or not, until it has read that batch again
         (`read_again`). `topic`: the precise topic (the buffer's runs are
         keyed by its partitions). `delivered` (exactly-once): records it names were
-        delivered by a transaction that committed, and are settled unsent. `takeover`
+        delivered by a transaction that committed, and are settled unsent (the intake's dead
+        letters through `settle_unsent`, which lets their offsets commit). `takeover`
         (two copies, exactly-once): the replica's copies go out through their own
         forwarder, under the owner's transactional id (`takeover_buffer`). `level_name`
         ends its threads' names (`exact`, `exact-far`), as the forwarders' do: the near
@@ -107,7 +109,7 @@ class Wheel:
         self._loader = SlotLoading(state, cancels, outcomes, takeover_s)
         self._splitting = SpanSplitting(state, takeover_s)
         self._taking = SlotTaking(
-            state, placement, outcomes, takeover_s, coverage, delivered, takeover
+            state, placement, outcomes, takeover_s, coverage, delivered, takeover, settle_unsent
         )
         self._moves = RescheduleMoves(state, cancels, takeover_s)
         state.buffer = SlotBuffer(clock, keep=self._taking.keep_or_stop, topic=topic)
