@@ -28,7 +28,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from delayservice.forward.buffer import TP
-from delayservice.forward.sender import ForwarderFatalError, SendLaterError, producer_failed
+from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError, producer_failed
 from delayservice.kafka.client_errors import error_of, is_fatal, raised_as_exception
 
 log = logging.getLogger(__name__)

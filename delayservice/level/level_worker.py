@@ -14,13 +14,13 @@ from typing import Any
 from confluent_kafka import Consumer, Producer
 
 from delayservice.forward.build import build_forwarder
-from delayservice.forward.forwarder import Routes
 from delayservice.kafka import client_config
 from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.layout import OtherLayout, WorkerPlan
+from delayservice.level.level_route import level_routes
 from delayservice.level.markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
@@ -72,12 +72,12 @@ class LevelWorker:
             view,
         )
         budget.register(self.group)
-        routes = Routes(
+        routes = level_routes(
             all_levels,
             settings.precise_topic if settings.precise else None,
             settings.dead_letter_topic,
             settings.internal_topics(),
-            markers=view,
+            view,
         )
         self.forwarder = build_forwarder(
             plan.levels,

@@ -37,13 +37,13 @@ from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_MOVED_BY, Envelo
 from delayservice.forward.buffer import TP
 from delayservice.forward.failures import Key
 from delayservice.forward.held_record import ID, offset_of, record_of
-from delayservice.forward.marker_route import MarkerSender
-from delayservice.forward.sender import SendLaterError
+from delayservice.forward.send_errors import SendLaterError
 from delayservice.kafka.record_headers import read_headers
 from delayservice.level.marker_book import FORWARDED, Action, MarkerBook
 from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_placing import UNMATCHED
+from delayservice.level.marker_route import MarkerSender
 from delayservice.level.marker_verdict import (
     CANCEL_IT,
     CLOSED,

@@ -34,6 +34,11 @@ COMMIT_STEPS = ("flush", "send_offsets", "commit_transaction")
 """A commit point's steps: waiting for the interval's forwards to be acknowledged, then
 (exactly-once) the offsets into the transaction and its commit."""
 
+ABOVE_LEVEL: Final = "delay_above_level"
+BELOW_LEVEL: Final = "delay_below_level"
+MISMATCH_KINDS: Final = (ABOVE_LEVEL, BELOW_LEVEL)
+"""What a forwarder counts of envelopes against its level (`level_mismatches`); every
+forwarder's topics have both series from the start."""
 
 DONE_DROP_REASONS: Final = ("malformed", "key_mismatch", "unknown_member", "not_holder", "bad_slot")
 """Why a reader of a precise done topic drops a record (`precise_done_dropped`)."""

@@ -24,6 +24,7 @@ from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.precise.delivery.delivery_log import DeliveryLog
 from delayservice.precise.delivery.takeover import Takeover
 from delayservice.precise.intake.offset_ledger import LevelLedger
+from delayservice.precise.precise_route import PreciseRoute
 from delayservice.precise.settle import settle_delivered, settle_durable
 from delayservice.precise.wheel.slot_buffer import SlotBuffer
 from delayservice.precise.wheel.wheel import Wheel
@@ -33,13 +34,7 @@ from delayservice.settings import Settings
 def precise_routes(settings: Settings) -> Routes:
     """Where a precise record may go: its target, or the dead-letter topic; never back
     into a level (it is forwarded at its exact time, not re-published)."""
-    return Routes(
-        settings.level_set(),
-        None,
-        settings.dead_letter_topic,
-        settings.internal_topics(),
-        exact=True,
-    )
+    return Routes(settings.dead_letter_topic, settings.internal_topics(), PreciseRoute)
 
 
 def precise_commit_interval(settings: Settings) -> float:

@@ -4,7 +4,7 @@ there for speed (a call per record costs there). The copies must agree: a record
 fast path sends without the full parse must be one `plain_tail` accepts, read the same
 way (and `plain_tail` is property-tested against `unwrap`). Seeded mutations of a valid
 envelope go through a level worker on fakes, once per implementation; which records
-skipped `_send_one` is compared with what `plain_tail` says of their headers."""
+skipped `send_one` is compared with what `plain_tail` says of their headers."""
 
 from __future__ import annotations
 
@@ -92,13 +92,13 @@ def test_what_the_fast_path_sends_plain_tail_reads_the_same_way(clock: FakeClock
         sent_headers[appended] = headers
     sender = rig.forwarder.sender
     slow: set[int] = set()
-    full_parse = sender._send_one
+    full_parse = sender.send_one
 
     def counted(partition: int, record: Any, now_ms: int) -> None:
         slow.add(record.offset())
         full_parse(partition, record, now_ms)
 
-    sender._send_one = counted  # type: ignore[method-assign]
+    sender.send_one = counted  # type: ignore[method-assign]
     cycle(rig, 3)
 
     fast = sorted(set(sent_headers) - slow)

@@ -50,7 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import Envelope
 from delayservice.forward import dead_letter as dead_letter_module
-from delayservice.forward.forwarder import Forwarder, Routes
+from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.broker_clock import MAX_HOLD_BACK_S, BrokerClock
 from delayservice.kafka.target_topics import TargetTopics
 from delayservice.kafka.unconfirmed_acks import watch_unconfirmed
@@ -60,6 +60,7 @@ from delayservice.level import record_admission as record_admission_module
 from delayservice.level import start_offsets as start_offsets_module
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
+from delayservice.level.level_route import level_routes
 from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
 from delayservice.level.marker_book import MarkerBook
 from delayservice.level.marker_gate import MarkerGate
@@ -1156,12 +1157,12 @@ def make_level_rig(
     budget.register(group)
     flow = FlowControl(high_water, low_water, budget)
     fatal: list[str] = []
-    routes = Routes(
+    routes = level_routes(
         LEVELS,
         precise_topic,
         DLQ,
         frozenset({*(lv.topic for lv in LEVELS), DLQ}),
-        markers=view,
+        view,
     )
     forwarder = Forwarder(
         levels,

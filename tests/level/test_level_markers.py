@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
+from delayservice.level.level_route import LevelRoute
 from delayservice.level.marker_actions import CHECK_MS, EMPTY_GRACE_MS, SERVE_GAP_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
@@ -481,14 +482,16 @@ def test_a_slow_serve_pass_is_not_followed_by_another_at_once(clock):
 
     markers.book.entries = slow_entries  # type: ignore[method-assign]
     assert markers.waiting()
-    markers.serve(rig.forwarder.sender)
+    route = rig.forwarder.sender.route
+    assert isinstance(route, LevelRoute)
+    markers.serve(route)
     markers.book.entries = entries  # type: ignore[method-assign]
     assert not markers.waiting(), "a pass that took longer than CHECK_MS, begun again"
     marker(rig, CANCEL, level_id(LEVEL.index, 2, clock.ms()), clock.ms(), offset=1)
     assert not markers.waiting(), "a change of the book within SERVE_GAP_MS of a pass"
     clock.advance(SERVE_GAP_MS / 1000)
     assert markers.waiting(), "a change of the book is served once the gap has passed"
-    markers.serve(rig.forwarder.sender)
+    markers.serve(route)
     clock.advance((CHECK_MS - 1) / 1000)
     assert not markers.waiting()
     clock.advance(0.001)

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL, H_DUE_MS, H_RESCHEDULE
 from delayservice.forward import forwarder as forwarder_module
-from delayservice.forward.sender import ForwarderFatalError
+from delayservice.forward.send_errors import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.level import marker_reader as marker_reader_module

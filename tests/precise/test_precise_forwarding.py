@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from delayservice.forward import producer_rebuild
-from delayservice.forward.sender import ForwarderFatalError
+from delayservice.forward.send_errors import ForwarderFatalError
 from tests.level.fakes import (
     DLQ,
     OTHER_TARGET,

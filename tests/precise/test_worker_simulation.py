@@ -64,7 +64,7 @@ from delayservice.envelope import (
 )
 from delayservice.forward import dead_letter as dead_letter_module
 from delayservice.forward import forwarder as forwarder_module
-from delayservice.forward.sender import ForwarderFatalError
+from delayservice.forward.send_errors import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.consumer_keeper import ConsumerKeeper

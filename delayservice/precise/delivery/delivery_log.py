@@ -57,7 +57,7 @@ from typing import Any, Final
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from delayservice.forward.buffer import Runs
-from delayservice.forward.sender import SendLaterError
+from delayservice.forward.send_errors import SendLaterError
 from delayservice.kafka.client_seam import ConsumerClient
 from delayservice.markers.replies import MarkerRepliesError
 from delayservice.precise.delivery.delivered_position import read_position, write_position

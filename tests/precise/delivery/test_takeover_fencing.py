@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 
-from delayservice.forward.sender import SendLaterError
+from delayservice.forward.send_errors import SendLaterError
 from delayservice.kafka.log_levels import ExpectedFences
 from delayservice.precise.delivery.sent_records import decode_sent_record, sent_key
 from delayservice.precise.delivery.takeover import CATCH_UP_WAIT_S

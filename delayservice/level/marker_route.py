@@ -1,12 +1,12 @@
-"""The calls between the sender and level mode's markers, both ways.
+"""The calls between level mode's route and its markers, both ways.
 
-The sender hands each record a marker may concern to the markers (`decide`), and lets
+The route hands each record a marker may concern to the markers (`decide`), and lets
 them serve their answers between runs (`serve`); the markers carry their decisions out
-through the sender (a copy republished, an answer produced in the open interval, a
+through the route (a copy republished, an answer produced in the open interval, a
 record withdrawn or rerouted). Each side holds the other as an argument, with no
 import to follow, so the calls are named here: a reader sees them in one place, and
-mypy checks that `level.marker_actions.WorkerMarkers` and `forward.sender.RecordSender`
-give them. Here, below both, because forward/ imports nothing of level mode.
+mypy checks that `level.marker_actions.WorkerMarkers` and `level.level_route.LevelRoute`
+give them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ OnDelivery = Callable[[Any, Any], None]
 
 
 class MarkerSender(Protocol):
-    """What the markers do through the sender, in the open interval."""
+    """What the markers do through the sender (`LevelRoute`), in the open interval."""
 
     def republish(
         self,
@@ -47,7 +47,7 @@ class MarkerSender(Protocol):
 
 
 class MarkerRoute(Protocol):
-    """Level mode's markers as the sender meets them (`Routes.markers`)."""
+    """Level mode's markers as its route meets them (`level_routes(markers=)`)."""
 
     def screen(self, tp: TP, records: list[Any]) -> list[int] | None: ...
 
