@@ -14,16 +14,12 @@ markers of the partitions it owns.
   once the message could no longer arrive: `too_late` (sent before the marker) or
   `unmatched` (never there), by the time the id says it was sent.
 
-Every answer goes to the outcomes topic through the worker's own producer, so under
-exactly-once a move, its answer and whatever it withdrew commit in one transaction;
-all of it is noted in the book at once and taken back if the interval does not commit
-(the open interval calls `settled`, `dropped`). The answer `moved` is what says a copy
-exists, so under at-least-once it is written only after the flush that made the copy
-durable (`settled`): a copy refused by the broker, or lost with a killed daemon, leaves
-no answer behind, and the move is made again (twice at worst, never lost). A new owner
-answers and moves nothing of a partition until it has read the answers written before
-it took the partition over (`outcomes_through_ms`): those say which moves its
-predecessor carried out.
+Every answer goes to the outcomes topic through the worker's own producer, in the open
+interval (`open_answers`, which keeps what was decided until the interval commits or
+is dropped). What was searched of each queue is `marker_search`'s. A new owner answers
+and moves nothing of a partition until it has read the answers written before it took
+the partition over (`outcomes_through_ms`): those say which moves its predecessor
+carried out.
 """
 
 from __future__ import annotations
@@ -33,17 +29,18 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_ID, H_MOVED_BY, Envelope
+from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY, Envelope
 from delayservice.forward.buffer import TP
 from delayservice.forward.failures import Key
 from delayservice.forward.held_record import ID, offset_of, record_of
 from delayservice.forward.send_errors import SendLaterError
-from delayservice.kafka.record_headers import read_headers
 from delayservice.level.marker_book import FORWARDED, Action, MarkerBook
 from delayservice.level.marker_entry import Entry
 from delayservice.level.marker_gate import MarkerGate
 from delayservice.level.marker_placing import UNMATCHED
+from delayservice.level.marker_records import cursor_of, moved_by
 from delayservice.level.marker_route import MarkerSender
+from delayservice.level.marker_search import QueueSearch
 from delayservice.level.marker_verdict import (
     CANCEL_IT,
     CLOSED,
@@ -51,11 +48,10 @@ from delayservice.level.marker_verdict import (
     MOVED,
     TOO_LATE,
     LevelMarker,
-    Order,
-    Verdict,
 )
+from delayservice.level.open_answers import OpenAnswers
 from delayservice.levels import LevelSet
-from delayservice.markers.replies import CANCELLED, MarkerReply
+from delayservice.markers.replies import CANCELLED
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.partitioners import keyed_partition
 
@@ -73,38 +69,10 @@ did nothing else while the reader waited for the book."""
 SERVE_GAP_MS: Final = 50
 """The least time between the end of a serve pass and the next that a change of the
 book asks for: while a flood is read, the book changes with every batch."""
-EMPTY_GRACE_MS: Final = 5_000
 SERVE_BATCH: Final = 2_000
 """The most markers of one partition a serve pass looks at (the next ones the next
 time): a flood of markers waiting for an answer costs each pass of the forwarder a
 batch, not the whole flood."""
-
-
-def moved_by(marker: LevelMarker) -> bytes:
-    return f"{marker.appended_ms}:{marker.partition}:{marker.offset}".encode()
-
-
-def cursor_of(record: Any) -> Order | None:
-    """Which marker made this copy (`delay-moved-by`), None for a message as first sent."""
-    if type(record) is tuple:
-        return None
-    headers = read_headers(record)
-    for name, value in headers if isinstance(headers, list) else ():
-        if name == H_MOVED_BY and isinstance(value, bytes):
-            parts = value.split(b":")
-            if len(parts) == 3 and all(p.isdigit() for p in parts):
-                return (int(parts[0]), int(parts[1]), int(parts[2]))
-    return None
-
-
-def id_of(record: Any) -> str | None:
-    if type(record) is tuple:
-        return bytes(record[ID]).decode("ascii", "replace")
-    headers = read_headers(record)
-    for name, value in headers if isinstance(headers, list) else ():
-        if name == H_ID and isinstance(value, bytes):
-            return value.decode("utf-8", "replace")
-    return None
 
 
 class WorkerMarkers:
@@ -127,38 +95,24 @@ class WorkerMarkers:
         not wait on one in steady operation."""
         self.worker = worker
         self._lead_ms = cancel_lead_ms
-        self._transactional = transactional
         self.book = book
         self.gate = gate
         self._levels = levels
-        self._outcomes = outcomes_topic
-        self._metrics = metrics
         self._now_ms = now_ms
         self.owned: dict[TP, int] = {}
         """Partition -> when it was assigned (epoch ms)."""
-        self._open: list[tuple[Key | None, TP, Action]] = []
-        self._deferred: list[tuple[Action, bytes, bytes]] = []
-        """At-least-once: answers `moved` to write once their copy is durable, with the
-        action that made it (answer value, key)."""
-        self._failed_actions: list[Action] = []
-        self._sender: MarkerSender | None = None
-        self._scanned: dict[TP, tuple[int, set[bytes]]] = {}
-        """Partition -> (offset through which its queue was searched, for which ids)."""
-        self._arrivals: dict[TP, int] = {}
-        """Per partition with parked markers: the last offset looked at for their messages."""
-        self._read: dict[TP, tuple[int, int]] = {}
-        """Partition -> (the latest append time of a run handed over since it was
-        assigned, when that run was handed over): how far its reading got."""
+        self._search = QueueSearch(book)
         self._served_ms = -CHECK_MS
         """When the last serve pass ended (epoch ms)."""
         self._seen_change = -1
-        self._begin: Callable[[], None] = lambda: None
-        """Runs before a serve pass produces anything (exactly-once: begins the
-        transaction)."""
         self.queue_of: Callable[[TP], deque[Any] | None] = lambda _tp: None
         self.due_of: Callable[[TP, Any], int] = lambda _tp, _r: 0
         self.wake: Callable[[], None] = lambda: None
         """Wakes the worker's forwarder (its partition group's `wake`)."""
+        self.answers = OpenAnswers(
+            book, self._search, levels, outcomes_topic, metrics, transactional=transactional
+        )
+        """What was decided and answered in the open interval."""
 
     # -- the partition group's side ----------------------------------------------------
     def through_ms(self, partition: int | None = None) -> int:
@@ -175,8 +129,7 @@ class WorkerMarkers:
 
     def need(self, tp: TP, appended_ms: int) -> None:
         self.gate.need(tp, appended_ms)
-        read = self._read.get(tp)
-        self._read[tp] = (max(appended_ms, read[0] if read else appended_ms), self._now_ms())
+        self._search.read(tp, appended_ms, self._now_ms())
 
     def progress(self, tp: TP, appended_ms: int) -> None:
         self.gate.progress(tp, appended_ms)
@@ -196,9 +149,7 @@ class WorkerMarkers:
     def _forget_reading(self, tp: TP) -> None:
         """The partition's queue starts over: what was searched of it, and the markers
         parked because their messages were not in it, are looked at afresh."""
-        self._scanned.pop(tp, None)
-        self._read.pop(tp, None)
-        self._arrivals.pop(tp, None)
+        self._search.forget(tp)
         self.book.unpark_all(tp)
 
     # -- the sender's side ---------------------------------------------------------------
@@ -219,7 +170,7 @@ class WorkerMarkers:
         """What to do with a record taken at its due time: None when it is withdrawn or
         moved (done here), else the due time to forward it with. Raises
         `SendLaterError` while the answers of the predecessor are still being read."""
-        self._sender = sender
+        self.answers.sender = sender
         message_id = envelope.id
         if not self._outcomes_known(tp) and self.book.has_reschedule(message_id):
             raise SendLaterError("reading which moves the partition's last owner made")
@@ -234,11 +185,11 @@ class WorkerMarkers:
                 copy = self._copy(tp, record, envelope, found.marker, now, sender)
                 action.executed.append(found.marker.key)
                 action.copies.append((message_id, copy))
-                self._answer_all(found, action, sender, copy)
+                self.answers.answer_all(found, action, sender, copy)
                 sender.rerouted(spot, copy[0])
-                self._note(spot, tp, action)
+                self.answers.note(spot, tp, action)
                 return None
-        self._answer_all(found, action, sender, None)
+        self.answers.answer_all(found, action, sender, None)
         forward_due: int | None = due_ms
         if found.action in (CANCEL_IT, CLOSED):
             sender.withdraw(spot, CANCELLED if found.action == CANCEL_IT else MOVED)
@@ -249,7 +200,7 @@ class WorkerMarkers:
             if found.action == MOVE and found.marker is not None:
                 forward_due = found.marker.asked_due_ms  # its new time has come: now
             action.final.append((message_id, FORWARDED))
-        self._note(spot, tp, action)
+        self.answers.note(spot, tp, action)
         return forward_due
 
     def _copy(
@@ -281,69 +232,9 @@ class WorkerMarkers:
             partition = tp[1] % count
         extra = [(H_DELAY_MS, str(remaining).encode()), (H_DUE_MS, str(asked).encode())]
         extra.append((H_MOVED_BY, moved_by(marker)))
-        self._begin()
+        self.answers.begin()
         sender.republish(tp, viewed, level.topic, partition, extra, on_failure)
         return (level.topic, partition)
-
-    def _answer_all(
-        self, found: Verdict, action: Action, sender: MarkerSender, copy: TP | None
-    ) -> None:
-        """Answer what the verdict settles (a move: each reschedule `moved`, to the time
-        of the last one, with where its copy went)."""
-        moved_to = found.marker.asked_due_ms if found.marker is not None else None
-        where = f"{copy[0]}:{copy[1]}" if copy is not None else None
-        for marker, outcome in found.answers:
-            if self.book.is_answered(marker.key):
-                continue
-            if outcome == MOVED:
-                self._answer(
-                    marker, outcome, action, sender, due_ms=moved_to, copy=where,
-                    defer=where is not None and not self._transactional,
-                )  # fmt: skip
-            else:
-                self._answer(marker, outcome, action, sender)
-
-    def _answer(
-        self,
-        marker: LevelMarker,
-        outcome: str,
-        action: Action,
-        sender: MarkerSender,
-        *,
-        due_ms: int | None = None,
-        reason: str | None = None,
-        copy: str | None = None,
-        defer: bool = False,
-    ) -> None:
-        reply = MarkerReply(
-            marker.kind, marker.message_id, outcome, due_ms, None, None, reason, copy
-        )
-        action.answers.append((marker.key, outcome))
-        if defer:
-            self._deferred.append((action, reply.encode(), marker.key))
-            return
-        self._begin()
-        sender.answer(
-            self._outcomes, reply.encode(), marker.key, functools.partial(self._failed, marker.key)
-        )
-
-    def _failed(self, key: bytes, error: Any, _message: Any) -> None:
-        """An answer the broker refused (at-least-once): given again later."""
-        if error is not None:
-            self.book.take_back(Action(answers=[(key, "")]))
-
-    def _copy_failed(self, action: Action, error: Any, _message: Any) -> None:
-        """A copy made apart from its original's send was refused: the move is made
-        again, and its deferred answer is not written."""
-        if error is not None:
-            self._failed_actions.append(action)
-            self.book.take_back(action)
-            self._scanned.clear()  # its message is searched for again
-
-    def _note(self, spot: Key | None, tp: TP, action: Action) -> None:
-        if action.answers or action.executed or action.final or action.copies:
-            self.book.apply(action)
-            self._open.append((spot, tp, action))
 
     def _outcomes_known(self, tp: TP) -> bool:
         assigned = self.owned.get(tp)
@@ -388,8 +279,8 @@ class WorkerMarkers:
             raise SendLaterError("reading the markers of a moved message again")
 
     def serve(self, sender: MarkerSender, begin: Callable[[], None] = lambda: None) -> None:
-        self._begin = begin
-        self._sender = sender
+        self.answers.begin = begin
+        self.answers.sender = sender
         self._seen_change = self.book.version
         now = self._now_ms()
         try:
@@ -401,17 +292,18 @@ class WorkerMarkers:
         for tp in list(self.owned):
             if not self._outcomes_known(tp):
                 continue
-            self._unpark_arrivals(tp)
+            self._search.unpark_arrivals(tp, self.queue_of(tp))
             entries = self.book.entries(tp, SERVE_BATCH, now)
             copies = self.book.copies_on(tp)
             if not entries and not copies:
-                self._scanned.pop(tp, None)
+                self._search.again(tp)
                 continue
             for entry in entries:
                 if entry.refusal is not None:
                     outcome, reason = entry.refusal
                     self._serve_one(entry, outcome, sender, reason=reason)
-            found = self._search(tp, [e for e in entries if e.refusal is None], copies)
+            unrefused = [e for e in entries if e.refusal is None]
+            found = self._search.search(tp, self.queue_of(tp), unrefused, copies)
             for message_id, record in found.items():
                 self._early(tp, message_id, record, now, sender)
             parked = []
@@ -421,33 +313,9 @@ class WorkerMarkers:
                     if until is not None:
                         parked.append((entry, until))
             if parked:
-                self._arrivals.setdefault(tp, self._scanned.get(tp, (-1, set()))[0])
+                self._search.parked(tp)
                 for entry, final in self.book.park(tp, parked):
                     self._serve_final(entry, final, sender)
-
-    def _unpark_arrivals(self, tp: TP) -> None:
-        """Records read on `tp` since its markers were parked bring theirs back (a
-        parked marker's message was not queued when it was searched for)."""
-        if not self.book.parked_on(tp):
-            self._arrivals.pop(tp, None)
-            return
-        through = self._arrivals.get(tp)
-        queue = self.queue_of(tp)
-        if through is None or not queue:
-            return
-        raw_ids = []
-        last = through
-        for record in reversed(queue):
-            offset = offset_of(record)
-            if offset <= through:
-                break
-            last = max(last, offset)
-            message_id = id_of(record)
-            if message_id is not None:
-                raw_ids.append(message_id.encode())
-        if raw_ids:
-            self.book.unpark_named(tp, raw_ids)
-        self._arrivals[tp] = last
 
     def _serve_one(
         self, entry: Entry, outcome: str, sender: MarkerSender, reason: str | None = None
@@ -455,33 +323,8 @@ class WorkerMarkers:
         if self.book.is_answered(entry.marker.key):
             return
         action = Action()
-        self._answer(entry.marker, outcome, action, sender, reason=reason)
-        self._note(None, entry.tp, action)
-
-    def _search(self, tp: TP, entries: list[Entry], copies: set[str]) -> dict[str, Any]:
-        """The queued records of `tp` that these markers (or copies) may concern: a
-        marker not searched for yet searches the whole queue once, then only records
-        admitted since are looked at."""
-        queue = self.queue_of(tp)
-        if not queue:
-            return {}
-        through, searched = self._scanned.get(tp, (-1, set()))
-        wanted = {e.marker.message_id for e in entries} | copies
-        fresh = {e.marker.message_id for e in entries if e.marker.key not in searched}
-        fresh |= {c for c in copies if c.encode() not in searched}
-        found: dict[str, Any] = {}
-        last = through
-        for record in reversed(queue):
-            offset = offset_of(record)
-            last = max(last, offset)
-            if offset <= through and not fresh:
-                break
-            message_id = id_of(record)
-            if message_id in wanted and (offset > through or message_id in fresh):
-                found.setdefault(message_id, record)
-        keys = {e.marker.key for e in entries} | {c.encode() for c in copies}
-        self._scanned[tp] = (last, keys)
-        return found
+        self.answers.answer(entry.marker, outcome, action, sender, reason=reason)
+        self.answers.note(None, entry.tp, action)
 
     def _early(self, tp: TP, message_id: str, record: Any, now: int, sender: MarkerSender) -> None:
         """A marker's message is queued here: move it now, or answer what taking it will
@@ -496,7 +339,7 @@ class WorkerMarkers:
             and marker is not None
             and not self.gate.read_before(tp[1], marker.appended_ms, marker.partition)
         ):
-            self._scanned.pop(tp, None)  # searched for again on the next pass
+            self._search.again(tp)  # searched for again on the next pass
             return  # a cancel before it may still be on another markers partition
         action = Action()
         copy = None
@@ -504,12 +347,12 @@ class WorkerMarkers:
             envelope = sender.envelope_of(record_of(tp, record))
             if envelope is None:
                 return  # no envelope to move it by: the full path dead-letters it when due
-            failed = functools.partial(self._copy_failed, action)
+            failed = functools.partial(self.answers.copy_failed, action)
             copy = self._copy(tp, record, envelope, marker, now, sender, failed)
             action.executed.append(marker.key)
             action.copies.append((message_id, copy))
-        self._answer_all(found, action, sender, copy)
-        self._note(None, tp, action)
+        self.answers.answer_all(found, action, sender, copy)
+        self.answers.note(None, tp, action)
 
     def _not_found(self, tp: TP, entry: Entry, now: int, sender: MarkerSender) -> int | None:
         """The message of a marker is not queued here: answer once it cannot come.
@@ -539,7 +382,9 @@ class WorkerMarkers:
             return None
         if now < bound:
             return bound
-        if not self._passed(tp, bound, entry.delay_ms, now):
+        assigned = self.owned.get(tp, now)
+        queue = self.queue_of(tp)
+        if not self._search.passed(tp, queue, self.due_of, bound, entry.delay_ms, now, assigned):
             return None
         if marker.appended_ms < sent + entry.delay_ms - SKEW_MS:
             reason = f"no message with this id reached {tp[0]} partition {tp[1]}"
@@ -553,73 +398,21 @@ class WorkerMarkers:
         """The marker's message is done for good: cancelled, or gone on without it."""
         self._serve_one(entry, CANCELLED if final == CANCELLED else TOO_LATE, sender)
 
-    def _passed(self, tp: TP, bound: int, delay_ms: int, now: int) -> bool:
-        """Whether the partition's reading is past `bound` (a due time): its head is due
-        later, or a run appended after `bound` less the delay was handed over. With an
-        empty queue and nothing read that far, only a partition that has handed over
-        nothing for a while since it was assigned counts as idle: right after an
-        assignment (a restart, a rebalance) or behind a backlog the consumer may not have
-        handed over the records up to the message yet, and a message not read yet must
-        not be answered as one that never came."""
-        queue = self.queue_of(tp)
-        if queue:
-            return self.due_of(tp, queue[0]) > bound
-        read = self._read.get(tp)
-        if read is not None and read[0] > bound - delay_ms:
-            return True
-        quiet_since = max(self.owned.get(tp, now), read[1] if read is not None else 0)
-        return now >= bound + EMPTY_GRACE_MS and now - quiet_since >= EMPTY_GRACE_MS
-
-    # -- the open interval's listener ------------------------------------------------------
+    # -- the open interval's listener: what `answers` holds ----------------------------
     def open(self) -> bool:
-        return bool(self._open)
+        return self.answers.open()
 
     def settled(self) -> None:
-        """The interval committed: count its answers, and (at-least-once) write the
-        answers of the moves whose copies it made durable, for the next commit point."""
-        failed = self._failed_actions
-        for _, _, action in self._open:
-            if any(action is f for f in failed):
-                continue
-            for key, outcome in action.answers:
-                entry = self.book.keys.get(key)
-                level, kind = self._labels(entry)
-                self._metrics.level_markers.labels(level, kind, outcome).inc()
-        deferred = [d for d in self._deferred if not any(d[0] is f for f in failed)]
-        tp_of = {id(action): tp for _, tp, action in self._open}
-        self._open.clear()
-        self._deferred.clear()
-        self._failed_actions = []
-        for action, value, key in deferred:
-            if self._sender is None or id(action) not in tp_of:
-                continue
-            self._sender.answer(self._outcomes, value, key, functools.partial(self._failed, key))
-            written = Action(answers=[a for a in action.answers if a[0] == key])
-            self._open.append((None, tp_of[id(action)], written))
+        self.answers.settled()
 
     def decided_on(self) -> dict[TP, int | None]:
+        """Where each partition decided about in the interval stands: its first record
+        still queued (None: none is)."""
         out: dict[TP, int | None] = {}
-        for _, tp, _ in self._open:
-            if tp not in out:
-                queue = self.queue_of(tp)
-                out[tp] = offset_of(queue[0]) if queue else None
+        for tp in self.answers.partitions():
+            queue = self.queue_of(tp)
+            out[tp] = offset_of(queue[0]) if queue else None
         return out
 
-    def _labels(self, entry: Entry | None) -> tuple[str, str]:
-        if entry is None:
-            return "-", "-"
-        level = self._levels.by_topic(entry.tp[0]) if entry.refusal is None else None
-        return (level.name if level is not None else "-"), entry.marker.kind
-
     def dropped(self, spots: set[Key] | None = None, tps: set[TP] | None = None) -> None:
-        """The interval (or what it held of `spots`, or of `tps`) will not commit: what
-        it decided is decided again."""
-        kept = []
-        for spot, tp, action in self._open:
-            if (spots is not None and spot not in spots) or (tps is not None and tp not in tps):
-                kept.append((spot, tp, action))
-            else:
-                self.book.take_back(action)
-                self._deferred = [d for d in self._deferred if d[0] is not action]
-                self._scanned.clear()  # what it decided is searched for again
-        self._open = kept
+        self.answers.dropped(spots, tps)

@@ -18,7 +18,8 @@ from confluent_kafka import KafkaError
 
 from delayservice.envelope import H_DELAY_MS, H_DUE_MS, H_MOVED_BY
 from delayservice.level.level_route import LevelRoute
-from delayservice.level.marker_actions import CHECK_MS, EMPTY_GRACE_MS, SERVE_GAP_MS
+from delayservice.level.marker_actions import CHECK_MS, SERVE_GAP_MS
+from delayservice.level.marker_search import EMPTY_GRACE_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, CANCELLED, RESCHEDULE

@@ -14,8 +14,9 @@ import pytest
 
 from delayservice.forward.buffer import TP
 from delayservice.level import marker_actions
-from delayservice.level.marker_actions import CHECK_MS, EMPTY_GRACE_MS, LEAD_MS, SKEW_MS
+from delayservice.level.marker_actions import CHECK_MS, LEAD_MS, SKEW_MS
 from delayservice.level.marker_book import Action, MarkerBook
+from delayservice.level.marker_search import EMPTY_GRACE_MS
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, CANCELLED
