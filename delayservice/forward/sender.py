@@ -1,6 +1,6 @@
-"""How the forwarder sends one record: forward, re-publish or dead-letter, and the
-local checks before it (Kafka's name rule, the target in the metadata cache, the
-partition in range; the size limit is librdkafka's own, at produce()).
+"""How the forwarder sends one record: forward or dead-letter, and the local checks
+before it (Kafka's name rule, the target in the metadata cache, the partition in range;
+the size limit is librdkafka's own, at produce()).
 
 The happy path has no delivery callback: the level's producer reports only failures,
 which `failures.Failures` places at the commit point. Records a report could not be
