@@ -45,7 +45,8 @@ from delayservice.forward import dead_letter as dl
 from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.failures import UNKNOWN_TARGET, Failures, Key
 from delayservice.forward.open_interval import OpenInterval
-from delayservice.forward.sender import FENCED, RecordSender, producer_failed
+from delayservice.forward.send_errors import FENCED, producer_failed
+from delayservice.forward.sender import RecordSender
 from delayservice.forward.transaction import Transaction
 from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka.client_errors import error_of, is_fatal

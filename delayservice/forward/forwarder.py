@@ -40,13 +40,8 @@ from delayservice.forward.failures import Failures, Key
 from delayservice.forward.handovers import Handovers
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.producer_rebuild import ProducerRebuild, SharedId
-from delayservice.forward.sender import (
-    ForwarderFatalError,
-    RecordSender,
-    Routes,
-    SendLaterError,
-    producer_failed,
-)
+from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError, producer_failed
+from delayservice.forward.sender import RecordSender, Routes
 from delayservice.forward.transaction_ledger import TransactionLedger
 from delayservice.kafka.client_errors import fatal_error_in, lost_client_error, raised_by
 from delayservice.kafka.target_topics import TargetTopics

@@ -20,7 +20,7 @@ from typing import Final
 from delayservice.forward.buffer import TP
 from delayservice.forward.checkpoint import Checkpoint
 from delayservice.forward.producer_rebuild import ProducerRebuild
-from delayservice.forward.sender import ForwarderFatalError
+from delayservice.forward.send_errors import ForwarderFatalError
 from delayservice.kafka.client_errors import lost_client_error, raised_by
 from delayservice.metrics.service_metrics import ServiceMetrics
 

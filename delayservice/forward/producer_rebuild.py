@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from delayservice.forward.checkpoint import Checkpoint
-from delayservice.forward.sender import ForwarderFatalError, RecordSender, SendLaterError
+from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError
+from delayservice.forward.sender import RecordSender
 
 log = logging.getLogger(__name__)
 

@@ -35,12 +35,7 @@ from delayservice.forward.failures import (
     permanent_reason,
 )
 from delayservice.forward.open_interval import OpenInterval
-from delayservice.forward.send_errors import (
-    FENCED,
-    ForwarderFatalError,
-    SendLaterError,
-    producer_failed,
-)
+from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError, producer_failed
 from delayservice.forward.send_route import SendRoute
 from delayservice.forward.target_names import TargetNames
 from delayservice.kafka.client_errors import error_of, is_fatal, lost_client_error, raised_by
@@ -49,15 +44,7 @@ from delayservice.levels import Level
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import ServiceMetrics
 
-__all__ = [
-    "ANY_PARTITION",
-    "FENCED",
-    "ForwarderFatalError",
-    "RecordSender",
-    "Routes",
-    "SendLaterError",
-    "producer_failed",
-]
+__all__ = ["ANY_PARTITION", "RecordSender", "Routes"]
 
 log = logging.getLogger(__name__)
 
