@@ -13,7 +13,7 @@ always. Leader elections of a brand-new topic need no entry: librdkafka retries 
 (fetch, produce, metadata) at DEBUG already.
 
 A fence is a fault, except for a producer whose transactional id another holder shares
-by design (`forward.forwarder.SharedId`: a precise owner and the replica that takes its
+by design (`forward.producer_rebuild.SharedId`: a precise owner and the replica that takes its
 partitions over): there, librdkafka's CRITICAL lines about it are a takeover going as
 planned, and `ExpectedFences` logs them at WARNING (the forwarder's own line names who
 fenced it).

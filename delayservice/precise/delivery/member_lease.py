@@ -4,7 +4,7 @@ Two processes given the same `precise_member` (a copied config, a second host st
 with the first's) read the same partitions, each into its own data directory, and
 both forward them. Exactly-once they share a transactional id, so each producer's
 `init_transactions` fences the other's, and with two copies every fence is exempt
-from the rebuild limit (`forward.forwarder.SharedId`: a replica taking over fences
+from the rebuild limit (`forward.producer_rebuild.SharedId`: a replica taking over fences
 its owner on purpose): they fence each other for ever, and forward little.
 
 Nothing in precise mode joins a consumer group (its placement is static, its intake
