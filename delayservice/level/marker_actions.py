@@ -117,15 +117,18 @@ class WorkerMarkers:
     # -- the partition group's side ----------------------------------------------------
     def through_ms(self, partition: int | None = None) -> int:
         """Records (of level partition `partition`; None: of any) due up to this may be
-        taken (negative: none may, the gate is shut)."""
+        taken (negative: none may, the gate is shut). The gate vouches for the markers
+        appended before its instant, not in it: a marker stamped with the millisecond a
+        pass began may have come just after the pass asked where the topic ends, and
+        one stamped exactly `cancel_lead` before a due time must be honoured."""
         gate = self.gate
         through = gate.through_ms if partition is None else gate.through_for(partition)
-        return through if through < 0 else through + self._lead_ms
+        return through if through < 0 else through + self._lead_ms - 1
 
     def want(
         self, group: int, due_ms: int, wake: Callable[[], None], partition: int | None = None
     ) -> None:
-        self.gate.want(group, due_ms - self._lead_ms, wake, partition)
+        self.gate.want(group, due_ms - self._lead_ms + 1, wake, partition)
 
     def need(self, tp: TP, appended_ms: int) -> None:
         self.gate.need(tp, appended_ms)

@@ -154,6 +154,27 @@ def test_with_a_lead_a_record_waits_only_for_the_markers_before_its_due_time_les
 
 
 @pytest.mark.parametrize("exactly_once", GUARANTEES)
+def test_a_pass_that_began_exactly_the_lead_before_the_due_time_does_not_release_it(
+    clock, exactly_once
+):
+    """A pass that began at D less the lead vouches only for the markers appended before
+    that instant: a cancel appended in it may have come just after the pass asked where
+    the topic ends, and it is `cancel_lead` before D, so it must be honoured. The
+    record waits for the next pass."""
+    rig = rig_for(clock, exactly_once, cancel_lead_ms=1_000)
+    due = clock.ms() - 100
+    mid = send(rig, 0, 0, due - LEVEL.delay_ms)
+    read_through(rig, due - 1_000)
+    cycle(rig)
+    assert delivered(rig) == [], "released by a pass that may have missed a cancel"
+    cancel = marker(rig, CANCEL, mid, due - 1_000, offset=0)
+    read_through(rig, due - 999)
+    cycle(rig)
+    assert delivered(rig) == []
+    assert answers(rig)[cancel.key]["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("exactly_once", GUARANTEES)
 def test_a_cancel_appended_before_the_due_time_withdraws_the_message(clock, exactly_once):
     rig = rig_for(clock, exactly_once)
     now = clock.ms()

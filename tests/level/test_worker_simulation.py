@@ -15,7 +15,7 @@ fake broker holds (its marker reader reads the markers topic again from the star
 The invariants, after every step:
 - no committed offset is above a record that was neither forwarded nor dead-lettered;
 - nothing is forwarded before it is due;
-- a cancel appended more than `cancel_lead` before its message's due time is honoured:
+- a cancel appended at least `cancel_lead` before its message's due time is honoured:
   the message is never forwarded (a cancel appended before the due time may withdraw
   it, so its offset may commit unsent);
 - exactly-once: no record is in two committed transactions, and no transaction
@@ -836,12 +836,12 @@ class LevelWorkerSimulation(Simulation):
         return min([due, *asked])
 
     def _cancelled_before(self, lead_ms: int) -> set[str]:
-        """Messages with a cancel appended more than `lead_ms` before the first time
+        """Messages with a cancel appended at least `lead_ms` before the first time
         they may go."""
         return {
             message_id
             for message_id, appended_ms in self.cancels
-            if appended_ms < self._earliest_due(message_id) - lead_ms
+            if appended_ms <= self._earliest_due(message_id) - lead_ms
         }
 
     def _cancelled_while_held(self, spot: tuple[tuple[str, int], int]) -> bool:
@@ -886,7 +886,7 @@ class LevelWorkerSimulation(Simulation):
         """A reschedule acknowledged `cancel_lead` before its message's due time: the
         message does not go before the new time."""
         for message_id, appended_ms, asked_ms in self.reschedules:
-            if appended_ms >= self.broker.due_ms[self.ids[message_id]] - LEAD_MS:
+            if appended_ms > self.broker.due_ms[self.ids[message_id]] - LEAD_MS:
                 continue
             early = [at for i, at in forwards if i == message_id and at * 1000 < asked_ms]
             self._check(
