@@ -40,7 +40,8 @@ def settle_durable(runs: Runs, *, wheel: SettlesSlots, offsets: LevelLedger) -> 
 def settle_unsent(records: list[SlotRecord], offsets: LevelLedger) -> None:
     """The intake's dead letters read again that a committed transaction delivered
     before this producer took over: not sent again, their offsets commit."""
-    _slots_settling([(("", record.partition()), [record]) for record in records], offsets)
+    for record in records:
+        _dead_letter_settles(record, offsets)
 
 
 def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker, int]]:
@@ -51,9 +52,15 @@ def _slots_settling(runs: Runs, offsets: LevelLedger) -> list[tuple[SlotTracker,
             slot = record.slot
             if type(slot) is SlotTracker:
                 slots.append((slot, record.offset()))
-            elif isinstance(slot, PartitionLedger):
-                offsets.settle(slot, record.offset(), 0)
+            else:
+                _dead_letter_settles(record, offsets)
     return slots
+
+
+def _dead_letter_settles(record: SlotRecord, offsets: LevelLedger) -> None:
+    """A dead letter of the intake lets its offset commit."""
+    if isinstance(record.slot, PartitionLedger):
+        offsets.settle(record.slot, record.offset(), 0)
 
 
 def settle_delivered(
