@@ -7,14 +7,16 @@ records (`MarkerGate.need`). Each partition is read to a target of its own: the
 reader notes the time, asks the broker where the partition ends, and reads up to
 there; markers go to the book, answers mark what was answered and carried out, that
 partition's gate moves to the time noted, and the forwarders with markers to serve are
-woken (`on_pass`). A partition that reached its target gets a new one every
-`IDLE_PASS_S`, so a flood on one markers partition holds back only the records whose
-markers go there (`MarkerGate.through_for`). Each pass also lists both topics' partitions
-again, after noting the time: a partition added while the reader runs (the SDK spreads
-markers over the topic's current partitions) is assigned from its beginning and read
-to its end before the gate moves past the time noted. It passes when a group
-waits for the gate, when a rewind is asked for, and otherwise every `IDLE_PASS_S`, so
-markers are answered promptly even while nothing is due.
+woken (`on_pass`). Every partition gets a new target every `IDLE_PASS_S`, queued behind
+those it has not reached yet, so a flood on one markers partition holds back only the
+records whose markers go there (`MarkerGate.through_for`), and only until the markers
+appended before their time are read, not the whole flood (`read_targets`). Each pass
+also lists both topics' partitions again, after noting the time: a partition added
+while the reader runs (the SDK spreads markers over the topic's current partitions) is
+assigned from its beginning and read to its end before the gate moves past the time
+noted. It passes when a group waits for the gate, when a rewind is asked for, and
+otherwise every `IDLE_PASS_S`, so markers are answered promptly even while nothing is
+due.
 
 What a record holds is filed by `marker_filing` (a marker it cannot read is filed as
 refused, with the reason; nothing a marker carries stops the thread); partitions added
@@ -36,7 +38,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from confluent_kafka import Consumer, KafkaException
@@ -56,6 +57,7 @@ from delayservice.level.marker_topics import (
     admin_topic_ids,
     partitions_of,
 )
+from delayservice.level.read_targets import ReadTargets, Target
 from delayservice.log_throttle import Throttle
 from delayservice.markers.replies import CANCEL, RESCHEDULE
 from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
@@ -83,16 +85,6 @@ forwarders are told of what the others' reads filed: each tells them to serve th
 markers, and serving a flood's after each batch would slow its reading tenfold."""
 
 MakeConsumer = Callable[[dict[str, Any]], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """Where one partition is read to before its gate moves to `began_ms`: every record
-    appended to it before then is below `end`."""
-
-    began_ms: int
-    end: int
-    generation: int
 
 
 class MarkerReader:
@@ -139,13 +131,10 @@ class MarkerReader:
         self._next_pass = 0
         """When (epoch ms) the next pass is due while no group waits."""
         self._read_once = False
-        self._targets: dict[TP, _Target] = {}
-        """Per partition, what it must be read to before its gate moves to the target's
-        time. Kept across passes that run out of time, so a backlog growing faster than
-        one pass reads still ends: the next pass goes on to the same end, not to a
-        further one. A partition that reaches its target gets a new one at the next
-        round (`IDLE_PASS_S`; `_next_round`, monotonic), while a flooded one goes on to
-        its own."""
+        self._targets = ReadTargets(self._markers_topic)
+        """Per partition, the ends it must be read to before its gate moves to each
+        target's time: kept across passes that run out of time, and one more noted
+        every round (`IDLE_PASS_S`; `_next_round`, monotonic)."""
         # When (monotonic) the forwarders were last told of a read: `_nudged_at`.
         self._next_round = self._nudged_at = 0.0
         self.heartbeat = Heartbeat()
@@ -314,7 +303,7 @@ class MarkerReader:
             " again, for a partition holding older records" if rewind is not None else "",
         )
         self._next_pass = 0  # at once
-        self._targets = {}  # positions start over: so do the targets
+        self._targets.clear()  # positions start over: so do the targets
         self._markers_paused = False
         return consumer
 
@@ -338,14 +327,14 @@ class MarkerReader:
             self._stopping.wait(ERROR_PAUSE_S)
 
     def _pass(self, consumer: Any) -> None:
-        """Give each partition without one a target (note the time, follow partitions
-        added since, find where they end), read, and move each partition's gate as it
-        reaches its target. A pass that runs out of time returns and the next goes on
-        to the same targets; while one partition is flooded, the others get new targets
-        every `IDLE_PASS_S` and their records go on."""
+        """Give each partition a target (note the time, follow partitions added since,
+        find where they end), read, and move each partition's gate as it passes its
+        targets; every `IDLE_PASS_S` each gets one more. A pass that runs out of time
+        returns and the next goes on to the same targets; while one partition is
+        flooded, the others' records go on, and the flooded one's as its reading passes
+        the ends noted before their time."""
         generation = self._gate.generation
-        if any(t.generation != generation for t in self._targets.values()):
-            self._targets = {}
+        self._targets.clear_if_older(generation)
         self._top_up(consumer)
         deadline = time.monotonic() + PASS_TIMEOUT_S
         while self._markers_pending():
@@ -383,19 +372,11 @@ class MarkerReader:
         self._forget(self._now_ms())
 
     def _markers_pending(self) -> bool:
-        topic = self._markers_topic
-        return any(tp[0] == topic for tp in self._targets)
+        return self._targets.markers_pending()
 
     def _settle(self) -> None:
         """Move the gate of each partition read to its target, and tell the forwarders."""
-        read_to, markers_topic = self._read_to, self._markers_topic
-        reached: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
-        for tp, target in list(self._targets.items()):
-            if read_to.get(tp, -1) < target.end:
-                continue
-            del self._targets[tp]
-            markers, outcomes = reached.setdefault(target.generation, ({}, {}))
-            (markers if tp[0] == markers_topic else outcomes)[tp[1]] = target.began_ms
+        reached = self._targets.passed(self._read_to, time.monotonic())
         for generation, (markers, outcomes) in reached.items():
             self._gate.advance_parts(markers, outcomes, generation)
         if not reached:
@@ -448,10 +429,10 @@ class MarkerReader:
         return True
 
     def _top_up(self, consumer: Any) -> None:
-        """Note the time, then where each partition without a target ends: every marker
-        acknowledged before that time is below those ends. Partitions added since are
-        followed first, from their beginning. The ends are asked of the idle lister:
-        asked of the reading consumer, each waits behind its fetch."""
+        """Note the time, then where each partition ends: every marker acknowledged
+        before that time is below those ends. Partitions added since are followed
+        first, from their beginning. The ends are asked of the idle lister: asked of
+        the reading consumer, each waits behind its fetch."""
         generation = self._gate.generation
         began = self._now_ms()
         self._next_round = time.monotonic() + IDLE_PASS_S
@@ -461,20 +442,19 @@ class MarkerReader:
             topic: partitions_of(self._lister, topic) for topic in self.topics.names
         }
         ends = self.topics.follow_growth(consumer, listed, self._read_to)
-        targets = self._targets
         ends.update(
             {
                 (tp.topic, tp.partition): self._lister.get_watermark_offsets(
                     tp, timeout=PASS_TIMEOUT_S, cached=False
                 )[1]
                 for tp in self.topics.assigned
-                if (tp.topic, tp.partition) not in ends and (tp.topic, tp.partition) not in targets
+                if (tp.topic, tp.partition) not in ends
             }
         )
         if self.topics.check_ids(self._read_to):  # asked after the ends: the topics read
             raise TopicRemadeError
         for tp, end in ends.items():
-            targets[tp] = _Target(began, end, generation)
+            self._targets.note(tp, Target(began, end, generation))
 
     def _note_positions(self, consumer: Any) -> None:
         """Where each partition's reading got to: the consumer's position steps over

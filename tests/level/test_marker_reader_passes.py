@@ -3,6 +3,8 @@
 - a pass that runs out of time keeps its ends, so a backlog of markers growing faster
   than one pass reads still ends with the gate moving, where each pass used to start
   over against further ends and the gate stayed shut;
+- behind such a backlog the gate follows the reading, a round behind the markers read,
+  where it waited for an end noted only once the one before it was reached;
 - an answer stamped in the future (a forger's, a clock ahead) is forgotten with the
   window like any other, not kept for ever;
 - readiness turns red, with the reason, while the gate stands still.
@@ -11,10 +13,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from delayservice.level import marker_reader
+from delayservice.level import marker_reader, read_targets
 from delayservice.markers.replies import reply_key
 from tests.level.fakes import message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
@@ -55,6 +58,51 @@ def test_a_backlog_growing_faster_than_a_pass_reads_still_lets_the_gate_move(
             cancel_on(reading, 0)
     assert reading.gate.through_ms > first, "no pass ever reached its ends: the gate stayed shut"
     assert reading.gate.through_ms >= behind
+
+
+@pytest.mark.parametrize("max_targets", [read_targets.MAX_TARGETS, 4])
+def test_behind_a_growing_flood_the_gate_follows_what_was_read(
+    reading: Reading, monkeypatch: pytest.MonkeyPatch, max_targets: int
+) -> None:
+    """Markers are appended three times as fast as they are read, 10 ms of the clock a
+    batch. A record waits for the markers appended before its time, so the gate must
+    stand at most a few batches behind the append time of the first marker not read yet,
+    and never past it. With one end at a time, the next noted only once the one before
+    was reached, it fell ever further behind (990 ms here): a million markers held the
+    flooded partition's records 30 s. A queue of ends kept short (4) thins itself and
+    still never lets the gate past a marker not read."""
+    monkeypatch.setattr(marker_reader, "BATCH", 10)
+    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
+    monkeypatch.setattr(read_targets, "MAX_TARGETS", max_targets)
+    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
+    consume, calls, worst = reading.fake.consume, [0], [0]
+    tp = (reading.markers, 0)
+
+    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        calls[0] += 1
+        log = reading.fake.logs.get(tp, [])
+        at = reading.reader._read_to.get(tp, 0)
+        if at < len(log):
+            first_unread_ms = log[at].timestamp()[1]
+            through = reading.gate.through_for(0)
+            assert through <= first_unread_ms, "the gate passed a marker not read yet"
+            if calls[0] > 20:  # the first ends noted, behind the flood
+                worst[0] = max(worst[0], first_unread_ms - through)
+        if calls[0] <= 300:
+            reading.clock.advance(0.01)
+            for _ in range(30):
+                cancel_on(reading, 0)
+        return consume(num_messages, timeout)
+
+    reading.fake.consume = flooding  # type: ignore[method-assign]
+    for _ in range(100):  # begun before the pass
+        cancel_on(reading, 0)
+    while calls[0] <= 300:  # passes, one after another, while the flood lasts
+        reading.reader._pass(reading.consumer)
+    if max_targets > 4:  # the queue as it is, not one kept short on purpose
+        assert worst[0] <= 50, f"the gate stood {worst[0]} ms behind the markers read"
+    reading.reader._pass(reading.consumer)  # the rest of the flood
+    assert reading.gate.through_for(0) >= reading.clock.ms() - 200
 
 
 def test_an_answer_stamped_in_the_future_is_forgotten_with_the_window(reading: Reading) -> None:
