@@ -254,6 +254,13 @@ class Report:
         return sum(max(0, len(s.deliveries) + len(s.dead) - 1) for s in judged)
 
     @property
+    def dead_letters_repeated(self) -> int:
+        """Dead letters beyond the first of each source (counted in `duplicates` too):
+        exactly-once promises one per record, at-least-once may repeat some."""
+        judged = [*self.sources, *self.raced]
+        return sum(max(0, len(s.dead) - 1) for s in judged)
+
+    @property
     def dead_lettered(self) -> int:
         return sum(1 for s in self.ours if s.dead and not s.deliveries)
 
@@ -313,6 +320,8 @@ class Report:
                 f"{len(self.moved)} rescheduled: {len(self.superseded)} at a superseded "
                 f"time, {twice} twice"
             )
+        if self.dead_letters_repeated:
+            cancels.append(f"{self.dead_letters_repeated} of the duplicates are dead letters")
         return {
             "scenario": self.scenario,
             "records": str(len(self.ours)),
@@ -366,7 +375,8 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
-def _dead_letter_origin(rec: Rec) -> tuple[str, int, int] | None:
+def dead_letter_origin(rec: Rec) -> tuple[str, int, int] | None:
+    """(topic, partition, offset) of the record a dead letter carries, from its headers."""
     topic = _text(rec.header("dlq-origin-topic"))
     partition = _number(rec.header("dlq-origin-partition"))
     offset = _number(rec.header("dlq-origin-offset"))
@@ -418,7 +428,7 @@ def evaluate(
                 if not echo:
                     continue
             if topic == topology.dead_letter_topic and rec.has("dlq-reason"):
-                origin = _dead_letter_origin(rec)
+                origin = dead_letter_origin(rec)
                 reason = _text(rec.header("dlq-reason")) or ""
                 dead_reasons[reason] += 1
                 if origin is None or not reason:

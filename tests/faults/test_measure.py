@@ -112,25 +112,40 @@ def test_the_verdict_sees_lost_early_duplicated_and_misrouted_records() -> None:
     assert recovery_s(report, [11_050]) == [0.05]
 
 
-def test_dead_letters_are_matched_by_origin_and_must_carry_the_original() -> None:
-    source = _rec(LEVEL, 7, 10_000, [("delay-v", b"x")], value=b"original")
-    letter = _rec(
+def _letter(offset: int, origin_offset: int, value: bytes) -> Rec:
+    """A dead letter on the dead-letter topic of the level record at `origin_offset`."""
+    return _rec(
         DLQ,
-        0,
-        10_001,
+        offset,
+        10_001 + offset,
         [
             ("delay-v", b"x"),
             ("dlq-reason", b"invalid_envelope"),
             ("dlq-origin-topic", LEVEL.encode()),
             ("dlq-origin-partition", b"0"),
-            ("dlq-origin-offset", b"7"),
+            ("dlq-origin-offset", str(origin_offset).encode()),
         ],
-        value=b"altered",
+        value=value,
     )
-    report = evaluate("unit", _Reader(source, letter), TOPOLOGY, _sent(source))
+
+
+def test_dead_letters_are_matched_by_origin_and_must_carry_the_original() -> None:
+    source = _rec(LEVEL, 7, 10_000, [("delay-v", b"x")], value=b"original")
+    report = evaluate("unit", _Reader(source, _letter(0, 7, b"altered")), TOPOLOGY, _sent(source))
     assert not report.lost
     assert report.dead_lettered == 1
+    assert report.dead_letters_repeated == 0
     assert report.wrong == [f"{LEVEL}[0]@7 (delay-v is b'x'): dead letter's key or value differs"]
+
+
+def test_a_record_dead_lettered_twice_is_a_duplicate_and_named_so() -> None:
+    once = _rec(LEVEL, 7, 10_000, [("delay-v", b"x")], value=b"once")
+    twice = _rec(LEVEL, 8, 10_000, [("delay-v", b"x")], value=b"twice")
+    letters = [_letter(0, 7, b"once"), _letter(1, 8, b"twice"), _letter(2, 8, b"twice")]
+    report = evaluate("unit", _Reader(once, twice, *letters), TOPOLOGY, _sent(once, twice))
+    assert (report.dead_lettered, report.dead_letters_repeated) == (2, 1)
+    assert report.duplicates == 1
+    assert "1 of the duplicates are dead letters" in report.row()["notes"]
 
 
 @pytest.mark.parametrize(("size", "accepted"), [(100, False), (600 * 1024, True)])
