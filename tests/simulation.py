@@ -142,6 +142,18 @@ class Broker:
         consumer.blocking = False
 
 
+def outlived_its_timeout(producer: FakeProducer, seconds: float) -> None:
+    """`producer` stood still `seconds` (a stalled call, a frozen process): past
+    `transaction.timeout.ms` the coordinator aborts a transaction that holds something
+    (its timer runs from then), and the producer finds it abortable."""
+    timed_out = seconds * 1000 > TRANSACTION_TIMEOUT_MS
+    if timed_out and producer.txn_open and producer.has_txn_content():
+        producer.abortable = producer.abortable or KafkaError(
+            KafkaError.INVALID_PRODUCER_EPOCH,
+            "sim: the coordinator aborted the transaction (transaction.timeout.ms)",
+        )
+
+
 class Faults:
     """Faults armed on the fake clients of one process; `log` keeps what fired."""
 
@@ -238,14 +250,8 @@ class Faults:
             if self.during_stall is not None:
                 self.during_stall(client)
             self.clock.advance(seconds / 2)
-            timed_out = seconds * 1000 > TRANSACTION_TIMEOUT_MS
-            producer = target if isinstance(target, FakeProducer) else None
-            # The coordinator's timer runs once the transaction holds something.
-            if timed_out and producer and producer.txn_open and producer.has_txn_content():
-                producer.abortable = producer.abortable or KafkaError(
-                    KafkaError.INVALID_PRODUCER_EPOCH,
-                    "sim: the coordinator aborted the transaction (transaction.timeout.ms)",
-                )
+            if isinstance(target, FakeProducer):
+                outlived_its_timeout(target, seconds)
 
     def _fail(self, target: Any, name: str, shape: str) -> tuple[bool, Any]:
         """Fail the call `name` of `target` with `shape`: raise, or return (True, what

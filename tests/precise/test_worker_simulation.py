@@ -232,7 +232,11 @@ class PreciseWorkerSimulation(Simulation):
         self.faults = Faults(self.clock)
         self.fatal: list[str] = []
         self.keeper: ConsumerKeeper | None = None
+        self._wire()
         self._start()
+
+    def _wire(self) -> None:
+        """More patches before the first process starts (a simulation built on this)."""
 
     def _patch(self, module: Any, name: str, value: Any) -> None:
         self._patched.append((module, name, getattr(module, name)))
@@ -255,14 +259,22 @@ class PreciseWorkerSimulation(Simulation):
             levels="1s",
             precise=True,
             precise_topic=TOPIC,
-            data_dir=self.root,
+            data_dir=self._data_dir(),
             dead_letter_topic=DLQ,
             guarantee="exactly-once" if self.exactly_once else "at-least-once",
             retry_backoff_s=0.2,
             retry_backoff_max_s=2.0,
             retry_give_up_s=30.0,
             precise_lookahead_s=LOOKAHEAD_S,
+            **self._more_settings(),
         )
+
+    def _data_dir(self) -> Path:
+        return self.root
+
+    def _more_settings(self) -> dict[str, Any]:
+        """Settings a simulation built on this one adds (two copies, ...)."""
+        return {}
 
     def _start(self) -> None:
         """A new process over the data directory and what the broker holds. The one
@@ -284,7 +296,7 @@ class PreciseWorkerSimulation(Simulation):
             settings.precise_done_topic: 1,
             settings.precise_outcomes_topic: 1,
         }
-        answers = FakeProducer(dict(self.topics), self.clock)  # at-least-once's replies
+        answers = self._answer_producer()
         self.answer_producers.append(answers)
         self.worker = PreciseWorker(
             settings,
@@ -297,6 +309,11 @@ class PreciseWorkerSimulation(Simulation):
         self.keeper = None
         self.intake_alive = self.loader_alive = self.forwarder_alive = True
 
+    def _answer_producer(self) -> FakeProducer:
+        """The process's producer of replies to markers (at-least-once's) and, with two
+        copies, of progress reports."""
+        return FakeProducer(dict(self.topics), self.clock)
+
     def _new_producer(self, config: dict[str, Any]) -> FakeProducer:
         producer: FakeProducer
         if "transactional.id" in config:
@@ -307,10 +324,11 @@ class PreciseWorkerSimulation(Simulation):
         return self.faults.wrap_producer(producer)
 
     def _new_consumer(self, config: dict[str, Any]) -> Any:
-        """`Consumer` as the worker makes it: the delivery log's reader of the done
-        topic, or the intake's consumer of the precise topic (assigned, not
-        subscribed; a replaced one is a new client on the same broker)."""
-        if str(config.get("group.id", "")).endswith("-delivered"):
+        """`Consumer` as the worker makes it: the delivery log's (or, with two copies,
+        the progress reader's) reader of the done topic, or the intake's consumer of
+        the precise topic (assigned, not subscribed; a replaced one is a new client on
+        the same broker)."""
+        if str(config.get("group.id", "")).endswith(("-delivered", "-progress")):
             reader = ClockedDoneReader(
                 self.coordinator, self.settings.precise_done_topic, self.clock
             )
@@ -524,10 +542,16 @@ class PreciseWorkerSimulation(Simulation):
     def _forwarder_pass(self) -> None:
         """One pass of `Forwarder._run`, as its thread runs it (a commit point when one
         is due by the clock)."""
-        raised = raised_by(self.worker.forwarder.step)  # type: ignore[union-attr]
+        if not self._survives_a_pass(self.worker.forwarder):  # type: ignore[union-attr]
+            self.forwarder_alive = False
+
+    def _survives_a_pass(self, forwarder: Any) -> bool:
+        """One pass of `forwarder`; False once it failed for good (reported)."""
+        raised = raised_by(forwarder.step)
         if isinstance(raised, ForwarderFatalError):  # `_main` reports it and ends
             self.fatal.append(str(raised))
-            self.forwarder_alive = False
+            return False
+        return True
 
     @initialize(switched_on=st.lists(st.booleans(), min_size=len(SHAPES), max_size=len(SHAPES)))
     def faults_of_this_run(self, switched_on: list[bool]) -> None:
@@ -619,9 +643,13 @@ class PreciseWorkerSimulation(Simulation):
             held.update(int(r.message_id.rsplit("-", 1)[1]) for r in records)
         return held
 
+    def _commits(self) -> dict[tuple[str, int], int]:
+        """Per partition, the offset below which no process will read a record again."""
+        return self.broker.committed
+
     def nothing_committed_past_a_record_not_held(self) -> None:
         seen = {(tp, offset) for tp, offset, _, _ in self._seen()}
-        for tp, upto in sorted(self.broker.committed.items()):
+        for tp, upto in sorted(self._commits().items()):
             missing = [
                 o
                 for o in range(upto)
