@@ -36,6 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
+from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.ready_batch import ready_batch
 from delayservice.precise import precise_worker as precise_worker_module
 from delayservice.precise.delivery import progress as progress_module
@@ -362,13 +363,18 @@ class TakeoverSimulation(PreciseWorkerSimulation):
     @precondition(lambda self: None in self.frozen.values())
     @rule(
         member=st.sampled_from(MEMBERS),
+        after_s=st.sampled_from([0.0, 0.01, 0.5, 1.0, 2.0]),
         past_s=st.sampled_from([0.5, 2.0, 6.0]),
         back=st.booleans(),
     )
-    def owner_frozen_past_the_takeover_delay(self, member: int, past_s: float, back: bool) -> None:
-        """Weighted: the member freezes, and the takeover delay and `past_s` more pass
-        while the other runs: its replica takes over what it had not reported done;
-        then it comes back, or not yet."""
+    def owner_frozen_past_the_takeover_delay(
+        self, member: int, after_s: float, past_s: float, back: bool
+    ) -> None:
+        """Weighted: `after_s` pass (records due soon go, and are not reported yet),
+        the member freezes, and the takeover delay and `past_s` more pass while the
+        other runs: its replica takes over what it had not reported done; then it comes
+        back, or not yet."""
+        self.time_passes(after_s)
         self.member_freezes(member)
         self.time_passes(TAKEOVER_S + past_s)
         since = self.frozen[member]
@@ -379,16 +385,25 @@ class TakeoverSimulation(PreciseWorkerSimulation):
     @rule(
         member=st.sampled_from(MEMBERS),
         disk=st.sampled_from(["kept", "kept", "lost"]),
+        landed=st.booleans(),
     )
-    def killed_and_restarted(self, member: int, disk: str) -> None:  # type: ignore[override]
+    def killed_and_restarted(self, member: int, disk: str, landed: bool) -> None:  # type: ignore[override]
         """The member's process dies at once (kill -9; frozen or not); a new one starts
         on its data directory, or on an empty one (its disk lost: once per example,
-        the promise is to survive one), from its group's committed offsets."""
+        the promise is to survive one), from its group's committed offsets. What its
+        producers had queued reached the broker before the kill (`landed`: librdkafka
+        sends within its linger, so this is the likelier), or died with it."""
         self.processes += 1
         since = self.frozen[member]
         self.frozen[member] = None
         self._note(member, "killed", since)
         with self._as(member):
+            self.faults.disarm()
+            for producer in self.broker.producers:
+                if landed and self.by_member.get(id(producer)) == member:
+                    # Acknowledged, though no one is left to hear it (a fatal producer
+                    # raises its error once: that process is gone).
+                    raised_by(lambda producer=producer: producer.flush(0))
             if disk == "lost" and self.disks_lost == 0:
                 self.disks_lost += 1
                 worker = self.worker
