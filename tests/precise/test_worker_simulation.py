@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from confluent_kafka import Message, TopicPartition
@@ -772,11 +772,17 @@ def _no_real_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forwarder_module, "RESEEK_POLL_S", 0.0)
 
 
-@contextlib.contextmanager
-def _simulation(exactly_once: bool) -> Iterator[PreciseWorkerSimulation]:
-    """One simulation stepped by hand, for a written sequence of its rules."""
+Machine = TypeVar("Machine", bound=PreciseWorkerSimulation)
 
-    class Run(PreciseWorkerSimulation):
+
+@contextlib.contextmanager
+def _simulation(
+    exactly_once: bool,
+    machine: type[Machine] = PreciseWorkerSimulation,  # type: ignore[assignment]
+) -> Iterator[Machine]:
+    """One simulation (of `machine`) stepped by hand, for a written sequence of its rules."""
+
+    class Run(machine):  # type: ignore[valid-type,misc]
         pass
 
     Run.exactly_once = exactly_once
