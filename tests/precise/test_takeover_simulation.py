@@ -484,9 +484,12 @@ class TakeoverSimulation(PreciseWorkerSimulation):
             owner = spot[0][1] % len(MEMBERS)
             times = [at for ats in by.values() for at in ats]
             first, last = min(times), max(times)
+            now = self.clock.time()
+            frozen = self.frozen[owner]
+            standing = [] if frozen is None else [(frozen, now, "frozen, still")]
             around = [
                 what
-                for since, until, what in self.outages[owner]
+                for since, until, what in self.outages[owner] + standing
                 if until >= first - TAKEOVER_S - REPORT_EVERY_S - SLOT_S and since <= last
             ]
             self._check(
