@@ -140,7 +140,8 @@ class MarkerReader:
         self.heartbeat = Heartbeat()
         """Beats once per turn of the loop."""
         self._advanced_at = time.monotonic()
-        """When a pass last moved the gate (readiness: `health`)."""
+        """When the gate last moved: a pass's end, or a flood's reading passing the
+        targets of the partition read least far (readiness: `health`)."""
         self._full_since: float | None = None
         """When the book reached its share and markers stopped being read (None: not)."""
         self._markers_paused = False
@@ -376,12 +377,15 @@ class MarkerReader:
 
     def _settle(self) -> None:
         """Move the gate of each partition read to its target, and tell the forwarders."""
-        reached = self._targets.passed(self._read_to, time.monotonic())
+        now = time.monotonic()
+        reached = self._targets.passed(self._read_to, now)
+        through = self._gate.through_ms
         for generation, (markers, outcomes) in reached.items():
             self._gate.advance_parts(markers, outcomes, generation)
         if not reached:
             return
-        now = time.monotonic()
+        if self._gate.through_ms > through:
+            self._advanced_at = now  # readiness: the gate moves, if only behind a flood
         if not self._markers_pending() or now >= self._nudged_at + FLOOD_NUDGE_S:
             self._nudged_at = now
             self._on_pass()
@@ -435,6 +439,7 @@ class MarkerReader:
         the reading consumer, each waits behind its fetch."""
         generation = self._gate.generation
         began = self._now_ms()
+        self._report_lag(began)
         self._next_round = time.monotonic() + IDLE_PASS_S
         if self._lister is None:
             self._lister = self._make_consumer(self._config("markers-lister"))
@@ -476,5 +481,10 @@ class MarkerReader:
         self._metrics.level_markers_book_bytes.set(self._book.total_bytes)
         for kind in (CANCEL, RESCHEDULE):
             self._metrics.level_markers_kept.labels(kind).set(kept.get(kind, 0))
+        self._report_lag(now_ms)
+
+    def _report_lag(self, now_ms: int) -> None:
+        """How far behind now the partition read least far is read through; also every
+        round (`_top_up`), since a pass behind a flood does not end until it is read."""
         lag_ms = now_ms - self._gate.through_ms
         self._metrics.level_markers_lag.set(max(0.0, lag_ms / 1000))

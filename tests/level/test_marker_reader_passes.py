@@ -105,6 +105,46 @@ def test_behind_a_growing_flood_the_gate_follows_what_was_read(
     assert reading.gate.through_for(0) >= reading.clock.ms() - 200
 
 
+def test_behind_a_flood_the_lag_metric_and_readiness_follow_the_gate_mid_pass(
+    reading: Reading, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass behind a growing flood does not end until the flood is read, so what was
+    reported at a pass's end stood still: the lag metric (and its alert, at 30 s) read
+    the last pass's figure while the flooded partition fell behind. It is reported every
+    round, and readiness holds while the gate moves."""
+    monkeypatch.setattr(marker_reader, "BATCH", 10)
+    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
+    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
+    monkeypatch.setattr(reading.reader._thread, "is_alive", lambda: True)  # stepped here
+    reading.reader._advanced_at = marker_reader.time.monotonic()  # on the stepping clock
+    registry = reading.reader._metrics.registry
+    consume, calls, seen, ready = reading.fake.consume, [0], [], []
+
+    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        calls[0] += 1
+        if calls[0] > 20:
+            lag = registry.get_sample_value("delayservice_level_markers_lag_seconds")
+            seen.append((lag, (reading.clock.ms() - reading.gate.through_ms) / 1000))
+            ready.append(reading.reader.health()[1])
+        if calls[0] <= 200:
+            reading.clock.advance(0.01)
+            for _ in range(30):
+                cancel_on(reading, 0)
+        return consume(num_messages, timeout)
+
+    reading.fake.consume = flooding  # type: ignore[method-assign]
+    for _ in range(100):
+        cancel_on(reading, 0)
+    reading.reader._pass(reading.consumer)  # one pass: it ends once the flood is read
+    assert calls[0] > 200
+    behind = [(lag, true) for lag, true in seen if true > 0.5]
+    assert behind, "the flood never put the gate half a second behind: nothing was tested"
+    worst = max(abs((lag or 0.0) - true) for lag, true in seen)
+    assert worst <= 0.05, f"the lag metric was {worst:.2f} s off the gate's lag mid-pass"
+    unready = sorted(set(ready) - {"markers: read"})
+    assert not unready, f"not ready while the gate moved: {unready[:2]}"
+
+
 def test_an_answer_stamped_in_the_future_is_forgotten_with_the_window(reading: Reading) -> None:
     outcomes = (reading.outcomes, 0)
     key = reply_key(reading.markers, 0, 12345)  # a marker this reader never read
