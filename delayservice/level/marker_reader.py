@@ -386,6 +386,9 @@ class MarkerReader:
             return
         if self._gate.through_ms > through:
             self._advanced_at = now  # readiness: the gate moves, if only behind a flood
+            # Read once: every markers partition passed a target (a pass behind a flood
+            # that goes on being written ends only once it is read).
+            self._read_once = self._read_once or self._gate.through_ms >= 0
         if not self._markers_pending() or now >= self._nudged_at + FLOOD_NUDGE_S:
             self._nudged_at = now
             self._on_pass()

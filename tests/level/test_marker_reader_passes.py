@@ -145,6 +145,39 @@ def test_behind_a_flood_the_lag_metric_and_readiness_follow_the_gate_mid_pass(
     assert not unready, f"not ready while the gate moved: {unready[:2]}"
 
 
+def test_a_start_behind_a_flood_still_being_written_says_ready_once_each_partition_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Readiness after a start waits for the ends noted at the start, as before; a pass
+    behind a flood that goes on being written ends only once it is read, so waiting for
+    the pass's end kept a restarted daemon unready for minutes behind a million markers
+    (fault row 31), its records flowing all the while."""
+    reading = reading_rig(monkeypatch, first_pass=False)
+    monkeypatch.setattr(marker_reader, "BATCH", 10)
+    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
+    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
+    monkeypatch.setattr(reading.reader._thread, "is_alive", lambda: True)  # stepped here
+    consume, calls, ready_at = reading.fake.consume, [0], []
+
+    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        calls[0] += 1
+        if not ready_at and reading.reader.health()[0]:
+            ready_at.append(calls[0])
+        if calls[0] <= 200:
+            reading.clock.advance(0.01)
+            for _ in range(30):
+                cancel_on(reading, 0)
+        return consume(num_messages, timeout)
+
+    reading.fake.consume = flooding  # type: ignore[method-assign]
+    for _ in range(100):  # the backlog at the start
+        cancel_on(reading, 0)
+    assert not reading.reader.health()[0]
+    reading.reader._pass(reading.consumer)
+    assert ready_at, "never ready while the flood was read"
+    assert ready_at[0] <= 20, f"ready after {ready_at[0]} batches: 100 markers take 10"
+
+
 def test_an_answer_stamped_in_the_future_is_forgotten_with_the_window(reading: Reading) -> None:
     outcomes = (reading.outcomes, 0)
     key = reply_key(reading.markers, 0, 12345)  # a marker this reader never read
