@@ -144,7 +144,6 @@ class MarkerBook:
         return failed
 
     def _file_one(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry | None:
-        key = marker.key
         slots = self._slots
         if slots.find(marker.topic, marker.partition, marker.offset) >= 0:
             return None
@@ -163,7 +162,7 @@ class MarkerBook:
         answer = flags_read = 0
         orphans = self._orphans
         if orphans.written or orphans.answers or orphans.executed:
-            outcome, flags_read = orphans.take(key, marker.message_id, marker.kind)
+            outcome, flags_read = orphans.take(marker.key, marker.message_id, marker.kind)
             answer = 0 if outcome is None else self._answers.outcome(outcome)
         row = (marker.appended_ms, marker.offset, source, tp, code, flags | flags_read, raw)
         slots.add(row, answer, marker.asked_due_ms, marker.message_id)
@@ -390,8 +389,14 @@ class MarkerBook:
     def partition_count(self, topic: str, count: int) -> None:
         self._placing.partition_count(topic, count)
 
-    def beyond_count(self, message_id: str) -> bool:
-        return self._placing.beyond_count(message_id)
+    def beyond_count(self, message_id: str, named: int | None = None) -> bool:
+        """`Placing.beyond_count` (`named`: the id's `tail_partition`, if at hand)."""
+        return self._placing.beyond_count(message_id, named)
+
+    def past_every_count(self, partition: int) -> bool:
+        """Whether no level topic has `partition`, by the counts last read (all of them
+        before any was read)."""
+        return partition >= self._placing.most
 
     # -- what the views show (`marker_views`) -----------------------------------------
     def watched(self, tp: TP) -> bool:

@@ -54,27 +54,29 @@ def marker_of(message: Message) -> tuple[LevelMarker, tuple[str, str] | None] | 
     headers = read_headers(message)
     if headers is UNREADABLE or not isinstance(headers, list):
         return LevelMarker(CANCEL, "", appended, *where), (REFUSED, "its headers cannot be read")
-    for name, kind in ((H_CANCEL, CANCEL), (H_RESCHEDULE, RESCHEDULE)):
-        values = [value for header, value in headers if header == name]
-        if not values:
-            continue
-        raw = values[0]
-        try:
-            message_id = raw.decode() if isinstance(raw, bytes) else (raw or "")
-        except UnicodeDecodeError:
-            return LevelMarker(kind, "", appended, *where), (REFUSED, "its id is not UTF-8")
-        if not message_id:
-            return LevelMarker(kind, "", appended, *where), (REFUSED, f"a {kind} without an id")
-        if kind == CANCEL:
-            return LevelMarker(CANCEL, message_id, appended, *where), None
-        try:
-            request = reschedule_request(headers)
-        except BadMarkerError as exc:
-            return LevelMarker(kind, message_id, appended, *where), (REFUSED, str(exc))
-        _, delay_ms, due_ms = request or ("", None, None)
-        asked = max(appended + (delay_ms or 0), due_ms or 0)
-        return LevelMarker(kind, message_id, appended, *where, asked), None
-    return None
+    kind, raw = None, None  # in one pass: the first cancel, else the first reschedule
+    for header, value in headers:
+        if header == H_CANCEL and kind != CANCEL:
+            kind, raw = CANCEL, value
+        elif header == H_RESCHEDULE and kind is None:
+            kind, raw = RESCHEDULE, value
+    if kind is None:
+        return None
+    try:
+        message_id = raw.decode() if isinstance(raw, bytes) else (raw or "")
+    except UnicodeDecodeError:
+        return LevelMarker(kind, "", appended, *where), (REFUSED, "its id is not UTF-8")
+    if not message_id:
+        return LevelMarker(kind, "", appended, *where), (REFUSED, f"a {kind} without an id")
+    if kind == CANCEL:
+        return LevelMarker(CANCEL, message_id, appended, *where), None
+    try:
+        request = reschedule_request(headers)
+    except BadMarkerError as exc:
+        return LevelMarker(kind, message_id, appended, *where), (REFUSED, str(exc))
+    _, delay_ms, due_ms = request or ("", None, None)
+    asked = max(appended + (delay_ms or 0), due_ms or 0)
+    return LevelMarker(kind, message_id, appended, *where, asked), None
 
 
 class MarkerFiling:
@@ -125,14 +127,17 @@ class MarkerFiling:
         batch = self._batches  # every marker in it was appended before it was returned
         counts_from = consumer if lister is None else lister
         run: list[tuple[LevelMarker, tuple[str, str] | None]] = []
+        read_to, markers_topic = self._read_to, self._markers_topic
         try:
             for message in messages:
                 if message.error() is not None:
                     continue
                 key = (message.topic() or "", message.partition() or 0)
-                self._read_to[key] = max(self._read_to.get(key, -1), (message.offset() or 0) + 1)
+                after = (message.offset() or 0) + 1
+                if after > read_to.get(key, -1):
+                    read_to[key] = after
                 try:
-                    if key[0] == self._markers_topic:
+                    if key[0] == markers_topic:
                         read = self._marker_read(message, counts_from, batch)
                         if read is not None:
                             run.append(read)
@@ -185,25 +190,29 @@ class MarkerFiling:
                 )
             return None
         marker, refusal = read
-        stale = self._counts_after < batch
-        if refusal is None and stale and self._book.beyond_count(marker.message_id):
+        if refusal is not None:
+            return read
+        message_id = marker.message_id
+        named = tail_partition(message_id)  # once, for both questions below
+        if named is None:
+            return read  # no level id: answered `unmatched`, concerns no record
+        if self._counts_after < batch and self._book.beyond_count(message_id, named):
             # Its message may be on a partition added since the counts were read.
             try:
                 self.read_counts(lister)
             except Exception as exc:
-                raise CountsUnreadError(f"{marker.message_id}: {exc!r}") from exc
-        if refusal is None:
-            self._place(marker.message_id, message.partition() or 0)
+                raise CountsUnreadError(f"{message_id}: {exc!r}") from exc
+        self._place(message_id, marker.partition, named)
         return read
 
-    def _place(self, message_id: str, partition: int) -> None:
+    def _place(self, message_id: str, partition: int, named: int) -> None:
         """A marker found on a markers partition other than its level partition's (an
         older SDK spread them by a hash of the id): that partition's records wait for
-        this one's reading too, from now on, and a WARNING says so once."""
-        named = tail_partition(message_id)
-        if named is None or named >= max(self._book.partitions.values(), default=0):
+        this one's reading too, from now on, and a WARNING says so once. `named`: the
+        level partition its id ends with (`tail_partition`)."""
+        if self._book.past_every_count(named):
             return  # no partition any level topic has: concerns no record (and bounds the gate)
-        if partition in self._gate.home_of(named):
+        if self._gate.is_home(named, partition):
             return
         if level_place(message_id) is None:
             return  # no level id: answered `unmatched`, concerns no record

@@ -186,6 +186,15 @@ class MarkerGate:
         """The markers partitions level partition `partition`'s markers can be on."""
         return tuple(home for home, _ in self._cached_homes(partition))
 
+    def is_home(self, partition: int, home: int) -> bool:
+        """Whether `home` is among `home_of(partition)`, without making the tuple (the
+        reader asks for every marker it reads; a loop, as `any` over a generator costs
+        about as much as the tuple)."""
+        for known, _ in self._cached_homes(partition):  # noqa: SIM110
+            if known == home:
+                return True
+        return False
+
     def _cached_homes(self, partition: int) -> Homes:
         """Without the lock when cached (the forwarding path asks for every run)."""
         homes = self._homes.get(partition)

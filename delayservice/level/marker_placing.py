@@ -9,6 +9,8 @@ each level topic's partition count as the reader last saw it (`partitions`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Final
 
 from delayservice.forward.buffer import TP
@@ -22,7 +24,7 @@ UNMATCHED: Final = "unmatched"
 
 
 class Placing:
-    __slots__ = ("_delays", "_levels", "answers_tp", "partitions")
+    __slots__ = ("_counts", "_delays", "_levels", "answers_tp", "fewest", "most", "partitions")
 
     def __init__(self, levels: LevelSet) -> None:
         self._levels = levels
@@ -30,8 +32,15 @@ class Placing:
         """Level topic -> its delay (`levels.by_topic` without a call, per entry made)."""
         self.answers_tp: TP = (levels.levels[0].topic, 0)
         """Whose owner answers the markers that name no level partition here."""
-        self.partitions: dict[str, int] = {}
-        """Level topic -> its partition count, as the reader last saw it."""
+        self._counts: dict[str, int] = {}
+        self.partitions: Mapping[str, int] = MappingProxyType(self._counts)
+        """Level topic -> its partition count, as the reader last saw it (read only:
+        `partition_count` alone changes it, and `fewest` and `most` with it)."""
+        self.fewest = 0
+        """The fewest partitions of a level topic counted (0: none counted yet)."""
+        self.most = 0
+        """The most partitions of a level topic counted: kept, not worked out for each
+        marker of a flood (`beyond_count`, `MarkerFiling._place`)."""
 
     def entry(self, marker: LevelMarker, refusal: tuple[str, str] | None) -> Entry:
         """The entry of a marker read (`refusal`: decided on reading)."""
@@ -49,7 +58,7 @@ class Placing:
         if place.level > len(levels):
             return Entry(marker, self.answers_tp, (REFUSED, f"no level {place.level} here"))
         level = levels[place.level - 1]
-        count = self.partitions.get(level.topic)
+        count = self._counts.get(level.topic)
         if count is not None and place.partition >= count:
             reason = f"{level.topic} has no partition {place.partition} (it has {count})"
             return Entry(marker, self.answers_tp, (REFUSED, reason))
@@ -82,20 +91,24 @@ class Placing:
         return self._levels.levels[-1].name
 
     def partition_count(self, topic: str, count: int) -> None:
-        self.partitions[topic] = count
+        self._counts[topic] = count
+        self.fewest = min(self._counts.values())
+        self.most = max(self._counts.values())
 
-    def beyond_count(self, message_id: str) -> bool:
+    def beyond_count(self, message_id: str, named: int | None = None) -> bool:
         """Whether `message_id` names a partition past its level topic's count as last
         read: refused on that count, unless the count was read after the marker (the
-        topic may have grown since, and its message be on the new partition)."""
-        named = tail_partition(message_id)
+        topic may have grown since, and its message be on the new partition). `named`:
+        its `tail_partition`, when the caller has it already."""
+        if named is None:
+            named = tail_partition(message_id)
         if named is None:
             return False  # not a level id (`level_place` answers it so)
-        if named < min(self.partitions.values(), default=0):
+        if named < self.fewest:
             return False  # most markers: a partition every level topic has (no parse)
         place = level_place(message_id)
         levels = self._levels.levels
         if place is None or not 0 < place.level <= len(levels):
             return False
-        count = self.partitions.get(levels[place.level - 1].topic)
+        count = self._counts.get(levels[place.level - 1].topic)
         return count is not None and place.partition >= count
