@@ -177,17 +177,15 @@ class Slots:
     def add(self, row: Row, answer: int, asked: int | None, message_id: str | None = None) -> int:
         """A new slot, in every index (`message_id`: the id unpacked, if at hand)."""
         appended, offset, source, tp, refusal, flags, raw = row
-        cols = self.cols
-        slot = cols.add(appended, offset, source, tp, refusal, flags, raw)
-        cols.answer[slot - cols.base] = answer
-        self.by_source[source].add(offset, slot, self.offset_of)
+        slot = self.cols.add(appended, offset, source, tp, refusal, flags, raw, answer)
+        self.by_source[source].add(offset, slot)
         if asked is not None:
             self.asked[slot] = asked
         if appended < self.latest_ms:
             heapq.heappush(self.stragglers, _straggler(appended, slot))
-        self.latest_ms = max(self.latest_ms, appended)
-        kind = RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL
-        self.kept[kind] += 1
+        else:
+            self.latest_ms = appended
+        self.kept[RESCHEDULE if flags & st.RESCHEDULE_KIND else CANCEL] += 1
         if refusal < 0:
             packed = bool(flags & st.PACKED)
             message_id = message_id or st.unpack_id(raw, packed)
@@ -208,6 +206,8 @@ class Slots:
                 self.set_flags(head, on=final)
                 self.set_flags(slot, off=final)
             return
+        if not self._orphans.loose_final:
+            return  # the common case: no final state waits for an id (no call per marker)
         loose = self._orphans.take_final(message_id)
         if loose is not None:
             self.set_flags(slot, on=final_flag(loose))

@@ -122,14 +122,15 @@ class Columns:
         refusal: int,
         flags: int,
         raw_id: bytes,
+        answer: int = 0,
     ) -> int:
-        slot = self.end
+        slot = self.base + len(self.appended)
         self.appended.append(appended)
         self.offset.append(offset)
         self.source.append(source)
         self.tp.append(tp)
         self.refusal.append(refusal)
-        self.answer.append(0)
+        self.answer.append(answer)
         self.flags.append(flags)
         self.next.append(-1)
         self.arena += raw_id
@@ -285,18 +286,21 @@ class Source:
     """One markers partition: its slots in offset order, and those read out of order
     (a rewind that re-reads what was forgotten) by offset."""
 
-    __slots__ = ("late", "slots")
+    __slots__ = ("last", "late", "slots")
 
     def __init__(self) -> None:
         self.slots = array("q")
         self.late: dict[int, int] = {}
+        self.last = -1
+        """The offset of the last of `slots` (-1: none): what a marker read in order
+        is compared with, without a look at the columns."""
 
     def find(self, offset: int, offset_of: Callable[[int], int], base: int) -> int:
         late = self.late.get(offset)
         if late is not None:  # filed after the one in `slots`, forgotten since
             return late
         slots = self.slots
-        if not slots or offset_of(slots[-1]) < offset:
+        if not slots or self.last < offset:
             return -1  # the common case: read in order, beyond every one kept
         lo = bisect_left(slots, base)  # slots before the columns' base are gone
         i = bisect_left(slots, offset, lo=lo, key=offset_of)
@@ -304,16 +308,17 @@ class Source:
             return slots[i]
         return -1
 
-    def add(self, offset: int, slot: int, offset_of: Callable[[int], int]) -> None:
-        if not self.slots or offset_of(self.slots[-1]) < offset:
+    def add(self, offset: int, slot: int) -> None:
+        if not self.slots or self.last < offset:
             self.slots.append(slot)
+            self.last = offset
         else:
             self.late[offset] = slot
 
     def cut(self, base: int) -> None:
         k = bisect_left(self.slots, base)
         if k:
-            self.slots = self.slots[k:]
+            self.slots = self.slots[k:]  # the last one stays, or none is left
         for offset in [o for o, s in self.late.items() if s < base]:
             del self.late[offset]
 

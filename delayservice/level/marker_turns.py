@@ -32,7 +32,10 @@ class Turns:
 
     def unresolve(self, slot: int, t: int) -> None:
         """`slot` (of level partition `t`) waits for an answer."""
-        self._unresolved.setdefault(t, array_q()).append(slot)
+        slots = self._unresolved.get(t)
+        if slots is None:  # not `setdefault`: it would make an array for every marker
+            slots = self._unresolved[t] = array_q()
+        slots.append(slot)
         self._unresolved_n[t] = self._unresolved_n.get(t, 0) + 1
 
     def answered(self, slot: int) -> None:

@@ -52,12 +52,18 @@ class LevelMarker:
     partition: int
     offset: int
     asked_due_ms: int | None = None
-    key: bytes = field(init=False, repr=False, compare=False)
-    """Where it landed: the key of its answers (made once: the book looks it up
-    several times per marker, and a flood of markers is read at that cost)."""
+    _key: bytes | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", reply_key(self.topic, self.partition, self.offset))
+    @property
+    def key(self) -> bytes:
+        """Where it landed: the key of its answers. Made when first asked for, then
+        kept: the book looks it up several times for a marker it answers, and files
+        most markers of a flood without it."""
+        key = self._key
+        if key is None:
+            key = reply_key(self.topic, self.partition, self.offset)
+            object.__setattr__(self, "_key", key)
+        return key
 
     @property
     def order(self) -> Order:

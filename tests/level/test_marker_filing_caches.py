@@ -1,21 +1,26 @@
 """What the markers reader keeps at hand instead of working it out again for every marker
-of a flood: the fewest and most partitions of the level topics, and each level
-partition's markers homes. Each test fails if what is kept goes stale: a level topic
-grown or made again, a markers topic grown, a misplaced home found mid-batch.
+of a flood: the fewest and most partitions of the level topics, each level partition's
+markers homes, the offset a markers partition was last read in order to, and a
+marker's answer key (made when first asked for). Each test fails if what is kept goes
+stale: a level topic grown or made again, a markers topic grown, a misplaced home
+found mid-batch, a marker re-read.
 
 On fakes, one reader pass at a time (`marker_reading`), or the pieces alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
+from delayservice.level import marker_store as st
 from delayservice.level.marker_filing import marker_of
 from delayservice.level.marker_placing import REFUSED, Placing
 from delayservice.level.marker_verdict import LevelMarker
 from delayservice.markers.level_ids import level_id
-from delayservice.markers.replies import CANCEL, RESCHEDULE
+from delayservice.markers.replies import CANCEL, RESCHEDULE, reply_key
 from tests.level.fakes import LEVELS, message
 from tests.level.marker_reading import Reading, cancel_on, reading_rig
 
@@ -105,6 +110,47 @@ def test_the_homes_follow_a_markers_topic_grown(monkeypatch: pytest.MonkeyPatch)
     reading.one_pass()
     assert reading.book.has(mid)
     assert _misplaced(reading) == 0, "taken as misplaced on the homes before the growth"
+
+
+def test_a_markers_partition_finds_what_it_kept_through_late_reads_and_cuts() -> None:
+    """`Source.last` stands for the offset of its last slot in order: a re-read at or
+    below it is looked for (kept once), one above it is new."""
+    offsets: dict[int, int] = {}
+    source = st.Source()
+
+    def add(slot: int, offset: int) -> None:
+        offsets[slot] = offset
+        source.add(offset, slot)
+
+    def find(offset: int, base: int = 0) -> int:
+        return source.find(offset, offsets.__getitem__, base)
+
+    for slot, offset in enumerate((3, 5, 9)):
+        add(slot, offset)
+        assert find(offset) == slot, "the last one added not found: a re-read kept twice"
+    assert (find(4), find(10)) == (-1, -1)
+    add(3, 4)  # below the last: read again after a rewind
+    assert (find(4), find(9), find(10)) == (3, 2, -1)
+    add(4, 12)
+    assert (find(12), find(11)) == (4, -1)
+    source.cut(4)  # slots 0 to 3 are gone
+    assert (find(12, base=4), find(9, base=4)) == (4, -1)
+    source.cut(5)  # all gone
+    add(5, 1)
+    assert (find(1, base=5), find(12, base=5)) == (5, -1)
+
+
+def test_a_markers_answer_key_made_when_asked_changes_nothing_else_about_it() -> None:
+    marker = LevelMarker(CANCEL, "abc", NOW, "markers", 2, 7)
+    twin = LevelMarker(CANCEL, "abc", NOW, "markers", 2, 7)
+    assert marker.key == reply_key("markers", 2, 7) == b"markers:2:7"
+    assert marker == twin, "the key made on one only"
+    assert hash(marker) == hash(twin)
+    assert repr(marker) == repr(twin)
+    assert "key" not in repr(marker)
+    assert twin.key == marker.key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        marker.kind = RESCHEDULE  # type: ignore[misc]
 
 
 def _read(*headers: tuple[str, bytes | None]) -> tuple[LevelMarker, tuple[str, str] | None]:
