@@ -84,6 +84,9 @@ FLOOD_NUDGE_S: Final = 1.0
 forwarders are told of what the others' reads filed: each tells them to serve the
 markers, and serving a flood's after each batch would slow its reading tenfold."""
 
+FORGET_S: Final = 1.0
+"""How often a pass still reading (behind a flood) does its end's `_forget` meanwhile."""
+
 MakeConsumer = Callable[[dict[str, Any]], Any]
 
 
@@ -137,6 +140,7 @@ class MarkerReader:
         every round (`IDLE_PASS_S`; `_next_round`, monotonic)."""
         # When (monotonic) the forwarders were last told of a read: `_nudged_at`.
         self._next_round = self._nudged_at = 0.0
+        self._next_forget = 0.0  # when (monotonic) a pass still reading runs `_forget`
         self.heartbeat = Heartbeat()
         """Beats once per turn of the loop."""
         self._advanced_at = time.monotonic()
@@ -354,6 +358,8 @@ class MarkerReader:
                 return  # the gate stays where it was: forwarding waits, never early
             if time.monotonic() >= self._next_round:
                 self._top_up(consumer)
+            if time.monotonic() >= self._next_forget:  # a pass behind a flood goes on
+                self._forget(self._now_ms())
         # What else is queued (answers, mostly), for a moment only: a flood that began
         # after the targets were noted keeps the queue full, and drained to its end it
         # kept every partition's gate where it was until the flood was read.
@@ -474,6 +480,7 @@ class MarkerReader:
 
     def _forget(self, now_ms: int) -> None:
         """Drop what no waiting record can need, and say how much is kept."""
+        self._next_forget = time.monotonic() + FORGET_S
         before = now_ms - self._window_ms
         need = self._gate.earliest_need()
         if need is not None:
