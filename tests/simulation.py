@@ -33,9 +33,10 @@ how follows librdkafka and confluent-kafka 2.16:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
 
@@ -319,6 +320,39 @@ EXAMPLES: Final = int(os.environ.get("DELAYSERVICE_SIM_EXAMPLES", "60"))
 """Seeded examples per guarantee: CI's count unless DELAYSERVICE_SIM_EXAMPLES asks for
 more (`./scripts/test.sh --all`)."""
 STEPS: Final = int(os.environ.get("DELAYSERVICE_SIM_STEPS", "60"))
+
+
+class Members:
+    """A simulation of several members of one group, stepped from one thread: the
+    attributes `PER_MEMBER` names belong to the member loaded (`member`), and `_as`
+    loads another while it steps (its rules, fakes and invariants are the one-member
+    simulation's, run as that member)."""
+
+    PER_MEMBER: ClassVar[tuple[str, ...]] = ()
+    member: int
+    kept: dict[int, dict[str, Any]]
+    """Member -> its attributes while another is loaded."""
+
+    def _store(self) -> None:
+        self.kept[self.member] = {name: getattr(self, name) for name in self.PER_MEMBER}
+
+    @contextlib.contextmanager
+    def _as(self, member: int) -> Iterator[None]:
+        """Load `member`'s process into the simulation's attributes while it steps."""
+        before = self.member
+        if member != before:
+            self._store()
+            for name, value in self.kept[member].items():
+                setattr(self, name, value)
+            self.member = member
+        try:
+            yield
+        finally:
+            if member != before:
+                self._store()
+                for name, value in self.kept[before].items():
+                    setattr(self, name, value)
+                self.member = before
 
 
 class Simulation(RuleBasedStateMachine):

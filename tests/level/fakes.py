@@ -205,6 +205,18 @@ def commit_ok(offsets: list[TopicPartition]) -> tuple[KafkaError | None, list[To
     return None, [TopicPartition(tp.topic, tp.partition, tp.offset) for tp in offsets]
 
 
+@dataclass
+class FakeGroup:
+    """The group coordinator's side of one consumer group that several members' fake
+    consumers share (`FakeConsumer.group`): its generation moves when the group
+    rebalances, before a member hears of it at its next consume(). A member behind it
+    has its offsets refused (`ILLEGAL_GENERATION`), a consumer commit and a
+    transaction's alike, as the coordinator refuses an OffsetCommit or a TxnOffsetCommit
+    of a past generation."""
+
+    generation: int = 0
+
+
 class FakeConsumer:
     """Keyed by (topic, partition) inside; a test names a partition of the first topic by
     its number alone, and reads the first topic's state through the int-keyed views
@@ -257,6 +269,10 @@ class FakeConsumer:
         the metadata `consumer_group_metadata` gives carries it. A transaction's offsets
         sent with an older one are refused, as the group coordinator refuses a
         TxnOffsetCommit of a past generation (KIP-447)."""
+        self.group: FakeGroup | None = None
+        """Set, the group this member shares with others: `group_generation` is then the
+        generation it joined last (at the rebalance it served last), and the group's own
+        is the current one."""
         self._events: deque[tuple[str, list[TP]]] = deque()
         self._reports: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
         self._cond = threading.Condition()
@@ -326,7 +342,10 @@ class FakeConsumer:
         only from a later consume(), as librdkafka does (`on_lost`). Until then its
         threads go on, and what they commit of those partitions is a zombie's."""
         with self._cond:
-            self.group_generation += 1
+            if self.group is not None:
+                self.group.generation += 1
+            else:
+                self.group_generation += 1
             for partition in partitions:
                 self.generation.pop(self.tp(partition), None)
             self._events.append(("lost", [self.tp(p) for p in partitions]))
@@ -385,7 +404,10 @@ class FakeConsumer:
             )
             if not asynchronous and self.commit_raises is not None:
                 raise self.commit_raises
-            error, results = self.commit_outcome(offsets)
+            if self.current_generation() != self.group_generation:
+                error, results = KafkaError(KafkaError.ILLEGAL_GENERATION), offsets
+            else:
+                error, results = self.commit_outcome(offsets)
             if error is None:
                 for tp in results:
                     if tp.error is None:
@@ -493,6 +515,11 @@ class FakeConsumer:
     def consumer_group_metadata(self) -> Any:
         return ("group-metadata", self.topic, self.group_generation)
 
+    def current_generation(self) -> int:
+        """The generation the coordinator takes offsets of: the shared group's, else the
+        one this member joined last."""
+        return self.group.generation if self.group is not None else self.group_generation
+
     def close(self) -> None:
         self.closed = True
 
@@ -520,7 +547,9 @@ class FakeConsumer:
                 if not self._events:
                     return
                 kind, tps = self._events.popleft()
-                self.group_generation += 1
+                self.group_generation = (
+                    self.group.generation if self.group is not None else self.group_generation + 1
+                )
                 if kind == "assign":
                     for tp in tps:
                         self.assigned_tps.add(tp)
@@ -796,7 +825,7 @@ class FakeProducer:
         if self.send_offsets_raises is not None:
             raise self.send_offsets_raises
         owner = self.owner
-        if owner is not None and metadata[2:] and metadata[2] != owner.group_generation:
+        if owner is not None and metadata[2:] and metadata[2] != owner.current_generation():
             # rd_kafka_txn_handle_TxnOffsetCommit: ILLEGAL_GENERATION is permanent, and
             # the transaction abortable.
             self.abortable = KafkaError(

@@ -25,9 +25,7 @@ takeover's own:
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,7 +46,7 @@ from tests.precise.test_worker_simulation import (
     _no_real_waits,
     _simulation,
 )
-from tests.simulation import EXAMPLES, outlived_its_timeout, run_guarantee
+from tests.simulation import EXAMPLES, Members, outlived_its_timeout, run_guarantee
 
 __all__ = ["_no_real_waits"]  # the one-member simulation's fixture, used here too
 
@@ -139,7 +137,9 @@ class ReportingProducer(FakeProducer):
         super().produce(topic, value, key, **kwargs)
 
 
-class TakeoverSimulation(PreciseWorkerSimulation):
+class TakeoverSimulation(Members, PreciseWorkerSimulation):
+    PER_MEMBER = PER_MEMBER
+
     def __init__(self) -> None:
         self.member = 0
         """The member loaded into the simulation's per-process attributes."""
@@ -173,27 +173,6 @@ class TakeoverSimulation(PreciseWorkerSimulation):
         self._patch(progress_module, "time", self.clock)
 
     # -- two members -------------------------------------------------------------------
-    def _store(self) -> None:
-        self.kept[self.member] = {name: getattr(self, name) for name in PER_MEMBER}
-
-    @contextlib.contextmanager
-    def _as(self, member: int) -> Iterator[None]:
-        """Load `member`'s process into the simulation's attributes while it steps."""
-        before = self.member
-        if member != before:
-            self._store()
-            for name, value in self.kept[member].items():
-                setattr(self, name, value)
-            self.member = member
-        try:
-            yield
-        finally:
-            if member != before:
-                self._store()
-                for name, value in self.kept[before].items():
-                    setattr(self, name, value)
-                self.member = before
-
     def _data_dir(self) -> Path:
         return self.root / f"member-{self.member}-{self.roots[self.member]}"
 
