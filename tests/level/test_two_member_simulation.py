@@ -127,8 +127,14 @@ class TwoMemberSimulation(Members, LevelWorkerSimulation):
         make_consumer, make_producer = keeper._make, rebuild.make
 
         def joined(config: dict[str, Any]) -> Any:
+            """A consumer replacing one that failed: the one-member simulation makes every
+            producer of the broker its owner; the other member's stay with theirs."""
             consumer = make_consumer(config)
             consumer.group = self.group
+            for producer in self.broker.producers:
+                member = self.by_member.get(id(producer))
+                if member is not None and member != self.member:
+                    producer.owner = self.kept[member]["rig"].consumer
             return consumer
 
         def rebuilt() -> FakeProducer:
@@ -450,17 +456,19 @@ class TwoMemberSimulation(Members, LevelWorkerSimulation):
 
     def forwarded_only_through_read_markers(self) -> None:
         """A forward is produced only once its member's reader has read the markers of
-        the record's partition through its due time less `cancel_lead`."""
+        the record's partition through its due time less `cancel_lead` (the time a
+        reschedule asked, when sooner: a record moved sooner goes then)."""
         for producer in self.broker.producers:
             for sent in producer.sent:
                 noted = self.gate_at_send.get(id(sent))
                 if noted is None:
                     continue
                 member, through = noted
+                asked = [ms for i, _, ms in self.reschedules if i == sent.delay_id]
                 early = {
-                    spot: (at, self.broker.due_ms[spot])
+                    spot: (at, due)
                     for spot, at in through.items()
-                    if at < self.broker.due_ms[spot]
+                    if at < (due := min([self.broker.due_ms[spot], *asked]))
                 }
                 self._check(
                     not through or len(early) < len(through),
