@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +41,33 @@ class _Stepping:
 @pytest.fixture
 def reading(monkeypatch: pytest.MonkeyPatch) -> Reading:
     return reading_rig(monkeypatch)
+
+
+def _flood(
+    reading: Reading, monkeypatch: pytest.MonkeyPatch, batches: int, look: Callable[[int], None]
+) -> list[int]:
+    """A flood on markers partition 0 three times as fast as it is read (30 markers and
+    10 ms of the clock each batch of 10 read, for `batches` batches), after a backlog of
+    100, the reader's monotonic clock stepping a round every batch. `look(n)` runs at
+    the n-th batch, before its markers. Returns the count of batches asked for."""
+    monkeypatch.setattr(marker_reader, "BATCH", 10)
+    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
+    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
+    consume, calls = reading.fake.consume, [0]
+
+    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        calls[0] += 1
+        look(calls[0])
+        if calls[0] <= batches:
+            reading.clock.advance(0.01)
+            for _ in range(30):
+                cancel_on(reading, 0)
+        return consume(num_messages, timeout)
+
+    reading.fake.consume = flooding  # type: ignore[method-assign]
+    for _ in range(100):  # begun before the pass
+        cancel_on(reading, 0)
+    return calls
 
 
 def test_a_backlog_growing_faster_than_a_pass_reads_still_lets_the_gate_move(
@@ -71,32 +99,21 @@ def test_behind_a_growing_flood_the_gate_follows_what_was_read(
     was reached, it fell ever further behind (990 ms here): a million markers held the
     flooded partition's records 30 s. A queue of ends kept short (4) thins itself and
     still never lets the gate past a marker not read."""
-    monkeypatch.setattr(marker_reader, "BATCH", 10)
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
     monkeypatch.setattr(read_targets, "MAX_TARGETS", max_targets)
-    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
-    consume, calls, worst = reading.fake.consume, [0], [0]
+    worst = [0]
     tp = (reading.markers, 0)
 
-    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        calls[0] += 1
+    def look(call: int) -> None:
         log = reading.fake.logs.get(tp, [])
         at = reading.reader._read_to.get(tp, 0)
         if at < len(log):
             first_unread_ms = log[at].timestamp()[1]
             through = reading.gate.through_for(0)
             assert through <= first_unread_ms, "the gate passed a marker not read yet"
-            if calls[0] > 20:  # the first ends noted, behind the flood
+            if call > 20:  # the first ends noted, behind the flood
                 worst[0] = max(worst[0], first_unread_ms - through)
-        if calls[0] <= 300:
-            reading.clock.advance(0.01)
-            for _ in range(30):
-                cancel_on(reading, 0)
-        return consume(num_messages, timeout)
 
-    reading.fake.consume = flooding  # type: ignore[method-assign]
-    for _ in range(100):  # begun before the pass
-        cancel_on(reading, 0)
+    calls = _flood(reading, monkeypatch, 300, look)
     while calls[0] <= 300:  # passes, one after another, while the flood lasts
         reading.reader._pass(reading.consumer)
     if max_targets > 4:  # the queue as it is, not one kept short on purpose
@@ -112,29 +129,20 @@ def test_behind_a_flood_the_lag_metric_and_readiness_follow_the_gate_mid_pass(
     reported at a pass's end stood still: the lag metric (and its alert, at 30 s) read
     the last pass's figure while the flooded partition fell behind. It is reported every
     round, and readiness holds while the gate moves."""
-    monkeypatch.setattr(marker_reader, "BATCH", 10)
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
-    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
     monkeypatch.setattr(reading.reader._thread, "is_alive", lambda: True)  # stepped here
-    reading.reader._advanced_at = marker_reader.time.monotonic()  # on the stepping clock
     registry = reading.reader._metrics.registry
-    consume, calls, seen, ready = reading.fake.consume, [0], [], []
+    seen: list[tuple[float | None, float]] = []
+    ready: list[str] = []
 
-    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        calls[0] += 1
-        if calls[0] > 20:
+    def look(call: int) -> None:
+        if call > 20:
             lag = registry.get_sample_value("delayservice_level_markers_lag_seconds")
             seen.append((lag, (reading.clock.ms() - reading.gate.through_ms) / 1000))
             ready.append(reading.reader.health()[1])
-        if calls[0] <= 100:  # behind, but not so far that the queue of ends thins
-            reading.clock.advance(0.01)
-            for _ in range(30):
-                cancel_on(reading, 0)
-        return consume(num_messages, timeout)
 
-    reading.fake.consume = flooding  # type: ignore[method-assign]
-    for _ in range(100):
-        cancel_on(reading, 0)
+    # Behind, but not so far that the queue of ends thins.
+    calls = _flood(reading, monkeypatch, 100, look)
+    reading.reader._advanced_at = marker_reader.time.monotonic()  # on the stepping clock
     reading.reader._pass(reading.consumer)  # one pass: it ends once the flood is read
     assert calls[0] > 100
     behind = [(lag, true) for lag, true in seen if true > 0.5]
@@ -153,25 +161,14 @@ def test_a_start_behind_a_flood_still_being_written_says_ready_once_each_partiti
     the pass's end kept a restarted daemon unready for minutes behind a million markers
     (fault row 31), its records flowing all the while."""
     reading = reading_rig(monkeypatch, first_pass=False)
-    monkeypatch.setattr(marker_reader, "BATCH", 10)
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
-    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
     monkeypatch.setattr(reading.reader._thread, "is_alive", lambda: True)  # stepped here
-    consume, calls, ready_at = reading.fake.consume, [0], []
+    ready_at: list[int] = []
 
-    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        calls[0] += 1
+    def look(call: int) -> None:
         if not ready_at and reading.reader.health()[0]:
-            ready_at.append(calls[0])
-        if calls[0] <= 200:
-            reading.clock.advance(0.01)
-            for _ in range(30):
-                cancel_on(reading, 0)
-        return consume(num_messages, timeout)
+            ready_at.append(call)
 
-    reading.fake.consume = flooding  # type: ignore[method-assign]
-    for _ in range(100):  # the backlog at the start
-        cancel_on(reading, 0)
+    _flood(reading, monkeypatch, 200, look)  # its backlog: what the start finds
     assert not reading.reader.health()[0]
     reading.reader._pass(reading.consumer)
     assert ready_at, "never ready while the flood was read"
@@ -184,26 +181,16 @@ def test_a_pass_behind_a_flood_reports_the_book_as_it_goes(
     """A pass behind a flood that goes on being written ends only once it is read; what
     its end did (let go of what no record needs, report the book's size and count) must
     not wait for that: the gauges stood at the last pass's figures while the book grew."""
-    monkeypatch.setattr(marker_reader, "BATCH", 10)
-    monkeypatch.setattr(marker_reader, "PASS_TIMEOUT_S", 10_000.0)
-    monkeypatch.setattr(marker_reader, "time", _Stepping())  # a round every batch
-    reading.reader._next_forget = 0.0  # on the stepping clock
     registry = reading.reader._metrics.registry
-    consume, calls, seen = reading.fake.consume, [0], []
+    seen: list[tuple[float, int]] = []
 
-    def flooding(num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        calls[0] += 1
-        if calls[0] <= 100:
-            reading.clock.advance(0.01)
-            for _ in range(30):
-                cancel_on(reading, 0)
+    def look(call: int) -> None:
+        if call <= 100:
             gauge = registry.get_sample_value("delayservice_level_markers_book_bytes")
             seen.append((gauge or 0.0, reading.book.total_bytes))
-        return consume(num_messages, timeout)
 
-    reading.fake.consume = flooding  # type: ignore[method-assign]
-    for _ in range(100):
-        cancel_on(reading, 0)
+    calls = _flood(reading, monkeypatch, 100, look)
+    reading.reader._next_forget = 0.0  # on the stepping clock
     while calls[0] <= 100:
         reading.reader._pass(reading.consumer)
     gauge, held = seen[-1]
