@@ -15,8 +15,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from delayservice.level.marker_book import Action, MarkerBook
-from delayservice.level.marker_verdict import LevelMarker
+from delayservice.level.markers.book import Action, MarkerBook
+from delayservice.level.markers.verdict import LevelMarker
 from delayservice.levels import LevelSet
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.replies import CANCEL, reply_key

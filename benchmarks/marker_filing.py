@@ -22,9 +22,9 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, Message
 from prometheus_client import CollectorRegistry
 
 from delayservice.envelope import H_CANCEL
-from delayservice.level.marker_book import MarkerBook
-from delayservice.level.marker_filing import MarkerFiling
-from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.markers.book import MarkerBook
+from delayservice.level.markers.filing import MarkerFiling
+from delayservice.level.markers.gate import MarkerGate
 from delayservice.markers.level_ids import level_id
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings_loading import load_settings

@@ -27,7 +27,7 @@ from delayservice.kafka import client_config, topics
 from delayservice.kafka.broker_clock import BrokerClock
 from delayservice.level import layout, layout_guard
 from delayservice.level.level_worker import LevelWorker
-from delayservice.level.markers import LevelMarkers
+from delayservice.level.markers.level_markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.metrics.http_server import MetricsServer
 from delayservice.metrics.service_metrics import ServiceMetrics

@@ -58,7 +58,7 @@ has no key or value."""
 H_MOVED_BY: Final = "delay-moved-by"
 """On the copy of a level message a reschedule moved: `{append ms}:{partition}:{offset}`
 of that marker on the markers topic. The markers after it belong to this copy
-(`level.marker_verdict`)."""
+(`level.markers.verdict`)."""
 
 Headers = list[tuple[str, str | bytes | None]]
 """Headers in the list form confluent-kafka accepts and returns."""

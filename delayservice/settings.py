@@ -408,7 +408,7 @@ class Settings(BaseSettings):
     @property
     def markers_outcomes_topic(self) -> str:
         """Where the daemon answers each level marker with what it did
-        (`level.marker_answers`)."""
+        (`level.markers.answers`)."""
         return f"{self.markers_topic}_outcomes"
 
     def marker_topics(self) -> tuple[str, str]:

@@ -370,7 +370,7 @@ class Forwarder:
 
     def _serve_markers(self) -> None:
         """Level mode: answer new markers and move their messages now (in the open
-        transaction, exactly-once; `level.marker_actions`)."""
+        transaction, exactly-once; `level.markers.actions`)."""
         self.sender.serve_markers(self.checkpoint.begin)
 
     def _unsent(self, runs: Runs) -> None:

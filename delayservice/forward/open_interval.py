@@ -25,7 +25,7 @@ from delayservice.forward.held_record import offset_of
 
 class Listener(Protocol):
     """Told how each interval ends, for decisions taken beside its records (level
-    mode's markers: `level.marker_actions`)."""
+    mode's markers: `level.markers.actions`)."""
 
     def open(self) -> bool:
         """Whether it holds decisions this interval must commit."""

@@ -99,7 +99,7 @@ def wanted(settings: Settings) -> list[TopicSpec]:
 
 
 def _marker_specs(settings: Settings, base_retention: int) -> list[TopicSpec]:
-    """The markers topic partitioned like the levels (`marker_gate`); one partition for
+    """The markers topic partitioned like the levels (`level.markers.gate`); one partition for
     the outcomes topic, which a sender waiting for an answer reads from its end."""
     top = min_retention_ms(settings.level_set().max_delay_ms)
     return [

@@ -5,7 +5,7 @@ become.
 
 Apart from the sender because forward/ serves precise mode too and asks no mode
 (`forward.send_route`). The markers carry their decisions out through here
-(`level.marker_route.MarkerSender`), so that a copy, an answer, a withdrawal go into
+(`level.markers.route.MarkerSender`), so that a copy, an answer, a withdrawal go into
 the same open interval as the forwards.
 """
 
@@ -29,7 +29,7 @@ from delayservice.forward.held_record import HeldView, record_of
 from delayservice.forward.send_errors import SendLaterError
 from delayservice.forward.sender import RecordSender, Routes
 from delayservice.kafka.record_headers import UNREADABLE, read_headers
-from delayservice.level.marker_route import MarkerRoute, OnDelivery
+from delayservice.level.markers.route import MarkerRoute, OnDelivery
 from delayservice.levels import Level, LevelSet, format_duration_ms
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.service_metrics import (

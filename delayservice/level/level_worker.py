@@ -21,7 +21,7 @@ from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.layout import OtherLayout, WorkerPlan
 from delayservice.level.level_route import level_routes
-from delayservice.level.markers import LevelMarkers
+from delayservice.level.markers.level_markers import LevelMarkers
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level

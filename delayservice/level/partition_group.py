@@ -42,7 +42,7 @@ from delayservice.forward.buffer import NEVER, TP, Alarm, Runs
 from delayservice.forward.held_record import DUE, HeldView, entry_bytes
 
 if TYPE_CHECKING:
-    from delayservice.level.marker_actions import WorkerMarkers
+    from delayservice.level.markers.actions import WorkerMarkers
 
 Clock = Callable[[], float]
 RECORD_KEY_ALLOWANCE: Final = 64

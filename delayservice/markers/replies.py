@@ -12,7 +12,7 @@ by them. Readers take the first reply per key.
 
 Value: JSON `{"v": 1, "kind": "cancel" | "reschedule", "id", "outcome", "due_ms"
 (a move's new due time, else null), "member", "role"}`. Level mode answers on its own
-outcomes topic in the same form (`level.marker_answers`), with "member" and "role" null
+outcomes topic in the same form (`level.markers.answers`), with "member" and "role" null
 and two more fields when they say something: "reason" (why a marker was not applied)
 and "copy" (`topic:partition` where a moved message's copy was written).
 """

@@ -61,9 +61,9 @@ from delayservice.level import start_offsets as start_offsets_module
 from delayservice.level.consumer_loop import ConsumerLoop
 from delayservice.level.flow_control import FlowControl
 from delayservice.level.level_route import level_routes
-from delayservice.level.marker_actions import LEAD_MS, WorkerMarkers
-from delayservice.level.marker_book import MarkerBook
-from delayservice.level.marker_gate import MarkerGate
+from delayservice.level.markers.actions import LEAD_MS, WorkerMarkers
+from delayservice.level.markers.book import MarkerBook
+from delayservice.level.markers.gate import MarkerGate
 from delayservice.level.memory_budget import MemoryBudget
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.levels import Level, LevelSet

@@ -49,9 +49,9 @@ from delayservice.forward import forwarder as forwarder_module
 from delayservice.forward.send_errors import ForwarderFatalError
 from delayservice.kafka import consumer_thread as consumer_thread_module
 from delayservice.kafka.client_errors import raised_by
-from delayservice.level import marker_reader as marker_reader_module
 from delayservice.level import start_offsets as start_offsets_module
-from delayservice.level.marker_reader import MarkerReader
+from delayservice.level.markers import reader as marker_reader_module
+from delayservice.level.markers.reader import MarkerReader
 from delayservice.markers.level_ids import level_id, marker_partition
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.settings_loading import load_settings
