@@ -50,13 +50,13 @@ class ReadTargets:
         """When (monotonic) each partition read behind its newest target moves next."""
 
     def clear(self) -> None:
-        self._queues = {}
+        self._queues, self._next_move = {}, {}
 
     def clear_if_older(self, generation: int) -> None:
         """Forget every target when any was noted for another gate generation (a rewind
         since: the positions they were noted against no longer hold)."""
         if any(t.generation != generation for queue in self._queues.values() for t in queue):
-            self._queues = {}
+            self.clear()
 
     def markers_pending(self) -> bool:
         """Whether a markers partition has a target it has not reached."""
@@ -77,12 +77,15 @@ class ReadTargets:
 
     def passed(self, read_to: dict[TP, int], now: float) -> Reached:
         """Take every target `read_to` has passed; per partition, the time of the last.
-        A partition still behind its newest target moves once a `BEHIND_STEP_S` (`now`:
-        monotonic)."""
+        A partition still behind its newest target moves at most once a `BEHIND_STEP_S`
+        (`now`: monotonic), counted from its last move: a round that passed nothing does
+        not start the wait."""
         reached: Reached = {}
         for tp, queue in list(self._queues.items()):
             at, target = read_to.get(tp, -1), None
-            if queue and at < queue[-1].end:
+            if not queue or at < queue[0].end:
+                continue  # nothing passed: no move
+            if at < queue[-1].end:
                 if now < self._next_move.get(tp, 0.0):
                     continue
                 self._next_move[tp] = now + BEHIND_STEP_S
@@ -90,6 +93,7 @@ class ReadTargets:
                 target = queue.popleft()
             if not queue:
                 del self._queues[tp]
+                self._next_move.pop(tp, None)  # caught up: the next flood's first move waits not
             if target is None:
                 continue
             markers, outcomes = reached.setdefault(target.generation, ({}, {}))

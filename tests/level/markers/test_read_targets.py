@@ -36,6 +36,30 @@ def test_a_partition_behind_its_newest_target_moves_once_a_step() -> None:
     assert targets.passed({(MARKERS, 0): 40}, now=50.0 + step) == {0: ({0: 1_003}, {})}
 
 
+def test_a_round_that_passed_nothing_does_not_start_the_step() -> None:
+    """The step counts from the last move: a round behind the first target moved
+    nothing, so the first target passed moves the gate at once, not a step later."""
+    targets = _targets(10, 20, 30)
+    assert targets.passed({(MARKERS, 0): 5}, now=50.0) == {}
+    assert targets.passed({(MARKERS, 0): 10}, now=50.1) == {0: ({0: 1_000}, {})}
+
+
+def test_targets_cleared_leave_no_step_behind() -> None:
+    """A reopen or a rewind starts the positions over: the first move after it is not
+    held back by a step the targets before it began."""
+    targets = _targets(10, 20, 30)
+    assert targets.passed({(MARKERS, 0): 10}, now=50.0) == {0: ({0: 1_000}, {})}
+    targets.clear()
+    targets.note((MARKERS, 0), Target(2_000, 10, 1))
+    targets.note((MARKERS, 0), Target(2_001, 20, 1))
+    assert targets.passed({(MARKERS, 0): 10}, now=50.1) == {1: ({0: 2_000}, {})}
+    targets.note((MARKERS, 0), Target(3_000, 30, 2))
+    targets.clear_if_older(2)
+    targets.note((MARKERS, 0), Target(3_001, 40, 2))
+    targets.note((MARKERS, 0), Target(3_002, 50, 2))
+    assert targets.passed({(MARKERS, 0): 40}, now=50.2) == {2: ({0: 3_001}, {})}
+
+
 def test_a_target_with_nothing_appended_since_the_last_replaces_it() -> None:
     targets = _targets(10, 10, 10)
     assert targets.passed({(MARKERS, 0): 10}, now=0.0) == {0: ({0: 1_002}, {})}
