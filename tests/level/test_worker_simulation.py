@@ -814,6 +814,28 @@ class LevelWorkerSimulation(Simulation):
             calls = [c for c in PRODUCER_CALLS if can_fail(c, then)]
             self.faults.arm("producer", then, data.draw(st.sampled_from(calls), label="call"))
 
+    @precondition(lambda self: self.processes <= RESTARTS)
+    @rule(data=st.data(), layout_changed=st.booleans(), key=st.sampled_from(KEYS))
+    def restarted_then_records_then_a_call_fails(
+        self, data: st.DataObject, layout_changed: bool, key: bytes
+    ) -> None:
+        """Weighted, as `queue_fills_then_a_call_fails`: a restart, records on one
+        partition once the new process holds its assignment, then the producer's next
+        call failing. Under exactly-once a failure that resets the worker seeks every
+        owned partition back, and one idle since the start shows whether the re-seek
+        starts it where a start would (the other layout's offset included): the search
+        drew the three in that order, with records forwarded again afterwards, in none
+        of 1,000 examples otherwise."""
+        self.killed_and_restarted(layout_changed, data)
+        self.time_passes(1.0, reader=True)
+        self.records_arrive(data, 2, 0, key)
+        self.time_passes(0.05, reader=True)
+        shape = data.draw(st.sampled_from(self.shapes), label="shape")
+        calls = [call for call in PRODUCER_CALLS if can_fail(call, shape)]
+        call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
+        self.faults.arm("producer", shape, call, self._stall_drawn(shape, data))
+        self.a_while_passes(5)
+
     # -- invariants --------------------------------------------------------------------
     @invariant()
     def promises_hold(self) -> None:
