@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import TIMESTAMP_CREATE_TIME
+from confluent_kafka import TIMESTAMP_CREATE_TIME, KafkaError, KafkaException
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
@@ -126,6 +126,8 @@ class LevelWorkerSimulation(Simulation):
         for module, name, _ in self._patched:
             setattr(module, name, self.clock)
         self.thread_deaths: list[str] = []
+        self.reader_errors: list[Exception] = []
+        """What the marker reader caught and reopened on (`MarkerReader._failed`)."""
         """Helper threads that ended on an exception nobody caught (see `_died`)."""
         self._excepthook = threading.excepthook
         threading.excepthook = self._died
@@ -211,6 +213,13 @@ class LevelWorkerSimulation(Simulation):
         )
         self.reader_consumer: Any = None
         self.reader_alive = True
+        failed = self.reader._failed
+
+        def reader_failed(consumer: Any, exc: Exception) -> None:
+            self.reader_errors.append(exc)
+            failed(consumer, exc)
+
+        self.reader._failed = reader_failed  # type: ignore[method-assign]
         self.broker.attach(rig.consumer)
         self.faults.wrap_consumer(rig.consumer)
         self.faults.wrap_producer(rig.producer)
@@ -975,10 +984,27 @@ class LevelWorkerSimulation(Simulation):
             f"the marker reader's thread ended: {getattr(self, 'reader_death', '')} (faults "
             f"fired: {self.faults.log})",
         )
+        # The reader reopens on what a client raised; anything else is its own bug, and
+        # costs a read of the whole window again.
+        own = [e for e in self.reader_errors if not _injected(e)]
+        self._check(not own, f"the marker reader reopened on its own error: {own!r}")
         if not self.running:
             self._check(bool(self.rig.fatal), "a thread ended without reporting why")
             self.fatal_reports.extend(self.rig.fatal)
             self._start(assign=set(self.partitions))  # the daemon stops; a new one starts
+
+
+INJECTED_ERRORS = (KafkaException, KafkaError, SystemError, BufferError)
+"""What the error shapes raise (`simulation.SHAPES`): a client's errors, and nothing else."""
+
+
+def _injected(exc: BaseException | None) -> bool:
+    """Whether `exc` is, or was raised from, an error a shape injected."""
+    while exc is not None:
+        if isinstance(exc, INJECTED_ERRORS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 SETTINGS = load_settings(
