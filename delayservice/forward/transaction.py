@@ -152,7 +152,9 @@ class Transaction:
     def abort(self) -> None:
         """Abort the open transaction, resuming an abort that ran out of time (it goes
         on in the background) up to `ABORT_ATTEMPTS` times. Raises `ForwarderFatalError`
-        for any other failure, or when it keeps running out of time or the worker is
+        for any other failure (a lost error or a bare `KafkaError` too: left to the
+        caller, the transaction was taken for ended and the interval for sent, and its
+        records waited for good), or when it keeps running out of time or the worker is
         stopping: whatever the transaction's state then, it is not ours to continue; a
         new producer's init_transactions ends it, and the interval goes again."""
         if not self.open:
@@ -170,6 +172,15 @@ class Transaction:
                     if not resumable or attempt + 1 == ABORT_ATTEMPTS or self._stopping.is_set():
                         raise producer_failed(error, f"{self.name}: abort_transaction") from exc
                     log.warning("%s: abort_transaction: %s; resuming it", self.name, error.str())
+                except Exception as exc:  # a lost error (SystemError): what it did is unknown
+                    failed = KafkaError(KafkaError._FAIL, repr(exc))
+                    raise producer_failed(failed, f"{self.name}: abort_transaction") from exc
+                except BaseException:
+                    raise
+                except:  # noqa: E722 - a bare KafkaError (kafka.client_errors)
+                    bare = raised_as_exception()
+                    failed = error_of(bare) or KafkaError(KafkaError._FAIL, repr(bare))
+                    raise producer_failed(failed, f"{self.name}: abort_transaction") from bare
         finally:
             self.open = False
 

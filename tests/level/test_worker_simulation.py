@@ -1249,17 +1249,14 @@ def test_written_a_move_made_ahead_by_a_member_whose_session_expired_does_not_co
         assert forwarded[0] * 1000 >= machine.reschedules[-1][2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found 2026-11-30, not fixed yet: records held for good after an abort that "
-    "lost its error while the brokers stopped acknowledging (docs/simulation.md)",
-)
 def test_written_an_abort_that_loses_its_error_during_stalled_acks_holds_nothing() -> None:
     """Found by the search (seed 4702, example 116 of 200): acknowledgements stall, the
     process restarts with its new producer's first `abort_transaction` raising a
     `SystemError` that lost its exception, two records due at once arrive, the
     producer's next call fails the same way, the acks come back: after a quiet minute
-    both records must have gone."""
+    both records must have gone. `Transaction.abort` let the lost error through
+    unconverted, so the commit point took the transaction for ended and never put the
+    interval back: both records waited for good."""
     machine = _machine(exactly_once=True)
     try:
         machine.faults_of_this_run(
