@@ -113,9 +113,15 @@ ASKING: Final = frozenset({"get_watermark_offsets", "list_topics", "offsets_for_
 """The calls that ask the broker a question and wait for its answer (they can stall)."""
 
 
+LOST_AFTER: Final = "lost_error_after_its_work"
+"""Not drawn: a call that did its work and then lost its error (a callback that failed
+while `commit_transaction` served it, after the commit). The caller cannot know the
+client's state; the client refuses what that state does not allow (`_STATE`)."""
+
+
 def can_fail(call: str, shape: str) -> bool:
     """Whether `call` can fail with `shape` (see the module's docstring)."""
-    if shape in ("bare_kafka_error", "lost_error"):
+    if shape in ("bare_kafka_error", "lost_error", LOST_AFTER):
         return call in SERVING
     if shape == "queue_full":
         return call == "produce"
@@ -153,6 +159,13 @@ def outlived_its_timeout(producer: FakeProducer, seconds: float) -> None:
             KafkaError.INVALID_PRODUCER_EPOCH,
             "sim: the coordinator aborted the transaction (transaction.timeout.ms)",
         )
+
+
+def _lost(target: Any, name: str) -> SystemError:
+    kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
+    return SystemError(
+        f"<method '{name}' of 'cimpl.{kind}' objects> returned NULL without setting an exception"
+    )
 
 
 class Faults:
@@ -228,6 +241,13 @@ class Faults:
                 if shape == "stall":
                     run = lambda: original(*args, **kwargs)  # noqa: E731
                     return self._stalled(client, target, run, chosen[2])
+                if shape == LOST_AFTER:
+                    self._depth += 1
+                    try:
+                        original(*args, **kwargs)
+                    finally:
+                        self._depth -= 1
+                    raise _lost(target, name)
                 done, value = self._fail(target, name, shape)
                 if done:
                     return value
@@ -281,11 +301,7 @@ class Faults:
             raise_bare_kafka_error(KafkaError(code, f"sim: bare error from {name}"))
             return True, None  # not reached: the error is raised on return
         if shape == "lost_error":
-            kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
-            raise SystemError(
-                f"<method '{name}' of 'cimpl.{kind}' objects> returned NULL without "
-                "setting an exception"
-            )
+            raise _lost(target, name)
         if shape == "queue_full":
             self._full.add(id(target))
             self.armed["producer"].extendleft(

@@ -671,6 +671,8 @@ class FakeProducer:
         self.transactional = "transactional.id" in self.config
         self.txn_open = False
         self.txn_inits = 0
+        self.state_refusals = 0
+        """Transaction calls (and produce()) refused for the producer's state."""
         self.txn_sent: list[Sent] = []  # produced inside the open transaction
         self.committed_txns: list[tuple[list[Sent], list[tuple[int, int]]]] = []
         self.aborted: list[Sent] = []
@@ -753,11 +755,18 @@ class FakeProducer:
                     "Producing not allowed in transactional state ABORTABLE_ERROR",
                 )
             )
+        if self.transactional and not self.txn_open:  # rd_kafka_txn_may_enq_msg
+            self.state_refusals += 1
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._STATE,
+                    f"Producing not allowed in transactional state {self._txn_state()}",
+                )
+            )
         if self.on_produce is not None:
             self.on_produce(sent)
         with self._cond:
             if self.transactional:
-                assert self.txn_open, "produce outside a transaction"
                 self.txn_sent.append(sent)
             self.sent.append(sent)
             self._pending.append(sent)
@@ -807,18 +816,35 @@ class FakeProducer:
                 )
             )
 
+    def _txn_state(self) -> str:
+        if not self.txn_inits:
+            return "Init"
+        if self.abortable is not None:
+            return "AbortableError"
+        return "InTransaction" if self.txn_open else "Ready"
+
+    def _require_state(self, *, opened: bool) -> None:
+        """A transaction call in a state that does not allow it fails as
+        `rd_kafka_txn_require_state` fails it: `_STATE`, no flag (our code has no
+        business there, but a call that lost its error leaves it unsure of the state)."""
+        if self.txn_inits and self.txn_open == opened:
+            return
+        self.state_refusals += 1
+        raise KafkaException(
+            KafkaError(KafkaError._STATE, f"Operation not valid in state {self._txn_state()}")
+        )
+
     def begin_transaction(self) -> None:
         self._refuse_if_fatal()
         self._refuse_during_abort("begin_transaction")
-        assert self.txn_inits, "begin before init_transactions"
-        assert not self.txn_open, "a transaction is open already"
+        self._require_state(opened=False)
         self.txn_open = True
 
     def send_offsets_to_transaction(
         self, offsets: list[TopicPartition], metadata: Any, timeout: float = -1
     ) -> None:
         self._refuse_if_fatal()
-        assert self.txn_open
+        self._require_state(opened=True)
         assert metadata is not None
         if self.abortable is not None:
             raise KafkaException(self._abortable_error())
@@ -845,7 +871,7 @@ class FakeProducer:
     def commit_transaction(self, timeout: float = -1) -> None:
         self._refuse_if_fatal()
         self._refuse_during_abort("commit_transaction")
-        assert self.txn_open
+        self._require_state(opened=True)
         self.flush()
         if self.abortable is not None:
             raise KafkaException(self._abortable_error())
@@ -893,7 +919,7 @@ class FakeProducer:
 
     def abort_transaction(self, timeout: float = -1) -> None:
         self._refuse_if_fatal()
-        assert self.txn_open
+        self._require_state(opened=True)
         if self._commit_in_flight:
             raise KafkaException(
                 KafkaError(KafkaError._CONFLICT, "a commit is in progress: cannot abort")

@@ -73,6 +73,7 @@ from tests.level.sleeping_forwarder import Asleep, SleepingAlarm
 from tests.simulation import (
     CONSUMER_CALLS,
     EXAMPLES,
+    LOST_AFTER,
     PRODUCER_CALLS,
     READER_CALLS,
     SHAPES,
@@ -857,6 +858,7 @@ class LevelWorkerSimulation(Simulation):
         self.exactly_once_forwards_each_message_once(forwards)
         self.no_wake_up_lost()
         self.no_purge_taken_for_a_failure()
+        self.no_call_refused_for_its_state()
         self.every_thread_alive_or_reported()
 
     def _forwards(self) -> list[tuple[str, float]]:
@@ -977,6 +979,20 @@ class LevelWorkerSimulation(Simulation):
             and sample.labels.get("error") in ("_PURGE_QUEUE", "_PURGE_INFLIGHT")
         )
         self._check(not counted, f"PURGE TAKEN FOR A FAILURE: {counted:.0f} forward errors")
+
+    def no_call_refused_for_its_state(self) -> None:
+        """The forwarder keeps track of its producer's transaction: a call librdkafka
+        refuses for the state it is in (`_STATE`: a produce() or a commit with no
+        transaction open, a second begin) shows a step that took the state for another,
+        and was hidden by the error handling it then went through. Only a call that did
+        its work and lost its error (`LOST_AFTER`) leaves the forwarder unsure."""
+        refused = sum(producer.state_refusals for producer in self.broker.producers)
+        unsure = any(LOST_AFTER in line for line in self.faults.log)
+        self._check(
+            not refused or unsure,
+            f"{refused} producer calls refused for the transaction's state (faults fired: "
+            f"{self.faults.log})",
+        )
 
     def every_thread_alive_or_reported(self) -> None:
         self._check(
@@ -1272,5 +1288,37 @@ def test_written_an_abort_that_loses_its_error_during_stalled_acks_holds_nothing
         )
         machine.acks_resume()
         machine.faults_stop_and_time_passes()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["flush", "poll", "send_offsets_to_transaction", "commit_transaction", "abort_transaction"],
+)
+def test_written_a_transaction_call_that_did_its_work_and_lost_its_error_holds_nothing(
+    call: str,
+) -> None:
+    """A call that did its work and then lost its error (`LOST_AFTER`): a commit that
+    committed, an abort that aborted, offsets that went into the transaction. The
+    forwarder cannot tell, and takes it for a failure; its next calls may be refused for
+    a state it did not expect (`_STATE`). Nothing may be lost, forwarded twice, or held
+    for good. An abort is reached by a delivery that failed inside the transaction."""
+    machine = _machine(exactly_once=True)
+    try:
+        machine.faults_of_this_run([False] * len(SHAPES))
+        machine.records_arrive(_Drawn(False, (A, 0)), 3, 1_000, b"k0")
+        machine.time_passes(0.05, reader=True)
+        if call == "abort_transaction":
+            machine.faults.arm("producer", "txn_requires_abort", "produce")
+        machine.faults.arm("producer", LOST_AFTER, call)
+        machine.a_while_passes(4)
+        machine.records_arrive(_Drawn(False, (A, 1)), 2, 500, b"k1")
+        machine.a_while_passes(3)
+        assert f"producer.{call}: {LOST_AFTER}" in machine.faults.log
+        machine.faults_stop_and_time_passes()
+        delivered = Counter(message_id for message_id, _ in machine._forwards())
+        assert sorted(delivered) == sorted(machine.ids), machine.faults.log
+        assert set(delivered.values()) == {1}, delivered
     finally:
         machine.teardown()
