@@ -656,6 +656,10 @@ class LevelWorkerSimulation(Simulation):
         next call of one method drawn: a fault armed for any call is taken by the first
         (consume() comes first in every turn of the consumer loop), so a method is drawn
         half the time to reach what runs after it in the same turn."""
+        self._arm_drawn(client, data)
+
+    def _arm_drawn(self, client: str, data: st.DataObject) -> None:
+        """Arm on `client` a shape drawn from this example's, on a call drawn or the next."""
         shape = data.draw(st.sampled_from(self.shapes), label="shape")
         if client == "consumer" and shape == "queue_full":
             shape = "timeout"
@@ -840,10 +844,7 @@ class LevelWorkerSimulation(Simulation):
         self.time_passes(1.0, reader=True)
         self.records_arrive(data, 2, 0, key)
         self.time_passes(0.05, reader=True)
-        shape = data.draw(st.sampled_from(self.shapes), label="shape")
-        calls = [call for call in PRODUCER_CALLS if can_fail(call, shape)]
-        call = data.draw(st.one_of(st.none(), st.sampled_from(calls)), label="call")
-        self.faults.arm("producer", shape, call, self._stall_drawn(shape, data))
+        self._arm_drawn("producer", data)
         self.a_while_passes(5)
 
     # -- invariants --------------------------------------------------------------------

@@ -79,9 +79,6 @@ class RunDuringWalk(dict[Any, Any]):
         self._at = at
         self._copied = copied
         self.done = False
-        self.stuck: list[str] = []
-        """Why the order could not be kept (`StuckElsewhereError`), should the walker's
-        code have caught the error."""
 
     def _interleave(self) -> None:
         if self.done:
@@ -95,8 +92,7 @@ class RunDuringWalk(dict[Any, Any]):
             other.join(0.001)
             if not other.is_alive() or self._lock.waiting.is_set():
                 return
-        self.stuck.append(f"{other.name} neither finished nor waited for the gate")
-        raise StuckElsewhereError(self.stuck[-1])
+        raise StuckElsewhereError(f"{other.name} neither finished nor waited for the gate")
 
     def _walk(self, at: str, entries: Iterator[Any]) -> Iterator[Any]:
         if at != self._at or self.done:
