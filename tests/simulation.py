@@ -161,6 +161,19 @@ def outlived_its_timeout(producer: FakeProducer, seconds: float) -> None:
         )
 
 
+def refused_for_state(producers: list[FakeProducer], fired: list[str]) -> str | None:
+    """What fails the invariant "no call refused for its state": a producer call
+    librdkafka refuses for the transaction's state (`_STATE`: a produce() or a commit
+    with no transaction open, a second begin) shows a step that took the state for
+    another, and the error handling it then went through hides it from every other
+    invariant. Only a call that did its work and lost its error (`LOST_AFTER`, in
+    `fired`) leaves the caller unsure."""
+    refused = sum(producer.state_refusals for producer in producers)
+    if not refused or any(LOST_AFTER in line for line in fired):
+        return None
+    return f"{refused} producer calls refused for the transaction's state (faults fired: {fired})"
+
+
 def _lost(target: Any, name: str) -> SystemError:
     kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
     return SystemError(

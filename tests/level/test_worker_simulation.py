@@ -82,6 +82,7 @@ from tests.simulation import (
     Faults,
     Simulation,
     can_fail,
+    refused_for_state,
     run_guarantee,
 )
 
@@ -982,18 +983,8 @@ class LevelWorkerSimulation(Simulation):
         self._check(not counted, f"PURGE TAKEN FOR A FAILURE: {counted:.0f} forward errors")
 
     def no_call_refused_for_its_state(self) -> None:
-        """The forwarder keeps track of its producer's transaction: a call librdkafka
-        refuses for the state it is in (`_STATE`: a produce() or a commit with no
-        transaction open, a second begin) shows a step that took the state for another,
-        and was hidden by the error handling it then went through. Only a call that did
-        its work and lost its error (`LOST_AFTER`) leaves the forwarder unsure."""
-        refused = sum(producer.state_refusals for producer in self.broker.producers)
-        unsure = any(LOST_AFTER in line for line in self.faults.log)
-        self._check(
-            not refused or unsure,
-            f"{refused} producer calls refused for the transaction's state (faults fired: "
-            f"{self.faults.log})",
-        )
+        refused = refused_for_state(self.broker.producers, self.faults.log)
+        self._check(refused is None, str(refused))
 
     def every_thread_alive_or_reported(self) -> None:
         self._check(

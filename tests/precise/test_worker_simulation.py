@@ -97,6 +97,7 @@ from tests.simulation import (
     Broker,
     Faults,
     Simulation,
+    refused_for_state,
     run_guarantee,
 )
 
@@ -620,6 +621,7 @@ class PreciseWorkerSimulation(Simulation):
         self.nothing_forwarded_early()
         self.a_cancel_in_time_is_honoured()
         self.exactly_once_forwards_each_record_once()
+        self.no_call_refused_for_its_state()
         self.every_thread_alive_or_reported()
 
     def _seen(self) -> list[tuple[tuple[str, int], int, str, float]]:
@@ -756,6 +758,11 @@ class PreciseWorkerSimulation(Simulation):
             not twice,
             f"DUPLICATE in committed transactions: {twice} (faults fired: {self.faults.log})",
         )
+
+    def no_call_refused_for_its_state(self) -> None:
+        producers = [*self.broker.producers, *self.answer_producers]
+        refused = refused_for_state(producers, self.faults.log)
+        self._check(refused is None, str(refused))
 
     def every_thread_alive_or_reported(self) -> None:
         if not self.running:
