@@ -27,8 +27,8 @@ no consumer offsets but a `ledger`'s record of what they delivered
 then puts the interval back in the buffer, where what the ledger says committed is
 settled unsent.
 
-Owned by the forwarder thread, but for `take_durable` and the re-seek flag, which the
-consumer thread reads too.
+Owned by the forwarder thread. What it tells the consumer thread (offsets made durable,
+a re-read) goes through the worker's `Inbox`.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException
 from delayservice.forward import dead_letter as dl
 from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.failures import UNKNOWN_TARGET, Failures, Key
+from delayservice.forward.inbox import Inbox
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.send_errors import FENCED, producer_failed
 from delayservice.forward.sender import RecordSender
@@ -103,6 +104,7 @@ class Checkpoint:
         flush_timeout_s: float,
         settle: Callable[[Runs], None] | None,
         ledger: TransactionLedger | None,
+        inbox: Inbox,
     ) -> None:
         """`interval` is what `sender` writes its notes into as it sends; `producer` is
         the one `sender` sends through (`Transaction.replace` follows it). `settle`,
@@ -140,38 +142,12 @@ class Checkpoint:
             clock,
             self._step_spent,
             ledger.learn if ledger is not None else None,
+            lambda: inbox.group_metadata,
         )
-        self.set_aside_due_ms: int | None = None
-        """The earliest due time among the records set aside for a backoff, for the
-        consumer thread's gauges: a record waiting out a backoff is held, and overdue."""
-        self.set_aside_due_by_topic: dict[str, int] = {}
-        """The same, per level topic."""
         # progress_at: when a commit point last made records durable (`Forwarder.stalled`).
         self._last_commit = self.progress_at = clock.monotonic()
         self._throttle = Throttle()
-        # Shared with the consumer thread.
-        self._reseek = threading.Event()
-        """Set while the consumer thread is to drop the queues and seek back to the
-        committed offsets (`reseek_wanted`); nothing is taken meanwhile."""
-        self._lock = threading.Lock()
-        self._durable: dict[TP, int] = {}
-
-    # -- the consumer thread's side --------------------------------------------------
-    def take_durable(self) -> dict[TP, int]:
-        """Offsets made durable since the last call (at-least-once), for the consumer
-        thread to commit."""
-        with self._lock:
-            durable, self._durable = self._durable, {}
-        return durable
-
-    def reseek_wanted(self) -> bool:
-        """Whether the consumer thread is to drop the queues and seek every owned
-        partition back to its committed offset, then call `reseek_done`."""
-        return self._reseek.is_set()
-
-    def reseek_done(self) -> None:
-        self._reseek.clear()
-        self.group.wake()
+        self.inbox = inbox
 
     # -- when ----------------------------------------------------------------------
     def next_at(self) -> float:
@@ -269,8 +245,7 @@ class Checkpoint:
             if not self._commit_transaction(offsets):
                 return False
         else:
-            with self._lock:
-                self._durable.update(offsets)
+            self.inbox.made_durable(offsets)
         self._settled(offsets)
         return True
 
@@ -408,7 +383,7 @@ class Checkpoint:
             self.interval.requeue({})
             self.waiting_changed()
             return
-        self._reseek.set()
+        self.inbox.ask_reseek()
         self.interval.reset()
         self.waiting_changed()
 
@@ -438,9 +413,7 @@ class Checkpoint:
         self._failures.forget(tps)
         self.interval.forget(tps)
         self.waiting_changed()
-        with self._lock:
-            for tp in tps:
-                self._durable.pop(tp, None)
+        self.inbox.forget(tps)
 
     # -- the retry holds -----------------------------------------------------------
     def waiting_changed(self) -> None:
@@ -451,5 +424,4 @@ class Checkpoint:
                 due = self.group.due_of(tp, record)
                 if due < by_topic.get(tp[0], due + 1):
                     by_topic[tp[0]] = due
-        self.set_aside_due_by_topic = by_topic
-        self.set_aside_due_ms = min(by_topic.values(), default=None)
+        self.inbox.set_aside(by_topic)

@@ -38,6 +38,7 @@ from delayservice.forward.buffer import TP, Buffer, Runs
 from delayservice.forward.checkpoint import Checkpoint
 from delayservice.forward.failures import Failures, Key
 from delayservice.forward.handovers import Handovers
+from delayservice.forward.inbox import Inbox
 from delayservice.forward.open_interval import OpenInterval
 from delayservice.forward.producer_rebuild import ProducerRebuild, SharedId
 from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError, producer_failed
@@ -123,6 +124,8 @@ class Forwarder:
         )
         self.on_report = self.sender.on_report
         """The producer's delivery callback (`on_delivery`): failures only."""
+        self.inbox = Inbox(group.wake)
+        """All the consumer thread and this one exchange, but the records (`group`)."""
         self.checkpoint = Checkpoint(
             name,
             self.levels,
@@ -140,6 +143,7 @@ class Forwarder:
             flush_timeout_s=flush_timeout_s,
             settle=settle,
             ledger=ledger,
+            inbox=self.inbox,
         )
         self.rebuild = ProducerRebuild(
             name, producer, make_producer, self.checkpoint, self.sender, shared_id, clock
@@ -172,39 +176,9 @@ class Forwarder:
         return self._thread.is_alive()
 
     # -- the consumer thread's side --------------------------------------------------
-    @property
-    def group_metadata(self) -> Any:
-        """The consumer's group metadata, handed over by the consumer thread (exactly-once)."""
-        return self.checkpoint.txn.group_metadata
-
-    @group_metadata.setter
-    def group_metadata(self, metadata: Any) -> None:
-        self.checkpoint.txn.group_metadata = metadata
-
-    def take_durable(self) -> dict[TP, int]:
-        """Offsets made durable since the last call (at-least-once), to commit."""
-        return self.checkpoint.take_durable()
-
     def handover(self, partitions: set[TP], *, commit: bool) -> dict[TP, int] | None:
         """Let `partitions` go, committed (revoke) or dropped (loss): `Handovers.handover`."""
         return self.handovers.handover(partitions, commit=commit)
-
-    def reseek_wanted(self) -> bool:
-        """Whether the consumer thread is to seek back (`Checkpoint.reseek_wanted`)."""
-        return self.checkpoint.reseek_wanted()
-
-    def reseek_done(self) -> None:
-        self.checkpoint.reseek_done()
-
-    @property
-    def set_aside_due_ms(self) -> int | None:
-        """The earliest due time among the records set aside for a backoff."""
-        return self.checkpoint.set_aside_due_ms
-
-    @property
-    def set_aside_due_by_topic(self) -> dict[str, int]:
-        """The same, per level topic."""
-        return self.checkpoint.set_aside_due_by_topic
 
     def stalled(self, budget_s: float) -> str | None:
         """Why this forwarder counts as stuck, for readiness; None while it is not: a
@@ -219,7 +193,7 @@ class Forwarder:
             return None
         due_of = self.group.due_of
         sent = [due_of(tp, records[0]) for tp, records in list(self.interval.runs) if records]
-        held = [ms for ms in (self.group.earliest_held_ms(), self.set_aside_due_ms) if ms]
+        held = [ms for ms in (self.group.earliest_held_ms(), self.inbox.set_aside_due_ms) if ms]
         held += sent  # sent and not yet durable: as good as held
         if not held:
             return None
@@ -319,7 +293,7 @@ class Forwarder:
             if self._stopping.is_set():
                 return
             self.handovers.serve()
-        if checkpoint.reseek_wanted():  # the queues are stale until the consumer thread seeks
+        if self.inbox.reseek_wanted():  # the queues are stale until the consumer thread seeks
             self._stopping.wait(RESEEK_POLL_S)
             return
         if not self._lazy:

@@ -11,14 +11,13 @@ them and forgets them; once that thread is gone, the consumer thread does it its
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Final
 
 from delayservice.forward.buffer import TP
 from delayservice.forward.checkpoint import Checkpoint
+from delayservice.forward.inbox import HandOver
 from delayservice.forward.producer_rebuild import ProducerRebuild
 from delayservice.forward.send_errors import ForwarderFatalError
 from delayservice.kafka.client_errors import lost_client_error, raised_by
@@ -30,15 +29,6 @@ HANDOVER_WAIT_S: Final = 20.0
 """How often a consumer thread still waiting for a hand-over says so. It never gives up
 while the forwarder lives: returning with the outcome open would let the forwarder
 commit records of a partition after its new owner has read the offsets."""
-
-
-@dataclass
-class _Request:
-    partitions: set[TP]
-    commit: bool
-    done: threading.Event = field(default_factory=threading.Event)
-    offsets: dict[TP, int] = field(default_factory=dict)
-    ok: bool = False
 
 
 class Handovers:
@@ -58,27 +48,19 @@ class Handovers:
         self._on_fatal = on_fatal
         self._serving = serving
         self._m_loop_errors = metrics.loop_errors.labels(name, "forwarder")
-        self._lock = threading.Lock()
-        self._requests: list[_Request] = []
+        self._inbox = checkpoint.inbox
 
     def handover(self, partitions: set[TP], *, commit: bool) -> dict[TP, int] | None:
         """Called by the consumer thread on revoke (`commit`) or loss: the forwarder
         reaches a commit point (or drops without one) and lets `partitions` go. Returns
         the offsets now durable for them (at-least-once: the caller commits them; in
         exactly-once they are committed already), None when that failed."""
-        request = _Request(set(partitions), commit)
         if self._serving():
-            with self._lock:
-                self._requests.append(request)
-            self._checkpoint.group.wake()
+            request = self._inbox.ask_hand_over(partitions, commit=commit)
             said = time.monotonic()
             while not request.done.wait(0.05):
                 if not self._serving():
-                    with self._lock:
-                        mine = request in self._requests
-                        if mine:
-                            self._requests.remove(request)
-                    if mine:
+                    if self._inbox.withdraw(request):
                         self._serve(request)  # the thread ended before it saw the request
                     break
                 if time.monotonic() - said > HANDOVER_WAIT_S:
@@ -89,19 +71,16 @@ class Handovers:
                         sorted(partitions),
                     )
         else:
+            request = HandOver(set(partitions), commit)
             self._serve(request)  # the forwarder thread is gone: its state is ours now
         return request.offsets if request.ok else None
 
     def serve(self) -> None:
         """On the forwarder thread: serve the requests waiting."""
-        if not self._requests:
-            return
-        with self._lock:
-            requests, self._requests = self._requests, []
-        for request in requests:
+        for request in self._inbox.hand_overs():
             self._serve(request)
 
-    def _serve(self, request: _Request) -> None:
+    def _serve(self, request: HandOver) -> None:
         """Commit (revoke) or drop (loss) what the open interval holds, then forget every
         trace of `request.partitions`, on every path: a record of theirs left anywhere
         here could be sent and committed after their new owner read the offsets. The
@@ -138,7 +117,7 @@ class Handovers:
             checkpoint.forget(gone)
             request.done.set()
 
-    def _hand_over(self, request: _Request) -> None:
+    def _hand_over(self, request: HandOver) -> None:
         """`_serve`'s commit or drop; a bare `KafkaError` comes out as the exception
         it should have been (`client_errors.raised_by`), handled as that would be."""
         gone = request.partitions

@@ -66,15 +66,16 @@ class Transaction:
         clock: Any,
         spent: Callable[[str, float], None],
         learn: Callable[[], None] | None = None,
+        group_metadata: Callable[[], Any] = lambda: None,
     ) -> None:
         """`learn` runs after each init_transactions until it succeeds
-        (`TransactionLedger.learn`)."""
+        (`TransactionLedger.learn`); `group_metadata` gives the consumer's, which the
+        consumer thread hands over (`Inbox.group_metadata`)."""
         self.name = name
         """The forwarder's (its worker's) name, for messages."""
         self.producer = producer
         self.open = False
-        self.group_metadata: Any = None
-        """The consumer's group metadata, handed over by the consumer thread."""
+        self._group_metadata = group_metadata
         self._ready = False
         self._learn = learn
         self._learned = learn is None
@@ -210,7 +211,7 @@ class Transaction:
                 log.info("%s: commit_transaction: %s; retrying", self.name, error.str())
 
     def _send_offsets(self, offsets: dict[TP, int]) -> None:
-        metadata = self.group_metadata
+        metadata = self._group_metadata()
         if metadata is None:
             raise KafkaException(KafkaError(KafkaError._STATE, "no group metadata yet"))
         tps = [TopicPartition(topic, p, o) for (topic, p), o in offsets.items()]

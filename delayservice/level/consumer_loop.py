@@ -227,7 +227,7 @@ class ConsumerLoop(ConsumerThread):
         self.broker_down = False
 
     def _iteration(self) -> None:
-        if self._forwarder.reseek_wanted() and not self._starts.reseek(self._fallback):
+        if self._forwarder.inbox.reseek_wanted() and not self._starts.reseek(self._fallback):
             return
         self._admission.admit_turn(self._next_messages())
         now = time.monotonic()
@@ -235,7 +235,7 @@ class ConsumerLoop(ConsumerThread):
             self._rebalances.hand_metadata(self._consumer)
         else:
             commits = self._commits
-            durable = self._forwarder.take_durable()
+            durable = self._forwarder.inbox.take_durable()
             if durable:
                 commits.want(durable, self.owned_partitions)
             if commits.wanting() and (durable or now >= self._next_commit):
@@ -279,7 +279,7 @@ class ConsumerLoop(ConsumerThread):
         then leave the group."""
         self._forwarder.stop(timeout=self._stop_timeout)
         if not self._exactly_once:
-            self._commits.want(self._forwarder.take_durable(), self.owned_partitions)
+            self._commits.want(self._forwarder.inbox.take_durable(), self.owned_partitions)
             try:
                 self._commits.commit(self._consumer, asynchronous=False)
             except KafkaException as exc:
@@ -299,7 +299,7 @@ class ConsumerLoop(ConsumerThread):
         metrics = self._metrics
         now_s = self._broker_clock.time()
         now = time.monotonic()
-        set_aside = self._forwarder.set_aside_due_by_topic
+        set_aside = self._forwarder.inbox.set_aside_due_by_topic
         for topic, level in self.levels.items():
             name = level.name
             metrics.buffered_messages.labels(name).set(group.held.get(topic, 0))

@@ -119,7 +119,7 @@ class Rebalances:
         """Give the forwarder the group metadata its transactions commit offsets with;
         while the client has none (closing, between generations) it keeps the last."""
         try:
-            self._forwarder.group_metadata = consumer.consumer_group_metadata()
+            self._forwarder.inbox.group_metadata = consumer.consumer_group_metadata()
         except (RuntimeError, KafkaException) as exc:
             log.debug("%s: no group metadata now: %s", self._name, exc)
 

@@ -91,7 +91,7 @@ class StartOffsets:
                 self._name,
                 ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in start),
             )
-        self._forwarder.reseek_done()
+        self._forwarder.inbox.reseek_done()
         return True
 
     def find(

@@ -153,7 +153,7 @@ def test_a_record_set_aside_for_a_backoff_shows_as_held_and_overdue(clock):
     due_ms = clock.ms()
     append(rig, 0, age_ms=DELAY)  # due now
     run(rig, clock, passes=2)
-    assert rig.forwarder.set_aside_due_ms == due_ms
+    assert rig.forwarder.inbox.set_aside_due_ms == due_ms
     run(rig, clock, 0.5)  # within the backoff: nothing else is held
     assert rig.group.earliest_held_ms() is None
     labels = {"level": LEVEL.name}

@@ -197,10 +197,10 @@ def test_4_a_commit_whose_outcome_stays_unknown_is_fenced_and_read_again(clock):
     rig.producer.commit_timeouts = transaction_module.COMMIT_ATTEMPTS
     forward(rig, commit=True)
     assert rig.forwarder.rebuild.producer is second
-    assert rig.forwarder.reseek_wanted()
+    assert rig.forwarder.inbox.reseek_wanted()
     append(rig, 0, 1)
     run(rig)
-    assert not rig.forwarder.reseek_wanted()
+    assert not rig.forwarder.inbox.reseek_wanted()
     assert (0, 3) in rig.consumer.seeks  # read again from the committed offset
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2", "id-0-3"]
     assert violations(rig.producer, second) == []
@@ -221,10 +221,10 @@ def test_a_re_seek_asked_for_during_a_revoke_waits_for_the_next_iteration(clock)
     step(rig)  # the revoke's commit point cannot say what it did: the producer goes
     assert rig.forwarder.rebuild.producer is second
     assert rig.loop.owned() == [1]
-    assert rig.forwarder.reseek_wanted()
+    assert rig.forwarder.inbox.reseek_wanted()
     assert rig.consumer.seeks == []  # nothing sought from inside the callback
     step(rig)
-    assert not rig.forwarder.reseek_wanted()
+    assert not rig.forwarder.inbox.reseek_wanted()
     assert [tp for tp, _ in rig.consumer.seeks] == [1]
     run(rig)
     assert violations(rig.producer, second) == []
@@ -241,7 +241,7 @@ def test_an_abort_that_runs_out_of_time_is_resumed_on_the_same_producer(clock):
     rig.producer.abort_timeouts = transaction_module.ABORT_ATTEMPTS - 1
     forward(rig, commit=True)
     assert rig.forwarder.rebuild.producer is rig.producer  # not replaced
-    assert not rig.forwarder.reseek_wanted()
+    assert not rig.forwarder.inbox.reseek_wanted()
     assert rig.producer.abort_timeouts == 0
     assert len(rig.producer.aborted) == 3
     rig.producer.hold_reports = False
@@ -260,7 +260,7 @@ def test_an_abort_that_keeps_running_out_of_time_replaces_the_producer(clock):
     forward(rig, commit=True)
     assert rig.producer.abort_timeouts == 0  # every attempt was made
     assert rig.forwarder.rebuild.producer is second
-    assert rig.forwarder.reseek_wanted()  # its outcome is unknown: read again
+    assert rig.forwarder.inbox.reseek_wanted()  # its outcome is unknown: read again
     run(rig)
     assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
     assert violations(rig.producer, second) == []
@@ -295,7 +295,7 @@ def test_a_group_error_at_commit_reads_again_instead_of_sending_from_memory(cloc
         KafkaError(KafkaError.ILLEGAL_GENERATION, "generation", txn_requires_abort=True)
     )
     forward(rig, commit=True)
-    assert rig.forwarder.reseek_wanted()
+    assert rig.forwarder.inbox.reseek_wanted()
     rig.producer.send_offsets_raises = None
     run(rig)
     assert (0, OFFSET_BEGINNING) in rig.consumer.seeks  # nothing committed yet
@@ -432,9 +432,9 @@ def test_6_a_re_seek_starts_where_a_start_would_the_other_layouts_offset_include
     append(rig, 1, 2)
     step(rig)
     reset(rig, second)
-    assert rig.forwarder.reseek_wanted()
+    assert rig.forwarder.inbox.reseek_wanted()
     run(rig)
-    assert not rig.forwarder.reseek_wanted()
+    assert not rig.forwarder.inbox.reseek_wanted()
     assert seen(rig.producer, second) == ["id-1-0", "id-1-1"]  # nothing of 0-4 again
     assert (0, 5) in rig.consumer.seeks
     assert len(asked) == 2  # at the assignment and at the re-seek
@@ -454,7 +454,7 @@ def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(
     append(rig, 1, 2)
     step(rig)
     group_error_at_commit(rig, second)
-    assert rig.forwarder.reseek_wanted()
+    assert rig.forwarder.inbox.reseek_wanted()
     answer = rig.consumer.committed
 
     def fenced(partitions: list[object], timeout: float = -1) -> object:
