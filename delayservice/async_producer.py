@@ -16,15 +16,15 @@ import asyncio
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 from confluent_kafka import KafkaError
 
-from delayservice.delay_timing import Delay, DeliverAt
 from delayservice.errors import DelayServiceError
-from delayservice.markers.receipt import DeliveryCallback, MarkerReceipt
+from delayservice.marker_calls import CancelCall, RescheduleCall, named
+from delayservice.markers.receipt import MarkerReceipt
 from delayservice.producer import DelayProducer
 
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ def _arguments_of(
 ) -> Callable[[Callable[..., _R]], Callable[Concatenate[Any, _P], _R]]:
     """Give a wrapper the arguments of `DelayProducer`'s method, so there is one
     description of each call: type checkers read it from the sync method, `help()` and
-    `inspect.signature` follow `__wrapped__` to it. (Overloaded methods keep their
-    overloads here: a type checker reads only the first overload through a ParamSpec.)"""
+    `inspect.signature` follow `__wrapped__` to it. (A type checker reads only the first
+    overload through a ParamSpec: `cancel` and `reschedule` take their shapes from
+    `marker_calls` instead.)"""
 
     def borrow(wrapper: Callable[..., _R]) -> Callable[Concatenate[Any, _P], _R]:
         return functools.wraps(sync, assigned=(), updated=())(wrapper)
@@ -110,47 +111,27 @@ class AsyncDelayProducer:
         await written
         return message_id
 
-    @overload
-    async def cancel(
-        self, message_id: str, *, wait: None = None, on_delivery: DeliveryCallback | None = None
-    ) -> AsyncMarkerReceipt: ...
-
-    @overload
-    async def cancel(
-        self, message_id: str, *, wait: float, on_delivery: DeliveryCallback | None = None
-    ) -> MarkerReply: ...
-
-    async def cancel(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
+    @_arguments_of(DelayProducer.cancel)
+    async def _cancel(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
         """`DelayProducer.cancel`: with `wait`, the daemon's reply; without, a receipt to
         await later."""
         return await _marker(self.producer.cancel, *args, **kwargs)
 
-    @overload
-    async def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: None = None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> AsyncMarkerReceipt: ...
+    cancel = cast(
+        "CancelCall[Awaitable[AsyncMarkerReceipt], Awaitable[MarkerReply]]",
+        named(_cancel, "cancel"),
+    )
 
-    @overload
-    async def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: float,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> MarkerReply: ...
-
-    async def reschedule(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
+    @_arguments_of(DelayProducer.reschedule)
+    async def _reschedule(self, *args: Any, **kwargs: Any) -> AsyncMarkerReceipt | MarkerReply:
         """`DelayProducer.reschedule`: with `wait`, the daemon's reply; without, a
         receipt to await later."""
         return await _marker(self.producer.reschedule, *args, **kwargs)
+
+    reschedule = cast(
+        "RescheduleCall[Awaitable[AsyncMarkerReceipt], Awaitable[MarkerReply]]",
+        named(_reschedule, "reschedule"),
+    )
 
     async def flush(self, timeout: float = -1) -> int:
         return await asyncio.to_thread(self.producer.flush, timeout)

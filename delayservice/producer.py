@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 from confluent_kafka import Producer
 
@@ -51,6 +51,7 @@ from delayservice.envelope import Envelope, Headers, new_id, wrap
 from delayservice.errors import DelayServiceError
 from delayservice.held_sends import Held, HeldSends
 from delayservice.levels import Level, LevelSet
+from delayservice.marker_calls import CancelCall, RescheduleCall, named
 from delayservice.marker_sends import MarkerSends
 from delayservice.markers.level_ids import level_id
 from delayservice.markers.precise_ids import precise_id, precise_partition
@@ -272,26 +273,7 @@ class DelayProducer:
             self._sticky[level.topic] = sticky
         return sticky[0]
 
-    @overload
-    def cancel(
-        self, message_id: str, *, wait: None = None, on_delivery: DeliveryCallback | None = None
-    ) -> MarkerReceipt: ...
-
-    @overload
-    def cancel(
-        self, message_id: str, *, wait: float, on_delivery: DeliveryCallback | None = None
-    ) -> MarkerReply: ...
-
-    @overload
-    def cancel(
-        self,
-        message_id: str,
-        *,
-        wait: float | None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> MarkerReceipt | MarkerReply: ...
-
-    def cancel(
+    def _cancel(
         self,
         message_id: str,
         *,
@@ -319,40 +301,9 @@ class DelayProducer:
         """
         return self._markers.cancel(message_id, wait, on_delivery)
 
-    @overload
-    def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: None = None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> MarkerReceipt: ...
+    cancel = cast("CancelCall[MarkerReceipt, MarkerReply]", named(_cancel, "cancel"))
 
-    @overload
-    def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: float,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> MarkerReply: ...
-
-    @overload
-    def reschedule(
-        self,
-        message_id: str,
-        *,
-        delay: Delay | None = None,
-        deliver_at: DeliverAt | None = None,
-        wait: float | None,
-        on_delivery: DeliveryCallback | None = None,
-    ) -> MarkerReceipt | MarkerReply: ...
-
-    def reschedule(
+    def _reschedule(
         self,
         message_id: str,
         *,
@@ -378,6 +329,10 @@ class DelayProducer:
         `refused`; without, a `MarkerReceipt`, as `cancel` does.
         """
         return self._markers.reschedule(message_id, delay, deliver_at, wait, on_delivery)
+
+    reschedule = cast(
+        "RescheduleCall[MarkerReceipt, MarkerReply]", named(_reschedule, "reschedule")
+    )
 
     def _precise_route(self, delay_ms: int, due_ms: int | None) -> tuple[str, bool]:
         """The precise topic for a message due within `precise_far_after`, else the
