@@ -16,7 +16,8 @@ how follows librdkafka and confluent-kafka 2.16:
 - a bare `KafkaError` (not an exception class: `fakes.raise_bare_kafka_error`) and a
   `SystemError` that lost its exception, only from the calls that serve callbacks or
   wait on the broker (poll, flush, consume, commits, the transaction API), where
-  confluent-kafka was seen to raise them;
+  confluent-kafka was seen to raise them; from `consume()` after it fetched (the batch
+  is lost: `_after_its_work`);
 - a full local queue (`BufferError`), only from produce(), and it stays full until the
   next poll() or flush() serves the producer;
 - a timeout, each call its own way: flush() returns with reports left, poll() and
@@ -174,6 +175,15 @@ def refused_for_state(producers: list[FakeProducer], fired: list[str]) -> str | 
     return f"{refused} producer calls refused for the transaction's state (faults fired: {fired})"
 
 
+def _after_its_work(call: str, shape: str) -> bool:
+    """Whether `call` fails with `shape` after doing its work. A broken shape comes from a
+    callback that failed inside the call (confluent-kafka's `CallState_end`), and
+    `Consumer_consume` then destroys the batch it fetched: the client has moved past
+    those records, and nobody has them."""
+    broken = shape in ("bare_kafka_error", "lost_error")
+    return shape == LOST_AFTER or (call == "consume" and broken)
+
+
 def _lost(target: Any, name: str) -> SystemError:
     kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
     return SystemError(
@@ -254,13 +264,13 @@ class Faults:
                 if shape == "stall":
                     run = lambda: original(*args, **kwargs)  # noqa: E731
                     return self._stalled(client, target, run, chosen[2])
-                if shape == LOST_AFTER:
+                if _after_its_work(name, shape):
                     self._depth += 1
                     try:
                         original(*args, **kwargs)
                     finally:
                         self._depth -= 1
-                    raise _lost(target, name)
+                    shape = "lost_error" if shape == LOST_AFTER else shape
                 done, value = self._fail(target, name, shape)
                 if done:
                     return value

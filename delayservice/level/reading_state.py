@@ -23,17 +23,25 @@ class ReadingState:
         self.paused_since: dict[TP, float] = {}
         self.rewind: dict[TP, int] = {}
         """partition -> the offset it is sought back to before it is read again."""
+        self.next: dict[TP, int] = {}
+        """partition -> where its next record to admit stands: after the last one admitted,
+        or where it was last sought (its start, a rewind). consume() moves the client past
+        every record it fetched, even in a call that then raises (a callback failed
+        inside it: confluent-kafka destroys the batch), so after a failed iteration each
+        partition is sought back here (`RecordAdmission.rewind_unadmitted`)."""
         self.to_resume_on_assign: list[TP] = []
         self.first_assignment = threading.Event()
         """Set once the group has given this instance its first assignment (maybe empty)."""
         self.unassigned_since: float | None = None
         """Monotonic time the worker lost its partitions and has not been assigned since."""
 
-    def assigned(self, tp: TP) -> None:
-        """`tp` is owned from here on, read from its start offset, and resumed."""
+    def assigned(self, tp: TP, start: int) -> None:
+        """`tp` is owned from here on, read from `start` (an offset, or a logical one),
+        and resumed."""
         self.owned = self.owned | {tp}
         self.paused.discard(tp)
         self.rewind.pop(tp, None)
+        self.next[tp] = start
         self.to_resume_on_assign.append(tp)
 
     def let_go(self, gone: set[TP]) -> None:
@@ -42,6 +50,7 @@ class ReadingState:
         self.paused -= gone
         for tp in gone:
             self.rewind.pop(tp, None)
+            self.next.pop(tp, None)
             self.paused_since.pop(tp, None)
 
     def restart(self) -> None:
@@ -52,3 +61,4 @@ class ReadingState:
         self.unassigned_since = None
         self.paused.clear()
         self.rewind.clear()
+        self.next.clear()

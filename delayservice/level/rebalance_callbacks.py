@@ -90,12 +90,13 @@ class Rebalances:
         if start is None:
             return  # stopping: the client's own assignment serves until it closes
         consumer.incremental_assign(start)
-        for tp in map(tp_of, partitions):
+        for assigned in start:
+            tp = tp_of(assigned)
             self._group.assign(tp)
-            self._reading.assigned(tp)
+            self._reading.assigned(tp, assigned.offset)
         self._reading.unassigned_since = None
         self._reading.first_assignment.set()
-        log.info("%s: assigned %s", self._name, named(map(tp_of, partitions)))
+        log.info("%s: assigned %s", self._name, named(map(tp_of, start)))
 
     def _revoked(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         gone = {tp_of(tp) for tp in partitions}

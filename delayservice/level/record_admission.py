@@ -3,7 +3,8 @@
 This is the consumer thread's per-record path, and nothing a single record carries may
 stop it: it only appends records (the forwarder reads their envelopes), and a batch
 that an exception interrupted is read again from the first record of each partition
-it had not admitted (`rewind_unadmitted`), never skipped.
+it had not admitted (`rewind_unadmitted`), never skipped; so is every partition
+after a consume() that raised, which drops what it fetched.
 
 Backpressure is per partition: a partition is paused near its mark, whatever its
 level, so one level's backlog never stops reading of another; a record flow control
@@ -89,7 +90,11 @@ class RecordAdmission:
     def rewind_unadmitted(self) -> None:
         """The client has moved past every record it returned: a partition of the batch in
         hand not admitted when an iteration raised is read again from its first record
-        there (`apply_rewinds`), never skipped."""
+        there (`apply_rewinds`), never skipped. And past every record it fetched in a
+        consume() that raised: confluent-kafka destroys that batch when a callback failed
+        inside the call (`Consumer_consume`), so every other owned partition is read
+        again from after the last record admitted (`ReadingState.next`). Where nothing
+        was lost the seek goes where the client stands."""
         in_hand, self._in_hand = self._in_hand, []
         first: dict[TP, int] = {}
         for message in in_hand:
@@ -97,11 +102,15 @@ class RecordAdmission:
                 first.setdefault(
                     (message.topic() or "", message.partition() or 0), message.offset() or 0
                 )
-        rewind = self._reading.rewind
+        reading = self._reading
+        rewind = reading.rewind
         for tp, offset in first.items():
-            if tp in self._admitted or tp not in self._reading.owned:
+            if tp in self._admitted or tp not in reading.owned:
                 continue
             rewind[tp] = min(offset, rewind.get(tp, offset))
+        for tp in reading.owned:
+            if tp not in rewind and tp in reading.next:
+                rewind[tp] = reading.next[tp]
 
     def _by_partition(self, messages: list[Message]) -> dict[TP, list[Message]]:
         """The batch's records per owned partition, in offset order; errors reported,
@@ -164,6 +173,7 @@ class RecordAdmission:
                 rewind[tp] = run[take].offset() or 0
                 del run[take:]
             if run:
+                self._reading.next[tp] = (run[-1].offset() or 0) + 1
                 kind, stamp = run[-1].timestamp()  # the latest append: the tightest bound
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
                     self._broker_clock.observe(read_ms, stamp)
@@ -194,6 +204,7 @@ class RecordAdmission:
         for tp, offset in list(rewind.items()):
             if tp in self._reading.owned:
                 self._keeper.client.seek(TopicPartition(tp[0], tp[1], offset))
+                self._reading.next[tp] = offset
             del rewind[tp]
 
     def _resume_drained(self) -> None:

@@ -86,6 +86,7 @@ class StartOffsets:
                 self._group.assign(tp_of(tp))
                 self._reading.rewind.pop(tp_of(tp), None)
                 consumer.seek(tp)
+                self._reading.next[tp_of(tp)] = tp.offset
             log.info(
                 "%s: reading %s again from their start offsets",
                 self._name,

@@ -1314,3 +1314,30 @@ def test_written_a_transaction_call_that_did_its_work_and_lost_its_error_holds_n
         assert set(delivered.values()) == {1}, delivered
     finally:
         machine.teardown()
+
+
+@pytest.mark.parametrize("shape", ["lost_error", "bare_kafka_error"])
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_written_a_consume_that_fails_after_fetching_loses_nothing(
+    shape: str, exactly_once: bool
+) -> None:
+    """A broken shape from consume() comes from a callback that failed inside the call,
+    and confluent-kafka then destroys the batch it fetched (`Consumer_consume`): the
+    client has moved past those records. The consumer loop sought back only the batch
+    it had in hand, so records 0-2 were skipped and the next commit went past them:
+    LOSS under both guarantees. Every owned partition is now sought back to after the
+    last record admitted (`ReadingState.next`)."""
+    machine = _machine(exactly_once=exactly_once)
+    try:
+        machine.faults_of_this_run([False] * len(SHAPES))
+        machine.records_arrive(_Drawn(False, (A, 0)), 3, 1_000, b"k0")
+        machine.faults.arm("consumer", shape, "consume")
+        machine.time_passes(0.05, reader=True)
+        assert machine.faults.log == [f"consumer.consume: {shape}"]
+        machine.records_arrive(_Drawn(False, (A, 0)), 2, 1_500, b"k1")
+        machine.a_while_passes(4)
+        machine.faults_stop_and_time_passes()
+        delivered = Counter(message_id for message_id, _ in machine._forwards())
+        assert sorted(delivered) == sorted(machine.ids)
+    finally:
+        machine.teardown()

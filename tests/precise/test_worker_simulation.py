@@ -935,3 +935,26 @@ def test_a_dead_letter_the_last_process_committed_is_not_sent_again_after_a_kill
         sim.promises_hold()
         sim.faults_stop_and_time_passes()
         sim.promises_hold()  # failed: DUPLICATE
+
+
+@pytest.mark.parametrize("shape", ["lost_error", "bare_kafka_error"])
+@pytest.mark.parametrize("exactly_once", [False, True], ids=["at-least-once", "exactly-once"])
+def test_a_consume_that_fails_after_fetching_reads_its_records_again(
+    shape: str, exactly_once: bool
+) -> None:
+    """confluent-kafka destroys the batch a consume() fetched when a callback failed
+    inside it, and the client has moved past it. The intake sought back only a batch it
+    had in hand, and a `KafkaException` it took for passing not even that: records 0-2
+    were never read (HELD, and their partition's commits held back until a restart)."""
+    with _simulation(exactly_once=exactly_once) as sim:
+        sim.faults_stop_and_time_passes()  # started, caught up
+        sim.records_arrive(0, 3, 500, True)
+        sim.faults.arm("consumer", shape, "consume")
+        sim.time_passes(0.05)
+        assert sim.faults.log == [f"consumer.consume: {shape}"]
+        sim.records_arrive(0, 2, 800, True)
+        sim.time_passes(1.0)
+        sim.time_passes(1.0)
+        sim.faults_stop_and_time_passes()  # fails: HELD
+        forwarded = {(tp, offset) for tp, offset, _, _ in sim._seen()}
+        assert {((TOPIC, 0), o) for o in range(5)} <= forwarded

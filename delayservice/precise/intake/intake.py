@@ -29,7 +29,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from delayservice.kafka.client_errors import STARTING_CODES
 from delayservice.kafka.client_seam import ConsumerClient
@@ -283,6 +283,7 @@ class Intake(ConsumerThread):
         if error is None or not _passing(error):
             self._survive(exc)
             return
+        self._rewind()  # raised by consume(), it dropped what it fetched
         if self._throttle.allow(("retriable", error.code())) is not None:
             young = error.code() in STARTING_CODES and self._starting.young(error.code())
             log.log(
@@ -296,23 +297,36 @@ class Intake(ConsumerThread):
     def _rewind(self) -> None:
         """Read a batch whose handling failed before it was settled again, from its first
         record on. Reading on past it would leave its records undelivered, and every
-        later commit of their partitions held back, until a restart."""
+        later commit of their partitions held back, until a restart. Every other
+        partition read is sought back to after what was handled: a consume() that
+        raised moved the client past what it fetched, and confluent-kafka destroys that
+        batch (`Consumer_consume`, when a callback failed inside the call); where
+        nothing was lost, the seek goes where the client stands."""
         firsts, self._unsettled = self._unsettled, None
         self._records.forget_batch()
         self._markers.forget_from(firsts or {})
-        if not firsts or self._consumer is None:
+        if self._consumer is None:
             return
-        self.ledger.rewind(firsts)
+        if firsts:
+            self.ledger.rewind(firsts)
+        held = self.ledger.partitions
+        seeks = {p: o for p, o in (firsts or {}).items() if p in held}
+        for partition in self._partitions.reading:
+            ledger = held.get(partition)
+            if partition not in seeks and ledger is not None and not ledger.revoked:
+                next_offset = ledger.next_offset
+                seeks[partition] = OFFSET_BEGINNING if next_offset is None else next_offset
         try:
-            for partition, offset in firsts.items():
-                if partition in self.ledger.partitions:
-                    self._consumer.seek(TopicPartition(self.topic, partition, offset))
+            for partition, offset in seeks.items():
+                self._consumer.seek(TopicPartition(self.topic, partition, offset))
         except Exception as exc:
             # Reading on would commit past the forgotten records: stop instead, and
             # read them again after the restart.
             log.exception("intake of %s: could not go back to a failed batch", self.topic)
             self._stopping.set()
             self._on_fatal(f"intake of {self.topic} could not re-read a failed batch: {exc}")
+            return
+        if not firsts:
             return
         log.warning(
             "intake of %s: reading the failed batch again from %s",
