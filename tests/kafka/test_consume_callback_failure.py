@@ -3,18 +3,27 @@
 returns NULL once `CallState_end` finds the crash), and the client has moved past it.
 The fake consumer of the simulations drops the batch the same way for a broken shape
 from `consume()` (`tests/simulation.py`, `_after_its_work`), and both the level consumer
-loop and the precise intake seek every partition back after a failed iteration."""
+loop and the precise intake seek every partition back after a failed iteration: the
+daemon's rows below fail a log line on its consumer's thread now and then under traffic,
+in both modes and under both guarantees, and judge what arrived. With those seeks
+undone each row lost one or two records of 3,000."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from delayservice.kafka.client_config import LIBRDKAFKA_LOGGER
 
 pytestmark = pytest.mark.kafka
 
@@ -24,6 +33,11 @@ calls meet none, some meet one before any record."""
 
 
 CLOSE_WAIT_S = 10.0
+MESSAGES = 3_000
+REARM_S = 0.7
+"""How long after a failed line the next is armed: longer than the pause after a failed
+iteration (`consumer_thread.ERROR_PAUSE_S`), or every consume() fails and nothing moves
+(late, never lost)."""
 
 
 class _FailingLogger:
@@ -82,3 +96,127 @@ def test_a_callback_failing_inside_consume_drops_the_records_it_fetched(
         closing.start()
         closing.join(CLOSE_WAIT_S)
     assert skipped, f"no consume() in {ATTEMPTS} dropped what it fetched"
+
+
+class _FailingFilter(logging.Filter):
+    """Fails librdkafka's next log line on a thread named `thread_prefix` while armed,
+    as a broken logging filter would: the line is served inside that thread's
+    `consume()`, which then drops what it fetched."""
+
+    def __init__(self, thread_prefix: str) -> None:
+        super().__init__()
+        self.thread_prefix = thread_prefix
+        self.armed = threading.Event()
+        self.start = threading.Event()
+        self.raised = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.armed.is_set() and threading.current_thread().name.startswith(self.thread_prefix):
+            self.armed.clear()
+            self.raised += 1
+            raise RuntimeError("a logging filter failed")
+        return True
+
+
+@contextlib.contextmanager
+def _failing_consumer_lines(thread_prefix: str) -> Iterator[_FailingFilter]:
+    """librdkafka's lines at DEBUG through a failing filter, kept out of the test's
+    log (the clients are told `debug=fetch`); re-armed every `REARM_S` once
+    `failing.start` is set (a filter failing all the time fails the assignment's
+    offset fetches too, and nothing is ever assigned)."""
+    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    failing = _FailingFilter(thread_prefix)
+    level, propagate = logger.level, logger.propagate
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    logger.filters.insert(0, failing)  # before the daemon's, which drop repeated lines
+    stop = threading.Event()
+
+    def arm() -> None:
+        failing.start.wait()
+        while not stop.wait(REARM_S):
+            failing.armed.set()
+            while failing.armed.is_set() and not stop.wait(0.01):
+                pass  # until a line took it
+
+    arming = threading.Thread(target=arm, name="arming", daemon=True)
+    arming.start()
+    try:
+        yield failing
+    finally:
+        stop.set()
+        failing.start.set()
+        arming.join()
+        failing.armed.clear()
+        logger.removeFilter(failing)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def _headers(message: Any) -> dict[str, bytes]:
+    return dict(message.headers() or [])
+
+
+@pytest.mark.parametrize(
+    ("mode", "guarantee"),
+    [
+        ("level", "at-least-once"),
+        ("level", "exactly-once"),
+        ("precise", "at-least-once"),
+        ("precise", "exactly-once"),
+    ],
+)
+def test_a_daemon_whose_consume_drops_what_it_fetched_loses_nothing(
+    testbed: Any, tmp_path: Path, mode: str, guarantee: str
+) -> None:
+    """The daemon's answer to the client above: after every failed consume() the level
+    consumer loop seeks its partitions back to after the last record it admitted, and
+    the precise intake to after what it handled, so every record arrives, none early,
+    and under exactly-once (read read_committed) once. Without those seeks the dropped
+    records were committed past (level) or never read (precise)."""
+    precise = mode == "precise"
+    values: dict[str, Any] = {
+        "levels": "1s,2s",
+        "guarantee": guarantee,
+        "consumer": {"debug": "fetch"},
+    }
+    if precise:
+        values.update(
+            precise=True,
+            precise_topic=f"dp-{testbed.tag}",
+            data_dir=tmp_path / "data",
+            precise_lookahead_s=2.0,
+        )
+    settings = testbed.settings(**values)
+    testbed.create_delay_topics(settings)
+    target = testbed.create_topic(
+        f"dropped-{testbed.tag}", 3, {"message.timestamp.type": "LogAppendTime"}
+    )
+    from delayservice.producer import DelayProducer
+
+    thread_prefix = "precise-intake-" if precise else "consumer-"
+    with _failing_consumer_lines(thread_prefix) as failing:
+        daemon = testbed.start_daemon(settings)
+        testbed.wait_assigned(daemon, partitions=settings.partitions)
+        failing.start.set()
+        producer = DelayProducer(
+            {"bootstrap.servers": testbed.bootstrap, "linger.ms": 5},
+            settings=settings,
+            **({"precision": "exact"} if precise else {}),
+        )
+        rng = random.Random(4711)
+        sent: set[str] = set()
+        for i in range(MESSAGES):
+            if i % 250 == 0:
+                time.sleep(0.5)  # records keep coming while lines fail
+            delay = rng.uniform(1.0, 2.5) if precise else rng.choice((1, 2))
+            sent.add(producer.produce(target, b"%d" % i, b"k%d" % (i % 50), delay=delay))
+        assert producer.flush(30) == 0
+        records = testbed.collect(target, MESSAGES, timeout=120)
+    assert failing.raised >= 4, f"only {failing.raised} lines failed on the consumer's thread"
+    ids = [_headers(r)["delay-id"].decode() for r in records]
+    assert sent - set(ids) == set(), f"{len(sent - set(ids))} of {MESSAGES} never arrived"
+    early = [r for r in records if r.timestamp()[1] < int(_headers(r)["delay-due-ms"])]
+    assert early == [], f"{len(early)} arrived before their due time"
+    if guarantee == "exactly-once":
+        assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} arrived twice"
