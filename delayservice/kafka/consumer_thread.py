@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Final, Protocol
@@ -59,6 +60,8 @@ class ConsumerThread(ABC):
         """librdkafka said every broker is down; cleared by the next record or probe."""
         self.heartbeat = Heartbeat()
         """Beats once per turn of the loop (`stuck`)."""
+        self._failing: tuple[float, Exception] | None = None
+        """Since when every turn has raised, and the last turn's exception (`stuck`)."""
         self._thread = threading.Thread(target=self._main, name=thread_name, daemon=True)
 
     # -- what a subclass provides --------------------------------------------------
@@ -99,11 +102,22 @@ class ConsumerThread(ABC):
 
     def stuck(self, limit_s: float = STUCK_S) -> str | None:
         """Why readiness should say this thread is not moving, or None: one turn of its
-        loop (a read, a rebalance callback, a commit) has lasted longer than `limit_s`."""
-        still = self.heartbeat.still_s()
-        if still <= limit_s or not self._thread.is_alive() or self._stopping.is_set():
+        loop (a read, a rebalance callback, a commit) has lasted longer than `limit_s`,
+        or every turn has raised for that long (a turn that raised goes back to what it
+        had not made safe, so such a thread reads nothing new: a callback of the client
+        that always fails, say)."""
+        if not self._thread.is_alive() or self._stopping.is_set():
             return None
-        return f"{self._label}: one turn of the consumer thread has lasted {still:.0f}s"
+        still = self.heartbeat.still_s()
+        if still > limit_s:
+            return f"{self._label}: one turn of the consumer thread has lasted {still:.0f}s"
+        failing = self._failing
+        if failing is not None and time.monotonic() - failing[0] > limit_s:
+            return (
+                f"{self._label}: every turn of the consumer thread has failed for "
+                f"{time.monotonic() - failing[0]:.0f}s, the last with {failing[1]!r}"
+            )
+        return None
 
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback; runs on this thread during a read."""
@@ -145,6 +159,13 @@ class ConsumerThread(ABC):
             self.heartbeat.beat()
             going.clear()
             raised = raised_by(lambda: going.append(self._turn(keeper)))
+            if raised is None:
+                self._failing = None
+            else:
+                self._failing = (
+                    time.monotonic() if self._failing is None else self._failing[0],
+                    raised,
+                )
             if going == [False] or (raised is not None and not self._failed(keeper, raised)):
                 return
 
