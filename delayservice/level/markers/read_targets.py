@@ -81,21 +81,20 @@ class ReadTargets:
         (`now`: monotonic), counted from its last move: a round that passed nothing does
         not start the wait."""
         reached: Reached = {}
-        for tp, queue in list(self._queues.items()):
-            at, target = read_to.get(tp, -1), None
-            if not queue or at < queue[0].end:
+        for tp, queue in list(self._queues.items()):  # never empty: `note` appends
+            at = read_to.get(tp, -1)
+            if at < queue[0].end:
                 continue  # nothing passed: no move
             if at < queue[-1].end:
                 if now < self._next_move.get(tp, 0.0):
                     continue
                 self._next_move[tp] = now + BEHIND_STEP_S
+            target = queue.popleft()
             while queue and at >= queue[0].end:
                 target = queue.popleft()
             if not queue:
                 del self._queues[tp]
                 self._next_move.pop(tp, None)  # caught up: the next flood's first move waits not
-            if target is None:
-                continue
             markers, outcomes = reached.setdefault(target.generation, ({}, {}))
             (markers if tp[0] == self._markers_topic else outcomes)[tp[1]] = target.began_ms
         return reached
