@@ -31,6 +31,10 @@ ERROR_PAUSE_S: Final = 0.5
 """How long the loop waits after an iteration raised, so that a fault that repeats
 (a broker away) costs a few lines a second, not a busy loop."""
 
+FAILURE_TEXT_MAX: Final = 300
+"""The most of a failed turn's exception text readiness repeats: a client's message can
+be any length, and /readyz answers in one line."""
+
 
 class _Count(Protocol):
     def inc(self, amount: float = 1) -> None: ...
@@ -60,8 +64,9 @@ class ConsumerThread(ABC):
         """librdkafka said every broker is down; cleared by the next record or probe."""
         self.heartbeat = Heartbeat()
         """Beats once per turn of the loop (`stuck`)."""
-        self._failing: tuple[float, Exception] | None = None
-        """Since when every turn has raised, and the last turn's exception (`stuck`)."""
+        self._failing: tuple[float, str] | None = None
+        """Since when every turn has raised, and what the last turn raised (`stuck`): its
+        text, not the exception, whose frames could hold that turn's batch."""
         self._thread = threading.Thread(target=self._main, name=thread_name, daemon=True)
 
     # -- what a subclass provides --------------------------------------------------
@@ -115,7 +120,7 @@ class ConsumerThread(ABC):
         if failing is not None and time.monotonic() - failing[0] > limit_s:
             return (
                 f"{self._label}: every turn of the consumer thread has failed for "
-                f"{time.monotonic() - failing[0]:.0f}s, the last with {failing[1]!r}"
+                f"{time.monotonic() - failing[0]:.0f}s, the last with {failing[1]}"
             )
         return None
 
@@ -164,7 +169,7 @@ class ConsumerThread(ABC):
             else:
                 self._failing = (
                     time.monotonic() if self._failing is None else self._failing[0],
-                    raised,
+                    _bounded(repr(raised)),
                 )
             if going == [False] or (raised is not None and not self._failed(keeper, raised)):
                 return
@@ -239,3 +244,9 @@ class ConsumerThread(ABC):
                     reason.str() if reason is not None else "?",
                 )
         return done, failed
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= FAILURE_TEXT_MAX:
+        return text
+    return f"{text[:FAILURE_TEXT_MAX]}... ({len(text) - FAILURE_TEXT_MAX} more characters)"
