@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from delayservice.kafka.client_lines import ClientLines
 from delayservice.kafka.log_levels import StartupNoise
 from delayservice.log_throttle import RepeatFilter
 from delayservice.settings import Settings
@@ -51,11 +52,12 @@ def librdkafka_logger() -> logging.Logger:
 
 def common(settings: Settings) -> dict[str, Any]:
     """Every client's base; librdkafka's own log lines go through Python logging
-    (forwarded when the client is polled) so operators read one stream."""
+    (forwarded when the client is polled) so operators read one stream, and never
+    raise into the client (`ClientLines`)."""
     return {
         "bootstrap.servers": settings.bootstrap_servers,
         **settings.kafka,
-        "logger": librdkafka_logger(),
+        "logger": ClientLines(librdkafka_logger()),
     }
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from delayservice.kafka.client_lines import ClientLines
+
 _COORDINATOR_STARTING = (
     "Coordinator load in progress",
     "Coordinator not available",
@@ -143,16 +145,13 @@ class StartupNoise(logging.Filter):
         return True
 
 
-class ExpectedFences:
+class ExpectedFences(ClientLines):
     """A `logger` for confluent-kafka that passes every line on to `logger`, the lines
     about this producer being fenced at WARNING at most: each takeover between an owner
     and its replica fences one of them, and two CRITICAL lines per takeover would page
     whoever alerts on them."""
 
-    def __init__(self, logger: Any) -> None:
-        self._logger = logger
-
-    def log(self, level: int, msg: str, *args: Any) -> None:
+    def _line(self, level: int, msg: str, *args: Any) -> None:
         parsed = facility_and_text_of(args) if level > logging.WARNING else None
         if parsed is not None and any(fenced in parsed[1] for fenced in FENCED_TEXTS):
             level = logging.WARNING

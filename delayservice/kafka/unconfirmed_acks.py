@@ -23,25 +23,26 @@ import logging
 import threading
 from typing import Any, Final
 
+from delayservice.kafka.client_lines import ClientLines
+
 INFERRED: Final = frozenset({"IMPLICITACK", "DUPSEQ"})
 """librdkafka's log facilities for a success without the broker's offset."""
 CONTEXT: Final = "eos"
 
 
-class UnconfirmedAcks:
+class UnconfirmedAcks(ClientLines):
     """A `logger` for confluent-kafka: counts inferred successes and passes every other
     line on. Lines at DEBUG are passed on only when the user asked librdkafka for
     debug output; otherwise they are the `eos` context turned on here, and dropped."""
 
     def __init__(self, logger: Any, *, pass_debug: bool) -> None:
-        self._logger = logger
+        super().__init__(logger)
         self._pass_debug = pass_debug
         self._lock = threading.Lock()
         self._count = 0
         self._last = ""
 
-    def log(self, level: int, msg: str, *args: Any) -> None:
-        """confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)`."""
+    def _line(self, level: int, msg: str, *args: Any) -> None:
         if len(args) == 3 and args[0] in INFERRED:
             with self._lock:
                 self._count += 1

@@ -23,7 +23,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from delayservice.daemon import EXIT_OK
 from delayservice.kafka.client_config import LIBRDKAFKA_LOGGER
+from delayservice.kafka.client_lines import ClientLines
 
 pytestmark = pytest.mark.kafka
 
@@ -167,13 +169,47 @@ def _headers(message: Any) -> dict[str, bytes]:
     ],
 )
 def test_a_daemon_whose_consume_drops_what_it_fetched_loses_nothing(
-    testbed: Any, tmp_path: Path, mode: str, guarantee: str
+    testbed: Any, tmp_path: Path, mode: str, guarantee: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The daemon's answer to the client above: after every failed consume() the level
     consumer loop seeks its partitions back to after the last record it admitted, and
     the precise intake to after what it handled, so every record arrives, none early,
     and under exactly-once (read read_committed) once. Without those seeks the dropped
-    records were committed past (level) or never read (precise)."""
+    records were committed past (level) or never read (precise).
+
+    The daemon's clients log through `ClientLines`, which keeps a failing line out of
+    the client's call (the row below); here that guard is taken away, so the failing
+    line stands for any callback that fails inside consume()."""
+    monkeypatch.setattr(ClientLines, "log", ClientLines._line)
+    failing, sent, records, _ = _run_with_failing_lines(testbed, tmp_path, mode, guarantee)
+    assert failing.raised >= 4, f"only {failing.raised} lines failed on the consumer's thread"
+    _judge(sent, records, guarantee)
+
+
+def test_a_log_line_that_fails_costs_the_line_not_the_batch(
+    testbed: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `ClientLines` in place the same failing lines never reach the client's
+    call: no consumer turn fails, every record arrives once, and the client is closed
+    (after a failed consume() librdkafka could not destroy it, and the stop ran out its
+    timeout: docs/faults.md, row 33)."""
+    caplog.set_level(logging.ERROR, logger="delayservice.kafka.consumer_thread")
+    failing, sent, records, daemon = _run_with_failing_lines(
+        testbed, tmp_path, "level", "at-least-once"
+    )
+    assert failing.raised >= 4, f"only {failing.raised} lines failed on the consumer's thread"
+    failed_turns = [r for r in caplog.records if "a logging filter failed" in r.getMessage()]
+    assert failed_turns == [], f"{len(failed_turns)} consumer turns failed"
+    _judge(sent, records, "at-least-once")
+    assert daemon.stop() == EXIT_OK, "the daemon did not stop cleanly"
+
+
+def _run_with_failing_lines(
+    testbed: Any, tmp_path: Path, mode: str, guarantee: str
+) -> tuple[_FailingFilter, set[str], list[Any], Any]:
+    """A daemon with librdkafka's lines failing on its consumer's thread now and then,
+    under waves of traffic: the filter, the ids sent, what arrived, and the daemon
+    (the lines fail no more)."""
     precise = mode == "precise"
     values: dict[str, Any] = {
         "levels": "1s,2s",
@@ -213,7 +249,10 @@ def test_a_daemon_whose_consume_drops_what_it_fetched_loses_nothing(
             sent.add(producer.produce(target, b"%d" % i, b"k%d" % (i % 50), delay=delay))
         assert producer.flush(30) == 0
         records = testbed.collect(target, MESSAGES, timeout=120)
-    assert failing.raised >= 4, f"only {failing.raised} lines failed on the consumer's thread"
+    return failing, sent, records, daemon
+
+
+def _judge(sent: set[str], records: list[Any], guarantee: str) -> None:
     ids = [_headers(r)["delay-id"].decode() for r in records]
     assert sent - set(ids) == set(), f"{len(sent - set(ids))} of {MESSAGES} never arrived"
     early = [r for r in records if r.timestamp()[1] < int(_headers(r)["delay-due-ms"])]

@@ -1,8 +1,9 @@
 """Loaded by a daemon subprocess whose `PYTHONPATH` starts with this directory: once
 `DELAYSERVICE_TEST_FAIL_LINES` names a thread prefix, librdkafka's log lines on threads
-so named fail now and then, as a broken logging filter would. Such a line is served
-inside `consume()`, which then drops the batch it fetched (`tests/kafka/
-test_consume_callback_failure.py`); here the daemon may be killed at any moment after.
+so named fail now and then, as a broken logging filter would, with `ClientLines`'
+guard taken away. Such a line is served inside `consume()`, which then drops the batch
+it fetched (`tests/kafka/test_consume_callback_failure.py`); here the daemon may be
+killed at any moment after.
 
 Test support only: the package never imports it."""
 
@@ -34,6 +35,11 @@ class _FailingFilter(logging.Filter):
 def _arm(failing: _FailingFilter, stop: threading.Event) -> None:
     if stop.wait(START_S):
         return
+    from delayservice.kafka.client_lines import ClientLines
+
+    # The guard that keeps a failing line out of the client's call, taken away: the line
+    # stands for any callback that fails inside consume().
+    ClientLines.log = ClientLines._line  # type: ignore[method-assign]
     logger = logging.getLogger("delayservice.librdkafka")
     logger.setLevel(logging.DEBUG)  # the client's `debug` lines reach the filter
     logger.propagate = False  # and never the daemon's log

@@ -1,0 +1,42 @@
+"""The `logger` every client of the daemon is given: librdkafka's lines, passed on to
+Python logging, never raising back into the client.
+
+confluent-kafka serves those lines inside the call that polls the client. A line whose
+logging raised there (a filter or handler that fails, on some odd text from a broker)
+made `consume()` drop the batch it had fetched after the client had moved past it, and
+left librdkafka unable to destroy the client: its `close()` never returned
+(docs/faults.md, row 33). Here such a line is dropped and counted instead, and the
+first one is told on stderr, which needs no logging to work.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+class ClientLines:
+    """Passes each line on to `logger`; a subclass changes what passing on means
+    (`_line`), and never has to guard it."""
+
+    def __init__(self, logger: Any) -> None:
+        self._logger = logger
+        self.dropped = 0
+        """Lines whose logging raised (an approximate count: no lock on this path)."""
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        """confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)`."""
+        try:
+            self._line(level, msg, *args)
+        except Exception as exc:  # never into the client's call
+            self.dropped += 1
+            if self.dropped == 1:
+                print(
+                    f"delayservice: a librdkafka log line could not be logged ({exc!r});"
+                    " such lines are dropped",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def _line(self, level: int, msg: str, *args: Any) -> None:
+        self._logger.log(level, msg, *args)

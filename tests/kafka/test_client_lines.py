@@ -1,0 +1,58 @@
+"""`ClientLines`, the logger every daemon client is given: a line whose logging raises
+is dropped and counted, never raised into the client's call."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from delayservice.kafka.client_lines import ClientLines
+from delayservice.kafka.log_levels import ExpectedFences
+from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
+
+
+class _Failing(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        raise RuntimeError("a logging filter failed")
+
+
+@pytest.fixture
+def failing_logger() -> logging.Logger:
+    logger = logging.getLogger("tests.client_lines.failing")
+    logger.addFilter(_Failing())
+    return logger
+
+
+@pytest.mark.parametrize(
+    "make",
+    [ClientLines, ExpectedFences, lambda logger: UnconfirmedAcks(logger, pass_debug=True)],
+)
+def test_a_line_whose_logging_raises_is_dropped_counted_and_told_once(
+    failing_logger: logging.Logger, make: type[ClientLines], capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = make(failing_logger)
+    for _ in range(3):
+        lines.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "text")
+    assert lines.dropped == 3
+    told = capsys.readouterr().err
+    assert told.count("a librdkafka log line could not be logged") == 1
+    assert "a logging filter failed" in told
+
+
+def test_lines_that_can_be_logged_pass_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="tests.client_lines.plain")
+    lines = ClientLines(logging.getLogger("tests.client_lines.plain"))
+    lines.log(logging.INFO, "%s [%s] %s", "CONNECT", "rdkafka#consumer-1", "connected")
+    assert lines.dropped == 0
+    assert [r.getMessage() for r in caplog.records] == ["CONNECT [rdkafka#consumer-1] connected"]
+
+
+def test_inferred_successes_are_counted_even_when_the_line_cannot_be_logged(
+    failing_logger: logging.Logger,
+) -> None:
+    """The count decides whether the forwarder sends its open interval again: a logger
+    that fails must not lose it."""
+    watch = UnconfirmedAcks(failing_logger, pass_debug=True)
+    watch.log(logging.DEBUG, "%s [%s] %s", "IMPLICITACK", "rdkafka#producer-1", "acked")
+    assert watch.take() == (1, "IMPLICITACK: acked")
