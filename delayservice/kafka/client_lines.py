@@ -11,6 +11,7 @@ first one is told on stderr, which needs no logging to work.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -31,12 +32,13 @@ class ClientLines:
         except Exception as exc:  # never into the client's call
             self.dropped += 1
             if self.dropped == 1:
-                print(
-                    f"delayservice: a librdkafka log line could not be logged ({exc!r});"
-                    " such lines are dropped",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                with contextlib.suppress(Exception):  # stderr closed: nothing to tell
+                    print(
+                        f"delayservice: a librdkafka log line could not be logged ({exc!r});"
+                        " such lines are dropped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
     def _line(self, level: int, msg: str, *args: Any) -> None:
         self._logger.log(level, msg, *args)

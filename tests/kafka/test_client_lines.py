@@ -3,7 +3,9 @@ is dropped and counted, never raised into the client's call."""
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 
 import pytest
 
@@ -56,3 +58,14 @@ def test_inferred_successes_are_counted_even_when_the_line_cannot_be_logged(
     watch = UnconfirmedAcks(failing_logger, pass_debug=True)
     watch.log(logging.DEBUG, "%s [%s] %s", "IMPLICITACK", "rdkafka#producer-1", "acked")
     assert watch.take() == (1, "IMPLICITACK: acked")
+
+
+def test_a_closed_stderr_does_not_make_the_guard_raise(
+    failing_logger: logging.Logger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed = io.StringIO()
+    closed.close()
+    monkeypatch.setattr(sys, "stderr", closed)
+    lines = ClientLines(failing_logger)
+    lines.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "text")
+    assert lines.dropped == 1
