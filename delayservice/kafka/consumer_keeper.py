@@ -11,6 +11,7 @@ touches the state of its successor, and a close that hangs never holds the threa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, TopicPartition
 
+from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.client_seam import ConsumerClient
 
 log = logging.getLogger(__name__)
@@ -78,15 +80,26 @@ class ConsumerKeeper:
         return self._make(self._bound_callbacks(self.current_check()))
 
     def _bound_callbacks(self, current: Callable[[], bool]) -> dict[str, Any]:
+        """Neither callback ever raises: served inside consume(), an exception would
+        make confluent-kafka drop the batch the call fetched, and leave librdkafka
+        unable to destroy the client (docs/faults.md, row 33)."""
+
         def on_error(error: KafkaError) -> None:
             if current():
-                self._on_error(error)
+                self._report(raised_by(lambda: self._on_error(error)), "an error")
 
         def on_commit(error: KafkaError | None, partitions: list[TopicPartition]) -> None:
             if current():
-                self._on_commit(error, partitions)
+                self._report(raised_by(lambda: self._on_commit(error, partitions)), "a commit")
 
         return {"error_cb": on_error, "on_commit": on_commit}
+
+    def _report(self, failed: Exception | None, what: str) -> None:
+        if failed is not None:
+            with contextlib.suppress(Exception):  # logging itself may be what fails
+                log.error(
+                    "%s: handling %s the client reported failed", self._name, what, exc_info=failed
+                )
 
     def current_check(self) -> Callable[[], bool]:
         """A test that stays true while the present client is the kept one: for
