@@ -5,8 +5,9 @@ The fake consumer of the simulations drops the batch the same way for a broken s
 from `consume()` (`tests/simulation.py`, `_after_its_work`), and both the level consumer
 loop and the precise intake seek every partition back after a failed iteration: the
 daemon's rows below fail a log line on its consumer's thread now and then under traffic,
-in both modes and under both guarantees, and judge what arrived. With those seeks
-undone each row lost one or two records of 3,000."""
+in both modes and under both guarantees (with `ClientLines`' guard on log lines taken
+away), and judge what arrived. With those seeks undone each row lost one or two
+records of 3,000. The last row keeps the guard: the same lines then cost nothing."""
 
 from __future__ import annotations
 
@@ -190,7 +191,7 @@ def test_a_log_line_that_fails_costs_the_line_not_the_batch(
     testbed: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """With `ClientLines` in place the same failing lines never reach the client's
-    call: no consumer turn fails, every record arrives once, and the client is closed
+    call: no consumer turn fails, every record arrives, and the client is closed
     (after a failed consume() librdkafka could not destroy it, and the stop ran out its
     timeout: docs/faults.md, row 33)."""
     caplog.set_level(logging.ERROR, logger="delayservice.kafka.consumer_thread")
