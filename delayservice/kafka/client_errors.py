@@ -25,6 +25,11 @@ from typing import Final
 
 from confluent_kafka import KafkaError, KafkaException
 
+TEXT_MAX: Final = 300
+"""The most of an exception's text a line repeats (`told`): a client's message can be
+any length, from a broker or a librdkafka debug line, and a readiness answer or a
+stderr notice should stay one readable line."""
+
 STARTING_CODES: Final = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
@@ -74,6 +79,14 @@ def lost_client_error(exc: BaseException) -> bool:
     call raises it again."""
     text = str(exc)
     return isinstance(exc, SystemError) and "cimpl." in text and "without setting" in text
+
+
+def told(exc: BaseException) -> str:
+    """`repr(exc)`, cut to `TEXT_MAX` characters with how many were left out."""
+    text = repr(exc)
+    if len(text) <= TEXT_MAX:
+        return text
+    return f"{text[:TEXT_MAX]}... ({len(text) - TEXT_MAX} more characters)"
 
 
 def raised_as_exception() -> Exception:

@@ -12,8 +12,11 @@ first one is told on stderr, which needs no logging to work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from typing import Any
+
+from delayservice.kafka.client_errors import raised_by, told
 
 
 class ClientLines:
@@ -27,14 +30,13 @@ class ClientLines:
 
     def log(self, level: int, msg: str, *args: Any) -> None:
         """confluent-kafka calls `log(level, "%s [%s] %s", facility, client, text)`."""
-        try:
-            self._line(level, msg, *args)
-        except Exception as exc:  # never into the client's call
+        raised = raised_by(functools.partial(self._line, level, msg, *args))
+        if raised is not None:  # never into the client's call
             self.dropped += 1
             if self.dropped == 1:
                 with contextlib.suppress(Exception):  # stderr closed: nothing to tell
                     print(
-                        f"delayservice: a librdkafka log line could not be logged ({exc!r});"
+                        f"delayservice: a librdkafka log line could not be logged ({told(raised)});"
                         " such lines are dropped",
                         file=sys.stderr,
                         flush=True,

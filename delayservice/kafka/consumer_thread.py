@@ -20,7 +20,7 @@ from typing import Final, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from delayservice.kafka.client_errors import is_fatal, raised_by
+from delayservice.kafka.client_errors import is_fatal, raised_by, told
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.log_throttle import Throttle
 from delayservice.metrics.heartbeat import STUCK_S, Heartbeat
@@ -30,10 +30,6 @@ log = logging.getLogger(__name__)
 ERROR_PAUSE_S: Final = 0.5
 """How long the loop waits after an iteration raised, so that a fault that repeats
 (a broker away) costs a few lines a second, not a busy loop."""
-
-FAILURE_TEXT_MAX: Final = 300
-"""The most of a failed turn's exception text readiness repeats: a client's message can
-be any length, and /readyz answers in one line."""
 
 
 class _Count(Protocol):
@@ -169,7 +165,7 @@ class ConsumerThread(ABC):
             else:
                 self._failing = (
                     time.monotonic() if self._failing is None else self._failing[0],
-                    _bounded(repr(raised)),
+                    told(raised),
                 )
             if going == [False] or (raised is not None and not self._failed(keeper, raised)):
                 return
@@ -244,9 +240,3 @@ class ConsumerThread(ABC):
                     reason.str() if reason is not None else "?",
                 )
         return done, failed
-
-
-def _bounded(text: str) -> str:
-    if len(text) <= FAILURE_TEXT_MAX:
-        return text
-    return f"{text[:FAILURE_TEXT_MAX]}... ({len(text) - FAILURE_TEXT_MAX} more characters)"

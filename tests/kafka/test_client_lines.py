@@ -8,6 +8,7 @@ import logging
 import sys
 
 import pytest
+from confluent_kafka import KafkaError
 
 from delayservice.kafka.client_lines import ClientLines
 from delayservice.kafka.log_levels import ExpectedFences
@@ -69,3 +70,40 @@ def test_a_closed_stderr_does_not_make_the_guard_raise(
     lines = ClientLines(failing_logger)
     lines.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "text")
     assert lines.dropped == 1
+
+
+class _BareError(logging.Filter):
+    """Raises a bare `KafkaError`, which no `except Exception` catches."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from tests.level.fakes import raise_bare_kafka_error
+
+        raise_bare_kafka_error(KafkaError(KafkaError._TRANSPORT, "left bare"))
+        return True
+
+
+def test_a_bare_kafka_error_from_the_logging_is_dropped_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    logger = logging.getLogger("tests.client_lines.bare")
+    logger.addFilter(_BareError())
+    lines = ClientLines(logger)
+    lines.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "text")
+    assert lines.dropped == 1
+    assert "left bare" in capsys.readouterr().err
+
+
+def test_the_notice_on_stderr_stays_one_short_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    class _Long(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            raise RuntimeError("x" * 100_000)
+
+    logger = logging.getLogger("tests.client_lines.long")
+    logger.addFilter(_Long())
+    ClientLines(logger).log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "t")
+    told = capsys.readouterr().err.splitlines()
+    assert len(told) == 1
+    assert len(told[0]) < 500
+    assert "more characters" in told[0]

@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from delayservice.daemon import EXIT_OK
 from delayservice.kafka.client_config import LIBRDKAFKA_LOGGER
 from delayservice.kafka.client_lines import ClientLines
+from tests.faults.failing_lines.failing_filter import FailingFilter, install, rearm
 
 pytestmark = pytest.mark.kafka
 
@@ -37,10 +38,6 @@ calls meet none, some meet one before any record."""
 
 CLOSE_WAIT_S = 10.0
 MESSAGES = 3_000
-REARM_S = 0.7
-"""How long after a failed line the next is armed: longer than the pause after a failed
-iteration (`consumer_thread.ERROR_PAUSE_S`), or every consume() fails and nothing moves
-(late, never lost)."""
 
 
 class _FailingLogger:
@@ -101,46 +98,18 @@ def test_a_callback_failing_inside_consume_drops_the_records_it_fetched(
     assert skipped, f"no consume() in {ATTEMPTS} dropped what it fetched"
 
 
-class _FailingFilter(logging.Filter):
-    """Fails librdkafka's next log line on a thread named `thread_prefix` while armed,
-    as a broken logging filter would: the line is served inside that thread's
-    `consume()`, which then drops what it fetched."""
-
-    def __init__(self, thread_prefix: str) -> None:
-        super().__init__()
-        self.thread_prefix = thread_prefix
-        self.armed = threading.Event()
-        self.start = threading.Event()
-        self.raised = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.armed.is_set() and threading.current_thread().name.startswith(self.thread_prefix):
-            self.armed.clear()
-            self.raised += 1
-            raise RuntimeError("a logging filter failed")
-        return True
-
-
 @contextlib.contextmanager
-def _failing_consumer_lines(thread_prefix: str) -> Iterator[_FailingFilter]:
-    """librdkafka's lines at DEBUG through a failing filter, kept out of the test's
-    log (the clients are told `debug=fetch`); re-armed every `REARM_S` once
-    `failing.start` is set (a filter failing all the time fails the assignment's
-    offset fetches too, and nothing is ever assigned)."""
-    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
-    failing = _FailingFilter(thread_prefix)
-    level, propagate = logger.level, logger.propagate
-    logger.setLevel(logging.DEBUG)
-    logger.propagate = False
-    logger.filters.insert(0, failing)  # before the daemon's, which drop repeated lines
+def _failing_consumer_lines(thread_prefix: str, start: threading.Event) -> Iterator[FailingFilter]:
+    """librdkafka's lines through a failing filter (the clients are told `debug=fetch`),
+    re-armed every `REARM_S` once `start` is set: the assignment's own offset fetches
+    must not fail, or nothing is ever assigned."""
+    failing = FailingFilter(thread_prefix)
+    restore = install(logging.getLogger(LIBRDKAFKA_LOGGER), failing)
     stop = threading.Event()
 
     def arm() -> None:
-        failing.start.wait()
-        while not stop.wait(REARM_S):
-            failing.armed.set()
-            while failing.armed.is_set() and not stop.wait(0.01):
-                pass  # until a line took it
+        start.wait()
+        rearm(failing, stop)
 
     arming = threading.Thread(target=arm, name="arming", daemon=True)
     arming.start()
@@ -148,12 +117,9 @@ def _failing_consumer_lines(thread_prefix: str) -> Iterator[_FailingFilter]:
         yield failing
     finally:
         stop.set()
-        failing.start.set()
+        start.set()
         arming.join()
-        failing.armed.clear()
-        logger.removeFilter(failing)
-        logger.setLevel(level)
-        logger.propagate = propagate
+        restore()
 
 
 def _headers(message: Any) -> dict[str, bytes]:
@@ -207,7 +173,7 @@ def test_a_log_line_that_fails_costs_the_line_not_the_batch(
 
 def _run_with_failing_lines(
     testbed: Any, tmp_path: Path, mode: str, guarantee: str
-) -> tuple[_FailingFilter, set[str], list[Any], Any]:
+) -> tuple[FailingFilter, set[str], list[Any], Any]:
     """A daemon with librdkafka's lines failing on its consumer's thread now and then,
     under waves of traffic: the filter, the ids sent, what arrived, and the daemon
     (the lines fail no more)."""
@@ -232,10 +198,11 @@ def _run_with_failing_lines(
     from delayservice.producer import DelayProducer
 
     thread_prefix = "precise-intake-" if precise else "consumer-"
-    with _failing_consumer_lines(thread_prefix) as failing:
+    start = threading.Event()
+    with _failing_consumer_lines(thread_prefix, start) as failing:
         daemon = testbed.start_daemon(settings)
         testbed.wait_assigned(daemon, partitions=settings.partitions)
-        failing.start.set()
+        start.set()
         producer = DelayProducer(
             {"bootstrap.servers": testbed.bootstrap, "linger.ms": 5},
             settings=settings,
