@@ -23,6 +23,7 @@ from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.client_errors import fatal_error_in, raised_by
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.kafka.consumer_fatal import fatal_error
 from delayservice.kafka.consumer_keeper import ConsumerKeeper
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.level.partition_names import named, tp_of
@@ -36,6 +37,17 @@ STABLE_WAIT_NOTE_S: Final = 1.0
 STABLE_WAIT_WARN_S: Final = 60.0
 """Waiting longer than this for stable offsets (an open transaction is aborted by the
 broker within its timeout, 10 s, plus its abort check) is logged as a warning."""
+
+RESEEK_ASK_LIMIT_S = 20.0
+"""How long a re-seek asks one client for committed offsets before that client is
+replaced. A re-seek runs on the consumer thread between reads, so the client's queue,
+where librdkafka says what became of its group membership and its coordinator, goes
+unserved while it asks. After a broker frozen for 35 s a client that had lost its
+coordinator answered "Local: Timed out" to every ask for minutes while a fresh client
+of the same group was answered at once (row 18 exactly-once, docs/faults.md). Two
+asks that timed out; a killed member's transaction (10 s, plus the broker's abort
+check) is usually over by then, and a client replaced while one is not waits again
+as it is assigned."""
 
 Fallback = Callable[[list[TP]], dict[TP, int] | None]
 """Committed offsets another consumer group holds for these partitions (the other worker
@@ -73,12 +85,18 @@ class StartOffsets:
         says what that transaction did, or the other worker layout's when that is
         later; a partition idle since a change of layout has no commit in this group).
         Done on the one thread that admits records, so nothing read before the seek is
-        queued after it. False: not done (stopping, or the client went fatal), the
-        request left in place and nothing read until it is."""
+        queued after it. False: not done (stopping, or the client is to be replaced:
+        gone fatal, or not answering), the request left in place and nothing read until
+        it is."""
         owned = sorted(self._reading.owned)
         if owned:
             consumer = self._keeper.client
-            start = self.find(consumer, [TopicPartition(*tp) for tp in owned], fallback)
+            start = self.find(
+                consumer,
+                [TopicPartition(*tp) for tp in owned],
+                fallback,
+                give_up_after_s=RESEEK_ASK_LIMIT_S,
+            )
             if start is None:
                 return False
             self._group.drop(set(owned))
@@ -100,6 +118,7 @@ class StartOffsets:
         consumer: ConsumerClient,
         partitions: list[TopicPartition],
         fallback: Fallback | None,
+        give_up_after_s: float | None = None,
     ) -> list[TopicPartition] | None:
         """Where each partition starts, whenever it starts: newly assigned or read again.
 
@@ -112,8 +131,9 @@ class StartOffsets:
         for a read_committed reader). `committed()` waits for the same answer and
         either gives it or times out, so this asks until it answers. A partition the
         other worker layout's group got further in starts there (`fallback`), waiting
-        the same way. None: stopping, or the client went fatal (it is replaced at the
-        next turn, and its successor's assignment starts by this same rule)."""
+        the same way. None: stopping, or the client went fatal or has been asked for
+        longer than `give_up_after_s` (it is replaced at the next turn, and its
+        successor's assignment starts by this same rule)."""
         if not partitions:
             return []
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
@@ -137,6 +157,14 @@ class StartOffsets:
                 reason = repr(raised)
                 self._m_loop_errors.inc()
                 log.error("%s: fetching the start offsets failed", self._name, exc_info=raised)
+            if self._went_fatal(consumer, asked[0]):
+                return None
+            if give_up_after_s is not None and time.monotonic() - since >= give_up_after_s:
+                self._keeper.fail(
+                    f"committed offsets not given for {give_up_after_s:.0f} s on a re-seek "
+                    f"({reason}); a new client asks instead"
+                )
+                return None
             if self._stopping.is_set():
                 return None
             log.log(
@@ -157,6 +185,16 @@ class StartOffsets:
                 waited,
             )
         return start
+
+    def _went_fatal(self, consumer: ConsumerClient, tp: TopicPartition) -> bool:
+        """Whether the client went fatal since the last ask, which only its queue would
+        say (`kafka.consumer_fatal`); if so it is replaced at the next turn, and the
+        asking starts over with its successor."""
+        error = fatal_error(consumer, tp.topic, tp.partition)
+        if error is None:
+            return False
+        self._keeper.fail(f"went fatal while its committed offsets were asked ({error.str()})")
+        return True
 
     def _ask_start(
         self,

@@ -251,6 +251,8 @@ class FakeConsumer:
         beginning), as seen when a rebalance came in while committed offsets were
         unstable; only an explicit `incremental_assign` offset avoids it."""
         self.unstable_answers = 0  # committed() calls that time out (a pending transaction)
+        self.fatal_error: KafkaError | None = None
+        """Set by `go_fatal`, cleared by `make` (a new client is not fatal)."""
         self.committed_calls = 0
         self.explicit_starts: list[tuple[int, int]] = []
         self.partition_counts: dict[str, int] = {}
@@ -319,7 +321,26 @@ class FakeConsumer:
     # The loop's MakeConsumer: receives error_cb and on_commit.
     def make(self, config: dict[str, Any]) -> FakeConsumer:
         self.config = config
+        if self.fatal_error is not None:  # the failed client's queue goes with it
+            gone = self.fatal_error
+            self.injected = deque(m for m in self.injected if m.error() is not gone)
+            self.fatal_error = None
         return self
+
+    def go_fatal(self) -> None:
+        """librdkafka's own thread setting the fatal error (a static member fenced by
+        another with its `group.instance.id`), as probed on a real broker: the next
+        `consume()` returns it as an error message; `committed()` times out (the fenced
+        client has dropped its coordinator); every commit is refused with `_FATAL`."""
+        with self._cond:
+            self.fatal_error = KafkaError(
+                KafkaError._FATAL,
+                "Fatal error: Broker: Static consumer fenced by other consumer with same "
+                "group.instance.id",
+                fatal=True,
+            )
+            self.injected.append(message(0, 0, 0, topic=self.topic, error=self.fatal_error))
+            self._cond.notify_all()
 
     # -- test controls ---------------------------------------------------------------
     def append(self, partition: int | TP, *messages: Message) -> None:
@@ -399,6 +420,14 @@ class FakeConsumer:
         self, *, offsets: list[TopicPartition], asynchronous: bool = True
     ) -> list[TopicPartition] | None:
         with self._cond:
+            # librdkafka refuses these before it looks at anything else: a fatal client,
+            # then no valid offset (nothing is sent)
+            refused = self._refused_commit(offsets)
+            if refused is not None:
+                if asynchronous:
+                    self._reports.append((refused, offsets))
+                    return None
+                raise KafkaException(refused)
             self.commits_tps.append(
                 (asynchronous, [((tp.topic, tp.partition), tp.offset) for tp in offsets])
             )
@@ -444,6 +473,13 @@ class FakeConsumer:
                     self.explicit_starts.append((tp.partition, tp.offset))
                 self.positions[key] = offset
 
+    def _refused_commit(self, offsets: list[TopicPartition]) -> KafkaError | None:
+        if self.fatal_error is not None:
+            return KafkaError(KafkaError._FATAL, "Commit failed: Local: Fatal error")
+        if not any(tp.offset >= 0 for tp in offsets):
+            return KafkaError(KafkaError._NO_OFFSET, "Commit failed: Local: No offset stored")
+        return None
+
     def committed(
         self, partitions: list[TopicPartition], timeout: float = -1
     ) -> list[TopicPartition]:
@@ -453,6 +489,10 @@ class FakeConsumer:
         transaction holds the offsets."""
         with self._cond:
             self.committed_calls += 1
+            if self.fatal_error is not None:
+                raise KafkaException(
+                    KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets")
+                )
             if self.unstable_answers > 0:
                 self.unstable_answers -= 1
                 raise KafkaException(

@@ -441,36 +441,78 @@ def test_6_a_re_seek_starts_where_a_start_would_the_other_layouts_offset_include
     assert violations(rig.producer, second) == []
 
 
-def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(clock, monkeypatch):
-    """The start rule's wait asks again on every error but a fatal one: the client is
-    marked failed and nothing more is read from it; the consumer that replaces it starts
-    each partition by the same rule, the other layout's offset included."""
-    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
-    rig, second = exactly_once_rig(clock)
-    rig.loop._fallback = lambda tps: {tp: 5 for tp in tps if tp == (LEVEL_TOPIC, 0)}
-    append(rig, 0, 5)  # forwarded and committed by the other layout's group
+def _a_re_seek_wanted(rig: LevelRig, second: FakeProducer, first_records: int) -> None:
+    """Partitions 0 and 1 assigned and read, then a transaction refused for its group
+    generation: the forwarder wants them read again from their committed offsets."""
+    append(rig, 0, first_records)
     rig.consumer.queue_rebalance("assign", 0, 1)
     run(rig)
     append(rig, 1, 2)
     step(rig)
     group_error_at_commit(rig, second)
     assert rig.forwarder.inbox.reseek_wanted()
+
+
+class _AskedForever(BaseException):
+    """Not an `Exception`, so no loop of the worker takes it for a client error."""
+
+
+def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(clock, monkeypatch):
+    """A client fenced while the re-seek asks for committed offsets never says so to
+    `committed()`, which times out for as long as it is asked (row 18 exactly-once,
+    docs/faults.md); the fatal error waits in the queue the asking thread does not
+    serve. The wait asks the client itself (`kafka.consumer_fatal`): it is marked
+    failed and nothing more is read from it; the consumer that replaces it starts
+    each partition by the same rule, the other layout's offset included."""
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
+    rig, second = exactly_once_rig(clock)
+    rig.loop._fallback = lambda tps: {tp: 5 for tp in tps if tp == (LEVEL_TOPIC, 0)}
+    _a_re_seek_wanted(rig, second, 5)  # 0's forwarded and committed by the other layout
+    rig.consumer.go_fatal()
+    calls, reads = rig.consumer.committed_calls, rig.consumer.consume_calls
     answer = rig.consumer.committed
 
-    def fenced(partitions: list[object], timeout: float = -1) -> object:
-        monkeypatch.setattr(rig.consumer, "committed", answer)  # once
-        raise KafkaException(KafkaError(KafkaError._FATAL, "Static consumer fenced", fatal=True))
+    def bounded(partitions: list[object], timeout: float = -1) -> object:
+        if rig.consumer.committed_calls > calls + 50:
+            raise _AskedForever  # what the wait did before: a failure, not a hang
+        return answer(partitions, timeout)
 
-    monkeypatch.setattr(rig.consumer, "committed", fenced)
-    reads = rig.consumer.consume_calls
+    monkeypatch.setattr(rig.consumer, "committed", bounded)
     step(rig)
-    assert "fenced" in (rig.loop.keeper.failed or "")
+    monkeypatch.setattr(rig.consumer, "committed", answer)
+    assert "Static consumer fenced" not in (rig.loop.keeper.failed or "")  # not said yet
+    assert "went fatal while its committed offsets were asked" in (rig.loop.keeper.failed or "")
+    assert rig.consumer.committed_calls == calls + 1  # asked once, not for ever
     assert rig.consumer.consume_calls == reads  # nothing read from a client gone fatal
     assert rig.loop._replace_client(rig.loop.keeper)
     rig.consumer.queue_rebalance("assign", 0, 1)
     run(rig)
     assert seen(rig.producer, second) == ["id-1-0", "id-1-1"]
     assert rig.consumer.explicit_starts[-2:] == [(0, 5), (1, OFFSET_BEGINNING)]
+    assert violations(rig.producer, second) == []
+
+
+def test_6_a_re_seek_whose_client_never_answers_hands_it_over_to_a_new_one(clock, monkeypatch):
+    """A re-seek serves no queue while it asks, so a client that lost its coordinator
+    and never says why is replaced once the asking has lasted `RESEEK_ASK_LIMIT_S`
+    (row 18 exactly-once, docs/faults.md); the new client's assignment starts each
+    partition by the same rule, and the re-seek has nothing left to do."""
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "RESEEK_ASK_LIMIT_S", 0.0)
+    rig, second = exactly_once_rig(clock)
+    _a_re_seek_wanted(rig, second, 3)
+    rig.consumer.unstable_answers = 1_000  # every ask times out
+    calls, reads = rig.consumer.committed_calls, rig.consumer.consume_calls
+    step(rig)
+    assert "committed offsets not given for 0 s on a re-seek" in (rig.loop.keeper.failed or "")
+    assert rig.consumer.committed_calls == calls + 1
+    assert rig.consumer.consume_calls == reads
+    rig.consumer.unstable_answers = 0  # the new client is answered
+    assert rig.loop._replace_client(rig.loop.keeper)
+    rig.consumer.queue_rebalance("assign", 0, 1)
+    run(rig)
+    assert not rig.forwarder.inbox.reseek_wanted()
+    assert set(seen(rig.producer, second)) >= {"id-1-0", "id-1-1"}
     assert violations(rig.producer, second) == []
 
 
