@@ -184,6 +184,17 @@ def _after_its_work(call: str, shape: str) -> bool:
     return shape == LOST_AFTER or (call == "consume" and broken)
 
 
+ASKS_UNSERVED: Final = 200
+"""How many times in a row a consumer may ask for committed offsets with no consume()
+between: its queue, where librdkafka says the client went fatal, stays unserved
+meanwhile (a fenced client's `committed()` times out for as long as it is asked)."""
+
+
+class QueueNeverServed(BaseException):
+    """Not an `Exception`: no loop of a worker takes it for a client's error, so the
+    example fails where it would have waited for ever."""
+
+
 def _lost(target: Any, name: str) -> SystemError:
     kind = "Producer" if isinstance(target, FakeProducer) else "Consumer"
     return SystemError(
@@ -211,6 +222,8 @@ class Faults:
         self._depth = 0
         self.after_full: deque[str] = deque()
         """Armed on the producer the moment a full queue fires (`arm_after_full`)."""
+        self._asks: dict[int, int] = {}
+        """Per consumer, its `committed()` calls since its last consume()."""
 
     def arm(
         self, client: str, shape: str, call: str | None = None, stall_s: float = STALLS_S[0]
@@ -249,6 +262,7 @@ class Faults:
         original = getattr(target, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            self._count_asks(target, name)  # inside consume() too (a rebalance callback)
             if self._depth:  # the fake calling itself (commit_transaction flushes)
                 return original(*args, **kwargs)
             if name in ("poll", "flush"):
@@ -282,6 +296,14 @@ class Faults:
 
         return call
 
+    def _count_asks(self, target: Any, name: str) -> None:
+        if name == "consume":
+            self._asks.pop(id(target), None)
+        elif name == "committed":
+            asks = self._asks[id(target)] = self._asks.get(id(target), 0) + 1
+            if asks > ASKS_UNSERVED:
+                raise QueueNeverServed(f"committed() asked {asks} times with no consume() between")
+
     def _stalled(self, client: str, target: Any, call: Callable[[], Any], seconds: float) -> Any:
         """Run `call` at once, and return its answer (or raise its error) `seconds`
         later, with the world acting halfway."""
@@ -307,7 +329,9 @@ class Faults:
         if shape == "plain":
             raise KafkaException(KafkaError(KafkaError._STATE, f"sim: {name} refused"))
         if shape == "fatal":
-            if isinstance(target, FakeProducer):
+            # librdkafka's thread sets it; the clients say it as the real ones do (a
+            # consumer's committed() never does: it times out)
+            if isinstance(target, (FakeProducer, FakeConsumer)):
                 target.go_fatal()
                 return False, None
             raise KafkaException(

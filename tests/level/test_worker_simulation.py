@@ -689,6 +689,18 @@ class LevelWorkerSimulation(Simulation):
         self.faults.arm("producer", "queue_full", "produce")
         self.faults.arm_after_full(shape)
 
+    @precondition(lambda self: self.running and "fatal" in self.shapes)
+    @rule()
+    def fenced_while_asking_for_offsets(self) -> None:
+        """Weighted: the member is fenced (another instance took its
+        `group.instance.id`) as its consumer next asks for committed offsets, at an
+        assignment or a re-seek. librdkafka sets the fatal error on its own thread and
+        says it only through the consumer's queue, and the fenced client's
+        `committed()` times out for as long as it is asked (row 18 exactly-once,
+        docs/faults.md). From `next_call_fails` a fatal shape falls on consume() nearly
+        always: 300 examples a guarantee did not bring it to `committed()`."""
+        self.faults.arm("consumer", "fatal", "committed")
+
     @precondition(lambda self: self.running)
     @rule(kind=st.sampled_from(["assign", "revoke", "lost"]), data=st.data())
     def rebalance(self, kind: str, data: st.DataObject) -> None:
