@@ -22,12 +22,13 @@ START_S = float(os.environ.get("DELAYSERVICE_TEST_FAIL_AFTER_S", "3"))
 def _arm(failing: FailingFilter, stop: threading.Event) -> None:
     if stop.wait(START_S):
         return
+    from delayservice.kafka.client_config import LIBRDKAFKA_LOGGER
     from delayservice.kafka.client_lines import ClientLines
 
     # The guard that keeps a failing line out of the client's call, taken away: the line
     # stands for any callback that fails inside consume().
     ClientLines.log = ClientLines._line  # type: ignore[method-assign]
-    install(logging.getLogger("delayservice.librdkafka"), failing)
+    install(logging.getLogger(LIBRDKAFKA_LOGGER), failing)
     rearm(failing, stop)
 
 
