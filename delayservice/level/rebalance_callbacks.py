@@ -21,6 +21,7 @@ from delayservice.forward.buffer import TP
 from delayservice.forward.forwarder import Forwarder
 from delayservice.kafka.client_errors import raised_by
 from delayservice.kafka.client_seam import ConsumerClient
+from delayservice.level import start_offsets
 from delayservice.level.offset_commits import OffsetCommits
 from delayservice.level.partition_group import PartitionGroup
 from delayservice.level.partition_names import named, tp_of
@@ -86,9 +87,15 @@ class Rebalances:
         return run
 
     def _assigned(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
-        start = self._starts.find(consumer, partitions, self._fallback())
+        start = self._starts.find(
+            consumer,
+            partitions,
+            self._fallback(),
+            give_up_after_s=start_offsets.ASSIGN_ASK_LIMIT_S,
+            asking="an assignment",
+        )
         if start is None:
-            return  # stopping: the client's own assignment serves until it closes
+            return  # stopping, or the client is to be replaced: nothing of it is read
         consumer.incremental_assign(start)
         for assigned in start:
             tp = tp_of(assigned)

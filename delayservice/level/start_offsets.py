@@ -49,6 +49,15 @@ asks that timed out; a killed member's transaction (10 s, plus the broker's abor
 check) is usually over by then, and a client replaced while one is not waits again
 as it is assigned."""
 
+ASSIGN_ASK_LIMIT_S = 120.0
+"""How long an assignment asks one client for committed offsets before that client is
+replaced: well past what a killed member's open transaction holds them for (the
+transaction timeout, 10 s, plus the broker's abort check, 10 s by default) and a
+broker restart, so a client still not answered lost its coordinator as a re-seek's
+did (`RESEEK_ASK_LIMIT_S`). Unbounded, the partitions it was given stayed unread for
+as long as the client lived. Its successor's assignment asks again; from 60 s on
+(`STABLE_WAIT_WARN_S`) every ask is a warning."""
+
 Fallback = Callable[[list[TP]], dict[TP, int] | None]
 """Committed offsets another consumer group holds for these partitions (the other worker
 layout's, `layout.OtherLayout`); None while they are not stable yet (a killed member's
@@ -96,6 +105,7 @@ class StartOffsets:
                 [TopicPartition(*tp) for tp in owned],
                 fallback,
                 give_up_after_s=RESEEK_ASK_LIMIT_S,
+                asking="a re-seek",
             )
             if start is None:
                 return False
@@ -118,7 +128,8 @@ class StartOffsets:
         consumer: ConsumerClient,
         partitions: list[TopicPartition],
         fallback: Fallback | None,
-        give_up_after_s: float | None = None,
+        give_up_after_s: float,
+        asking: str,
     ) -> list[TopicPartition] | None:
         """Where each partition starts, whenever it starts: newly assigned or read again.
 
@@ -133,7 +144,8 @@ class StartOffsets:
         other worker layout's group got further in starts there (`fallback`), waiting
         the same way. None: stopping, or the client went fatal or has been asked for
         longer than `give_up_after_s` (it is replaced at the next turn, and its
-        successor's assignment starts by this same rule)."""
+        successor's assignment starts by this same rule). `asking`: what asks, for
+        the line that says why the client was replaced."""
         if not partitions:
             return []
         asked = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
@@ -159,9 +171,9 @@ class StartOffsets:
                 log.error("%s: fetching the start offsets failed", self._name, exc_info=raised)
             if self._went_fatal(consumer, asked[0]):
                 return None
-            if give_up_after_s is not None and time.monotonic() - since >= give_up_after_s:
+            if time.monotonic() - since >= give_up_after_s:
                 self._keeper.fail(
-                    f"committed offsets not given for {give_up_after_s:.0f} s on a re-seek "
+                    f"committed offsets not given for {give_up_after_s:.0f} s on {asking} "
                     f"({reason}); a new client asks instead"
                 )
                 return None

@@ -25,7 +25,9 @@ path by which the forwarder used to break it:
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
@@ -457,6 +459,25 @@ class _AskedForever(BaseException):
     """Not an `Exception`, so no loop of the worker takes it for a client error."""
 
 
+@contextlib.contextmanager
+def _asked_at_most_50_times(rig: LevelRig, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An ask for committed offsets that never ends fails the test instead of hanging it:
+    what the asking did before it was bounded."""
+    calls = rig.consumer.committed_calls
+    answer = rig.consumer.committed
+
+    def bounded(partitions: list[object], timeout: float = -1) -> object:
+        if rig.consumer.committed_calls > calls + 50:
+            raise _AskedForever
+        return answer(partitions, timeout)
+
+    monkeypatch.setattr(rig.consumer, "committed", bounded)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(rig.consumer, "committed", answer)
+
+
 def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(clock, monkeypatch):
     """A client fenced while the re-seek asks for committed offsets never says so to
     `committed()`, which times out for as long as it is asked (row 18 exactly-once,
@@ -470,16 +491,8 @@ def test_6_a_re_seek_on_a_client_gone_fatal_leaves_the_start_to_its_replacement(
     _a_re_seek_wanted(rig, second, 5)  # 0's forwarded and committed by the other layout
     rig.consumer.go_fatal()
     calls, reads = rig.consumer.committed_calls, rig.consumer.consume_calls
-    answer = rig.consumer.committed
-
-    def bounded(partitions: list[object], timeout: float = -1) -> object:
-        if rig.consumer.committed_calls > calls + 50:
-            raise _AskedForever  # what the wait did before: a failure, not a hang
-        return answer(partitions, timeout)
-
-    monkeypatch.setattr(rig.consumer, "committed", bounded)
-    step(rig)
-    monkeypatch.setattr(rig.consumer, "committed", answer)
+    with _asked_at_most_50_times(rig, monkeypatch):
+        step(rig)
     assert "Static consumer fenced" not in (rig.loop.keeper.failed or "")  # not said yet
     assert "went fatal while its committed offsets were asked" in (rig.loop.keeper.failed or "")
     assert rig.consumer.committed_calls == calls + 1  # asked once, not for ever
@@ -513,6 +526,34 @@ def test_6_a_re_seek_whose_client_never_answers_hands_it_over_to_a_new_one(clock
     run(rig)
     assert not rig.forwarder.inbox.reseek_wanted()
     assert set(seen(rig.producer, second)) >= {"id-1-0", "id-1-1"}
+    assert violations(rig.producer, second) == []
+
+
+def test_6_an_assignment_whose_client_never_answers_hands_it_over_to_a_new_one(clock, monkeypatch):
+    """The assign callback asked for committed offsets for as long as the client lived:
+    one that lost its coordinator (row 18 exactly-once, docs/faults.md) left the
+    partitions it was given unread. It is replaced once the asking has lasted
+    `ASSIGN_ASK_LIMIT_S`; nothing is read from it, and its successor's assignment
+    starts the partitions."""
+    monkeypatch.setattr(start_offsets_module, "STABLE_RETRY_S", 0.0)
+    monkeypatch.setattr(start_offsets_module, "ASSIGN_ASK_LIMIT_S", 0.0)
+    rig, second = exactly_once_rig(clock)
+    append(rig, 0, 3)
+    rig.consumer.unstable_answers = 1_000  # every ask times out
+    calls = rig.consumer.committed_calls
+    rig.consumer.queue_rebalance("assign", 0)
+    with _asked_at_most_50_times(rig, monkeypatch):
+        step(rig)
+    failed = rig.loop.keeper.failed or ""
+    assert "committed offsets not given for 0 s on an assignment" in failed
+    assert rig.consumer.committed_calls == calls + 1
+    assert rig.loop.owned() == []  # nothing assigned from a client about to go
+    rig.consumer.unstable_answers = 0  # the new client is answered
+    assert rig.loop._replace_client(rig.loop.keeper)
+    rig.consumer.queue_rebalance("assign", 0)
+    run(rig)
+    assert rig.consumer.explicit_starts[-1:] == [(0, OFFSET_BEGINNING)]
+    assert seen(rig.producer, second) == ["id-0-0", "id-0-1", "id-0-2"]
     assert violations(rig.producer, second) == []
 
 
