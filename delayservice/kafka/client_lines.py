@@ -6,7 +6,8 @@ logging raised there (a filter or handler that fails, on some odd text from a br
 made `consume()` drop the batch it had fetched after the client had moved past it, and
 left librdkafka unable to destroy the client: its `close()` never returned
 (docs/faults.md, row 33). Here such a line is dropped and counted instead, and the
-first one is told on stderr, which needs no logging to work.
+first one is told on stderr, which needs no logging to work; every one is counted for
+Prometheus (`metrics.dropped_lines`), for an alert that the once-per-client line is not.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from typing import Any
 
 from delayservice.kafka.client_errors import raised_by, told
+from delayservice.metrics.dropped_lines import DroppedLines
 
 
 class ClientLines:
@@ -33,6 +35,7 @@ class ClientLines:
         raised = raised_by(functools.partial(self._line, level, msg, *args))
         if raised is not None:  # never into the client's call
             self.dropped += 1
+            DroppedLines.total += 1
             if self.dropped == 1:
                 with contextlib.suppress(Exception):  # stderr closed: nothing to tell
                     print(

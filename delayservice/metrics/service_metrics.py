@@ -11,6 +11,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from delayservice.metrics.batch_histogram import BatchHistogram
+from delayservice.metrics.dropped_lines import DroppedLines
 
 LATENESS_BUCKETS = (
     0.005,
@@ -47,6 +48,7 @@ DONE_DROP_REASONS: Final = ("malformed", "key_mismatch", "unknown_member", "not_
 class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        registry.register(DroppedLines())
         self.consumed = Counter(
             "delayservice_consumed",
             "Records read from a delay topic.",

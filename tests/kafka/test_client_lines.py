@@ -9,10 +9,12 @@ import sys
 
 import pytest
 from confluent_kafka import KafkaError
+from prometheus_client import CollectorRegistry
 
 from delayservice.kafka.client_lines import ClientLines
 from delayservice.kafka.log_levels import ExpectedFences
 from delayservice.kafka.unconfirmed_acks import UnconfirmedAcks
+from delayservice.metrics.service_metrics import ServiceMetrics
 
 
 class _Failing(logging.Filter):
@@ -41,6 +43,25 @@ def test_a_line_whose_logging_raises_is_dropped_counted_and_told_once(
     told = capsys.readouterr().err
     assert told.count("a librdkafka log line could not be logged") == 1
     assert "a logging filter failed" in told
+
+
+def test_every_dropped_line_of_every_client_is_counted_for_prometheus(
+    failing_logger: logging.Logger,
+) -> None:
+    """The stderr line comes once per client; the counter moves with each line dropped,
+    whichever client dropped it, and not for a line that was logged."""
+    registry = CollectorRegistry()
+    ServiceMetrics(registry)
+    name = "delayservice_librdkafka_lines_dropped_total"
+    before = registry.get_sample_value(name)
+    assert before is not None
+    first, second = ClientLines(failing_logger), ExpectedFences(failing_logger)
+    for lines in (first, second, first):
+        lines.log(logging.WARNING, "%s [%s] %s", "FAIL", "rdkafka#consumer-1", "text")
+    ClientLines(logging.getLogger("tests.client_lines.plain")).log(
+        logging.INFO, "%s [%s] %s", "CONNECT", "rdkafka#consumer-1", "connected"
+    )
+    assert registry.get_sample_value(name) == before + 3
 
 
 def test_lines_that_can_be_logged_pass_on(caplog: pytest.LogCaptureFixture) -> None:
