@@ -10,9 +10,11 @@ may ask long after it sent the marker (the SDK's `MarkerReceipt.reply`).
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -21,10 +23,13 @@ from delayservice.errors import (
     DelayServiceError,
     RepliesUnavailableError,
 )
+from delayservice.kafka.client_errors import error_of, raised_as_exception
 from delayservice.markers.replies import MarkerReply, parse_reply, reply_key
 from delayservice.markers.topic_partitions import metadata_failure, servers_of
 
 __all__ = ["RepliesUnavailableError", "ReplyWatch", "unavailable", "wait_for_reply"]
+
+_T = TypeVar("_T")
 
 BATCH: Final = 500
 POLL_S: Final = 0.5
@@ -90,14 +95,35 @@ def _consumer(client: dict[str, Any]) -> Consumer:
     )
 
 
+def _reading(topic: str, call: Callable[[], _T]) -> _T:
+    """A client call of the wait: what the client raises reaches the application as
+    the SDK's own error (`DelayServiceError`, with the Kafka code and whether it is
+    retriable), as every other failure of `MarkerReceipt.reply` does; a bare
+    `KafkaError` too (`kafka.client_errors`)."""
+    try:
+        return call()
+    except KafkaException as exc:
+        raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
+    except BaseException:
+        raise
+    except:  # noqa: E722 - a bare KafkaError
+        raised = raised_as_exception()
+        error = error_of(raised)
+        if error is None:
+            raise raised from None
+        raise DelayServiceError.from_kafka(error, f"reading {topic}") from raised
+
+
 def _first_reply(
     consumer: Consumer, topic: str, starts: dict[int, int], key: bytes, timeout: float
 ) -> MarkerReply | None:
     """The first reply with `key` on `topic` from `starts`, or None by `timeout`."""
-    consumer.assign([TopicPartition(topic, p, offset) for p, offset in starts.items()])
+    assigned = [TopicPartition(topic, p, offset) for p, offset in starts.items()]
+    _reading(topic, lambda: consumer.assign(assigned))
     deadline = time.monotonic() + timeout
     while (left := deadline - time.monotonic()) > 0:
-        for message in consumer.consume(BATCH, min(POLL_S, left)):
+        batch = functools.partial(consumer.consume, BATCH, min(POLL_S, left))
+        for message in _reading(topic, batch):
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF and error.fatal():
