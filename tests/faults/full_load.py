@@ -90,6 +90,44 @@ class TargetCount:
         self._consumer.close()
 
 
+class OpenTransactions:
+    """Which partitions of a topic end in records of a transaction neither committed nor
+    aborted: their high watermark (what a read_uncommitted client sees) is past their
+    last stable offset (read_committed). Such records cannot be read, so a test that
+    must count what a topic holds before deleting it waits until there are none."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._topic = topic
+        self._clients = {
+            level: Consumer(
+                {
+                    "bootstrap.servers": bootstrap,
+                    "group.id": "full-load-open-transactions",
+                    "isolation.level": level,
+                }
+            )
+            for level in ("read_committed", "read_uncommitted")
+        }
+
+    def partitions(self) -> list[int]:
+        client = self._clients["read_uncommitted"]
+        meta = client.list_topics(self._topic, timeout=10).topics[self._topic]
+        open_ones = []
+        for partition in sorted(meta.partitions):
+            tp = TopicPartition(self._topic, partition)
+            stable, high = (
+                self._clients[level].get_watermark_offsets(tp, timeout=10, cached=False)[1]
+                for level in ("read_committed", "read_uncommitted")
+            )
+            if high > stable:
+                open_ones.append(partition)
+        return open_ones
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+
+
 def metric_total(daemon: DaemonProcess, name: str) -> float:
     """The sum of every sample of `name` on the daemon's /metrics (0 when absent)."""
     url = f"http://127.0.0.1:{daemon.port}/metrics"

@@ -21,11 +21,13 @@ from confluent_kafka import KafkaException
 from tests.faults.full_load import (
     BACKLOG,
     LeaderWatch,
+    OpenTransactions,
     TargetCount,
     queue_filled,
     write_backlog,
 )
 from tests.faults.harness import DaemonProcess, now_ms, scenario_name, wait_until
+from tests.faults.log_dirs import deleted_everywhere
 from tests.faults.measure import Report, Source
 
 pytestmark = pytest.mark.kafka
@@ -174,9 +176,15 @@ def test_full_load_target_deleted_and_recreated(
 ):
     """The target is deleted mid-backlog and created again. To count exactly what went
     to the old topic, the daemon is frozen (SIGSTOP) while the old topic is read to its
-    end, deleted and re-created: under exactly-once, until the coordinator has aborted
-    its open transaction (the transaction timeout), so a read_committed reader sees the
-    end. What falls due in the gap may be dead-lettered as unknown_topic; everything
+    end and deleted, and thawed only when the broker hosts no log of it.
+
+    Two waits make the count exact. Under exactly-once the frozen daemon's transaction
+    is left to the coordinator, which aborts it at the transaction timeout: records of
+    an open transaction cannot be read, and committed after the deletion they would
+    vanish with the topic unseen (the coordinator skips the markers of deleted
+    partitions). And the metadata says a topic is gone a moment before the broker stops
+    appending to it: what the daemon sent in that moment would be acked and vanish
+    too. What falls due in the gap may be dead-lettered as unknown_topic; everything
     else reaches the old topic or the new one; nothing is silently dropped."""
     run = fault_run(kafka_bootstrap, guarantee=guarantee)
     load = FullLoad(run, "fl-recreate", session_timeout_s=45)
@@ -184,10 +192,20 @@ def test_full_load_target_deleted_and_recreated(
     load.strike_when_forwarded()
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGSTOP)
+    undecided = OpenTransactions(kafka_bootstrap, load.target)
     try:
+        open_on: list[int] = []
+
+        def all_decided() -> bool:
+            open_on[:] = undecided.partitions()
+            return not open_on
+
+        assert wait_until(all_decided, PAUSE_TIMEOUT_S, interval=0.5), (
+            f"{load.target}: the frozen daemon's transaction stayed open on {open_on}"
+        )
         reader = run.read()
         assert wait_until(reader.catch_up, PAUSE_TIMEOUT_S, interval=0.5), (
-            f"{load.target}: the read-back never reached its end (a transaction left open?)"
+            f"{load.target}: the read-back never reached its end"
         )
         old = f"{load.target} (deleted)"
         reader.remove(load.target)
@@ -195,11 +213,12 @@ def test_full_load_target_deleted_and_recreated(
         admin = run.testbed.admin
         admin.delete_topics([load.target])[load.target].result(30)
         run.testbed.wait_for(
-            lambda: load.target not in admin.list_topics(timeout=10).topics, 30, "the deletion"
+            lambda: deleted_everywhere(admin, load.target), 30, "the broker to stop the topic"
         )
         deleted = now_ms()
     finally:
         daemon.process.send_signal(signal.SIGCONT)
+        undecided.close()
     time.sleep(GAP_S)  # holding the gap; the daemon forwards into a missing topic
 
     def recreate() -> bool:

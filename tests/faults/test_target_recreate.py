@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import KafkaException
 
 from tests.faults.harness import now_ms, wait_until
+from tests.faults.log_dirs import deleted_everywhere
 from tests.faults.measure import recovery_s
 
 pytestmark = pytest.mark.kafka
@@ -49,9 +50,7 @@ def test_a_target_deleted_and_recreated_mid_run_loses_nothing(
     reader.remove(moving)
     reader.rename(moving, f"{moving} (deleted)")
     admin.delete_topics([moving])[moving].result(30)
-    run.testbed.wait_for(
-        lambda: moving not in admin.list_topics(timeout=10).topics, 30, f"{moving} to go"
-    )
+    run.testbed.wait_for(lambda: deleted_everywhere(admin, moving), 30, f"{moving} to go")
     deleted = now_ms()
     traffic.set_targets([stable, moving])
     time.sleep(GAP_S)  # holding the gap; records for the missing target fall due
