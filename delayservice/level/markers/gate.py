@@ -217,6 +217,10 @@ class MarkerGate:
                 self.through_ms = BLOCKED  # before the records can be taken
                 self._shut = True
                 self._parts = dict.fromkeys(self._parts, BLOCKED)
+                # The answers to the markers forgotten went with them: a new owner must
+                # not take a predecessor's moves as known until they are read again.
+                self._outcome_parts = dict.fromkeys(self._outcome_parts, BLOCKED)
+                self.outcomes_through_ms = BLOCKED
                 self.generation += 1
                 self.demand.set()
 

@@ -11,9 +11,13 @@ from __future__ import annotations
 import logging
 
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME as CREATE
 
+from delayservice.envelope import H_DELAY_MS, H_RESCHEDULE
 from delayservice.level.markers import filing as marker_filing
 from delayservice.level.markers import topics as marker_topics
+from delayservice.markers.level_ids import level_id
+from delayservice.markers.replies import RESCHEDULE, MarkerReply, reply_key
 from tests.level.fakes import message
 from tests.level.markers.reading import Reading, cancel_on, reading_rig
 
@@ -276,3 +280,63 @@ def test_a_consumer_that_refuses_to_close_at_a_rewind_leaves_the_reader_reading(
     reopened = reader._turn(None)
     assert reopened is not None
     assert not gate.rewind_asked()
+
+
+def test_a_rewind_takes_no_answer_as_known_until_the_outcomes_are_read_again(
+    reading: Reading,
+) -> None:
+    """A partition handed over with records older than what the reader keeps makes it
+    read the window again, and the answers to the markers it had forgotten went with
+    them. Until the outcomes are read again, a predecessor's move may not count as
+    known (`outcomes_through_ms`, which `WorkerMarkers.decide` waits on): taken as
+    known, the new owner finds the move not carried out and forwards the original,
+    whose copy its predecessor made (row 28 per-level, exactly-once, delivered two
+    moved messages twice)."""
+    sent = reading.clock.ms()
+    mid = level_id(1, 0, sent)
+    marker_tp, answer_tp = (reading.markers, 0), (reading.outcomes, 0)
+    offset = reading.fake.next_offset(marker_tp)
+    move = [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"3000")]
+    reading.fake.append(
+        marker_tp,
+        message(0, offset, sent, topic=reading.markers, headers=move, timestamp_type=CREATE),
+    )
+    key = reply_key(reading.markers, 0, offset)
+    moved = MarkerReply(RESCHEDULE, mid, "moved", sent + 3_000, copy="delay_topic_1:0")
+    reading.fake.append(
+        answer_tp,
+        message(
+            0,
+            reading.fake.next_offset(answer_tp),
+            sent,
+            topic=reading.outcomes,
+            headers=[],
+            key=key,
+            value=moved.encode(),
+            timestamp_type=CREATE,
+        ),
+    )
+    reading.one_pass()
+    assert reading.book.is_executed(key)
+
+    reading.clock.advance(reading.reader._window_ms / 1000 + 1)
+    reading.one_pass()
+    reading.reader._forget(reading.clock.ms())
+    assert not reading.book.is_executed(key), "the move was not forgotten"
+
+    reading.gate.need(("delay_topic_1", 0), sent)  # a new owner's records, as old
+    taken = reading.clock.ms()
+    assert reading.reader._turn(reading.consumer) is None  # closed for a fresh one
+    reading.fake.paused_tps.add(answer_tp)  # the markers come back first
+    reading.consumer = reading.reader._turn(None)
+    for _ in range(3):
+        reading.one_pass()
+    assert reading.gate.through_for(0) >= taken, "the markers were read again"
+    assert not reading.book.is_executed(key)
+    assert reading.gate.outcomes_through_ms < taken, (
+        "the predecessor's move is taken as known while its answer is not read again"
+    )
+    reading.fake.paused_tps.clear()
+    reading.one_pass()
+    assert reading.book.is_executed(key)
+    assert reading.gate.outcomes_through_ms >= taken

@@ -196,7 +196,9 @@ def test_the_gate_moves_only_for_a_read_begun_since_the_last_rewind_and_wakes_wa
     gate.advance(2_500, None, gate.generation)
     assert gate.through_ms == 2_500
     assert woken == ["a"]
-    assert gate.outcomes_through_ms == 1_500
+    assert gate.outcomes_through_ms == BLOCKED, "answers forgotten, taken as read"
+    gate.advance(None, 2_600, gate.generation)
+    assert gate.outcomes_through_ms == 2_600
 
 
 def test_what_was_committed_lets_the_gate_forget_what_no_record_needs():
