@@ -358,21 +358,17 @@ class Report:
             parts.append(
                 f"{len(twice)} delivered more than once, e.g.:\n  "
                 + "\n  ".join(
-                    f"{s.where()} -> " + ", ".join(_told(d) for d in s.deliveries + s.dead)
+                    f"{s.where()} -> "
+                    + ", ".join(
+                        f"{d.topic}[{d.partition}]@{d.offset} ts {d.ts}"
+                        for d in s.deliveries + s.dead
+                    )
                     for s in twice[:5]
                 )
             )
         if parts and self.logs:
             parts.append("daemon logs: " + " ".join(self.logs))
         return "\n".join(parts)
-
-
-def _told(delivery: Rec) -> str:
-    """Where a delivery landed and when; for a moved copy, the marker that moved it, so
-    a duplicate's report tells an original from a copy and one move from another."""
-    moved_by = _text(delivery.header(_MOVED_BY))
-    where = f"{delivery.topic}[{delivery.partition}]@{delivery.offset} ts {delivery.ts}"
-    return where if moved_by is None else f"{where} (copy moved by {moved_by})"
 
 
 def _seconds(value: float | None) -> str:

@@ -224,24 +224,3 @@ def test_a_move_to_the_millisecond_it_replaced_is_not_a_superseded_delivery() ->
     moved = {s.expect.id: s for s in report.moved}
     assert moved["same"].due_ms == 11_000
     assert moved["same"].replaced == (11_000,), "the marker read twice acted twice"
-
-
-def test_a_message_moved_and_delivered_twice_is_told_copy_from_original() -> None:
-    """A duplicate of a moved level message names the marker behind each copy, so a
-    report tells an original forwarded anyway from a move made twice."""
-    topology = Topology({LEVEL: 1000}, DLQ, {TARGET: 3}, 3, markers="mk")
-    source = _rec(LEVEL, 0, 10_000, _envelope("moved"))
-    move = [("delay-v", b"1"), ("delay-reschedule", b"moved"), ("delay-due-ms", b"12000")]
-    copy = _rec(
-        TARGET,
-        1,
-        12_000,
-        [("delay-id", b"moved"), ("delay-due-ms", b"12000"), ("delay-moved-by", b"10200:0:0")],
-    )
-    reader = _Reader(
-        source, _rec("mk", 0, 10_200, move), _forwarded("moved", 12_000, 12_000, 0), copy
-    )
-    report = evaluate("unit", reader, topology, _sent(source))
-    assert report.duplicates == 1
-    told = report.problems()
-    assert "target[0]@0 ts 12000, target[0]@1 ts 12000 (copy moved by 10200:0:0)" in told
