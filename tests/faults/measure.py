@@ -186,6 +186,7 @@ class Source:
     level_moved: bool = False  # a level message a reschedule moved (a copy, level-rounded)
     deliveries: list[Rec] = field(default_factory=list)
     dead: list[Rec] = field(default_factory=list)
+    copies: list[Rec] = field(default_factory=list)  # a level message's moves, as committed
 
     @property
     def good(self) -> bool:
@@ -358,10 +359,15 @@ class Report:
             parts.append(
                 f"{len(twice)} delivered more than once, e.g.:\n  "
                 + "\n  ".join(
-                    f"{s.where()} -> "
+                    f"{s.where()} ts {s.rec.ts} -> "
                     + ", ".join(
                         f"{d.topic}[{d.partition}]@{d.offset} ts {d.ts}"
                         for d in s.deliveries + s.dead
+                    )
+                    + "".join(
+                        f"; copy {c.topic}[{c.partition}]@{c.offset} ts {c.ts}"
+                        f" moved by {_text(c.header(_MOVED_BY))}"
+                        for c in s.copies
                     )
                     for s in twice[:5]
                 )
@@ -398,6 +404,7 @@ def evaluate(
     envelope is valid (a target deleted mid-run).
     """
     by_id: dict[str, list[Rec]] = defaultdict(list)
+    copies_by_id: dict[str, list[Rec]] = defaultdict(list)
     dead_by_origin: dict[tuple[str, int, int], list[Rec]] = defaultdict(list)
     sources: list[Source] = []
     wrong: list[str] = []
@@ -412,7 +419,9 @@ def evaluate(
             if topic in topology.precise and (rec.has("delay-cancel") or rec.has(_RESCHEDULE)):
                 continue  # a marker: the cancel tests judge those, reschedules move dues
             if topic in topology.levels and rec.has(_MOVED_BY):
-                continue  # a moved message's copy: the same message, judged by its source
+                # A moved message's copy: the same message, judged by its source.
+                copies_by_id[_text(rec.header("delay-id")) or ""].append(rec)
+                continue
             if topic in topology.levels or topic in topology.precise:
                 produced = sent.get(position)
                 exp = expect(rec, topology)
@@ -447,6 +456,7 @@ def evaluate(
         positions.add(position)
         if not source.echo and source.expect.id is not None:
             source.deliveries = by_id.get(source.expect.id, [])
+            source.copies = copies_by_id.get(source.expect.id, [])
             home = (source.rec.topic, source.rec.partition, source.expect.id)
             _apply_moves(source, moves.get(home, []))
             if source.rec.topic in topology.levels:

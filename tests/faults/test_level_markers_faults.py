@@ -101,22 +101,43 @@ def send_markers(producer: DelayProducer, marked: Marked, rng: random.Random) ->
 
 def answers(bootstrap: str, outcomes_topic: str) -> dict[bytes, dict[str, Any]]:
     """The first answer to each marker on the outcomes topic (read_committed)."""
+    return {key: found[0] for key, found in every_answer(bootstrap, outcomes_topic).items()}
+
+
+def every_answer(bootstrap: str, outcomes_topic: str) -> dict[bytes, list[dict[str, Any]]]:
+    """Every answer to each marker on the outcomes topic (read_committed), in order,
+    with where it stands (`at`, `ts`)."""
     reader = Reader(bootstrap, [outcomes_topic])
     try:
         assert reader.catch_up(60)
-        out: dict[bytes, dict[str, Any]] = {}
+        out: dict[bytes, list[dict[str, Any]]] = {}
         for rec in reader.records[outcomes_topic]:
             if rec.key is not None and rec.value is not None:
-                out.setdefault(rec.key, json.loads(rec.value))
+                answer = {**json.loads(rec.value), "at": rec.offset, "ts": rec.ts}
+                out.setdefault(rec.key, []).append(answer)
         return out
     finally:
         reader.close()
 
 
+def answered_twice(report: Report, every: dict[bytes, list[dict[str, Any]]]) -> str:
+    """The answers to the markers of the messages delivered more than once: which
+    member moved what, and when (the copies are in `report.problems()`)."""
+    twice = {s.expect.id for s in report.sources if len(s.deliveries) + len(s.dead) > 1}
+    lines = [
+        f"{a['id']}: {a['kind']} {a['outcome']} copy {a.get('copy')} at {a['at']} ts {a['ts']}"
+        for found in every.values()
+        for a in found
+        if a.get("id") in twice
+    ]
+    return "answers to their markers:\n  " + "\n  ".join(lines[:20]) if lines else ""
+
+
 def judge(run: Any, report: Report, marked: Marked, guarantee: str, fault_summary: Any) -> None:
     """0 lost, 0 early, 0 cancelled delivered, 0 at a replaced time (exactly-once: 0
     duplicates), and every marker answered as the broker's record of it calls for."""
-    got = answers(run.bootstrap, run.settings.markers_outcomes_topic)
+    every = every_answer(run.bootstrap, run.settings.markers_outcomes_topic)
+    got = {key: found[0] for key, found in every.items()}
     keys = {f"{topic}:{partition}:{offset}".encode(): i for i, (topic, partition, offset)
             in enumerate(marked.landed())}  # fmt: skip
     unanswered = [key for key in keys if key not in got]
@@ -138,7 +159,7 @@ def judge(run: Any, report: Report, marked: Marked, guarantee: str, fault_summar
     _verdict(run, report, fault_summary)  # lost, early, wrong, cancels leaked
     assert not report.superseded, report.problems()
     if guarantee == EOS:
-        assert report.duplicates == 0, report.problems()
+        assert report.duplicates == 0, report.problems() + "\n" + answered_twice(report, every)
     assert len(cancelled) >= len(marked.cancels) * 0.9, "the cancels were meant to come in time"
     assert len(moved) >= len(marked.moves) * 0.9, "the reschedules were meant to come in time"
     assert not unanswered, f"{len(unanswered)} markers never answered, e.g. {unanswered[:3]}"
