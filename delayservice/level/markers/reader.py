@@ -156,6 +156,9 @@ class MarkerReader:
         self._lister: Any = None
         """A second consumer, never assigned, that lists partitions and their ends: on the
         reading one each answer waits behind a fetch (`fetch.wait.max.ms`)."""
+        self._log_ends: Any = None
+        """A third, read_uncommitted, that asks where the outcomes partitions' logs end
+        (`_end_of`)."""
         self._thread = threading.Thread(target=self._main, name="marker-reader", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -212,8 +215,9 @@ class MarkerReader:
             consumer = self._turn(consumer)
         if consumer is not None:
             consumer.close()
-        if self._lister is not None:
-            self._lister.close()
+        for lister in (self._lister, self._log_ends):
+            if lister is not None:
+                lister.close()
 
     def _turn(self, consumer: Any) -> Any:
         """One turn of the loop on `consumer` (None: open one first); returns the
@@ -456,19 +460,39 @@ class MarkerReader:
             topic: partitions_of(self._lister, topic) for topic in self.topics.names
         }
         ends = self.topics.follow_growth(consumer, listed, self._read_to)
-        ends.update(
-            {
-                (tp.topic, tp.partition): self._lister.get_watermark_offsets(
-                    tp, timeout=PASS_TIMEOUT_S, cached=False
-                )[1]
-                for tp in self.topics.assigned
-                if (tp.topic, tp.partition) not in ends
-            }
-        )
+        for assigned in self.topics.assigned:
+            key = (assigned.topic, assigned.partition)
+            if key not in ends or assigned.topic != self._markers_topic:
+                ends[key] = self._end_of(assigned)
         if self.topics.check_ids(self._read_to):  # asked after the ends: the topics read
             raise TopicRemadeError
         for tp, end in ends.items():
             self._targets.note(tp, Target(began, end, generation))
+
+    def _end_of(self, tp: Any) -> int:
+        """Where a partition must be read to for the time noted before asking.
+
+        A markers partition: to its last stable offset, so an application's
+        transaction left open does not hold the gate (its markers are not acknowledged
+        yet). An outcomes partition: to the end of its log, every transaction in it
+        ended and read. A new owner takes its predecessor's moves as known once the
+        answers are read past the time it took the partition, and that transaction
+        committed before then, but the broker writes its commit markers after the
+        commit returns, partition by partition: the group's offsets can come free
+        while the answer's partition still ends, stably, before it. An answer left
+        open by a member that died holds this until its transaction times out (only
+        the new owners' moves and answers wait meanwhile)."""
+        if tp.topic == self._markers_topic:
+            lister = self._lister
+        else:
+            if self._log_ends is None:
+                config = self._config("outcomes-lister")
+                self._log_ends = self._make_consumer(
+                    {**config, "isolation.level": "read_uncommitted"}
+                )
+            lister = self._log_ends
+        high: int = lister.get_watermark_offsets(tp, timeout=PASS_TIMEOUT_S, cached=False)[1]
+        return high
 
     def _note_positions(self, consumer: Any) -> None:
         """Where each partition's reading got to: the consumer's position steps over

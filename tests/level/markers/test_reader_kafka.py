@@ -99,6 +99,43 @@ def test_answers_written_in_a_transaction_are_read_through_its_commit(testbed, m
     assert json.loads(answer.encode())["copy"] == f"{settings.topic_prefix}1:0"
 
 
+def test_an_answer_in_a_transaction_still_open_holds_back_what_the_answers_vouch_for(
+    testbed, markers
+):
+    """A new owner takes its predecessor's moves as known once `outcomes_through_ms`
+    passes the time it took the partition. The transaction that carried a move was
+    committed before then (its offsets held the partition), but the broker writes its
+    commit markers after the commit returns, partition by partition: the offsets may
+    come free before the answer is readable. Read to the last stable offset, the
+    reader vouched for a time at which the answer was written and not yet read, and
+    the new owner moved the message again. Read to the end of the log, it waits."""
+    settings = markers.settings
+    mid = level_id(1, 0, _now_ms())
+    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
+    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
+    (entry,) = markers.book.keys.values()
+    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
+    producer = Producer(
+        {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(settings.markers_outcomes_topic, answer.encode(), entry.marker.key)
+    assert producer.flush(30) == 0
+    written = _now_ms()
+    testbed.wait_for(
+        lambda: markers.gate.through_ms > written + 1_000, 30, "the markers read on meanwhile"
+    )
+    assert markers.gate.outcomes_through_ms < written, "vouched for an answer not read"
+    assert entry.marker.key not in markers.book.executed
+    producer.commit_transaction(30)
+    committed = _now_ms()
+    testbed.wait_for(
+        lambda: markers.gate.outcomes_through_ms >= committed, 30, "the answers read on"
+    )
+    assert entry.marker.key in markers.book.executed
+
+
 def test_records_older_than_what_was_read_make_it_read_again(testbed, markers):
     settings = markers.settings
     old = level_id(2, 0, _now_ms())
