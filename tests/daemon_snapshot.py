@@ -22,6 +22,7 @@ _FIGURES = (
     "delayservice_precise_pending_messages",
     "delayservice_precise_read_through_lag_seconds",
     "delayservice_level_markers_lag_seconds",
+    "delayservice_level_markers_answers_lag_seconds",
     "delayservice_oldest_overdue_seconds",
     "delayservice_ready",
 )

@@ -267,6 +267,13 @@ class ServiceMetrics:
             "later than that waits for them (late, never early).",
             registry=registry,
         )
+        self.level_markers_answers_lag = Gauge(
+            "delayservice_level_markers_answers_lag_seconds",
+            "How far behind now the answers on the outcomes topic are read through, every "
+            "transaction in them ended: a level partition newly assigned answers and moves "
+            "nothing until they are read past its assignment.",
+            registry=registry,
+        )
         self.precise_takeovers = Counter(
             "delayservice_precise_takeovers",
             "Replica copies forwarded because the owner had not reported them done after "

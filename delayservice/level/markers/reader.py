@@ -522,3 +522,5 @@ class MarkerReader:
         round (`_top_up`), since a pass behind a flood does not end until it is read."""
         lag_ms = now_ms - self._gate.through_ms
         self._metrics.level_markers_lag.set(max(0.0, lag_ms / 1000))
+        answers_ms = now_ms - self._gate.outcomes_through_ms
+        self._metrics.level_markers_answers_lag.set(max(0.0, answers_ms / 1000))

@@ -28,10 +28,15 @@ def _now_ms() -> int:
 
 
 @pytest.fixture
-def markers(testbed):
+def registry():
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def markers(testbed, registry):
     settings = testbed.settings(levels="1s,3s")
     topics.create(testbed.admin, settings)
-    made = LevelMarkers(settings, ServiceMetrics(CollectorRegistry()), _now_ms)
+    made = LevelMarkers(settings, ServiceMetrics(registry), _now_ms)
     made.start()
     yield made
     made.request_stop()
@@ -100,7 +105,7 @@ def test_answers_written_in_a_transaction_are_read_through_its_commit(testbed, m
 
 
 def test_an_answer_in_a_transaction_still_open_holds_back_what_the_answers_vouch_for(
-    testbed, markers
+    testbed, markers, registry
 ):
     """A new owner takes its predecessor's moves as known once `outcomes_through_ms`
     passes the time it took the partition. The transaction that carried a move was
@@ -128,6 +133,9 @@ def test_an_answer_in_a_transaction_still_open_holds_back_what_the_answers_vouch
     )
     assert markers.gate.outcomes_through_ms < written, "vouched for an answer not read"
     assert entry.marker.key not in markers.book.executed
+    lag = registry.get_sample_value("delayservice_level_markers_answers_lag_seconds")
+    assert lag is not None
+    assert lag >= 1.0, f"the answers' lag says {lag} s"
     producer.commit_transaction(30)
     committed = _now_ms()
     testbed.wait_for(
