@@ -23,7 +23,7 @@ from delayservice.errors import (
     DelayServiceError,
     RepliesUnavailableError,
 )
-from delayservice.kafka.client_errors import error_of, raised_as_exception
+from delayservice.kafka.client_errors import error_of, raised_by
 from delayservice.markers.replies import MarkerReply, parse_reply, reply_key
 from delayservice.markers.topic_partitions import metadata_failure, servers_of
 
@@ -100,18 +100,14 @@ def _reading(topic: str, call: Callable[[], _T]) -> _T:
     the SDK's own error (`DelayServiceError`, with the Kafka code and whether it is
     retriable), as every other failure of `MarkerReceipt.reply` does; a bare
     `KafkaError` too (`kafka.client_errors`)."""
-    try:
-        return call()
-    except KafkaException as exc:
-        raise DelayServiceError.from_kafka(exc.args[0], f"reading {topic}") from exc
-    except BaseException:
-        raise
-    except:  # noqa: E722 - a bare KafkaError
-        raised = raised_as_exception()
-        error = error_of(raised)
-        if error is None:
-            raise raised from None
-        raise DelayServiceError.from_kafka(error, f"reading {topic}") from raised
+    returned: list[_T] = []
+    raised = raised_by(lambda: returned.append(call()))
+    if raised is None:
+        return returned[0]
+    error = error_of(raised)
+    if error is None:
+        raise raised
+    raise DelayServiceError.from_kafka(error, f"reading {topic}") from raised
 
 
 def _first_reply(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
@@ -34,8 +35,12 @@ def deleted_everywhere(admin: AdminClient, topic: str) -> bool:
     metadata = admin.list_topics(timeout=10)
     if topic in metadata.topics:
         return False
-    brokers = [(broker.host, broker.port) for broker in metadata.brokers.values()]
-    return not hosted_partitions(brokers, topic)
+    return not hosted_partitions(brokers_of(metadata), topic)
+
+
+def brokers_of(metadata: Any) -> list[tuple[str, int]]:
+    """(host, port) of every broker `list_topics` named."""
+    return [(broker.host, broker.port) for broker in metadata.brokers.values()]
 
 
 def hosted_partitions(brokers: Iterable[tuple[str, int]], topic: str) -> set[int]:
