@@ -156,6 +156,12 @@ class LevelWorkerSimulation(Simulation):
         self._made = 0
         self._published: set[int] = set()
         """Sends (by `id`) already appended to the broker's logs (`_publish`)."""
+        self.markers_late = False
+        """Committed answers wait below the outcomes partition's stable end
+        (`commit_markers_late`)."""
+        self.unmarked: dict[tuple[str, int], list[Any]] = {}
+        """Per outcomes partition, committed answers whose commit marker the broker has
+        not written yet: in the log (its end counts them), not readable read_committed."""
         self.assignment: set[tuple[str, int]] = set()
         self.slow_markers: set[tuple[str, int]] = set()
         self.acks_stalled = False
@@ -286,6 +292,15 @@ class LevelWorkerSimulation(Simulation):
             return got
 
         consumer.consume = waited  # type: ignore[method-assign]
+        if config.get("isolation.level") == "read_uncommitted":
+            stable_end = consumer.get_watermark_offsets
+
+            def log_end(partition: Any, timeout: float = -1, cached: bool = False) -> Any:
+                low, high = stable_end(partition, timeout, cached)
+                waiting = self.unmarked.get((partition.topic, partition.partition), [])
+                return low, high + len(waiting)
+
+            consumer.get_watermark_offsets = log_end  # type: ignore[method-assign]
         return self.faults.wrap_reader(consumer)
 
     def _level_id(self, level: int, partition: int, sent_ms: int) -> str:
@@ -326,8 +341,19 @@ class LevelWorkerSimulation(Simulation):
                 self._published.add(id(sent))
                 tp = (sent.topic, sent.partition if sent.partition is not None else 0)
                 log = self.broker.logs.setdefault(tp, [])
-                offset = len(log)
                 stamp = int(sent.at * 1000)
+                if tp[0] == OUTCOMES:
+                    waiting = self.unmarked.setdefault(tp, [])
+                    offset = len(log) + len(waiting)
+                    answer = message(tp[1], offset, stamp, topic=tp[0], key=sent.key,
+                                     value=sent.value, headers=list(sent.headers))  # fmt: skip
+                    late = self.exactly_once and self.markers_late
+                    if late or waiting:  # a partition's log keeps its order
+                        waiting.append(answer)
+                    else:
+                        log.append(answer)
+                    continue
+                offset = len(log)
                 log.append(
                     message(
                         tp[1],
@@ -339,8 +365,6 @@ class LevelWorkerSimulation(Simulation):
                         headers=list(sent.headers),
                     )
                 )
-                if tp[0] == OUTCOMES:
-                    continue
                 message_id = sent.delay_id or ""
                 # When the daemon takes it: a level's delay after it was appended, or
                 # the longer delay its envelope asks (docs/how-it-works.md).
@@ -509,6 +533,24 @@ class LevelWorkerSimulation(Simulation):
         self.acks_stalled = stalled
         for producer in self.broker.producers:
             producer.hold_reports = stalled
+
+    @rule()
+    def commit_markers_late(self) -> None:
+        """The broker writes a transaction's commit markers after the commit returns,
+        partition by partition, and the group coordinator frees the transaction's
+        offsets on its own: from now on, the answers committed stay below the outcomes
+        partition's stable end (their offsets committed all the same) until
+        `commit_markers_land`."""
+        self.markers_late = True
+
+    @rule()
+    def commit_markers_land(self) -> None:
+        """The commit markers held back are written: the answers become readable."""
+        self._publish()
+        self.markers_late = False
+        for tp, waiting in self.unmarked.items():
+            self.broker.logs.setdefault(tp, []).extend(waiting)
+            waiting.clear()
 
     @precondition(lambda self: self.reader_alive)
     @rule()
@@ -766,6 +808,32 @@ class LevelWorkerSimulation(Simulation):
         if self.running and self.assignment:
             self.session_expires(data, forwarder_passes)
 
+    @precondition(
+        lambda self: (
+            self.running and self.exactly_once and bool(self.ids) and self.processes <= RESTARTS
+        )
+    )
+    @rule(data=st.data(), ahead_ms=st.sampled_from(RESCHEDULE_IN_MS), wait_s=st.integers(1, 3))
+    def a_move_committed_ahead_of_its_answer_meets_a_restart(
+        self, data: st.DataObject, ahead_ms: int, wait_s: int
+    ) -> None:
+        """Weighted: the commit markers are late, a message is moved ahead of its due
+        time and the move commits (its copy, its answer, its partition's offset), the
+        process dies before the answer is readable, and the next one runs `wait_s`
+        seconds before the markers land. The next owner must not take the moves as
+        known until the answer is read: it would move the message again (two copies)."""
+        self.commit_markers_late()
+        self.threads_run(["consumer", "forwarder"])
+        self.reschedule_sent(data, ahead_ms)
+        self.clock.advance(0.05)
+        self.reader_pass()
+        self.threads_run(["consumer", "forwarder"])  # the move, in the open transaction
+        self.time_passes(1.0, reader=True)  # its commit point
+        self.killed_and_restarted(False, data)
+        for _ in range(wait_s):
+            self.time_passes(1.0, reader=True)
+        self.commit_markers_land()
+
     @precondition(lambda self: self.running)
     @rule()
     def faults_stop_and_time_passes(self) -> None:
@@ -787,6 +855,7 @@ class LevelWorkerSimulation(Simulation):
         the acks back, and every partition assigned."""
         self.faults.disarm()
         self.stall_world.clear()
+        self.commit_markers_land()
         self.markers_partitions_catch_up()
         self.acks_resume()
         unassigned = set(self.partitions) - self.assignment
@@ -1263,6 +1332,34 @@ def test_written_a_move_made_ahead_by_a_member_whose_session_expired_does_not_co
         machine.session_expires(_Drawn(True), 1)
         machine.promises_hold()
         machine.rebalance("assign", _Drawn({(A, 0)}))
+        _time_passes(machine, 26)
+        forwarded = [at for i, at in machine._forwards() if i == message_id]
+        assert len(forwarded) == 1, machine.records[message_id]
+        assert forwarded[0] * 1000 >= machine.reschedules[-1][2]
+
+
+def test_written_a_move_committed_before_its_answer_is_readable_is_not_made_again() -> None:
+    """Exactly-once: the owner moves a queued message ahead of its due time and the
+    transaction commits (the copy, the answer `moved`, the partition's offset), but the
+    broker has not written the commit marker on the outcomes partition yet when the
+    process dies. The next process starts from the committed offsets, and its reader
+    must not take the answers as read until that answer is readable: read to the stable
+    end, it vouched for its start and the move was made again, two copies delivered
+    (scenario 28 per-level's duplicates)."""
+    with _a_message_moved(exactly_once=True) as (machine, message_id):
+        machine.commit_markers_late()
+        machine.clock.advance(0.05)
+        machine.reader_pass()
+        machine.threads_run(["consumer", "forwarder"])
+        machine.time_passes(1.0, reader=True)
+        committed = [
+            s for p in machine.broker.producers for s in p.visible() if s.topic != OUTCOMES
+        ]
+        assert any(s.delay_id == message_id for s in committed), "the move did not commit"
+        assert machine.unmarked[(OUTCOMES, 0)], "its answer was readable at once"
+        machine.killed_and_restarted(False, _Drawn(None))
+        _time_passes(machine, 2)
+        machine.commit_markers_land()
         _time_passes(machine, 26)
         forwarded = [at for i, at in machine._forwards() if i == message_id]
         assert len(forwarded) == 1, machine.records[message_id]
