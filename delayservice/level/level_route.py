@@ -156,7 +156,7 @@ class LevelRoute:
         if markers is None:
             return due_ms
         if type(record) is not HeldView:
-            markers.recall(tp, record)  # a copy a move made: its markers must be at hand
+            markers.recall(tp, record, envelope.id, due_ms)  # a copy: its markers at hand
         if not markers.has(envelope.id):
             return due_ms
         decided: int | None = markers.decide(tp, record, envelope, due_ms, self)

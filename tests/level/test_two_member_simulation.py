@@ -46,6 +46,8 @@ from tests.level.test_worker_simulation import (
     RESTARTS,
     SHAPES,
     A,
+    B,
+    C,
     LevelWorkerSimulation,
     _Drawn,
     _no_real_waits,
@@ -403,13 +405,43 @@ class TwoMemberSimulation(Members, LevelWorkerSimulation):
             self.threads_run(["consumer", "forwarder"])
         self.session_expires(member, data, forwarder_passes)
 
+    @precondition(lambda self: self.exactly_once and bool(self.ids) and self.processes <= RESTARTS)
+    @rule(
+        member=st.sampled_from(MEMBERS),
+        data=st.data(),
+        ahead_ms=st.sampled_from([1_500, 3_000, 6_000, 12_000]),
+        wait_s=st.integers(1, 3),
+    )
+    def a_move_committed_ahead_of_its_answer_meets_a_restart(  # type: ignore[override]
+        self, member: int, data: st.DataObject, ahead_ms: int, wait_s: int
+    ) -> None:
+        """Weighted, the one-member rule on `member`: the commit markers late, a move
+        made ahead and committed, then the member killed, and the other member, given
+        its partitions, runs `wait_s` seconds before the markers land."""
+        self.commit_markers_late()
+        with self._as(member):
+            if not (self.running and self.assignment):
+                return
+            self.threads_run(["consumer", "forwarder"])
+            self.reschedule_sent(data, ahead_ms)
+            self.clock.advance(0.05)
+            super().reader_pass()
+            self.threads_run(["consumer", "forwarder"])
+        self.time_passes(1.0, reader=True)  # its commit point
+        self.killed_and_restarted(member, landed=False)
+        for _ in range(wait_s):
+            self.time_passes(1.0, reader=True)
+        self.commit_markers_land()
+
     def _faults_stop(self) -> None:
-        """Both members: nothing armed; every partition moving or unowned assigned (to
-        member 0, which the group would give them to as to any)."""
+        """Both members: nothing armed; the commit markers landed; every partition
+        moving or unowned assigned (to member 0, which the group would give them to as
+        to any)."""
         for member in MEMBERS:
             with self._as(member):
                 self.faults.disarm()
         self.stall_world.clear()
+        self.commit_markers_land()
         self.markers_partitions_catch_up()
         self.acks_resume()
         self._moved_on()
@@ -551,5 +583,36 @@ def test_a_partition_moves_to_the_other_member_with_records_and_a_cancel_in_flig
         assert {member for _, member, _ in sent} == {1}, sent
         assert all(at * 1000 >= machine.broker.due_ms[machine.ids[i]] for i, _, at in sent)
         assert machine.groups[machine.layout].get(tp) == 3
+    finally:
+        machine.teardown()
+
+
+def test_written_a_copy_waits_for_the_markers_of_the_partition_its_id_names() -> None:
+    """Found by the search (seed 4732, example 70 of 300, exactly-once): a message of the
+    5 s level's partition 0 is moved ahead by member 0, its copy placed on a partition
+    of another level whose markers go to another markers partition, while the markers
+    partition of partition 0 is slow; member 1, given the copy's partition, forwarded it
+    with its id's markers read only to 4 s before its due time. A cancel of the message
+    appended there in time is not read yet, and the copy would go: a copy was gated on
+    the markers of the partition it waits on, not those of the partition its id names,
+    where its markers are."""
+    run = type("WrittenTwoMembers", (TwoMemberSimulation,), {"exactly_once": True})
+    machine = run()
+    try:
+        machine.faults_of_this_run([False] * 7 + [True, True], markers_partitions=2)
+        machine.a_reader_call_stalls_while_markers_arrive(0, "get_watermark_offsets", "cancel", 2.0)
+        machine.records_arrive(_Drawn(False, (A, 1)), 1, 0, b"k0")
+        machine.a_while_passes(3)
+        machine.markers_partition_slows(_Drawn((A, 0)), 50)
+        machine.session_expires(0, _Drawn({(B, 0)}), 0)
+        machine.reader_pass(0)
+        machine.records_arrive(_Drawn(False, (A, 0)), 2, 50, b"k0")
+        machine.markers_partitions_catch_up()
+        moved = list(machine.ids)[-2]
+        machine.a_move_made_ahead_meets_an_expired_session(
+            0, _Drawn(False, moved, {(C, 1)}), 1_500, 1
+        )
+        machine.markers_partition_slows(_Drawn((A, 0)), 0)
+        machine.a_while_passes(3)
     finally:
         machine.teardown()

@@ -51,6 +51,7 @@ from delayservice.level.markers.verdict import (
     LevelMarker,
 )
 from delayservice.levels import LevelSet
+from delayservice.markers.level_ids import tail_partition
 from delayservice.markers.replies import CANCELLED
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.partitioners import keyed_partition
@@ -270,16 +271,26 @@ class WorkerMarkers:
                 return
         self.wake()
 
-    def recall(self, tp: TP, record: Any) -> None:
+    def recall(self, tp: TP, record: Any, message_id: str, due_ms: int) -> None:
         """A record that may be a copy a move made: the markers since the one that made
         it must be in memory before it is decided (it may have waited long), else they
-        are read again first and the record waits (`SendLaterError`)."""
+        are read again first and the record waits (`SendLaterError`).
+
+        A copy's markers are those of its id, on the markers partition of the level
+        partition the id names, which need not be the partition the copy waits on (a
+        level with another partition count, a key placed elsewhere): the take gated it
+        on its own partition's, so it also waits here until its id's are read through
+        its due time, as an original of that partition would."""
         cursor = cursor_of(record)
         if cursor is None:
             return
         self.gate.need(tp, cursor[0] + self.gate.lead_ms)
         if self.gate.rewind_asked() or self.gate.through_ms < 0:
             raise SendLaterError("reading the markers of a moved message again")
+        named = tail_partition(message_id)
+        if named is not None and named != tp[1] and self.through_ms(named) < due_ms:
+            self.want(id(self), due_ms, self.wake, named)
+            raise SendLaterError("reading the markers of the partition its id names")
 
     def serve(self, sender: MarkerSender, begin: Callable[[], None] = lambda: None) -> None:
         self.answers.begin = begin
