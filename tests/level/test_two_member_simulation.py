@@ -398,11 +398,7 @@ class TwoMemberSimulation(Members, LevelWorkerSimulation):
         with self._as(member):
             if not (self.running and self.assignment and self.ids):
                 return
-            self.threads_run(["consumer", "forwarder"])
-            self.reschedule_sent(data, ahead_ms)
-            self.clock.advance(0.05)
-            super().reader_pass()
-            self.threads_run(["consumer", "forwarder"])
+            self._move_ahead(data, ahead_ms)
         self.session_expires(member, data, forwarder_passes)
 
     @precondition(lambda self: self.exactly_once and bool(self.ids) and self.processes <= RESTARTS)
@@ -422,11 +418,7 @@ class TwoMemberSimulation(Members, LevelWorkerSimulation):
         with self._as(member):
             if not (self.running and self.assignment):
                 return
-            self.threads_run(["consumer", "forwarder"])
-            self.reschedule_sent(data, ahead_ms)
-            self.clock.advance(0.05)
-            super().reader_pass()
-            self.threads_run(["consumer", "forwarder"])
+            self._move_ahead(data, ahead_ms)
         self.time_passes(1.0, reader=True)  # its commit point
         self.killed_and_restarted(member, landed=False)
         for _ in range(wait_s):

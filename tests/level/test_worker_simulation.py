@@ -800,11 +800,7 @@ class LevelWorkerSimulation(Simulation):
         (`session_expires`). Moves made ahead are rare in the random search, and are
         mostly committed in the pass that makes them: 1,000 examples a guarantee did
         not bring one to an expired session."""
-        self.threads_run(["consumer", "forwarder"])  # a commit point now, if one is due
-        self.reschedule_sent(data, ahead_ms)
-        self.clock.advance(0.05)  # past the least gap between two serve passes
-        self.reader_pass()
-        self.threads_run(["consumer", "forwarder"])  # the move, its commit not due yet
+        self._move_ahead(data, ahead_ms)  # its commit not due yet
         if self.running and self.assignment:
             self.session_expires(data, forwarder_passes)
 
@@ -823,16 +819,21 @@ class LevelWorkerSimulation(Simulation):
         seconds before the markers land. The next owner must not take the moves as
         known until the answer is read: it would move the message again (two copies)."""
         self.commit_markers_late()
-        self.threads_run(["consumer", "forwarder"])
-        self.reschedule_sent(data, ahead_ms)
-        self.clock.advance(0.05)
-        self.reader_pass()
-        self.threads_run(["consumer", "forwarder"])  # the move, in the open transaction
+        self._move_ahead(data, ahead_ms)
         self.time_passes(1.0, reader=True)  # its commit point
         self.killed_and_restarted(False, data)
         for _ in range(wait_s):
             self.time_passes(1.0, reader=True)
         self.commit_markers_land()
+
+    def _move_ahead(self, data: st.DataObject, ahead_ms: int) -> None:
+        """A commit point now if one is due, a message moved, the reader reads the move,
+        and the owner makes it ahead of its due time (a copy in its open transaction)."""
+        self.threads_run(["consumer", "forwarder"])
+        self.reschedule_sent(data, ahead_ms)
+        self.clock.advance(0.05)  # past the least gap between two serve passes
+        LevelWorkerSimulation.reader_pass(self)
+        self.threads_run(["consumer", "forwarder"])
 
     @precondition(lambda self: self.running)
     @rule()
