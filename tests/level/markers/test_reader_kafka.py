@@ -144,6 +144,50 @@ def test_an_answer_in_a_transaction_still_open_holds_back_what_the_answers_vouch
     assert entry.marker.key in markers.book.executed
 
 
+def test_a_transaction_left_open_by_a_dead_member_does_not_hide_answers_committed_after_it(
+    testbed, markers
+):
+    """A member killed with answers in its open transaction pins the outcomes
+    partition's last stable offset until the broker aborts it (`transaction.timeout.ms`):
+    answers other members commit meanwhile sit above it, unreadable read_committed.
+    Read to the stable end, the reader vouched for times past their commits without
+    them, and a new owner moved again what they say was moved (row 28 per-level: two
+    committed copies of a message, their answers ten seconds apart). Read to the end of
+    the log, it vouches for nothing past the open transaction until it ends."""
+    settings = markers.settings
+    mid = level_id(1, 0, _now_ms())
+    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
+    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
+    (entry,) = markers.book.keys.values()
+    dead = Producer(
+        {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
+    )
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    other = MarkerReply("cancel", level_id(1, 0, _now_ms()), "cancelled")
+    dead.produce(settings.markers_outcomes_topic, other.encode(), b"another-marker")
+    assert dead.flush(30) == 0
+    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
+    _send(
+        testbed,
+        settings.markers_outcomes_topic,
+        None,
+        key=entry.marker.key,
+        value=answer.encode(),
+        transactional=True,
+    )
+    committed = _now_ms()
+    testbed.wait_for(
+        lambda: markers.gate.through_ms > committed + 1_000, 30, "the markers read on meanwhile"
+    )
+    assert entry.marker.key not in markers.book.executed  # above the stable end
+    assert markers.gate.outcomes_through_ms < committed, "vouched for an answer not read"
+    dead.abort_transaction(30)
+    ended = _now_ms()
+    testbed.wait_for(lambda: markers.gate.outcomes_through_ms >= ended, 30, "the answers read on")
+    assert entry.marker.key in markers.book.executed
+
+
 def test_records_older_than_what_was_read_make_it_read_again(testbed, markers):
     settings = markers.settings
     old = level_id(2, 0, _now_ms())
