@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import Any
 
 import pytest
 from confluent_kafka import Producer
@@ -57,6 +58,26 @@ def _send(testbed, topic: str, headers, *, key=None, value=None, transactional=F
     assert producer.flush(30) == 0
 
 
+def _a_reschedule_filed(testbed, markers) -> tuple[str, Any, MarkerReply]:
+    """A reschedule of a level message, in the book: (its id, its entry, the answer
+    `moved` a daemon would write for it)."""
+    settings = markers.settings
+    mid = level_id(1, 0, _now_ms())
+    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
+    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
+    (entry,) = markers.book.keys.values()
+    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
+    return mid, entry, answer
+
+
+def _transactional(testbed) -> Producer:
+    producer = Producer(
+        {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
+    )
+    producer.init_transactions(30)
+    return producer
+
+
 def test_markers_reach_the_book_and_the_gate_passes_only_what_was_read(testbed, markers):
     settings = markers.settings
     testbed.wait_for(lambda: markers.health()[0], 30, "the first read of the markers")
@@ -80,11 +101,7 @@ def test_markers_reach_the_book_and_the_gate_passes_only_what_was_read(testbed, 
 
 def test_answers_written_in_a_transaction_are_read_through_its_commit(testbed, markers):
     settings = markers.settings
-    mid = level_id(1, 0, _now_ms())
-    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
-    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
-    (entry,) = markers.book.keys.values()
-    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
+    mid, entry, answer = _a_reschedule_filed(testbed, markers)
     _send(
         testbed,
         settings.markers_outcomes_topic,
@@ -115,15 +132,8 @@ def test_an_answer_in_a_transaction_still_open_holds_back_what_the_answers_vouch
     reader vouched for a time at which the answer was written and not yet read, and
     the new owner moved the message again. Read to the end of the log, it waits."""
     settings = markers.settings
-    mid = level_id(1, 0, _now_ms())
-    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
-    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
-    (entry,) = markers.book.keys.values()
-    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
-    producer = Producer(
-        {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
-    )
-    producer.init_transactions(30)
+    _mid, entry, answer = _a_reschedule_filed(testbed, markers)
+    producer = _transactional(testbed)
     producer.begin_transaction()
     producer.produce(settings.markers_outcomes_topic, answer.encode(), entry.marker.key)
     assert producer.flush(30) == 0
@@ -155,19 +165,12 @@ def test_a_transaction_left_open_by_a_dead_member_does_not_hide_answers_committe
     committed copies of a message, their answers ten seconds apart). Read to the end of
     the log, it vouches for nothing past the open transaction until it ends."""
     settings = markers.settings
-    mid = level_id(1, 0, _now_ms())
-    _send(testbed, settings.markers_topic, [(H_RESCHEDULE, mid.encode()), (H_DELAY_MS, b"500")])
-    testbed.wait_for(lambda: markers.book.has(mid), 30, "the marker in the book")
-    (entry,) = markers.book.keys.values()
-    dead = Producer(
-        {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
-    )
-    dead.init_transactions(30)
+    _mid, entry, answer = _a_reschedule_filed(testbed, markers)
+    dead = _transactional(testbed)
     dead.begin_transaction()
     other = MarkerReply("cancel", level_id(1, 0, _now_ms()), "cancelled")
     dead.produce(settings.markers_outcomes_topic, other.encode(), b"another-marker")
     assert dead.flush(30) == 0
-    answer = MarkerReply("reschedule", mid, "moved", 1, copy=f"{settings.topic_prefix}1:0")
     _send(
         testbed,
         settings.markers_outcomes_topic,
