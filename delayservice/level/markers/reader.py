@@ -47,6 +47,7 @@ from delayservice.kafka import client_config
 from delayservice.kafka.client_errors import STARTING_CODES, error_of, raised_by
 from delayservice.kafka.log_levels import GraceStreaks
 from delayservice.level.markers.book import MarkerBook
+from delayservice.level.markers.ends import PartitionEnds
 from delayservice.level.markers.filing import MarkerFiling
 from delayservice.level.markers.gate import MarkerGate
 from delayservice.level.markers.read_targets import ReadTargets, Target
@@ -56,7 +57,6 @@ from delayservice.level.markers.topics import (
     TopicIds,
     TopicRemadeError,
     admin_topic_ids,
-    partitions_of,
 )
 from delayservice.log_throttle import Throttle
 from delayservice.markers.replies import CANCEL, RESCHEDULE
@@ -153,12 +153,7 @@ class MarkerReader:
         self.topics = MarkerTopics(
             settings, book, gate, now_ms, admin_topic_ids(settings) if real else topic_ids
         )
-        self._lister: Any = None
-        """A second consumer, never assigned, that lists partitions and their ends: on the
-        reading one each answer waits behind a fetch (`fetch.wait.max.ms`)."""
-        self._log_ends: Any = None
-        """A third, read_uncommitted, that asks where the outcomes partitions' logs end
-        (`_end_of`)."""
+        self._ends = PartitionEnds(make_consumer, self._config, self._markers_topic)
         self._thread = threading.Thread(target=self._main, name="marker-reader", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -215,9 +210,7 @@ class MarkerReader:
             consumer = self._turn(consumer)
         if consumer is not None:
             consumer.close()
-        for lister in (self._lister, self._log_ends):
-            if lister is not None:
-                lister.close()
+        self._ends.close()
 
     def _turn(self, consumer: Any) -> Any:
         """One turn of the loop on `consumer` (None: open one first); returns the
@@ -352,7 +345,7 @@ class MarkerReader:
             if self._book_full(consumer):
                 return  # the gate stays where it was: forwarding waits, never early
             self.filing.read(
-                consumer, consumer.consume(BATCH, POLL_S), self._lister
+                consumer, consumer.consume(BATCH, POLL_S), self._ends.lister
             )  # a batch at least, every pass
             self._note_positions(consumer)
             self._settle()
@@ -369,7 +362,7 @@ class MarkerReader:
         # kept every partition's gate where it was until the flood was read.
         until = time.monotonic() + IDLE_PASS_S
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self.filing.read(consumer, message_batch, self._lister)
+            self.filing.read(consumer, message_batch, self._ends.lister)
             if time.monotonic() >= until:
                 break
         self._note_positions(consumer)
@@ -438,9 +431,9 @@ class MarkerReader:
                 self._markers_topic,
             )
         # The answers, which let the book shed.
-        self.filing.read(consumer, consumer.consume(BATCH, POLL_S), self._lister)
+        self.filing.read(consumer, consumer.consume(BATCH, POLL_S), self._ends.lister)
         for message_batch in iter(lambda: consumer.consume(BATCH, 0), []):
-            self.filing.read(consumer, message_batch, self._lister)
+            self.filing.read(consumer, message_batch, self._ends.lister)
         self._note_positions(consumer)
         self._next_pass = self._now_ms() + int(IDLE_PASS_S * 1000)
         return True
@@ -454,45 +447,17 @@ class MarkerReader:
         began = self._now_ms()
         self._report_lag(began)
         self._next_round = time.monotonic() + IDLE_PASS_S
-        if self._lister is None:
-            self._lister = self._make_consumer(self._config("markers-lister"))
-        listed = {  # asked for after `began`
-            topic: partitions_of(self._lister, topic) for topic in self.topics.names
-        }
+        # Asked for after `began`.
+        listed = {topic: self._ends.partitions(topic) for topic in self.topics.names}
         ends = self.topics.follow_growth(consumer, listed, self._read_to)
-        for assigned in self.topics.assigned:
+        for assigned in self.topics.assigned:  # `ends` has why the outcomes' are asked again
             key = (assigned.topic, assigned.partition)
             if key not in ends or assigned.topic != self._markers_topic:
-                ends[key] = self._end_of(assigned)
+                ends[key] = self._ends.end_of(assigned)
         if self.topics.check_ids(self._read_to):  # asked after the ends: the topics read
             raise TopicRemadeError
         for tp, end in ends.items():
             self._targets.note(tp, Target(began, end, generation))
-
-    def _end_of(self, tp: Any) -> int:
-        """Where a partition must be read to for the time noted before asking.
-
-        A markers partition: to its last stable offset, so an application's
-        transaction left open does not hold the gate (its markers are not acknowledged
-        yet). An outcomes partition: to the end of its log, every transaction in it
-        ended and read. A new owner takes its predecessor's moves as known once the
-        answers are read past the time it took the partition, and that transaction
-        committed before then, but the broker writes its commit markers after the
-        commit returns, partition by partition: the group's offsets can come free
-        while the answer's partition still ends, stably, before it. An answer left
-        open by a member that died holds this until its transaction times out (only
-        the new owners' moves and answers wait meanwhile)."""
-        if tp.topic == self._markers_topic:
-            lister = self._lister
-        else:
-            if self._log_ends is None:
-                config = self._config("outcomes-lister")
-                self._log_ends = self._make_consumer(
-                    {**config, "isolation.level": "read_uncommitted"}
-                )
-            lister = self._log_ends
-        high: int = lister.get_watermark_offsets(tp, timeout=PASS_TIMEOUT_S, cached=False)[1]
-        return high
 
     def _note_positions(self, consumer: Any) -> None:
         """Where each partition's reading got to: the consumer's position steps over

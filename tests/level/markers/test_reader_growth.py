@@ -148,7 +148,7 @@ def test_a_cancel_naming_a_partition_the_topic_lacks_is_refused_on_counts_read_a
     """The counts are read again for it, once a batch, and it is refused on them."""
     level = reading.reader.filing.level_topics[0]
     asked: list[str] = []
-    lister = reading.reader._lister
+    lister = reading.reader._ends.lister
     listed = lister.list_topics
 
     def counted(topic: str | None = None, timeout: float = -1) -> object:
@@ -172,7 +172,7 @@ def test_counts_that_cannot_be_read_again_leave_the_marker_to_a_fresh_read(
     from confluent_kafka import KafkaError, KafkaException
 
     level = reading.reader.filing.level_topics[0]
-    lister = reading.reader._lister
+    lister = reading.reader._ends.lister
     listed = lister.list_topics
 
     def down(topic: str | None = None, timeout: float = -1) -> object:
