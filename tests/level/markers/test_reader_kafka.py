@@ -70,6 +70,18 @@ def _a_reschedule_filed(testbed, markers) -> tuple[str, Any, MarkerReply]:
     return mid, entry, answer
 
 
+def _commit_answer(testbed, settings, entry: Any, answer: MarkerReply) -> None:
+    """`answer` to the marker of `entry`, committed in a transaction of its own."""
+    _send(
+        testbed,
+        settings.markers_outcomes_topic,
+        None,
+        key=entry.marker.key,
+        value=answer.encode(),
+        transactional=True,
+    )
+
+
 def _transactional(testbed) -> Producer:
     producer = Producer(
         {"bootstrap.servers": testbed.bootstrap, "transactional.id": f"t-{uuid.uuid4().hex}"}
@@ -102,14 +114,7 @@ def test_markers_reach_the_book_and_the_gate_passes_only_what_was_read(testbed, 
 def test_answers_written_in_a_transaction_are_read_through_its_commit(testbed, markers):
     settings = markers.settings
     mid, entry, answer = _a_reschedule_filed(testbed, markers)
-    _send(
-        testbed,
-        settings.markers_outcomes_topic,
-        None,
-        key=entry.marker.key,
-        value=answer.encode(),
-        transactional=True,
-    )
+    _commit_answer(testbed, settings, entry, answer)
     written = _now_ms()
     testbed.wait_for(lambda: entry.marker.key in markers.book.executed, 30, "the answer read back")
     assert markers.book.copies[mid] == (f"{settings.topic_prefix}1", 0)
@@ -171,14 +176,7 @@ def test_a_transaction_left_open_by_a_dead_member_does_not_hide_answers_committe
     other = MarkerReply("cancel", level_id(1, 0, _now_ms()), "cancelled")
     dead.produce(settings.markers_outcomes_topic, other.encode(), b"another-marker")
     assert dead.flush(30) == 0
-    _send(
-        testbed,
-        settings.markers_outcomes_topic,
-        None,
-        key=entry.marker.key,
-        value=answer.encode(),
-        transactional=True,
-    )
+    _commit_answer(testbed, settings, entry, answer)
     committed = _now_ms()
     testbed.wait_for(
         lambda: markers.gate.through_ms > committed + 1_000, 30, "the markers read on meanwhile"
