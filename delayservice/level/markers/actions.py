@@ -123,7 +123,9 @@ class WorkerMarkers:
         pass began may have come just after the pass asked where the topic ends, and
         one stamped exactly `cancel_lead` before a due time must be honoured."""
         gate = self.gate
-        through = gate.through_ms if partition is None else gate.through_for(partition)
+        return self._led(gate.through_ms if partition is None else gate.through_for(partition))
+
+    def _led(self, through: int) -> int:
         return through if through < 0 else through + self._lead_ms - 1
 
     def want(
@@ -288,7 +290,11 @@ class WorkerMarkers:
         if self.gate.rewind_asked() or self.gate.through_ms < 0:
             raise SendLaterError("reading the markers of a moved message again")
         named = tail_partition(message_id)
-        if named is not None and named != tp[1] and self.through_ms(named) < due_ms:
+        if (
+            named is not None
+            and named != tp[1]
+            and self._led(self.gate.through_named(named)) < due_ms
+        ):
             self.want(id(self), due_ms, self.wake, named)
             raise SendLaterError("reading the markers of the partition its id names")
 

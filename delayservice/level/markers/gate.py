@@ -115,6 +115,13 @@ class MarkerGate:
         (broker time, epoch ms) has been read; BLOCKED while none may go."""
         return self._through(self._cached_homes(partition))
 
+    def through_named(self, partition: int) -> int:
+        """`through_for` of a partition read off a record's id, which anyone who may
+        write a level topic writes: worked out each time, never kept (`_homes` keeps
+        only the partitions the daemon itself holds or has markers for)."""
+        with self._lock:
+            return self._through(self._homes_of(partition))
+
     def _through(self, homes: Homes) -> int:
         """How far markers partitions `homes` are read through (none: all of them). A
         home of an earlier count counts until it is read past the time it may hold
@@ -158,9 +165,7 @@ class MarkerGate:
         for count, until in self._old_counts.items():
             home = partition % count
             homes[home] = max(homes.get(home, 0), until)
-        found = tuple(sorted(homes.items()))
-        self._homes[partition] = found
-        return found
+        return tuple(sorted(homes.items()))
 
     def markers_count(self, count: int, now_ms: int) -> None:
         """The markers topic has `count` partitions (listed by the reader at `now_ms`)."""
@@ -201,6 +206,7 @@ class MarkerGate:
         if homes is None:
             with self._lock:
                 homes = self._homes_of(partition)
+                self._homes[partition] = homes
         return homes
 
     def need(self, tp: TP, appended_ms: int) -> None:

@@ -49,6 +49,22 @@ def test_a_partition_read_through_opens_only_the_records_whose_markers_go_there(
     assert [gate.through_for(p) for p in range(6)] == [1_000, 5_000, 2_000] * 2
 
 
+def test_a_partition_an_id_names_is_read_as_its_own_and_never_kept():
+    """A copy's id is written by whoever may write a level topic: the partitions it
+    names are answered as the daemon's own are, and the gate keeps none of them."""
+    gate = _gate()
+    gate.advance_parts({0: 1_000, 1: 5_000, 2: 2_000}, {0: 2_000}, gate.generation)
+    kept = dict(gate._homes)
+    named = [4, 2**31 - 1, *range(10_000, 20_000)]
+    assert [gate.through_named(p) for p in named[:2]] == [5_000, 5_000]
+    assert all(gate.through_named(p) == gate.through_for(p % 3) for p in named[2:12])
+    for partition in named:
+        gate.through_named(partition)
+    gate.want(7, 9_000, lambda: None, partition=2**31 - 1)
+    gate.advance_parts({1: 9_000}, {}, gate.generation)
+    assert {p for p in gate._homes if p not in kept} <= {0, 1, 2}
+
+
 def test_a_wish_for_one_partition_is_woken_by_that_partition_alone():
     gate = _gate()
     gate.advance(1_000, 1_000, gate.generation)
