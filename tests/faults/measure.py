@@ -282,6 +282,16 @@ class Report:
         time in force is not superseded, whatever it replaced."""
         return [
             f"{s.where()} ({s.expect.id}) delivered for {due}, moved to {s.due_ms}"
+            for s, due in self._superseded()
+        ]
+
+    @property
+    def superseded_ids(self) -> set[str]:
+        return {s.expect.id for s, _ in self._superseded()}
+
+    def _superseded(self) -> list[tuple[Source, int]]:
+        return [
+            (s, due)
             for s in self.sources
             for d in s.deliveries
             if (due := _number(d.header("delay-due-ms"))) is not None

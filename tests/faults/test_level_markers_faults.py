@@ -124,11 +124,27 @@ def answered_twice(report: Report, every: dict[bytes, list[dict[str, Any]]]) -> 
     """The answers to the markers of the messages delivered more than once: which
     member moved what, and when (the copies are in `report.problems()`)."""
     twice = {s.expect.id for s in report.sources if len(s.deliveries) + len(s.dead) > 1}
+    return answers_to(twice, every)
+
+
+def answered_superseded(report: Report, every: dict[bytes, list[dict[str, Any]]]) -> str:
+    """For each message delivered at a time a move replaced: when it was delivered, the
+    copies its moves left on the level topics, and every answer to its markers."""
+    late = [s for s in report.moved if s.deliveries and s.expect.id in report.superseded_ids]
+    lines = [
+        f"{s.expect.id}: delivered ts {[d.ts for d in s.deliveries]}, copies "
+        f"{[f'{c.topic}[{c.partition}]@{c.offset} ts {c.ts}' for c in s.copies]}"
+        for s in late[:5]
+    ]
+    return "\n".join([*lines, answers_to({s.expect.id for s in late}, every)])
+
+
+def answers_to(ids: set[str], every: dict[bytes, list[dict[str, Any]]]) -> str:
     lines = [
         f"{a['id']}: {a['kind']} {a['outcome']} copy {a.get('copy')} at {a['at']} ts {a['ts']}"
         for found in every.values()
         for a in found
-        if a.get("id") in twice
+        if a.get("id") in ids
     ]
     return "answers to their markers:\n  " + "\n  ".join(lines[:20]) if lines else ""
 
@@ -157,7 +173,7 @@ def judge(run: Any, report: Report, marked: Marked, guarantee: str, fault_summar
         f"reschedules ({len(moved)} in time); {len(got)} answers, {len(unanswered)} missing"
     )
     _verdict(run, report, fault_summary)  # lost, early, wrong, cancels leaked
-    assert not report.superseded, report.problems()
+    assert not report.superseded, report.problems() + "\n" + answered_superseded(report, every)
     if guarantee == EOS:
         assert report.duplicates == 0, report.problems() + "\n" + answered_twice(report, every)
     assert len(cancelled) >= len(marked.cancels) * 0.9, "the cancels were meant to come in time"
