@@ -192,7 +192,7 @@ class Fleet:
                 retry_backoff_s=0.2,
                 retry_backoff_max_s=2,
                 shutdown_timeout_s=15,
-                log_level="INFO",
+                log_level=self.settings.log_level,  # INFO unless a row asks
             ),
             "PYTHONFAULTHANDLER": "1",  # for `dump_stacks`
             **self.extra_env,

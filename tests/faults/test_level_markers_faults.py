@@ -11,12 +11,14 @@ what arrived, and the outcomes topic what the daemons answered.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +35,9 @@ LEVELS = "3s,6s,10s"
 MESSAGES = 1_000
 CANCEL_SHARE = 0.10
 MOVE_SHARE = 0.05
+DECISIONS = "DEBUG"
+"""The daemons' log level in these rows: each marker decision is logged, and a failure
+quotes the lines that name its messages (`answered_superseded`)."""
 BACKLOG = 200_000
 EOS = "exactly-once"
 ALO = "at-least-once"
@@ -129,14 +134,27 @@ def answered_twice(report: Report, every: dict[bytes, list[dict[str, Any]]]) -> 
 
 def answered_superseded(report: Report, every: dict[bytes, list[dict[str, Any]]]) -> str:
     """For each message delivered at a time a move replaced: when it was delivered, the
-    copies its moves left on the level topics, and every answer to its markers."""
+    copies its moves left, every answer to its markers, and the daemons' log lines that
+    name it (their decisions, at DEBUG)."""
     late = [s for s in report.moved if s.deliveries and s.expect.id in report.superseded_ids]
+    ids = {s.expect.id for s in late}
     lines = [
         f"{s.expect.id}: delivered ts {[d.ts for d in s.deliveries]}, copies "
         f"{[f'{c.topic}[{c.partition}]@{c.offset} ts {c.ts}' for c in s.copies]}"
         for s in late[:5]
     ]
-    return "\n".join([*lines, answers_to({s.expect.id for s in late}, every)])
+    return "\n".join([*lines, answers_to(ids, every), log_lines(report.logs, ids)])
+
+
+def log_lines(paths: list[str], ids: set[str], limit: int = 40) -> str:
+    """The lines of the daemons' logs that name any of `ids`, at most `limit`."""
+    found = []
+    for path in paths:
+        with contextlib.suppress(OSError), open(path, errors="replace") as log:
+            found += [
+                f"{Path(path).name}: {line.rstrip()}" for line in log if any(i in line for i in ids)
+            ]
+    return "daemon log lines naming them:\n  " + "\n  ".join(found[:limit]) if found else ""
 
 
 def answers_to(ids: set[str], every: dict[bytes, list[dict[str, Any]]]) -> str:
@@ -204,7 +222,9 @@ def test_level_cancels_and_reschedules_hold_across_kill_9_and_a_backlog(
     `cancel_lead` (1s) and the strict one (0s): a marker within the lead of its due
     time races the forward and is not judged (`measure`)."""
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap, guarantee=guarantee, levels=LEVELS, cancel_lead=lead)
+    run = fault_run(
+        kafka_bootstrap, guarantee=guarantee, levels=LEVELS, cancel_lead=lead, log_level=DECISIONS
+    )
     target = run.target("lmark")
     name = f"lmark-{run.testbed.tag}"
     producer = _producer(kafka_bootstrap, run.settings)
@@ -246,7 +266,7 @@ def test_level_cancels_and_reschedules_hold_across_a_broker_restart(
     due in it goes late, never early, and never a cancelled one."""
     rng = random.Random(SEED + 2)
     # own_broker first: fixtures tear down in reverse, so the daemon stops before the broker.
-    run = fault_run(own_broker.bootstrap, guarantee=guarantee, levels=LEVELS)
+    run = fault_run(own_broker.bootstrap, guarantee=guarantee, levels=LEVELS, log_level=DECISIONS)
     target = run.target("lmbroker")
     daemon = run.fleet.spawn(f"lmbroker-{run.testbed.tag}")
     run.wait_ready(daemon)
@@ -348,7 +368,9 @@ def test_level_cancels_and_reschedules_hold_beside_group_churn(
     kill -9), while messages are sent, cancelled and moved: partitions and the markers'
     answers change hands under them."""
     rng = random.Random(SEED + 1)
-    run = fault_run(kafka_bootstrap, guarantee=EOS, levels=LEVELS, level_workers=layout)
+    run = fault_run(
+        kafka_bootstrap, guarantee=EOS, levels=LEVELS, level_workers=layout, log_level=DECISIONS
+    )
     run.fleet.extra_env["DELAYSERVICE_SESSION_TIMEOUT_S"] = str(SESSION_TIMEOUT_S)
     target = run.target("lchurn")
     names = (f"lc{i}-{run.testbed.tag}" for i in itertools.count())

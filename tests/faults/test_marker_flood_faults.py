@@ -26,6 +26,7 @@ from tests.faults.harness import scenario_name
 from tests.faults.measure import Source, percentile
 from tests.faults.test_level_markers_faults import (
     ALO,
+    DECISIONS,
     EOS,
     LEVELS,
     MESSAGES,
@@ -65,7 +66,9 @@ def test_a_flood_of_markers_with_a_kill_9_mid_flood_breaks_no_promise(
     fault_run, kafka_bootstrap, fault_summary, guarantee, flood
 ):
     rng = random.Random(SEED)
-    run = fault_run(kafka_bootstrap, guarantee=guarantee, levels=LEVELS, cancel_lead="1s")
+    run = fault_run(
+        kafka_bootstrap, guarantee=guarantee, levels=LEVELS, cancel_lead="1s", log_level=DECISIONS
+    )
     target = run.target("lflood")
     name = f"lflood-{run.testbed.tag}"
     daemon = run.fleet.spawn(name)

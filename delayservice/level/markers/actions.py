@@ -25,6 +25,7 @@ carried out.
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -55,6 +56,8 @@ from delayservice.markers.level_ids import tail_partition
 from delayservice.markers.replies import CANCELLED
 from delayservice.metrics.service_metrics import ServiceMetrics
 from delayservice.partitioners import keyed_partition
+
+log = logging.getLogger(__name__)
 
 LEAD_MS: Final = 10_000
 """How long after its marker a message may still reach the broker and be covered by it
@@ -184,6 +187,15 @@ class WorkerMarkers:
         spot = (tp[0], tp[1], offset_of(record))
         action = Action()
         now = self._now_ms()
+        log.debug(
+            "%s[%d]@%d %s due %d at %d: %s (%s)",
+            *spot,
+            message_id,
+            due_ms,
+            now,
+            found.action,
+            None if found.marker is None else found.marker.key,
+        )
         if found.action == MOVE:
             assert found.marker is not None
             asked = found.marker.asked_due_ms or now
@@ -363,6 +375,16 @@ class WorkerMarkers:
             return  # a cancel before it may still be on another markers partition
         action = Action()
         copy = None
+        log.debug(
+            "%s[%d]@%d %s due %d, ahead at %d: %s (%s)",
+            *tp,
+            offset_of(record),
+            message_id,
+            due,
+            now,
+            found.action,
+            None if marker is None else marker.key,
+        )
         if found.action == MOVE and marker is not None:
             envelope = sender.envelope_of(record_of(tp, record))
             if envelope is None:

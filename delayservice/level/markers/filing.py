@@ -155,6 +155,18 @@ class MarkerFiling:
                 self._file(run)
 
     def _file(self, run: list[tuple[LevelMarker, tuple[str, str] | None]]) -> None:
+        if log.isEnabledFor(logging.DEBUG):
+            first, last = run[0][0], run[-1][0]
+            log.debug(
+                "markers: filing %d, %s:%d@%d to %s:%d@%d",
+                len(run),
+                first.topic,
+                first.partition,
+                first.offset,
+                last.topic,
+                last.partition,
+                last.offset,
+            )
         for marker, exc in self._book.file_run(run):
             self._unreadable((marker.topic, marker.partition), marker.offset, exc)
 

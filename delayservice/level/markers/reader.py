@@ -384,6 +384,9 @@ class MarkerReader:
         reached = self._targets.passed(self._read_to, now)
         through = self._gate.through_ms
         for generation, (markers, outcomes) in reached.items():
+            log.debug(
+                "markers: read through %s, answers %s (gate %d)", markers, outcomes, generation
+            )
             self._gate.advance_parts(markers, outcomes, generation)
         if not reached:
             return
@@ -456,6 +459,7 @@ class MarkerReader:
                 ends[key] = self._ends.end_of(assigned)
         if self.topics.check_ids(self._read_to):  # asked after the ends: the topics read
             raise TopicRemadeError
+        log.debug("markers: at %d, read to %s (gate %d)", began, ends, generation)
         for tp, end in ends.items():
             self._targets.note(tp, Target(began, end, generation))
 
