@@ -1,11 +1,13 @@
-"""What the shared sender asks the mode it serves, at the few points where level and
-precise records part ways.
+"""What the forwarder asks the mode it serves: how a due run goes out, and the work the
+mode does between runs.
 
-The sender (`forward.sender.RecordSender`) sends, dead-letters and notes what it sent
-for both modes; whatever a mode decides for itself is behind these calls: how a due run
-goes out, how a record's envelope is read, what its markers make of it, and whether it
-is sent somewhere other than its target. Each mode gives one (`level.level_route`,
-`precise.precise_route`), so nothing in forward/ asks which mode it serves.
+The route holds the mode's decisions and walks a record through them: how its envelope
+is read, what its markers make of it, whether it goes somewhere other than its target.
+It calls the sender (`forward.sender.RecordSender`) for the steps both modes share
+(send, dead-letter, note what was sent, sort a failure), and the sender never calls it
+back, so nothing in forward/ asks which mode it serves and a record's path runs down
+from the mode, not back and forth. Each mode gives one (`level.level_route`,
+`precise.precise_route`).
 """
 
 from __future__ import annotations
@@ -14,10 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from delayservice.envelope import Envelope, Headers
     from delayservice.forward.buffer import TP
-    from delayservice.forward.failures import Doom
-    from delayservice.levels import Level
 
 
 class SendRoute(Protocol):
@@ -25,24 +24,10 @@ class SendRoute(Protocol):
         """Send one partition's due records in order; how many went."""
         ...
 
-    def unsendable(self, record: Any) -> Doom | None:
-        """Why a record cannot be sent at all, known before its envelope is read."""
-        ...
-
-    def envelope(self, record: Any) -> tuple[Envelope, Headers]:
-        """A record's envelope and the user's headers (a copy, to append to)."""
-        ...
-
-    def due_for(self, tp: TP, record: Any, envelope: Envelope, due_ms: int) -> int | None:
-        """The due time to forward with (None: it goes nowhere, decided here)."""
-        ...
-
-    def out_of_range(self, envelope: Envelope, due_ms: int, level: Level) -> tuple[str, str] | None:
-        """(reason, detail) when no topic here may hold the delay the envelope asks."""
-        ...
-
-    def diverted(self, tp: TP, record: Any, envelope: Envelope, due_ms: int, level: Level) -> bool:
-        """Whether the record went elsewhere than its target (done here)."""
+    def send_one(self, tp: TP, record: Any, now_ms: int) -> None:
+        """Everything `send_run` does not send as it is, through the sender's steps
+        (`RecordSender.doom_of`, `target_check`, `forward`, `dead_letter`, `failed`),
+        with the mode's decisions between them."""
         ...
 
     def waiting(self) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from delayservice import partitioners
-from delayservice.envelope import H_DUE_MS, H_ID, Envelope
+from delayservice.envelope import H_DUE_MS, H_ID, Envelope, Headers
 from delayservice.errors import DelayServiceError, EnvelopeError
 from delayservice.forward import dead_letter as dl
 from delayservice.forward.buffer import TP, Buffer
@@ -213,67 +213,79 @@ class RecordSender:
             return None
         return count if type(count) is int else None
 
-    def send_one(self, tp: TP, record: Any, now_ms: int) -> None:  # noqa: PLR0912
-        """Everything but the common case: the full envelope check, the route's
-        decisions, dead letters, records sent with a callback of their own. Raises only
-        `SendLaterError` (and `ForwarderFatalError`)."""
-        level = self.levels[tp[0]]
-        try:
-            due = self.group.due_of(tp, record)
-            spot = (tp[0], tp[1], record.offset() or 0)
-            doom = self.failures.doomed.get(spot)
-            if doom is not None:
-                self._dead_letter(tp, record, doom)
-                return
-            route = self.route
-            doom = route.unsendable(record)
-            if doom is not None:
-                self._dead_letter(tp, record, doom)
-                return
-            envelope, user = route.envelope(record)
-            marked_due = route.due_for(tp, record, envelope, due)
-            if marked_due is None:
-                return  # a marker withdrew it, or moved it: nothing to forward
-            due = marked_due
-            target = envelope.target
-            problem = self._names.problem(target) or route.out_of_range(envelope, due, level)
-            if problem is None:
-                count = self._targets.partitions(target)
-                if type(count) is not int or (
-                    envelope.partition is not None and envelope.partition >= count
-                ):
-                    problem = self._partition_problem(envelope, count)
-            if problem is not None:  # decided here, where it was read, not after a re-publish
-                self._dead_letter(tp, record, Doom(*problem))
-                return
-            partition = self._partition_of(envelope, record.key(), count)
-            if route.diverted(tp, record, envelope, due, level):
-                return
-            user.append((H_ID, envelope.id.encode()))
-            user.append((H_DUE_MS, str(due).encode()))
-            if spot in self.failures.suspects:
-                self._produce_suspect(spot, record, target, user, partition)
-            else:
-                self.produce(
-                    self._producer.produce, target, record.value(), record.key(), user, partition
-                )
-            self.lateness_of(tp[0]).append((now_ms - due, 1))
-        except EnvelopeError as exc:
+    # -- the full path's steps, in the order a route takes them -------------------------
+    def doom_of(self, tp: TP, record: Any) -> Doom | None:
+        """Why an earlier failure dooms this record (`Failures.doomed`), if it does."""
+        return self.failures.doomed.get((tp[0], tp[1], record.offset() or 0))
+
+    def target_check(
+        self, envelope: Envelope, problem: tuple[str, str] | None
+    ) -> tuple[Any, tuple[str, str] | None]:
+        """(the target's partition count, what makes it unsendable): Kafka's name rule,
+        then the route's own `problem`, then the metadata and the partition's range.
+        Decided where the record was read, not after a re-publish."""
+        problem = self._names.problem(envelope.target) or problem
+        if problem is not None:
+            return None, problem
+        count = self._targets.partitions(envelope.target)
+        if type(count) is not int or (
+            envelope.partition is not None and envelope.partition >= count
+        ):
+            problem = self._partition_problem(envelope, count)
+        return count, problem
+
+    def forward(
+        self,
+        tp: TP,
+        record: Any,
+        envelope: Envelope,
+        user: Headers,
+        due: int,
+        count: Any,
+        now_ms: int,
+    ) -> None:
+        """Produce the record to its target, with its id and the due time it went for."""
+        spot = (tp[0], tp[1], record.offset() or 0)
+        partition = self._partition_of(envelope, record.key(), count)
+        user.append((H_ID, envelope.id.encode()))
+        user.append((H_DUE_MS, str(due).encode()))
+        if spot in self.failures.suspects:
+            self._produce_suspect(spot, record, envelope.target, user, partition)
+        else:
+            self.produce(
+                self._producer.produce,
+                envelope.target,
+                record.value(),
+                record.key(),
+                user,
+                partition,
+            )
+        self.lateness_of(tp[0]).append((now_ms - due, 1))
+
+    def failed(self, tp: TP, record: Any, exc: Exception) -> None:
+        """What became of a record whose full path raised `exc` (called in the route's
+        `except`): dead-lettered, or its partition waits (`SendLaterError`, raised, as
+        is `ForwarderFatalError`). No exception from one record goes further."""
+        if isinstance(exc, EnvelopeError):
             self._dead_letter_safely(tp, record, Doom(dl.REASON_ENVELOPE, str(exc)))
-        except (SendLaterError, ForwarderFatalError):
-            raise
-        except DelayServiceError as exc:  # metadata could not be fetched: wait, retry
-            self._m_errors.labels(level.name, "metadata").inc()
+        elif isinstance(exc, (SendLaterError, ForwarderFatalError)):
+            raise exc
+        elif isinstance(exc, DelayServiceError):  # metadata could not be fetched: wait, retry
+            self._m_errors.labels(self.levels[tp[0]].name, "metadata").inc()
             if self._throttle.allow("metadata") is not None:
                 log.warning("%s: %s; retrying", tp[0], exc)
             raise SendLaterError(str(exc)) from exc
-        except KafkaException as exc:
+        elif isinstance(exc, KafkaException):
             self._refused_now(tp, record, exc)
-        except Exception as exc:
-            if lost_client_error(exc):  # a producer call, not this record: it goes again
-                raise SendLaterError("a producer call lost its error") from exc
-            log.exception(
-                "%s[%d]@%d: unexpected error while forwarding", tp[0], tp[1], record.offset()
+        elif lost_client_error(exc):  # a producer call, not this record: it goes again
+            raise SendLaterError("a producer call lost its error") from exc
+        else:
+            log.error(
+                "%s[%d]@%d: unexpected error while forwarding",
+                tp[0],
+                tp[1],
+                record.offset(),
+                exc_info=exc,
             )
             self._dead_letter_safely(
                 tp, record, Doom(dl.REASON_INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -372,7 +384,7 @@ class RecordSender:
     def serve_markers(self, begin: Callable[[], None]) -> None:
         self.route.serve(begin)
 
-    def _dead_letter(self, tp: TP, record: Message, doom: Doom) -> None:
+    def dead_letter(self, tp: TP, record: Message, doom: Doom) -> None:
         held_back = self._throttle.allow(("dead-letter", doom.reason))
         if held_back is not None:
             log.warning(
@@ -402,7 +414,7 @@ class RecordSender:
                 and error.code() in (KafkaError.MSG_SIZE_TOO_LARGE,)
                 and not doom.stub
             ):
-                self._dead_letter(tp, record, Doom(doom.reason, doom.detail, stub=True))
+                self.dead_letter(tp, record, Doom(doom.reason, doom.detail, stub=True))
                 return
             raise
 
@@ -411,7 +423,7 @@ class RecordSender:
         headers this service writes); failing that, its partition waits and retries."""
         for attempt in (doom, Doom(doom.reason, doom.detail, stub=True)):
             try:
-                self._dead_letter(tp, record, attempt)
+                self.dead_letter(tp, record, attempt)
                 return
             except (SendLaterError, ForwarderFatalError):
                 raise

@@ -112,7 +112,7 @@ class LevelRoute:
                 sender.lateness_of(tp[0]),
                 sender.target_partitions,
                 sender.produce_after_full,
-                sender.send_one,
+                self.send_one,
                 SendLaterError,
                 partitioners.place,
             )
@@ -131,17 +131,40 @@ class LevelRoute:
             if position == len(records):
                 break
             try:
-                self._sender.send_one(tp, record_of(tp, records[position]), now_ms)
+                self.send_one(tp, record_of(tp, records[position]), now_ms)
             except SendLaterError:
                 return position
             start = position + 1
         return len(records)
 
-    # -- the full path's questions -----------------------------------------------------
-    def unsendable(self, record: Any) -> Doom | None:
-        return UNREADABLE_DOOM if read_headers(record) is UNREADABLE else None
+    # -- the full path --------------------------------------------------------------------
+    def send_one(self, tp: TP, record: Any, now_ms: int) -> None:
+        """Everything but the common case, in order: an earlier failure's doom, headers
+        that do not read, the envelope, the markers of its id, a delay no level holds and
+        the target's checks (dead letters), a delay longer than the level (re-published),
+        then the forward. Raises only `SendLaterError` (and `ForwarderFatalError`)."""
+        sender = self._sender
+        try:
+            doom = sender.doom_of(tp, record)
+            if doom is None and read_headers(record) is UNREADABLE:
+                doom = UNREADABLE_DOOM
+            if doom is not None:
+                sender.dead_letter(tp, record, doom)
+                return
+            envelope, user = self._envelope(record)
+            due = self._due_for(tp, record, envelope, sender.group.due_of(tp, record))
+            if due is None:
+                return  # a marker withdrew it, or moved it: nothing to forward
+            level = self._levels[tp[0]]
+            count, problem = sender.target_check(envelope, self._out_of_range(envelope, due, level))
+            if problem is not None:
+                sender.dead_letter(tp, record, Doom(*problem))
+            elif not self._diverted(tp, record, envelope, due, level):
+                sender.forward(tp, record, envelope, user, due, count, now_ms)
+        except Exception as exc:
+            sender.failed(tp, record, exc)
 
-    def envelope(self, record: Any) -> tuple[Envelope, Headers]:
+    def _envelope(self, record: Any) -> tuple[Envelope, Headers]:
         """Read here, when the record is due (a `Held` record's view rebuilds them)."""
         headers = read_headers(record)
         if type(headers) is not list:  # the client gives a list, or None
@@ -149,7 +172,7 @@ class LevelRoute:
         envelope, user, _ = unwrap(headers)
         return envelope, user
 
-    def due_for(self, tp: TP, record: Any, envelope: Envelope, due_ms: int) -> int | None:
+    def _due_for(self, tp: TP, record: Any, envelope: Envelope, due_ms: int) -> int | None:
         """The due time to forward `record` with, as its id's markers decide (None:
         withdrawn or moved); `due_ms` when no marker names it."""
         markers = self._markers
@@ -162,7 +185,9 @@ class LevelRoute:
         decided: int | None = markers.decide(tp, record, envelope, due_ms, self)
         return decided
 
-    def out_of_range(self, envelope: Envelope, due_ms: int, level: Level) -> tuple[str, str] | None:
+    def _out_of_range(
+        self, envelope: Envelope, due_ms: int, level: Level
+    ) -> tuple[str, str] | None:
         """A delay longer than the longest level: no level may hold it (never early)."""
         longest = self._all.max_delay_ms
         base = due_ms - level.delay_ms
@@ -176,7 +201,7 @@ class LevelRoute:
             )
         return None
 
-    def diverted(self, tp: TP, record: Any, envelope: Envelope, due_ms: int, level: Level) -> bool:
+    def _diverted(self, tp: TP, record: Any, envelope: Envelope, due_ms: int, level: Level) -> bool:
         """Re-published when the envelope asks for more than the level (done here);
         counted when it asks for less than the level before it."""
         if envelope.delay_ms > level.delay_ms or (
@@ -275,7 +300,7 @@ class LevelRoute:
     def envelope_of(self, record: Any) -> Envelope | None:
         """A queued record's envelope, None when it has none that reads."""
         try:
-            return self.envelope(record)[0]
+            return self._envelope(record)[0]
         except (EnvelopeError, TypeError):
             return None
 

@@ -13,12 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from delayservice import partitioners
-from delayservice.envelope import Envelope, Headers, forwarded_headers
+from delayservice.envelope import forwarded_headers
 from delayservice.forward.buffer import TP
 from delayservice.forward.failures import Doom
 from delayservice.forward.send_errors import ForwarderFatalError, SendLaterError
 from delayservice.forward.sender import ANY_PARTITION, RecordSender
-from delayservice.levels import Level
 from delayservice.metrics.service_metrics import MISMATCH_KINDS, ServiceMetrics
 
 
@@ -52,7 +51,7 @@ class PreciseRoute:
                     count = 0
             try:
                 if not count or not self._fast_produce(produce, count, record):
-                    sender.send_one(tp, record, now_ms)
+                    self.send_one(tp, record, now_ms)
                     continue
             except SendLaterError:
                 return index
@@ -86,21 +85,26 @@ class PreciseRoute:
             return False
         return True
 
-    def unsendable(self, record: Any) -> Doom | None:
-        """A problem found when the record was read."""
-        return None if record.problem is None else Doom(*record.problem)
-
-    def envelope(self, record: Any) -> tuple[Envelope, Headers]:
-        return record.envelope, list(record.user)
-
-    def due_for(self, tp: TP, record: Any, envelope: Envelope, due_ms: int) -> int | None:
-        return due_ms
-
-    def out_of_range(self, envelope: Envelope, due_ms: int, level: Level) -> tuple[str, str] | None:
-        return None
-
-    def diverted(self, tp: TP, record: Any, envelope: Envelope, due_ms: int, level: Level) -> bool:
-        return False
+    def send_one(self, tp: TP, record: Any, now_ms: int) -> None:
+        """Everything but the common case: an earlier failure's doom or a problem found
+        when the record was read, the target's checks (dead letters), then the forward.
+        Raises only `SendLaterError` (and `ForwarderFatalError`)."""
+        sender = self._sender
+        try:
+            doom = sender.doom_of(tp, record)
+            if doom is None and record.problem is not None:
+                doom = Doom(*record.problem)
+            if doom is None:
+                envelope = record.envelope
+                count, problem = sender.target_check(envelope, None)
+                if problem is None:
+                    due = sender.group.due_of(tp, record)
+                    sender.forward(tp, record, envelope, list(record.user), due, count, now_ms)
+                    return
+                doom = Doom(*problem)
+            sender.dead_letter(tp, record, doom)
+        except Exception as exc:
+            sender.failed(tp, record, exc)
 
     def waiting(self) -> bool:
         return False

@@ -90,15 +90,15 @@ def test_what_the_fast_path_sends_plain_tail_reads_the_same_way(clock: FakeClock
         headers = _headers(rng, offset)
         (appended,) = append(rig, 0, headers=headers)
         sent_headers[appended] = headers
-    sender = rig.forwarder.sender
+    route = rig.forwarder.sender.route
     slow: set[int] = set()
-    full_parse = sender.send_one
+    full_parse = route.send_one
 
     def counted(partition: int, record: Any, now_ms: int) -> None:
         slow.add(record.offset())
         full_parse(partition, record, now_ms)
 
-    sender.send_one = counted  # type: ignore[method-assign]
+    route.send_one = counted  # type: ignore[method-assign]
     cycle(rig, 3)
 
     fast = sorted(set(sent_headers) - slow)
