@@ -113,3 +113,25 @@ def test_the_rules_see_a_forbidden_import(tmp_path: Path) -> None:
     assert {"delayservice.precise.wheel.wheel", "delayservice.testing.local_broker"} <= _imports(
         source
     )
+
+
+def _route_calls(source: str) -> set[str]:
+    """The names a module calls on `self.route` (the mode's route it holds)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "route"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "self"
+    }
+
+
+def test_the_shared_sender_never_calls_its_mode_back() -> None:
+    """A record's path runs down from the mode's route into the sender's steps: the
+    sender hands a run to the route and asks it about the work between runs, nothing
+    about a record (`forward/send_route.py`)."""
+    called = _route_calls((PACKAGE / "forward" / "sender.py").read_text())
+    assert called == {"send_run", "waiting", "serve"}
+    assert _route_calls("def f(self):\n    self.route.envelope(r)\n") == {"envelope"}
