@@ -156,7 +156,8 @@ class LevelRoute:
             if due is None:
                 return  # a marker withdrew it, or moved it: nothing to forward
             level = self._levels[tp[0]]
-            count, problem = sender.target_check(envelope, self._out_of_range(envelope, due, level))
+            beyond = self._out_of_range(envelope, due, level)
+            count, problem = sender.target_check(envelope, beyond)
             if problem is not None:
                 sender.dead_letter(tp, record, Doom(*problem))
             elif not self._diverted(tp, record, envelope, due, level):
